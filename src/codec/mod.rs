@@ -1,0 +1,223 @@
+//! The chunk codec. A tensor is cut into chunks of whole rows; each chunk is encoded on
+//! its own (so one large sample encodes and decodes on several threads) and described by
+//! a [`ChunkDesc`] that records every parameter needed to decode it, so data written with
+//! older settings stays readable. Layout: docs/FORMAT.md, "Chunks".
+
+mod planes;
+mod zstd_ctx;
+
+use crate::dtype::DType;
+
+/// Chunk payload stored as is.
+pub const CODEC_RAW: u8 = 0;
+/// Chunk payload is one zstd frame of the chunk's bytes.
+pub const CODEC_ZSTD: u8 = 1;
+/// Chunk split into byte planes; each plane one zstd frame or raw (see `plane_zstd`).
+pub const CODEC_PLANES: u8 = 2;
+
+/// Size of a serialised [`ChunkDesc`].
+pub const CHUNK_DESC_BYTES: usize = 24;
+
+/// Planes smaller than this are compressed whole; larger ones are first probed on this
+/// many leading bytes, and stored raw without further work when the probe does not pay.
+const PROBE_BYTES: usize = 64 * 1024;
+
+/// How encoding is done. Decoding needs none of it: each chunk records its own parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct CodecOptions {
+    /// zstd compression level (1 is the fast default; negative levels drop Huffman coding).
+    pub zstd_level: i32,
+}
+
+impl Default for CodecOptions {
+    fn default() -> Self {
+        CodecOptions { zstd_level: 1 }
+    }
+}
+
+/// The 24-byte descriptor of one chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChunkDesc {
+    /// `CODEC_RAW`, `CODEC_ZSTD` or `CODEC_PLANES`.
+    pub codec: u8,
+    /// Number of byte planes (the element size) for `CODEC_PLANES`; 1 otherwise.
+    pub planes: u8,
+    /// Bit `p` set: plane `p` is a zstd frame; clear: plane `p` is stored raw.
+    pub plane_zstd: u8,
+    /// Rows (tokens) in this chunk.
+    pub rows: u32,
+    /// Stored bytes of each plane (`[0]` only for RAW and ZSTD; unused entries are 0).
+    pub stored: [u32; 4],
+}
+
+impl ChunkDesc {
+    /// Total payload bytes of the chunk.
+    pub fn stored_len(&self) -> u64 {
+        self.stored.iter().map(|&s| s as u64).sum()
+    }
+
+    /// Serialises into `CHUNK_DESC_BYTES` little-endian bytes.
+    pub fn to_bytes(&self) -> [u8; CHUNK_DESC_BYTES] {
+        let mut b = [0u8; CHUNK_DESC_BYTES];
+        b[0] = self.codec;
+        b[1] = self.planes;
+        b[2] = self.plane_zstd;
+        b[4..8].copy_from_slice(&self.rows.to_le_bytes());
+        for (i, s) in self.stored.iter().enumerate() {
+            b[8 + 4 * i..12 + 4 * i].copy_from_slice(&s.to_le_bytes());
+        }
+        b
+    }
+
+    /// Parses a descriptor and checks its fields are self-consistent.
+    pub fn from_bytes(b: &[u8; CHUNK_DESC_BYTES]) -> Result<ChunkDesc, String> {
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        let d = ChunkDesc {
+            codec: b[0],
+            planes: b[1],
+            plane_zstd: b[2],
+            rows: u32_at(4),
+            stored: [u32_at(8), u32_at(12), u32_at(16), u32_at(20)],
+        };
+        if b[3] != 0 {
+            return Err("chunk descriptor reserved byte is not zero".into());
+        }
+        let n = d.planes as usize;
+        let ok = match d.codec {
+            CODEC_RAW | CODEC_ZSTD => n == 1 && d.plane_zstd == 0 && d.stored[1..] == [0, 0, 0],
+            CODEC_PLANES => {
+                (n == 2 || n == 4)
+                    && (d.plane_zstd as usize) < (1 << n)
+                    && d.stored[n..].iter().all(|&s| s == 0)
+            }
+            _ => return Err(format!("unknown chunk codec {}", d.codec)),
+        };
+        if !ok {
+            return Err(format!("inconsistent chunk descriptor {d:?}"));
+        }
+        Ok(d)
+    }
+}
+
+/// One encoded chunk: its descriptor and payload.
+pub struct EncodedChunk {
+    pub desc: ChunkDesc,
+    pub payload: Vec<u8>,
+}
+
+/// Encodes `rows` rows of `data` (`dtype` elements). Floating types go to byte planes,
+/// everything else to one zstd frame; any part that zstd does not shrink is stored raw.
+pub fn encode_chunk(data: &[u8], rows: u32, dtype: DType, opts: &CodecOptions) -> EncodedChunk {
+    let n = dtype.size();
+    if dtype.is_float() && !data.is_empty() {
+        return encode_planes(data, rows, n, opts);
+    }
+    let mut desc = ChunkDesc {
+        codec: CODEC_RAW,
+        planes: 1,
+        rows,
+        ..Default::default()
+    };
+    let payload = match zstd_ctx::compress_if_pays(data, opts.zstd_level, PROBE_BYTES) {
+        Some(z) => {
+            desc.codec = CODEC_ZSTD;
+            z
+        }
+        None => data.to_vec(),
+    };
+    desc.stored[0] = payload.len() as u32;
+    EncodedChunk { desc, payload }
+}
+
+fn encode_planes(data: &[u8], rows: u32, n: usize, opts: &CodecOptions) -> EncodedChunk {
+    let plane_len = data.len() / n;
+    let mut split_buf = vec![0u8; data.len()];
+    {
+        let mut views: Vec<&mut [u8]> = split_buf.chunks_exact_mut(plane_len).collect();
+        planes::split(data, &mut views);
+    }
+    let mut desc = ChunkDesc {
+        codec: CODEC_PLANES,
+        planes: n as u8,
+        rows,
+        ..Default::default()
+    };
+    let mut payload = Vec::with_capacity(data.len());
+    for (p, plane) in split_buf.chunks_exact(plane_len).enumerate() {
+        let before = payload.len();
+        match zstd_ctx::compress_if_pays(plane, opts.zstd_level, PROBE_BYTES) {
+            Some(z) => {
+                desc.plane_zstd |= 1 << p;
+                payload.extend_from_slice(&z);
+            }
+            None => payload.extend_from_slice(plane),
+        }
+        desc.stored[p] = (payload.len() - before) as u32;
+    }
+    EncodedChunk { desc, payload }
+}
+
+/// Decodes one chunk into `out`, which must be exactly the chunk's decoded size.
+/// Errors describe what is inconsistent; the caller adds file, sample and offset.
+pub fn decode_chunk(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(), String> {
+    if payload.len() as u64 != desc.stored_len() {
+        return Err(format!(
+            "chunk payload is {} bytes, its descriptor says {}",
+            payload.len(),
+            desc.stored_len()
+        ));
+    }
+    match desc.codec {
+        CODEC_RAW => {
+            if payload.len() != out.len() {
+                return Err(format!(
+                    "raw chunk holds {} bytes, expected {}",
+                    payload.len(),
+                    out.len()
+                ));
+            }
+            out.copy_from_slice(payload);
+            Ok(())
+        }
+        CODEC_ZSTD => zstd_ctx::decompress_exact(payload, out),
+        _ => decode_planes(desc, payload, out),
+    }
+}
+
+fn decode_planes(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(), String> {
+    let n = desc.planes as usize;
+    if out.len() % n != 0 {
+        return Err(format!(
+            "{} decoded bytes do not split into {n} planes",
+            out.len()
+        ));
+    }
+    let plane_len = out.len() / n;
+    let mut scratch = vec![0u8; plane_len * (desc.plane_zstd.count_ones() as usize)];
+    let mut scratch_rest = scratch.as_mut_slice();
+    let mut sources: Vec<&[u8]> = Vec::with_capacity(n);
+    let mut offset = 0usize;
+    for p in 0..n {
+        let stored = &payload[offset..offset + desc.stored[p] as usize];
+        offset += stored.len();
+        if desc.plane_zstd & (1 << p) != 0 {
+            let (dst, rest) = std::mem::take(&mut scratch_rest).split_at_mut(plane_len);
+            zstd_ctx::decompress_exact(stored, dst).map_err(|e| format!("plane {p}: {e}"))?;
+            sources.push(dst);
+            scratch_rest = rest;
+        } else {
+            if stored.len() != plane_len {
+                return Err(format!(
+                    "raw plane {p} holds {} bytes, expected {plane_len}",
+                    stored.len()
+                ));
+            }
+            sources.push(stored);
+        }
+    }
+    planes::merge(&sources, out);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

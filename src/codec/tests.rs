@@ -1,0 +1,167 @@
+use super::*;
+use proptest::prelude::*;
+
+const ALL: [DType; 9] = [
+    DType::Bool,
+    DType::Uint8,
+    DType::Int8,
+    DType::Int16,
+    DType::Int32,
+    DType::Int64,
+    DType::Float16,
+    DType::Bfloat16,
+    DType::Float32,
+];
+
+/// bf16 values shaped like real hidden states: small magnitudes (few distinct exponents),
+/// random mantissas.
+fn hidden_like_bf16(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(2 * n);
+    for _ in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let f = ((x % 2001) as f32 - 1000.0) / 400.0;
+        let bits = (f.to_bits() >> 16) as u16;
+        out.extend_from_slice(&bits.to_le_bytes());
+    }
+    out
+}
+
+fn roundtrip(data: &[u8], rows: u32, dtype: DType) -> EncodedChunk {
+    let enc = encode_chunk(data, rows, dtype, &CodecOptions::default());
+    let parsed = ChunkDesc::from_bytes(&enc.desc.to_bytes()).unwrap();
+    assert_eq!(parsed, enc.desc);
+    let mut out = vec![0xAAu8; data.len()];
+    decode_chunk(&parsed, &enc.payload, &mut out).unwrap();
+    assert_eq!(out, data);
+    enc
+}
+
+#[test]
+fn bf16_hidden_states_use_planes_with_raw_low_byte() {
+    let data = hidden_like_bf16(300_000, 7);
+    let enc = roundtrip(&data, 300, DType::Bfloat16);
+    assert_eq!(enc.desc.codec, CODEC_PLANES);
+    assert_eq!(enc.desc.planes, 2);
+    // The low (mantissa) plane is noise: raw. The high plane compresses.
+    assert_eq!(enc.desc.plane_zstd, 0b10);
+    assert_eq!(enc.desc.stored[0], 300_000);
+    assert!(
+        enc.desc.stored[1] < 300_000 / 2,
+        "high plane stored {}",
+        enc.desc.stored[1]
+    );
+}
+
+#[test]
+fn incompressible_ints_are_stored_raw() {
+    let data: Vec<u8> = (0..50_000u64)
+        .flat_map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_le_bytes())
+        .collect();
+    let enc = roundtrip(&data, 50_000, DType::Int64);
+    assert_eq!(enc.desc.codec, CODEC_RAW);
+    assert_eq!(enc.payload.len(), data.len());
+}
+
+#[test]
+fn token_ids_are_zstd() {
+    let data: Vec<u8> = (0..4096i64)
+        .flat_map(|i| (i % 50_000).to_le_bytes())
+        .collect();
+    let enc = roundtrip(&data, 4096, DType::Int64);
+    assert_eq!(enc.desc.codec, CODEC_ZSTD);
+    assert!(enc.payload.len() < data.len() / 2);
+}
+
+#[test]
+fn empty_chunk_roundtrips_raw() {
+    for dtype in ALL {
+        let enc = roundtrip(&[], 0, dtype);
+        assert_eq!(enc.desc.codec, CODEC_RAW);
+        assert!(enc.payload.is_empty());
+    }
+}
+
+#[test]
+fn descriptor_rejects_bad_fields() {
+    let good = ChunkDesc {
+        codec: CODEC_PLANES,
+        planes: 2,
+        plane_zstd: 0b10,
+        rows: 3,
+        stored: [6, 4, 0, 0],
+    };
+    assert!(ChunkDesc::from_bytes(&good.to_bytes()).is_ok());
+    for bad in [
+        ChunkDesc { codec: 9, ..good },
+        ChunkDesc { planes: 3, ..good },
+        ChunkDesc {
+            plane_zstd: 0b100,
+            ..good
+        },
+        ChunkDesc {
+            stored: [6, 4, 1, 0],
+            ..good
+        },
+        ChunkDesc {
+            codec: CODEC_RAW,
+            ..good
+        },
+    ] {
+        assert!(
+            ChunkDesc::from_bytes(&bad.to_bytes()).is_err(),
+            "{bad:?} accepted"
+        );
+    }
+    let mut reserved = good.to_bytes();
+    reserved[3] = 1;
+    assert!(ChunkDesc::from_bytes(&reserved).is_err());
+}
+
+#[test]
+fn wrong_payload_sizes_are_errors_not_panics() {
+    let data = hidden_like_bf16(10_000, 3);
+    let enc = encode_chunk(&data, 10, DType::Bfloat16, &CodecOptions::default());
+    let mut out = vec![0u8; data.len()];
+    // Truncated payload.
+    let short = &enc.payload[..enc.payload.len() - 1];
+    assert!(decode_chunk(&enc.desc, short, &mut out).is_err());
+    // Output of the wrong size.
+    let mut small = vec![0u8; data.len() - 2];
+    assert!(decode_chunk(&enc.desc, &enc.payload, &mut small).is_err());
+    // A flipped byte inside the zstd frame of the high plane.
+    let mut flipped = enc.payload.clone();
+    let at = enc.desc.stored[0] as usize + 5;
+    flipped[at] ^= 0xFF;
+    let r = decode_chunk(&enc.desc, &flipped, &mut out);
+    assert!(r.is_err() || out != data);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn every_dtype_roundtrips_bit_exactly(idx in 0usize..9, rows in 0u32..70, width in 1usize..400,
+                                          seed in any::<u64>(), smooth in any::<bool>()) {
+        let dtype = ALL[idx];
+        let len = rows as usize * width * dtype.size();
+        let data: Vec<u8> = if smooth {
+            (0..len).map(|i| ((i / 64) as u64 ^ seed) as u8).collect()
+        } else {
+            let mut x = seed | 1;
+            (0..len).map(|_| { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x as u8 }).collect()
+        };
+        roundtrip(&data, rows, dtype);
+    }
+
+    #[test]
+    fn decoding_arbitrary_bytes_never_panics(desc in prop::array::uniform24(any::<u8>()),
+                                             payload in prop::collection::vec(any::<u8>(), 0..512),
+                                             out_len in 0usize..2048) {
+        if let Ok(d) = ChunkDesc::from_bytes(&desc) {
+            let mut out = vec![0u8; out_len];
+            let _ = decode_chunk(&d, &payload, &mut out);
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The one error type of the core. The bindings map each variant to a Python exception
+//! (`src/python/errors.rs`), so a caller can tell a corrupt record from a schema mistake.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in eagle-io's core.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An operating-system error on a file, with the file named.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Bytes on disk that do not follow docs/FORMAT.md: bad magic, failed checksum,
+    /// out-of-bounds offset, undecodable chunk. `offset` is the byte offset in `path`.
+    #[error("{path}: corrupt {what} at byte offset {offset}{}", sample_note(.sample_id))]
+    Corrupt {
+        path: PathBuf,
+        sample_id: Option<u64>,
+        offset: u64,
+        what: String,
+    },
+    /// A file written by a format version this build cannot read.
+    #[error("{path}: format version {found} is not supported (this eagle-io reads versions up to {supported})")]
+    FormatVersion {
+        path: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+    /// A sample that does not match the dataset schema (dtype, width, length, contiguity).
+    #[error("sample {sample_id}: {message}")]
+    Schema { sample_id: u64, message: String },
+    /// Datasets or manifests that cannot be combined or opened together.
+    #[error("{0}")]
+    Incompatible(String),
+    /// A lookup of a sample id or position that the dataset does not hold.
+    #[error("{0}")]
+    NotFound(String),
+    /// A caller mistake in arguments or call order (e.g. writing after close).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The ring buffer stayed full for longer than the producer's timeout.
+    #[error("{0}")]
+    Timeout(String),
+}
+
+fn sample_note(sample_id: &Option<u64>) -> String {
+    match sample_id {
+        Some(id) => format!(" (sample id {id})"),
+        None => String::new(),
+    }
+}
+
+/// The core's result type.
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// Wraps an I/O error with the path it happened on.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A corrupt-bytes error at `offset` in `path`.
+    pub fn corrupt(
+        path: impl Into<PathBuf>,
+        sample_id: Option<u64>,
+        offset: u64,
+        what: impl Into<String>,
+    ) -> Self {
+        Error::Corrupt {
+            path: path.into(),
+            sample_id,
+            offset,
+            what: what.into(),
+        }
+    }
+}

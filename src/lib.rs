@@ -1,0 +1,12 @@
+//! eagle-io's core: the chunk codec, the shard format, and the dataset writer and reader
+//! for EAGLE-3 draft training data. No PyO3 here: the Python bindings live in `python/`
+//! behind the `python` feature and only translate types.
+
+pub mod codec;
+pub mod dtype;
+pub mod error;
+pub mod schema;
+
+pub use dtype::DType;
+pub use error::{Error, Result};
+pub use schema::{Schema, TensorSpec};
