@@ -3,10 +3,16 @@
 //! behind the `python` feature and only translate types.
 
 pub mod codec;
+pub mod dataset;
 pub mod dtype;
 pub mod error;
+pub mod format;
+mod fsutil;
+pub mod pool;
 pub mod schema;
+pub mod shard;
 
+pub use dataset::{Dataset, DatasetWriter, SampleRef, WriterOptions};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use schema::{Schema, TensorSpec};

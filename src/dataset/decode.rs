@@ -1,0 +1,75 @@
+//! Decoding one record's chunks straight into the caller's output buffers, in parallel.
+
+use rayon::prelude::*;
+
+use crate::codec::decode_chunk;
+use crate::error::{Error, Result};
+use crate::format::record;
+use crate::shard::ShardFile;
+
+/// Decodes record `i` of `shard`, whose checksummed bytes are `rec`, into `outs` (one
+/// buffer per schema tensor, each exactly `n_tokens x row_bytes` long).
+pub fn decode_record(
+    shard: &ShardFile,
+    i: usize,
+    rec: &[u8],
+    outs: &mut [&mut [u8]],
+    pool: &rayon::ThreadPool,
+) -> Result<()> {
+    let e = &shard.entries[i];
+    let schema = &shard.schema;
+    if outs.len() != schema.tensors.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} output buffers given, the schema has {} tensors",
+            outs.len(),
+            schema.tensors.len()
+        )));
+    }
+    for (spec, out) in schema.tensors.iter().zip(outs.iter()) {
+        let want = e.n_tokens * spec.row_bytes();
+        if out.len() as u64 != want {
+            return Err(Error::InvalidArgument(format!(
+                "output for tensor {:?} of sample {} is {} bytes; it needs {} tokens x {} bytes = {want}",
+                spec.name,
+                e.sample_id,
+                out.len(),
+                e.n_tokens,
+                spec.row_bytes()
+            )));
+        }
+    }
+    let layout = record::parse(rec, schema, e.sample_id, e.n_tokens)
+        .map_err(|w| Error::corrupt(&shard.path, Some(e.sample_id), e.offset, w))?;
+    // Pair each chunk with its slice of the output.
+    let mut jobs = Vec::new();
+    for ((chunks, spec), out) in layout
+        .tensors
+        .iter()
+        .zip(&schema.tensors)
+        .zip(outs.iter_mut())
+    {
+        let row_bytes = spec.row_bytes() as usize;
+        let mut rest: &mut [u8] = out;
+        for c in chunks {
+            let (dst, tail) =
+                std::mem::take(&mut rest).split_at_mut(c.desc.rows as usize * row_bytes);
+            rest = tail;
+            jobs.push((c, dst));
+        }
+    }
+    let run = |(c, dst): (&record::ChunkRef, &mut [u8])| {
+        let payload = &rec[c.payload_start..c.payload_start + c.desc.stored_len() as usize];
+        decode_chunk(&c.desc, payload, dst).map_err(|w| {
+            Error::corrupt(
+                &shard.path,
+                Some(e.sample_id),
+                e.offset + c.payload_start as u64,
+                format!("chunk: {w}"),
+            )
+        })
+    };
+    if jobs.len() == 1 {
+        return jobs.into_iter().try_for_each(run);
+    }
+    pool.install(|| jobs.into_par_iter().try_for_each(run))
+}

@@ -1,0 +1,12 @@
+//! A dataset: a directory of committed shards listed by a JSON manifest that is rewritten
+//! atomically after every shard commit.
+
+mod decode;
+mod manifest;
+mod reader;
+mod resume;
+mod writer;
+
+pub use manifest::{Manifest, MANIFEST_FORMAT};
+pub use reader::{BadRecord, Dataset, Entry};
+pub use writer::{DatasetWriter, SampleRef, WriterOptions, WriterStats};

@@ -1,0 +1,252 @@
+//! Opening a dataset reads the manifest and each shard's header, footer and index: two
+//! small reads per shard and no payload, so start-up does not grow with the sample count
+//! beyond the index itself. Reads are positioned (`pread`) and checksummed; decoding runs
+//! on a process-wide pool that is rebuilt after `fork`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use super::decode::decode_record;
+use super::manifest::Manifest;
+use crate::error::{Error, Result};
+use crate::pool;
+use crate::schema::Schema;
+use crate::shard::ShardFile;
+
+/// Where a sample is and what its index says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry<'a> {
+    pub sample_id: u64,
+    pub n_tokens: u64,
+    pub key: &'a str,
+    pub shard: usize,
+    pub record: usize,
+    /// Byte offset of the record in its shard.
+    pub offset: u64,
+}
+
+/// One problem `verify` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRecord {
+    pub shard: PathBuf,
+    /// `None` when the whole shard is unreadable (bad header, index or manifest entry).
+    pub sample_id: Option<u64>,
+    pub offset: u64,
+    pub error: String,
+}
+
+pub struct Dataset {
+    manifest_path: PathBuf,
+    manifest: Manifest,
+    shards: Vec<ShardFile>,
+    /// Position of each shard's first record.
+    starts: Vec<u64>,
+    by_id: HashMap<u64, u64>,
+    threads: usize,
+}
+
+/// `path` itself when it is a file, else `path/manifest.json`.
+pub fn manifest_path(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join("manifest.json")
+    } else {
+        path.to_owned()
+    }
+}
+
+fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize) -> Result<ShardFile> {
+    let summary = &manifest.shards[i];
+    let path = Manifest::shard_path(manifest_path, summary);
+    let shard = ShardFile::open(&path)?;
+    let mismatch = if shard.schema != manifest.schema {
+        Some("its schema")
+    } else if shard.file_len != summary.bytes {
+        Some("its size")
+    } else if shard.entries.len() as u64 != summary.samples {
+        Some("its sample count")
+    } else if shard.footer.index_crc32 != summary.index_crc32 {
+        Some("its index checksum")
+    } else {
+        None
+    };
+    match mismatch {
+        Some(what) => Err(Error::corrupt(
+            &path,
+            None,
+            0,
+            format!("shard ({what} differs from {})", manifest_path.display()),
+        )),
+        None => Ok(shard),
+    }
+}
+
+impl Dataset {
+    /// Opens the dataset whose manifest is `path` (or `path/manifest.json`). `threads`
+    /// decode threads per read (0 = one per CPU).
+    pub fn open(path: &Path, threads: usize) -> Result<Dataset> {
+        let manifest_path = manifest_path(path);
+        let manifest = Manifest::load(&manifest_path)?;
+        let shards = (0..manifest.shards.len())
+            .map(|i| open_listed(&manifest_path, &manifest, i))
+            .collect::<Result<Vec<_>>>()?;
+        let mut starts = Vec::with_capacity(shards.len());
+        let mut by_id = HashMap::new();
+        let mut pos = 0u64;
+        for s in &shards {
+            starts.push(pos);
+            for e in &s.entries {
+                if let Some(first) = by_id.insert(e.sample_id, pos) {
+                    return Err(Error::corrupt(
+                        &s.path,
+                        Some(e.sample_id),
+                        e.offset,
+                        format!("record (sample id also stored at dataset position {first})"),
+                    ));
+                }
+                pos += 1;
+            }
+        }
+        Ok(Dataset {
+            manifest_path,
+            manifest,
+            shards,
+            starts,
+            by_id,
+            threads,
+        })
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn manifest_path(&self) -> &Path {
+        &self.manifest_path
+    }
+
+    pub fn schema(&self) -> &Schema {
+        &self.manifest.schema
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> u64 {
+        self.by_id.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// The index entry at `pos` (0-based over all shards in manifest order).
+    pub fn entry(&self, pos: u64) -> Result<Entry<'_>> {
+        if pos >= self.len() {
+            return Err(Error::NotFound(format!(
+                "position {pos} is out of range (dataset has {} samples)",
+                self.len()
+            )));
+        }
+        let shard = self.starts.partition_point(|&s| s <= pos) - 1;
+        let record = (pos - self.starts[shard]) as usize;
+        let s = &self.shards[shard];
+        let e = &s.entries[record];
+        Ok(Entry {
+            sample_id: e.sample_id,
+            n_tokens: e.n_tokens,
+            key: s.key(record),
+            shard,
+            record,
+            offset: e.offset,
+        })
+    }
+
+    /// Position of the sample with this id, if the dataset holds it.
+    pub fn position(&self, sample_id: u64) -> Option<u64> {
+        self.by_id.get(&sample_id).copied()
+    }
+
+    /// Reads, checksums and decodes the sample at `pos` into `outs` (one buffer per schema
+    /// tensor, each exactly `n_tokens x row_bytes`).
+    pub fn read_into(&self, pos: u64, outs: &mut [&mut [u8]]) -> Result<()> {
+        let e = self.entry(pos)?;
+        let shard = &self.shards[e.shard];
+        let mut rec = Vec::new();
+        shard.read_record(e.record, &mut rec)?;
+        decode_record(shard, e.record, &rec, outs, &pool::shared(self.threads))
+    }
+
+    /// Reads the sample at `pos` into new buffers, one per schema tensor.
+    pub fn read(&self, pos: u64) -> Result<Vec<Vec<u8>>> {
+        let n_tokens = self.entry(pos)?.n_tokens;
+        let mut bufs: Vec<Vec<u8>> = self
+            .schema()
+            .tensors
+            .iter()
+            .map(|t| vec![0u8; (n_tokens * t.row_bytes()) as usize])
+            .collect();
+        let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+        self.read_into(pos, &mut outs)?;
+        Ok(bufs)
+    }
+
+    /// Checks a dataset end to end: the manifest, every shard it lists, every record's
+    /// checksum and decoding. Returns every problem found (empty when all is well); `Err`
+    /// only when the manifest itself cannot be read.
+    pub fn verify(path: &Path, threads: usize) -> Result<Vec<BadRecord>> {
+        let manifest_path = manifest_path(path);
+        let manifest = Manifest::load(&manifest_path)?;
+        let pool = pool::shared(threads);
+        let mut bad = Vec::new();
+        for i in 0..manifest.shards.len() {
+            let shard = match open_listed(&manifest_path, &manifest, i) {
+                Ok(s) => s,
+                Err(err) => {
+                    bad.push(BadRecord {
+                        shard: Manifest::shard_path(&manifest_path, &manifest.shards[i]),
+                        sample_id: None,
+                        offset: corrupt_offset(&err),
+                        error: err.to_string(),
+                    });
+                    continue;
+                }
+            };
+            let found: Vec<BadRecord> = pool.install(|| {
+                (0..shard.entries.len())
+                    .into_par_iter()
+                    .filter_map(|r| {
+                        let e = &shard.entries[r];
+                        let check = || -> Result<()> {
+                            let mut rec = Vec::new();
+                            shard.read_record(r, &mut rec)?;
+                            let mut bufs: Vec<Vec<u8>> = shard
+                                .schema
+                                .tensors
+                                .iter()
+                                .map(|t| vec![0u8; (e.n_tokens * t.row_bytes()) as usize])
+                                .collect();
+                            let mut outs: Vec<&mut [u8]> =
+                                bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+                            decode_record(&shard, r, &rec, &mut outs, &pool)
+                        };
+                        check().err().map(|err| BadRecord {
+                            shard: shard.path.clone(),
+                            sample_id: Some(e.sample_id),
+                            offset: corrupt_offset(&err).max(e.offset),
+                            error: err.to_string(),
+                        })
+                    })
+                    .collect()
+            });
+            bad.extend(found);
+        }
+        Ok(bad)
+    }
+}
+
+fn corrupt_offset(err: &Error) -> u64 {
+    match err {
+        Error::Corrupt { offset, .. } => *offset,
+        _ => 0,
+    }
+}

@@ -1,0 +1,484 @@
+//! The dataset writer. `write_batch` validates samples against the schema, encodes their
+//! chunks in parallel on the writer's pool, and hands finished records to one I/O thread
+//! through a bounded queue (a full queue blocks the caller: backpressure). The I/O thread
+//! appends records in order, rotates shards at `shard_bytes`, commits each shard
+//! atomically and rewrites the manifest after each commit, so a crash loses at most the
+//! shard being written.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::manifest::{CodecInfo, Manifest, MANIFEST_FORMAT};
+use super::resume;
+use crate::codec::{encode_chunk, CodecOptions, EncodedChunk};
+use crate::error::{Error, Result};
+use crate::format::{record, FORMAT_VERSION, MAX_KEY_BYTES};
+use crate::pool;
+use crate::schema::Schema;
+use crate::shard::ShardBuilder;
+
+/// Writer settings. `Default` gives 1 GiB shards of 1 MiB chunks, zstd level 1, one
+/// encoding thread per CPU and 64 records in flight.
+#[derive(Debug, Clone)]
+pub struct WriterOptions {
+    /// A shard is committed once it reaches this many bytes.
+    pub shard_bytes: u64,
+    /// Target decoded bytes per chunk (whole rows; at least one row).
+    pub chunk_bytes: u64,
+    /// Encoding threads (0 = one per CPU).
+    pub threads: usize,
+    pub codec: CodecOptions,
+    /// Encoded records waiting for the I/O thread before `write_batch` blocks.
+    pub queue_depth: usize,
+    /// Shard file names are `shards/{prefix}{seq:06}.eio` (e.g. prefix `r00003-` for rank 3).
+    pub shard_prefix: String,
+    /// Manifest file name in the root (one per writer when several share a root).
+    pub manifest_name: String,
+    /// Continue an existing dataset instead of refusing to touch it.
+    pub resume: bool,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            shard_bytes: 1 << 30,
+            chunk_bytes: 1 << 20,
+            threads: 0,
+            codec: CodecOptions::default(),
+            queue_depth: 64,
+            shard_prefix: "r00000-".into(),
+            manifest_name: "manifest.json".into(),
+            resume: false,
+        }
+    }
+}
+
+/// One sample handed to the writer: its tensors' bytes in schema order, borrowed from the
+/// caller (no copy is made before encoding).
+pub struct SampleRef<'a> {
+    pub sample_id: u64,
+    /// The source record's id string (may be empty).
+    pub key: &'a str,
+    pub n_tokens: u64,
+    pub tensors: Vec<&'a [u8]>,
+}
+
+/// Counters of a writer, as of the call.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WriterStats {
+    pub samples: u64,
+    pub tokens: u64,
+    /// Decoded bytes accepted.
+    pub raw_bytes: u64,
+    /// Encoded record bytes written.
+    pub stored_bytes: u64,
+    pub shards_committed: u64,
+    /// Seconds spent encoding (wall time of the parallel encode).
+    pub encode_seconds: f64,
+    /// Seconds `write_batch` was blocked on a full queue.
+    pub blocked_seconds: f64,
+    /// Seconds since the writer was created.
+    pub elapsed_seconds: f64,
+    /// Temporary files of uncommitted shards removed on resume.
+    pub removed_temp_files: u64,
+    /// Committed shards found on resume that the manifest did not list yet, verified and adopted.
+    pub adopted_shards: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    samples: AtomicU64,
+    tokens: AtomicU64,
+    raw_bytes: AtomicU64,
+    stored_bytes: AtomicU64,
+    shards: AtomicU64,
+    encode_ns: AtomicU64,
+    blocked_ns: AtomicU64,
+}
+
+struct Record {
+    sample_id: u64,
+    key: String,
+    n_tokens: u64,
+    raw_bytes: u64,
+    parts: Vec<Vec<u8>>,
+}
+
+pub struct DatasetWriter {
+    root: PathBuf,
+    schema: Schema,
+    opts: WriterOptions,
+    pool: rayon::ThreadPool,
+    tx: Option<SyncSender<Record>>,
+    io: Option<JoinHandle<Result<Manifest>>>,
+    counters: Arc<Counters>,
+    seen: Mutex<HashSet<u64>>,
+    started: Instant,
+    removed_temp_files: u64,
+    adopted_shards: u64,
+    failed: Option<String>,
+    /// The root lock, released by `close`.
+    lock: Option<File>,
+}
+
+impl DatasetWriter {
+    /// Creates a dataset at `root` (or resumes one, with `opts.resume`). Refuses a root that
+    /// already has this writer's manifest or shards unless resuming, and a root another
+    /// live writer holds with the same manifest name.
+    pub fn create(
+        root: &Path,
+        schema: Schema,
+        metadata: serde_json::Value,
+        opts: WriterOptions,
+    ) -> Result<DatasetWriter> {
+        if opts.shard_prefix.contains('/') || opts.manifest_name.contains('/') {
+            return Err(Error::InvalidArgument(
+                "shard_prefix and manifest_name must be plain names".into(),
+            ));
+        }
+        if opts.queue_depth == 0 || opts.chunk_bytes == 0 {
+            return Err(Error::InvalidArgument(
+                "queue_depth and chunk_bytes must be positive".into(),
+            ));
+        }
+        let shard_dir = root.join("shards");
+        std::fs::create_dir_all(&shard_dir).map_err(|e| Error::io(&shard_dir, e))?;
+        let lock = lock_root(root, &opts.manifest_name)?;
+        let manifest_path = root.join(&opts.manifest_name);
+        let fresh = Manifest {
+            format: MANIFEST_FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            writer: concat!("eagle-io ", env!("CARGO_PKG_VERSION")).into(),
+            schema: schema.clone(),
+            metadata,
+            codec: CodecInfo {
+                zstd_level: opts.codec.zstd_level,
+                chunk_bytes: opts.chunk_bytes,
+            },
+            shards: Vec::new(),
+            complete: false,
+        };
+        let state = resume::prepare(root, &manifest_path, &opts, fresh)?;
+        state.manifest.store(&manifest_path)?;
+        let counters = Arc::new(Counters::default());
+        let (tx, rx) = sync_channel(opts.queue_depth);
+        let io = IoThread {
+            root: root.to_owned(),
+            manifest_path,
+            manifest: state.manifest,
+            builder: None,
+            next_seq: state.next_seq,
+            opts: opts.clone(),
+            counters: counters.clone(),
+        };
+        let io = std::thread::Builder::new()
+            .name("eagle-io-shard-io".into())
+            .spawn(move || io.run(rx))
+            .map_err(|e| Error::io(root, e))?;
+        Ok(DatasetWriter {
+            root: root.to_owned(),
+            schema,
+            pool: pool::build(opts.threads, "encode"),
+            opts,
+            tx: Some(tx),
+            io: Some(io),
+            counters,
+            seen: Mutex::new(state.seen),
+            started: Instant::now(),
+            removed_temp_files: state.removed_temp_files,
+            adopted_shards: state.adopted_shards,
+            failed: None,
+            lock: Some(lock),
+        })
+    }
+
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// True when `sample_id` is committed or queued (including samples found on resume).
+    pub fn contains(&self, sample_id: u64) -> bool {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&sample_id)
+    }
+
+    /// Validates every sample first (nothing is written if any is invalid), then encodes
+    /// them in parallel and queues the records in the given order. Blocks while the queue
+    /// is full.
+    pub fn write_batch(&mut self, samples: &[SampleRef<'_>]) -> Result<()> {
+        if let Some(msg) = &self.failed {
+            return Err(Error::InvalidArgument(format!(
+                "the writer failed earlier and accepts no more samples: {msg}"
+            )));
+        }
+        if self.tx.is_none() {
+            return Err(Error::InvalidArgument("the writer is closed".into()));
+        }
+        self.validate(samples)?;
+        let t0 = Instant::now();
+        let records = self.encode(samples);
+        self.counters
+            .encode_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
+        let tx = self.tx.as_ref().expect("checked above");
+        for rec in records {
+            let t1 = Instant::now();
+            let sent = tx.send(rec);
+            self.counters
+                .blocked_ns
+                .fetch_add(t1.elapsed().as_nanos() as u64, Relaxed);
+            if sent.is_err() {
+                // The I/O thread stopped: its error says why.
+                let err = self
+                    .join_io()
+                    .err()
+                    .unwrap_or_else(|| Error::InvalidArgument("shard I/O thread stopped".into()));
+                self.failed = Some(err.to_string());
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    fn validate(&self, samples: &[SampleRef<'_>]) -> Result<()> {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut batch = HashSet::with_capacity(samples.len());
+        for s in samples {
+            let err = |message: String| Error::Schema {
+                sample_id: s.sample_id,
+                message,
+            };
+            if seen.contains(&s.sample_id) || !batch.insert(s.sample_id) {
+                return Err(err(
+                    "this sample id is already in the dataset (ids must be unique)".into(),
+                ));
+            }
+            if s.key.len() > MAX_KEY_BYTES {
+                return Err(err(format!(
+                    "key of {} bytes (at most {MAX_KEY_BYTES})",
+                    s.key.len()
+                )));
+            }
+            if s.tensors.len() != self.schema.tensors.len() {
+                return Err(err(format!(
+                    "{} tensors given, the schema has {}",
+                    s.tensors.len(),
+                    self.schema.tensors.len()
+                )));
+            }
+            for (spec, data) in self.schema.tensors.iter().zip(&s.tensors) {
+                let expected = s.n_tokens.checked_mul(spec.row_bytes());
+                if expected != Some(data.len() as u64) {
+                    return Err(err(format!(
+                        "tensor {:?} holds {} bytes; {} tokens x {} bytes per token = {} expected",
+                        spec.name,
+                        data.len(),
+                        s.n_tokens,
+                        spec.row_bytes(),
+                        s.n_tokens.saturating_mul(spec.row_bytes())
+                    )));
+                }
+            }
+        }
+        seen.extend(batch);
+        Ok(())
+    }
+
+    fn encode(&self, samples: &[SampleRef<'_>]) -> Vec<Record> {
+        // One job per (sample, tensor, chunk of rows), all encoded in parallel.
+        let mut jobs = Vec::new();
+        for (si, s) in samples.iter().enumerate() {
+            for (ti, spec) in self.schema.tensors.iter().enumerate() {
+                let row_bytes = spec.row_bytes();
+                let rows_per_chunk =
+                    (self.opts.chunk_bytes / row_bytes).clamp(1, u32::MAX as u64 / row_bytes);
+                let mut row = 0;
+                loop {
+                    let rows = rows_per_chunk.min(s.n_tokens - row);
+                    jobs.push((si, ti, row, rows));
+                    row += rows;
+                    if row >= s.n_tokens {
+                        break;
+                    }
+                }
+            }
+        }
+        let codec = self.opts.codec;
+        let schema = &self.schema;
+        let encoded: Vec<EncodedChunk> = self.pool.install(|| {
+            jobs.par_iter()
+                .map(|&(si, ti, row, rows)| {
+                    let spec = &schema.tensors[ti];
+                    let rb = spec.row_bytes() as usize;
+                    let data =
+                        &samples[si].tensors[ti][row as usize * rb..(row + rows) as usize * rb];
+                    encode_chunk(data, rows as u32, spec.dtype, &codec)
+                })
+                .collect()
+        });
+        let mut per_sample: Vec<Vec<Vec<EncodedChunk>>> = samples
+            .iter()
+            .map(|_| schema.tensors.iter().map(|_| Vec::new()).collect())
+            .collect();
+        for (&(si, ti, _, _), chunk) in jobs.iter().zip(encoded) {
+            per_sample[si][ti].push(chunk);
+        }
+        samples
+            .iter()
+            .zip(per_sample)
+            .map(|(s, tensors)| {
+                let mut parts = vec![record::encode_table(s.sample_id, s.n_tokens, &tensors)];
+                parts.extend(tensors.into_iter().flatten().map(|c| c.payload));
+                Record {
+                    sample_id: s.sample_id,
+                    key: s.key.to_owned(),
+                    n_tokens: s.n_tokens,
+                    raw_bytes: s.tensors.iter().map(|t| t.len() as u64).sum(),
+                    parts,
+                }
+            })
+            .collect()
+    }
+
+    pub fn stats(&self) -> WriterStats {
+        let c = &self.counters;
+        WriterStats {
+            samples: c.samples.load(Relaxed),
+            tokens: c.tokens.load(Relaxed),
+            raw_bytes: c.raw_bytes.load(Relaxed),
+            stored_bytes: c.stored_bytes.load(Relaxed),
+            shards_committed: c.shards.load(Relaxed),
+            encode_seconds: c.encode_ns.load(Relaxed) as f64 * 1e-9,
+            blocked_seconds: c.blocked_ns.load(Relaxed) as f64 * 1e-9,
+            elapsed_seconds: self.started.elapsed().as_secs_f64(),
+            removed_temp_files: self.removed_temp_files,
+            adopted_shards: self.adopted_shards,
+        }
+    }
+
+    fn join_io(&mut self) -> Result<Manifest> {
+        self.tx = None;
+        match self.io.take() {
+            Some(h) => h
+                .join()
+                .map_err(|_| Error::InvalidArgument("shard I/O thread panicked".into()))?,
+            None => Err(Error::InvalidArgument("the writer is closed".into())),
+        }
+    }
+
+    /// Commits the last shard, marks the manifest complete and returns it.
+    pub fn close(&mut self) -> Result<Manifest> {
+        if let Some(msg) = &self.failed {
+            return Err(Error::InvalidArgument(format!(
+                "the writer failed earlier: {msg}"
+            )));
+        }
+        let manifest = self.join_io();
+        self.lock = None;
+        manifest
+    }
+}
+
+impl Drop for DatasetWriter {
+    /// Dropping without `close` commits what was queued, as `close` does, so no accepted
+    /// sample is lost when the caller unwinds.
+    fn drop(&mut self) {
+        self.tx = None;
+        if let Some(h) = self.io.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Takes an exclusive advisory lock on `.{manifest_name}.lock` in `root`; the kernel
+/// releases it when the process ends, so a crashed writer never blocks a resume.
+fn lock_root(root: &Path, manifest_name: &str) -> Result<File> {
+    let path = root.join(format!(".{manifest_name}.lock"));
+    let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
+    // SAFETY: `file` is an open descriptor for the duration of the call; flock only reads it.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{}: another writer is writing {manifest_name} in this directory (use a distinct rank / manifest name)",
+            root.display()
+        )));
+    }
+    Ok(file)
+}
+
+struct IoThread {
+    root: PathBuf,
+    manifest_path: PathBuf,
+    manifest: Manifest,
+    builder: Option<ShardBuilder>,
+    next_seq: u64,
+    opts: WriterOptions,
+    counters: Arc<Counters>,
+}
+
+impl IoThread {
+    fn run(mut self, rx: Receiver<Record>) -> Result<Manifest> {
+        for rec in rx {
+            self.append(rec)?;
+        }
+        self.commit()?;
+        self.manifest.complete = true;
+        self.manifest.store(&self.manifest_path)?;
+        Ok(self.manifest)
+    }
+
+    fn append(&mut self, rec: Record) -> Result<()> {
+        if self.builder.is_none() {
+            let name = format!("{}{:06}.eio", self.opts.shard_prefix, self.next_seq);
+            self.next_seq += 1;
+            self.builder = Some(ShardBuilder::create(
+                &self.root.join("shards").join(name),
+                &self.manifest.schema,
+            )?);
+        }
+        let b = self.builder.as_mut().expect("created above");
+        let before = b.len();
+        b.append(
+            rec.sample_id,
+            &rec.key,
+            rec.n_tokens,
+            rec.raw_bytes,
+            &rec.parts,
+        )?;
+        let c = &self.counters;
+        c.samples.fetch_add(1, Relaxed);
+        c.tokens.fetch_add(rec.n_tokens, Relaxed);
+        c.raw_bytes.fetch_add(rec.raw_bytes, Relaxed);
+        c.stored_bytes.fetch_add(b.len() - before, Relaxed);
+        if b.len() >= self.opts.shard_bytes {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        let Some(b) = self.builder.take().filter(|b| !b.is_empty()) else {
+            return Ok(());
+        };
+        let summary = b.commit(&self.root)?;
+        self.manifest.shards.push(summary);
+        self.manifest.store(&self.manifest_path)?;
+        self.counters.shards.fetch_add(1, Relaxed);
+        Ok(())
+    }
+}

@@ -1,0 +1,370 @@
+//! Writer -> shards -> reader round trips, rotation, resume and corruption detection.
+
+use std::path::Path;
+
+use eagle_io::dataset::{DatasetWriter, SampleRef, WriterOptions};
+use eagle_io::{DType, Dataset, Error, Schema, TensorSpec};
+use proptest::prelude::*;
+
+fn eagle3_schema(hidden: u64) -> Schema {
+    Schema::new(vec![
+        TensorSpec {
+            name: "input_ids".into(),
+            dtype: DType::Int64,
+            width: None,
+        },
+        TensorSpec {
+            name: "loss_mask".into(),
+            dtype: DType::Uint8,
+            width: None,
+        },
+        TensorSpec {
+            name: "aux_hidden_states".into(),
+            dtype: DType::Bfloat16,
+            width: Some(3 * hidden),
+        },
+        TensorSpec {
+            name: "hidden_states".into(),
+            dtype: DType::Bfloat16,
+            width: Some(hidden),
+        },
+    ])
+    .unwrap()
+}
+
+/// Deterministic bytes for sample `id`'s tensor `t`.
+fn tensor_bytes(schema: &Schema, id: u64, t: usize, n_tokens: u64) -> Vec<u8> {
+    let len = (n_tokens * schema.tensors[t].row_bytes()) as usize;
+    let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (t as u64 + 1);
+    (0..len)
+        .map(|i| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if i % 2 == 1 {
+                (x % 5) as u8 + 60
+            } else {
+                x as u8
+            }
+        })
+        .collect()
+}
+
+fn write_samples(w: &mut DatasetWriter, ids: &[(u64, u64)]) {
+    let schema = w.schema().clone();
+    let data: Vec<Vec<Vec<u8>>> = ids
+        .iter()
+        .map(|&(id, n)| {
+            (0..schema.tensors.len())
+                .map(|t| tensor_bytes(&schema, id, t, n))
+                .collect()
+        })
+        .collect();
+    let keys: Vec<String> = ids.iter().map(|(id, _)| format!("conv-{id}")).collect();
+    let samples: Vec<SampleRef> = ids
+        .iter()
+        .zip(&data)
+        .zip(&keys)
+        .map(|((&(id, n), d), k)| SampleRef {
+            sample_id: id,
+            key: k,
+            n_tokens: n,
+            tensors: d.iter().map(|v| v.as_slice()).collect(),
+        })
+        .collect();
+    w.write_batch(&samples).unwrap();
+}
+
+fn check_all(root: &Path, ids: &[(u64, u64)]) {
+    let ds = Dataset::open(root, 2).unwrap();
+    assert_eq!(ds.len(), ids.len() as u64);
+    for &(id, n) in ids {
+        let pos = ds.position(id).expect("sample present");
+        let e = ds.entry(pos).unwrap();
+        assert_eq!(
+            (e.sample_id, e.n_tokens, e.key),
+            (id, n, format!("conv-{id}").as_str())
+        );
+        let got = ds.read(pos).unwrap();
+        for (t, buf) in got.iter().enumerate() {
+            assert_eq!(
+                buf,
+                &tensor_bytes(ds.schema(), id, t, n),
+                "sample {id} tensor {t}"
+            );
+        }
+    }
+    assert!(Dataset::verify(root, 2).unwrap().is_empty());
+}
+
+fn small_opts() -> WriterOptions {
+    WriterOptions {
+        shard_bytes: 200_000,
+        chunk_bytes: 16 * 1024,
+        threads: 2,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn roundtrip_with_rotation_empty_and_one_token_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = DatasetWriter::create(
+        dir.path(),
+        eagle3_schema(64),
+        serde_json::json!({"target": "t"}),
+        small_opts(),
+    )
+    .unwrap();
+    let ids: Vec<(u64, u64)> = (0..40)
+        .map(|i| (1000 + i, [0, 1, 7, 300][i as usize % 4]))
+        .collect();
+    write_samples(&mut w, &ids[..20]);
+    write_samples(&mut w, &ids[20..]);
+    let m = w.close().unwrap();
+    let stats = w.stats();
+    assert!(m.complete);
+    assert!(m.shards.len() > 1, "shards rotate at shard_bytes");
+    assert_eq!(m.shards.iter().map(|s| s.samples).sum::<u64>(), 40);
+    assert_eq!(stats.samples, 40);
+    assert!(
+        stats.stored_bytes < stats.raw_bytes,
+        "compresses: {stats:?}"
+    );
+    check_all(dir.path(), &ids);
+}
+
+#[test]
+fn invalid_samples_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = eagle3_schema(8);
+    let mut w = DatasetWriter::create(
+        dir.path(),
+        schema.clone(),
+        serde_json::json!({}),
+        small_opts(),
+    )
+    .unwrap();
+    let good: Vec<Vec<u8>> = (0..4).map(|t| tensor_bytes(&schema, 1, t, 5)).collect();
+    let mut short = good.clone();
+    let cut = short[2].len() - 2;
+    short[2].truncate(cut);
+    fn s(id: u64, d: &[Vec<u8>]) -> SampleRef<'_> {
+        SampleRef {
+            sample_id: id,
+            key: "",
+            n_tokens: 5,
+            tensors: d.iter().map(|v| v.as_slice()).collect(),
+        }
+    }
+    let err = w.write_batch(&[s(1, &good), s(2, &short)]).unwrap_err();
+    assert!(matches!(err, Error::Schema { sample_id: 2, .. }), "{err}");
+    assert!(err.to_string().contains("aux_hidden_states"), "{err}");
+    let err = w.write_batch(&[s(3, &good), s(3, &good)]).unwrap_err();
+    assert!(matches!(err, Error::Schema { sample_id: 3, .. }), "{err}");
+    w.write_batch(&[s(1, &good)]).unwrap();
+    assert!(matches!(
+        w.write_batch(&[s(1, &good)]).unwrap_err(),
+        Error::Schema { sample_id: 1, .. }
+    ));
+    let m = w.close().unwrap();
+    assert_eq!(m.shards.iter().map(|s| s.samples).sum::<u64>(), 1);
+}
+
+#[test]
+fn a_second_writer_on_the_same_manifest_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _w = DatasetWriter::create(
+        dir.path(),
+        eagle3_schema(8),
+        serde_json::json!({}),
+        small_opts(),
+    )
+    .unwrap();
+    let again = DatasetWriter::create(
+        dir.path(),
+        eagle3_schema(8),
+        serde_json::json!({}),
+        WriterOptions {
+            resume: true,
+            ..small_opts()
+        },
+    );
+    assert!(again.err().unwrap().to_string().contains("another writer"));
+    let other_rank = WriterOptions {
+        shard_prefix: "r00001-".into(),
+        manifest_name: "manifest.r00001.json".into(),
+        ..small_opts()
+    };
+    DatasetWriter::create(
+        dir.path(),
+        eagle3_schema(8),
+        serde_json::json!({}),
+        other_rank,
+    )
+    .unwrap();
+}
+
+#[test]
+fn resume_adopts_committed_orphans_removes_temps_and_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let ids: Vec<(u64, u64)> = (0..30).map(|i| (i, 50)).collect();
+    let mut w = DatasetWriter::create(
+        root,
+        eagle3_schema(64),
+        serde_json::json!({"m": 1}),
+        small_opts(),
+    )
+    .unwrap();
+    write_samples(&mut w, &ids[..5]);
+    drop(w);
+    let early_manifest = std::fs::read(root.join("manifest.json")).unwrap();
+    let mut w = DatasetWriter::create(
+        root,
+        eagle3_schema(64),
+        serde_json::json!({"m": 1}),
+        WriterOptions {
+            resume: true,
+            ..small_opts()
+        },
+    )
+    .unwrap();
+    write_samples(&mut w, &ids[5..20]);
+    w.close().unwrap();
+    // A crash after renaming later shards but before the manifest listed them, and a torn temp shard.
+    std::fs::write(root.join("manifest.json"), early_manifest).unwrap();
+    std::fs::write(root.join("shards/.r00000-000099.eio.tmp"), b"torn").unwrap();
+    let refused = DatasetWriter::create(
+        root,
+        eagle3_schema(64),
+        serde_json::json!({"m": 1}),
+        small_opts(),
+    );
+    assert!(refused.is_err(), "no resume: refuse to touch existing data");
+    let changed = DatasetWriter::create(
+        root,
+        eagle3_schema(64),
+        serde_json::json!({"m": 2}),
+        WriterOptions {
+            resume: true,
+            ..small_opts()
+        },
+    );
+    let msg = changed.err().unwrap().to_string();
+    assert!(msg.contains("\"m\""), "{msg}");
+    let mut w = DatasetWriter::create(
+        root,
+        eagle3_schema(64),
+        serde_json::json!({"m": 1}),
+        WriterOptions {
+            resume: true,
+            ..small_opts()
+        },
+    )
+    .unwrap();
+    for &(id, _) in &ids[..20] {
+        assert!(w.contains(id), "sample {id} known after resume");
+    }
+    let st = w.stats();
+    assert_eq!(st.removed_temp_files, 1);
+    assert!(st.adopted_shards >= 1);
+    write_samples(&mut w, &ids[20..]);
+    w.close().unwrap();
+    check_all(root, &ids);
+}
+
+fn flip(path: &Path, offset: u64) {
+    let mut b = std::fs::read(path).unwrap();
+    b[offset as usize] ^= 0x40;
+    std::fs::write(path, b).unwrap();
+}
+
+#[test]
+fn flipped_bytes_are_detected_with_file_sample_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let ids: Vec<(u64, u64)> = (0..6).map(|i| (i * 10, 40)).collect();
+    let mut w = DatasetWriter::create(
+        root,
+        eagle3_schema(32),
+        serde_json::json!({}),
+        WriterOptions {
+            shard_bytes: 1 << 30,
+            ..small_opts()
+        },
+    )
+    .unwrap();
+    write_samples(&mut w, &ids);
+    w.close().unwrap();
+    let shard = root.join("shards/r00000-000000.eio");
+    let ds = Dataset::open(root, 1).unwrap();
+    let e3 = ds.entry(3).unwrap();
+    let (off, sid) = (e3.offset, e3.sample_id);
+    drop(ds);
+    flip(&shard, off + 100);
+    let ds = Dataset::open(root, 1).unwrap();
+    match ds.read(3).unwrap_err() {
+        Error::Corrupt {
+            path,
+            sample_id,
+            offset,
+            ..
+        } => {
+            assert_eq!((path, sample_id, offset), (shard.clone(), Some(sid), off));
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(ds.read(2).unwrap().len(), 4, "other records still read");
+    let bad = Dataset::verify(root, 1).unwrap();
+    assert_eq!(bad.len(), 1);
+    assert_eq!(bad[0].sample_id, Some(sid));
+    // Index corruption: the shard no longer opens, and verify names it.
+    let len = std::fs::metadata(&shard).unwrap().len();
+    flip(&shard, len - 40 - 50);
+    assert!(matches!(Dataset::open(root, 1), Err(Error::Corrupt { .. })));
+    let bad = Dataset::verify(root, 1).unwrap();
+    assert_eq!((bad.len(), bad[0].sample_id), (1, None));
+}
+
+#[test]
+fn newer_format_versions_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let mut w =
+        DatasetWriter::create(root, eagle3_schema(8), serde_json::json!({}), small_opts()).unwrap();
+    write_samples(&mut w, &[(1, 3)]);
+    w.close().unwrap();
+    let shard = root.join("shards/r00000-000000.eio");
+    let mut b = std::fs::read(&shard).unwrap();
+    b[8] = 2;
+    std::fs::write(&shard, &b).unwrap();
+    assert!(matches!(
+        eagle_io::shard::ShardFile::open(&shard),
+        Err(Error::FormatVersion { found: 2, .. })
+    ));
+    let m = std::fs::read_to_string(root.join("manifest.json"))
+        .unwrap()
+        .replace("\"format_version\": 1", "\"format_version\": 7");
+    std::fs::write(root.join("manifest.json"), m).unwrap();
+    assert!(matches!(
+        Dataset::open(root, 1),
+        Err(Error::FormatVersion { found: 7, .. })
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+    #[test]
+    fn random_schemas_roundtrip(widths in prop::collection::vec((0usize..9, prop::option::of(1u64..25_000)), 1..4),
+                                tokens in prop::collection::vec(0u64..40, 1..6)) {
+        let dtypes = [DType::Bool, DType::Uint8, DType::Int8, DType::Int16, DType::Int32, DType::Int64, DType::Float16, DType::Bfloat16, DType::Float32];
+        let schema = Schema::new(widths.iter().enumerate().map(|(i, &(d, w))| TensorSpec { name: format!("t{i}"), dtype: dtypes[d], width: w }).collect()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = DatasetWriter::create(dir.path(), schema, serde_json::json!({}), small_opts()).unwrap();
+        let ids: Vec<(u64, u64)> = tokens.iter().enumerate().map(|(i, &n)| (i as u64 * 7 + 3, n)).collect();
+        write_samples(&mut w, &ids);
+        w.close().unwrap();
+        check_all(dir.path(), &ids);
+    }
+}
