@@ -16,3 +16,6 @@ pub use dataset::{Dataset, DatasetWriter, SampleRef, WriterOptions};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use schema::{Schema, TensorSpec};
+
+#[cfg(feature = "python")]
+mod python;

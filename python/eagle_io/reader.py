@@ -1,0 +1,104 @@
+"""Random access to a dataset's samples as CPU tensors."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import _native
+from ._tensors import empty, writable_bytes
+from .schema import TensorSpec, from_json
+
+
+@dataclass(frozen=True)
+class SampleInfo:
+    """A sample's index entry: its id, token count ``L`` and source key."""
+
+    sample_id: int
+    n_tokens: int
+    key: str
+
+
+class Dataset:
+    """A dataset opened from its manifest and shard indexes alone (no payload is read).
+
+    ``dataset[pos]`` returns a dict of CPU tensors named by the schema (for the EAGLE-3
+    schema: ``input_ids [L]`` int64, ``loss_mask [L]`` uint8, ``aux_hidden_states [L, k*H]``,
+    ``hidden_states [L, H]``) plus ``sample_id`` (int). Every read is checksummed.
+
+    Safe in DataLoader workers: after ``fork`` the open files are shared (reads are
+    positioned) and the decode pool is rebuilt; with ``spawn`` the object pickles as its path.
+
+    Args:
+        path: a manifest file, or a directory holding ``manifest.json``.
+        threads: decode threads per read (0 = one per CPU).
+
+    Raises:
+        CorruptRecordError, FormatVersionError, StorageError: when the manifest or a shard
+            index cannot be trusted; reads raise CorruptRecordError on a bad record.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, threads: int = 0) -> None:
+        self._path = os.fspath(path)
+        self._threads = threads
+        self._native = _native.Reader(self._path, threads)
+        self.manifest: dict[str, Any] = json.loads(self._native.manifest_json)
+        self.schema: list[TensorSpec] = from_json(json.dumps(self.manifest["schema"]))
+        self.metadata: dict[str, Any] = self.manifest["metadata"]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self._path, "threads": self._threads}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], threads=state["threads"])  # type: ignore[misc]
+
+    def __len__(self) -> int:
+        return len(self._native)
+
+    def entry(self, pos: int) -> SampleInfo:
+        """The index entry at position ``pos``. Raises SampleNotFoundError when out of range."""
+        return SampleInfo(*self._native.entry(pos))
+
+    def position(self, sample_id: int) -> int | None:
+        """Position of the sample with this id, or None."""
+        return self._native.position(sample_id)
+
+    def lengths(self) -> list[int]:
+        """Token counts ``L`` of all samples in position order (from the index; no payload read)."""
+        return self._native.lengths()
+
+    def read(self, pos: int, *, pin_memory: bool = False) -> dict[str, Any]:
+        """Decodes the sample at ``pos`` into new CPU tensors (pinned when ``pin_memory``)."""
+        n = self.entry(pos).n_tokens
+        out = {s.name: empty(s, n, pin_memory) for s in self.schema}
+        self.read_into(pos, out)
+        return {**out, "sample_id": self.entry(pos).sample_id}
+
+    def read_into(self, pos: int, out: dict[str, torch.Tensor]) -> None:
+        """Decodes the sample at ``pos`` into caller-provided contiguous CPU tensors, one per
+        schema tensor, each of the exact shape and dtype (``[L]`` / ``[L, width]``).
+
+        Raises:
+            InvalidArgumentError: a tensor of the wrong size, or not writable.
+            CorruptRecordError: the record fails its checksum or does not decode.
+        """
+        for s in self.schema:
+            t = out[s.name]
+            if t.dtype != getattr(torch, s.dtype) or not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError(f"output {s.name!r} must be a contiguous CPU tensor of dtype {s.dtype}")
+        self._native.read_into(pos, [writable_bytes(out[s.name]) for s in self.schema])
+
+    def __getitem__(self, pos: int) -> dict[str, Any]:
+        if not -len(self) <= pos < len(self):
+            raise IndexError(f"position {pos} out of range for a dataset of {len(self)} samples")
+        return self.read(pos % len(self))
+
+    @staticmethod
+    def verify(path: str | os.PathLike[str], *, threads: int = 0) -> list[tuple[str, int | None, int, str]]:
+        """Reads, checksums and decodes every record of the dataset at ``path``. Returns every
+        problem as ``(shard_path, sample_id or None, byte_offset, message)``; empty when all is well."""
+        return [(os.fspath(p), s, o, m) for p, s, o, m in _native.Reader.verify(os.fspath(path), threads)]

@@ -1,0 +1,51 @@
+"""Schemas: the named tensors every sample of a dataset holds (docs/FORMAT.md, "Schema")."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+#: dtype names a schema may use (torch's names: ``torch.bfloat16`` -> ``"bfloat16"``).
+DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of every sample: shape ``[L]`` when ``width`` is None, else ``[L, width]``,
+    where ``L`` is the sample's token count."""
+
+    name: str
+    dtype: str
+    width: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"tensor {self.name!r}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+
+
+def eagle3_schema(hidden_size: int, num_aux_layers: int = 3, dtype: str = "bfloat16") -> list[TensorSpec]:
+    """The EAGLE-3 training schema.
+
+    - ``input_ids [L]`` int64: the rendered conversation's token ids.
+    - ``loss_mask [L]`` uint8: 1 on assistant tokens the draft is trained on, else 0.
+    - ``aux_hidden_states [L, num_aux_layers * hidden_size]`` ``dtype``: the target's residual
+      stream at the inputs of the aux layers, concatenated in ascending layer order.
+    - ``hidden_states [L, hidden_size]`` ``dtype``: the target's final post-norm hidden state.
+    """
+    return [
+        TensorSpec("input_ids", "int64"),
+        TensorSpec("loss_mask", "uint8"),
+        TensorSpec("aux_hidden_states", dtype, num_aux_layers * hidden_size),
+        TensorSpec("hidden_states", dtype, hidden_size),
+    ]
+
+
+def to_json(specs: Iterable[TensorSpec]) -> str:
+    """The schema JSON stored in shard headers and manifests."""
+    return json.dumps({"tensors": [{"name": s.name, "dtype": s.dtype, "width": s.width} for s in specs]})
+
+
+def from_json(text: str | bytes) -> list[TensorSpec]:
+    """Parses schema JSON."""
+    return [TensorSpec(t["name"], t["dtype"], t["width"]) for t in json.loads(text)["tensors"]]

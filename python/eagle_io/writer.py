@@ -1,0 +1,128 @@
+"""The dataset writer: samples in, committed shards and a manifest out."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import _native
+from ._tensors import as_native
+from .errors import SchemaError
+from .schema import TensorSpec, to_json
+
+
+def _schema_error(sample_id: int, message: str) -> SchemaError:
+    err = SchemaError(f"sample {sample_id}: {message}")
+    err.sample_id = sample_id
+    return err
+
+
+class ShardWriter:
+    """Writes samples into a dataset directory: ``root/shards/*.eio`` and ``root/<manifest_name>``.
+
+    Each sample is a mapping from schema tensor name to a CPU ``torch.Tensor``, numpy array or
+    buffer; every tensor's first dimension is the sample's token count ``L``. Samples are
+    validated (dtype, shape, contiguity, unique ``sample_id``) before anything is written,
+    encoded on ``threads`` Rust threads with the GIL released, and appended in order by an I/O
+    thread. Shards rotate at ``shard_bytes`` and are committed atomically; the manifest is
+    rewritten atomically after each commit, so a crash loses at most the open shard.
+
+    Args:
+        root: dataset directory (created if missing).
+        schema: the tensors of every sample (see :func:`eagle_io.schema.eagle3_schema`).
+        metadata: JSON-serialisable facts every consumer needs (target model, layer ids and
+            their convention, tokenizer...); stored in the manifest; must match on resume.
+        shard_bytes: shard size at which a shard is committed (bytes).
+        chunk_bytes: decoded bytes per codec chunk (whole rows).
+        threads: encoding threads (0 = one per CPU).
+        zstd_level: zstd level for the compressible planes.
+        queue_depth: encoded records in flight before ``write`` blocks (backpressure).
+        rank: writer rank; shard names start ``r{rank:05}-`` and, for ``world_size > 1``, the
+            manifest is ``manifest.r{rank:05}.json`` so ranks sharing a root never collide.
+        world_size: number of writers sharing ``root``.
+        resume: continue an existing dataset (its schema and metadata must match).
+
+    Raises:
+        InvalidArgumentError: ``root`` already holds this writer's data and ``resume`` is False,
+            or another live writer holds it.
+        IncompatibleDatasetError: resuming with a different schema or metadata.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        schema: Sequence[TensorSpec],
+        metadata: Mapping[str, Any],
+        *,
+        shard_bytes: int = 1 << 30,
+        chunk_bytes: int = 1 << 20,
+        threads: int = 0,
+        zstd_level: int = 1,
+        queue_depth: int = 64,
+        rank: int = 0,
+        world_size: int = 1,
+        resume: bool = False,
+    ) -> None:
+        self.schema = list(schema)
+        self.root = os.fspath(root)
+        manifest_name = "manifest.json" if world_size == 1 else f"manifest.r{rank:05d}.json"
+        self._native = _native.Writer(
+            self.root,
+            to_json(self.schema),
+            json.dumps(metadata, sort_keys=True),
+            shard_bytes=shard_bytes,
+            chunk_bytes=chunk_bytes,
+            threads=threads,
+            zstd_level=zstd_level,
+            queue_depth=queue_depth,
+            shard_prefix=f"r{rank:05d}-",
+            manifest_name=manifest_name,
+            resume=resume,
+        )
+        self.manifest_path = os.path.join(self.root, manifest_name)
+
+    def _convert(self, sample_id: int, tensors: Mapping[str, Any], key: str) -> tuple:
+        names = [s.name for s in self.schema]
+        if set(tensors) != set(names):
+            missing, extra = sorted(set(names) - set(tensors)), sorted(set(tensors) - set(names))
+            raise _schema_error(sample_id, f"tensors do not match the schema (missing {missing}, unexpected {extra})")
+        try:
+            return (sample_id, key, [as_native(n, tensors[n]) for n in names])
+        except (ValueError, TypeError) as e:
+            raise _schema_error(sample_id, str(e)) from e
+
+    def write(self, sample_id: int, tensors: Mapping[str, Any], key: str = "") -> None:
+        """Writes one sample. ``sample_id`` is the caller's unique id (e.g. the source record
+        number), ``key`` an optional string id (e.g. ShareGPT's ``id``). Blocks while the
+        queue is full.
+
+        Raises:
+            SchemaError: a tensor's dtype, shape or contiguity does not match, or the id is taken.
+        """
+        self._native.write_batch([self._convert(sample_id, tensors, key)])
+
+    def write_batch(self, samples: Sequence[tuple[int, Mapping[str, Any], str]]) -> None:
+        """Writes ``[(sample_id, tensors, key)]``, encoding all of them in parallel. Nothing is
+        written when any sample is invalid."""
+        self._native.write_batch([self._convert(i, t, k) for i, t, k in samples])
+
+    def __contains__(self, sample_id: int) -> bool:
+        """True when ``sample_id`` is written or queued (including samples found on resume)."""
+        return sample_id in self._native
+
+    def stats(self) -> dict[str, float]:
+        """Counters: samples, tokens, raw_bytes, stored_bytes, shards_committed,
+        encode_seconds, blocked_seconds, elapsed_seconds, removed_temp_files, adopted_shards."""
+        return self._native.stats()
+
+    def close(self) -> dict[str, Any]:
+        """Commits the last shard, marks the manifest complete, and returns the manifest."""
+        return json.loads(self._native.close())
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,98 @@
+//! `eagle_io._native.Reader`: random access into a dataset. The Python wrapper
+//! (`eagle_io.reader.Dataset`) allocates the output tensors and passes their buffers.
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+
+use super::buffers::Borrowed;
+use super::errors::py_err;
+use crate::dataset::Dataset;
+use crate::error::Error;
+
+/// One problem found by `verify`: shard path, sample id (None: whole shard), offset, message.
+type PyBadRecord = (PathBuf, Option<u64>, u64, String);
+
+#[pyclass(module = "eagle_io._native", frozen)]
+pub struct Reader {
+    inner: Dataset,
+}
+
+#[pymethods]
+impl Reader {
+    /// Opens the dataset at `path` (a manifest file or a directory holding `manifest.json`)
+    /// from its manifest and shard indexes alone.
+    #[new]
+    #[pyo3(signature = (path, threads = 0))]
+    fn new(py: Python<'_>, path: PathBuf, threads: usize) -> PyResult<Reader> {
+        let inner = py
+            .detach(|| Dataset::open(&path, threads))
+            .map_err(py_err(py))?;
+        Ok(Reader { inner })
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    /// `(sample_id, n_tokens, key)` of the sample at position `pos`.
+    fn entry(&self, py: Python<'_>, pos: u64) -> PyResult<(u64, u64, String)> {
+        let e = self.inner.entry(pos).map_err(py_err(py))?;
+        Ok((e.sample_id, e.n_tokens, e.key.to_owned()))
+    }
+
+    /// Position of `sample_id`, or `None`.
+    fn position(&self, sample_id: u64) -> Option<u64> {
+        self.inner.position(sample_id)
+    }
+
+    /// Token counts of all samples, in position order.
+    fn lengths(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        (0..self.inner.len())
+            .map(|p| self.inner.entry(p).map(|e| e.n_tokens).map_err(py_err(py)))
+            .collect()
+    }
+
+    /// Decodes the sample at `pos` into `outs` (one writable C-contiguous buffer per schema
+    /// tensor, each exactly `n_tokens x row_bytes`), with the GIL released.
+    fn read_into(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        let schema = self.inner.schema();
+        let mut bufs = outs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let name = schema.tensors.get(i).map_or("output", |t| t.name.as_str());
+                Borrowed::get(o, true, name)
+            })
+            .collect::<Result<Vec<_>, Error>>()
+            .map_err(py_err(py))?;
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Borrowed::bytes_mut).collect();
+        let inner = &self.inner;
+        py.detach(|| inner.read_into(pos, &mut slices))
+            .map_err(py_err(py))
+    }
+
+    #[getter]
+    fn manifest_json(&self) -> String {
+        serde_json::to_string(self.inner.manifest()).expect("a manifest always serialises")
+    }
+
+    #[getter]
+    fn manifest_path(&self) -> PathBuf {
+        self.inner.manifest_path().to_owned()
+    }
+
+    /// Full check of the dataset at `path`: `[(shard_path, sample_id or None, offset, error)]`,
+    /// empty when every record reads, checksums and decodes.
+    #[staticmethod]
+    #[pyo3(signature = (path, threads = 0))]
+    fn verify(py: Python<'_>, path: PathBuf, threads: usize) -> PyResult<Vec<PyBadRecord>> {
+        let bad = py
+            .detach(|| Dataset::verify(&path, threads))
+            .map_err(py_err(py))?;
+        Ok(bad
+            .into_iter()
+            .map(|b| (b.shard, b.sample_id, b.offset, b.error))
+            .collect())
+    }
+}

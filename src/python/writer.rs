@@ -1,0 +1,155 @@
+//! `eagle_io._native.Writer`: the dataset writer. The Python wrapper
+//! (`eagle_io.writer.ShardWriter`) turns tensors into `(dtype, shape, buffer)` triples.
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+
+use super::buffers::Borrowed;
+use super::errors::py_err;
+use crate::codec::CodecOptions;
+use crate::dataset::{DatasetWriter, SampleRef, WriterOptions};
+use crate::error::Error;
+use crate::schema::Schema;
+
+/// One tensor as handed over by Python: dtype name, shape, buffer.
+type PyTensor<'py> = (String, Vec<u64>, Bound<'py, PyAny>);
+/// One sample: id, key, tensors in schema order.
+type PySample<'py> = (u64, String, Vec<PyTensor<'py>>);
+
+#[pyclass(module = "eagle_io._native")]
+pub struct Writer {
+    inner: DatasetWriter,
+}
+
+fn borrow_sample(
+    schema: &Schema,
+    (sample_id, _, tensors): &PySample<'_>,
+) -> Result<(u64, Vec<Borrowed>), Error> {
+    let sample_id = *sample_id;
+    let err = |message: String| Error::Schema { sample_id, message };
+    if tensors.len() != schema.tensors.len() {
+        return Err(err(format!(
+            "{} tensors given, the schema has {}",
+            tensors.len(),
+            schema.tensors.len()
+        )));
+    }
+    let n_tokens = tensors[0].1.first().copied().unwrap_or(0);
+    let mut out = Vec::with_capacity(tensors.len());
+    for (spec, (dtype, shape, obj)) in schema.tensors.iter().zip(tensors) {
+        if dtype != spec.dtype.name() {
+            return Err(err(format!(
+                "tensor {:?} has dtype {dtype}, the schema says {}",
+                spec.name,
+                spec.dtype.name()
+            )));
+        }
+        let expected: Vec<u64> = match spec.width {
+            None => vec![n_tokens],
+            Some(w) => vec![n_tokens, w],
+        };
+        if *shape != expected {
+            return Err(err(format!(
+                "tensor {:?} has shape {shape:?}, expected {expected:?} ({n_tokens} tokens, as the first tensor {:?})",
+                spec.name, schema.tensors[0].name
+            )));
+        }
+        let buf = Borrowed::get(obj, false, &spec.name).map_err(|e| err(e.to_string()))?;
+        out.push(buf);
+    }
+    Ok((n_tokens, out))
+}
+
+#[pymethods]
+impl Writer {
+    #[new]
+    #[pyo3(signature = (root, schema_json, metadata_json, *, shard_bytes, chunk_bytes, threads, zstd_level, queue_depth, shard_prefix, manifest_name, resume))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        root: PathBuf,
+        schema_json: &str,
+        metadata_json: &str,
+        shard_bytes: u64,
+        chunk_bytes: u64,
+        threads: usize,
+        zstd_level: i32,
+        queue_depth: usize,
+        shard_prefix: String,
+        manifest_name: String,
+        resume: bool,
+    ) -> PyResult<Writer> {
+        let schema = Schema::from_json(schema_json.as_bytes())
+            .map_err(|e| py_err(py)(Error::InvalidArgument(format!("schema: {e}"))))?;
+        let metadata: serde_json::Value = serde_json::from_str(metadata_json).map_err(|e| {
+            py_err(py)(Error::InvalidArgument(format!("metadata is not JSON: {e}")))
+        })?;
+        let opts = WriterOptions {
+            shard_bytes,
+            chunk_bytes,
+            threads,
+            codec: CodecOptions { zstd_level },
+            queue_depth,
+            shard_prefix,
+            manifest_name,
+            resume,
+        };
+        let inner = py
+            .detach(|| DatasetWriter::create(&root, schema, metadata, opts))
+            .map_err(py_err(py))?;
+        Ok(Writer { inner })
+    }
+
+    /// Validates, encodes and queues samples `[(sample_id, key, [(dtype, shape, buffer)])]`
+    /// with the GIL released. Nothing is written when any sample is invalid.
+    fn write_batch(&mut self, py: Python<'_>, samples: Vec<PySample<'_>>) -> PyResult<()> {
+        let schema = self.inner.schema().clone();
+        let borrowed = samples
+            .iter()
+            .map(|s| borrow_sample(&schema, s))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(py_err(py))?;
+        let refs: Vec<SampleRef<'_>> = samples
+            .iter()
+            .zip(&borrowed)
+            .map(|((sample_id, key, _), (n_tokens, bufs))| SampleRef {
+                sample_id: *sample_id,
+                key,
+                n_tokens: *n_tokens,
+                tensors: bufs.iter().map(Borrowed::bytes).collect(),
+            })
+            .collect();
+        let inner = &mut self.inner;
+        py.detach(|| inner.write_batch(&refs)).map_err(py_err(py))
+    }
+
+    /// True when `sample_id` is committed or queued (including samples found on resume).
+    fn __contains__(&self, sample_id: u64) -> bool {
+        self.inner.contains(sample_id)
+    }
+
+    /// Counters as a dict (see `WriterStats`).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let s = self.inner.stats();
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("samples", s.samples)?;
+        d.set_item("tokens", s.tokens)?;
+        d.set_item("raw_bytes", s.raw_bytes)?;
+        d.set_item("stored_bytes", s.stored_bytes)?;
+        d.set_item("shards_committed", s.shards_committed)?;
+        d.set_item("encode_seconds", s.encode_seconds)?;
+        d.set_item("blocked_seconds", s.blocked_seconds)?;
+        d.set_item("elapsed_seconds", s.elapsed_seconds)?;
+        d.set_item("removed_temp_files", s.removed_temp_files)?;
+        d.set_item("adopted_shards", s.adopted_shards)?;
+        Ok(d)
+    }
+
+    /// Commits the last shard and returns the final manifest as JSON.
+    fn close(&mut self, py: Python<'_>) -> PyResult<String> {
+        let inner = &mut self.inner;
+        let manifest = py.detach(|| inner.close()).map_err(py_err(py))?;
+        Ok(serde_json::to_string(&manifest).expect("a manifest always serialises"))
+    }
+}
