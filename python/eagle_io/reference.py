@@ -1,0 +1,298 @@
+"""Pure-Python reference reader for the eagle-io dataset format, version 1 (docs/FORMAT.md).
+
+Written from the specification alone, with numpy, zstandard and the standard library only; it never
+touches ``eagle_io._native`` and also runs as a standalone file. It is slow on purpose: it exists to
+document the format and to cross-check the Rust reader.
+
+    ds = open_dataset("ROOT")          # or "ROOT/manifest.r00001.json"
+    sample_id, n_tokens, key = ds.entry(0)
+    arrays = ds.read(0)                # {"input_ids": int64 [L], "hidden_states": uint16 [L, H], ...}
+
+Arrays have shape ``[L]`` (width null) or ``[L, width]`` and the schema dtype, little-endian, except
+``bfloat16``, which numpy lacks: it is returned as ``numpy.uint16`` holding the raw bf16 bits
+(``torch.from_numpy(a).view(torch.bfloat16)`` recovers the tensor). Every violation of the spec raises
+:class:`ReferenceFormatError` naming the file, the sample id (or None) and a byte offset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+
+import numpy as np
+import zstandard
+
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sIII12s")  # magic, format_version, schema_len, schema_crc32, reserved (4.1)
+FOOTER = struct.Struct("<QQQII8s")  # index_offset, index_len, n_records, index_crc32, reserved, magic (4.2)
+ENTRY = struct.Struct("<QQQQII")  # sample_id, offset, length, n_tokens, crc32, key_len (4.3)
+RECORD = struct.Struct("<4sIQQ")  # magic, n_tensors, sample_id, n_tokens (4.4)
+TENSOR = struct.Struct("<II")  # n_chunks, reserved (4.4)
+CHUNK = struct.Struct("<BBBBI4I")  # codec, planes, plane_zstd, reserved, rows, stored[4] (4.5)
+RAW, ZSTD, PLANES = 0, 1, 2
+MAX_EXPANSION = 40000  # 4.3: decoded size may not exceed length x 40000
+DTYPES = {  # 3: schema dtype -> numpy dtype of the returned array (bfloat16: raw bits)
+    "bool": np.dtype(np.bool_), "uint8": np.dtype("u1"), "int8": np.dtype("i1"), "int16": np.dtype("<i2"),
+    "int32": np.dtype("<i4"), "int64": np.dtype("<i8"), "float16": np.dtype("<f2"),
+    "bfloat16": np.dtype("<u2"), "float32": np.dtype("<f4"),
+}  # fmt: skip
+
+
+class ReferenceFormatError(ValueError):
+    """The data violates docs/FORMAT.md. ``path``: the file; ``sample_id``: the record's id or None;
+    ``offset``: byte offset of the offending structure in that file (None for manifest fields)."""
+
+    def __init__(self, message: str, path: str, sample_id: int | None = None, offset: int | None = None):
+        self.path, self.sample_id, self.offset = path, sample_id, offset
+        where = "".join([path, f" sample {sample_id}" if sample_id is not None else "",
+                         f" at offset {offset}" if offset is not None else ""])  # fmt: skip
+        super().__init__(f"{where}: {message}")
+
+
+class ReferenceVersionError(ReferenceFormatError):
+    """A format_version newer than this reader's (section 6)."""
+
+
+def _check_version(version: object, path: str, offset: int | None) -> None:
+    if type(version) is not int or version < 1:
+        raise ReferenceFormatError(f"invalid format_version {version!r}", path, None, offset)
+    if version > FORMAT_VERSION:
+        raise ReferenceVersionError(f"format_version {version} is newer than {FORMAT_VERSION}", path, None, offset)
+
+
+def _parse_schema(schema: object, path: str, offset: int | None) -> list[tuple[str, np.dtype, int | None]]:
+    """Section 3: [(name, numpy dtype, width or None)]."""
+    try:
+        specs = [(t["name"], t["dtype"], t["width"]) for t in schema["tensors"]]  # type: ignore[index]
+        ok = all(type(n) is str and d in DTYPES and (w is None or (type(w) is int and 1 <= w <= 1 << 24))
+                 for n, d, w in specs)  # fmt: skip
+    except (TypeError, KeyError):
+        ok = False
+    if not ok or len({n for n, _, _ in specs}) != len(specs):
+        raise ReferenceFormatError(f"invalid schema {schema!r}", path, None, offset)
+    return [(n, DTYPES[d], w) for n, d, w in specs]
+
+
+def _unzstd(frame: bytes, size: int) -> bytes:
+    """One complete zstd frame decoding to exactly ``size`` bytes (checked before allocating)."""
+    declared = zstandard.get_frame_parameters(frame).content_size
+    if declared not in (size, zstandard.CONTENTSIZE_UNKNOWN):
+        raise ValueError(f"zstd frame declares {declared} bytes, expected {size}")
+    out = zstandard.ZstdDecompressor().decompress(frame, max_output_size=max(size, 1), allow_extra_data=False)
+    if len(out) != size:
+        raise ValueError(f"zstd frame decoded to {len(out)} bytes, expected {size}")
+    return out
+
+
+def _decode_chunk(desc: tuple, payload: bytes, size: int, elem: int) -> bytes:
+    """Section 4.5: a chunk's payload -> its ``size`` decoded bytes (raises ValueError)."""
+    codec, planes, plane_zstd, reserved, _rows, *stored = desc
+    if reserved:
+        raise ValueError("non-zero reserved byte in chunk descriptor")
+    if codec in (RAW, ZSTD):
+        if planes != 1 or plane_zstd or any(stored[1:]):
+            raise ValueError(f"codec {codec} needs planes 1, plane_zstd 0, stored[1:] 0")
+        if codec == ZSTD:
+            return _unzstd(payload, size)
+        if len(payload) != size:
+            raise ValueError(f"RAW chunk of {len(payload)} bytes, expected {size}")
+        return payload
+    if codec != PLANES:
+        raise ValueError(f"unknown codec {codec}")
+    if planes not in (2, 4) or planes != elem or plane_zstd >> planes or any(stored[planes:]):
+        raise ValueError(f"PLANES chunk with planes={planes}, plane_zstd={plane_zstd:#x}, stored={stored}")
+    out, start = np.empty((size // planes, planes), np.uint8), 0
+    for p in range(planes):
+        plane = payload[start : start + stored[p]]
+        start += stored[p]
+        plane = _unzstd(plane, size // planes) if plane_zstd >> p & 1 else plane
+        if len(plane) != size // planes:
+            raise ValueError(f"plane {p} of {len(plane)} bytes, expected {size // planes}")
+        out[:, p] = np.frombuffer(plane, np.uint8)  # decoded[i x n + p] = plane_p[i]
+    return out.tobytes()
+
+
+class _Shard:
+    """One shard's header, footer and index (section 4), checked against its manifest entry."""
+
+    def __init__(self, path: str, listed: dict, schema: list) -> None:
+        self.path = path
+
+        def fail(msg: str, offset: int | None) -> None:
+            raise ReferenceFormatError(msg, path, None, offset)
+
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size != listed["bytes"]:
+                fail(f"file is {size} bytes, the manifest lists {listed['bytes']}", None)
+            if size < HEADER.size + FOOTER.size:
+                fail(f"file of {size} bytes is shorter than header and footer", 0)
+            magic, version, schema_len, schema_crc, reserved = HEADER.unpack(f.read(HEADER.size))
+            if magic != b"EAGLEIO\0":
+                fail(f"bad header magic {magic!r}", 0)
+            if version != FORMAT_VERSION:
+                _check_version(version, path, 8)
+            if any(reserved):
+                fail("non-zero reserved header bytes", 20)
+            if schema_len > 1 << 20 or 32 + schema_len > size - FOOTER.size:
+                fail(f"schema_len {schema_len} out of bounds", 12)
+            text = f.read(schema_len)
+            footer_at = size - FOOTER.size
+            f.seek(footer_at)
+            index_offset, index_len, n_records, index_crc, reserved, magic = FOOTER.unpack(f.read(FOOTER.size))
+            if magic != b"EIOINDX\0":
+                fail(f"bad footer magic {magic!r}", footer_at + 32)
+            if reserved:
+                fail("non-zero reserved footer field", footer_at + 28)
+            if index_offset < 32 + schema_len or index_offset + index_len != footer_at or n_records * 40 > index_len:
+                fail(f"index_offset {index_offset} / index_len {index_len} / n_records {n_records} out of bounds",
+                     footer_at)  # fmt: skip
+            f.seek(index_offset)
+            index = f.read(index_len)
+        if zlib.crc32(text) != schema_crc:
+            fail("schema_crc32 mismatch", 32)
+        try:
+            header_schema = _parse_schema(json.loads(text.decode("utf-8")), path, 32)
+        except ValueError as e:  # JSON and UTF-8 errors
+            raise ReferenceFormatError(f"schema JSON: {e}", path, None, 32) from None
+        if header_schema != schema:
+            fail("shard schema differs from the manifest's", 32)
+        if zlib.crc32(index) != index_crc:
+            fail("index_crc32 mismatch", index_offset)
+        if index_crc != listed["index_crc32"] or n_records != listed["samples"]:
+            fail(f"index_crc32 {index_crc} / n_records {n_records} disagree with the manifest entry {listed}",
+                 footer_at)  # fmt: skip
+        row_bytes = sum(dt.itemsize * (w or 1) for _, dt, w in schema)
+        self.entries: list[tuple[int, int, int, int, int, str]] = []
+        expect, key_at = 32 + schema_len, 40 * n_records  # key_at: offset in the index
+        for i in range(n_records):
+            sample_id, offset, length, n_tokens, crc, key_len = ENTRY.unpack_from(index, 40 * i)
+            at, what = index_offset + 40 * i, f"index entry {i} (sample {sample_id})"
+            if offset != expect:
+                fail(f"{what}: offset {offset}, records must be contiguous from {expect}", at)
+            if n_tokens * row_bytes > length * MAX_EXPANSION:
+                fail(f"{what}: {n_tokens} tokens cannot decode from {length} bytes", at)
+            if key_at + key_len > index_len:
+                fail(f"{what}: key_len {key_len} overruns the key blob", at)
+            try:
+                key = index[key_at : key_at + key_len].decode("utf-8")
+            except UnicodeDecodeError:
+                fail(f"{what}: key is not UTF-8", index_offset + key_at)
+            self.entries.append((sample_id, offset, length, n_tokens, crc, key))
+            expect, key_at = offset + length, key_at + key_len
+        if expect != index_offset:
+            fail(f"records end at {expect}, the index starts at {index_offset}", index_offset)
+        if key_at != index_len:
+            fail(f"key blob is {index_len - 40 * n_records} bytes, key_len sum to {key_at - 40 * n_records}",
+                 index_offset + key_at)  # fmt: skip
+        tokens = sum(e[3] for e in self.entries)
+        if tokens != listed["tokens"] or tokens * row_bytes != listed["raw_bytes"]:
+            fail(f"index holds {tokens} tokens, {tokens * row_bytes} raw bytes; the manifest lists {listed}",
+                 index_offset)  # fmt: skip
+
+
+class ReferenceDataset:
+    """A dataset opened from its manifest and shard indexes (section 5); ``read`` decodes a record."""
+
+    def __init__(self, manifest_path: str) -> None:
+        self.path = manifest_path
+        try:
+            with open(manifest_path, "rb") as f:
+                self.manifest: dict = json.loads(f.read().decode("utf-8"))
+            assert isinstance(self.manifest, dict)
+        except (ValueError, AssertionError) as e:
+            raise ReferenceFormatError(f"manifest is not a JSON object: {e}", manifest_path) from None
+        m = self.manifest
+        if m.get("format") != "eagle-io/dataset":
+            raise ReferenceFormatError(f"unknown format {m.get('format')!r}", manifest_path)
+        _check_version(m.get("format_version"), manifest_path, None)
+        self.schema = _parse_schema(m.get("schema"), manifest_path, None)
+        base, self.shards, self._positions = os.path.dirname(manifest_path), [], {}
+        self._entries: list[tuple[_Shard, int]] = []  # position -> (shard, index entry)
+        fields = {"file": str, "samples": int, "tokens": int, "bytes": int, "raw_bytes": int, "index_crc32": int}
+        for listed in m.get("shards") if isinstance(m.get("shards"), list) else [None]:
+            if not isinstance(listed, dict) or any(type(listed.get(k)) is not t for k, t in fields.items()):
+                raise ReferenceFormatError(f"invalid shards entry {listed!r}", manifest_path)
+            shard = _Shard(os.path.join(base, listed["file"]), listed, self.schema)
+            for i, e in enumerate(shard.entries):
+                if self._positions.setdefault(e[0], len(self._entries)) != len(self._entries):
+                    raise ReferenceFormatError("duplicate sample id", shard.path, e[0], e[1])
+                self._entries.append((shard, i))
+            self.shards.append(shard)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _at(self, pos: int) -> tuple[_Shard, tuple]:
+        if not 0 <= pos < len(self._entries):
+            raise IndexError(f"position {pos} out of range for {len(self._entries)} samples")
+        shard, i = self._entries[pos]
+        return shard, shard.entries[i]
+
+    def entry(self, pos: int) -> tuple[int, int, str]:
+        """``(sample_id, n_tokens, key)`` of the record at dataset position ``pos``."""
+        _, (sample_id, _, _, n_tokens, _, key) = self._at(pos)
+        return sample_id, n_tokens, key
+
+    def position(self, sample_id: int) -> int | None:
+        """The position of ``sample_id``, or None."""
+        return self._positions.get(sample_id)
+
+    def read(self, pos: int) -> dict[str, np.ndarray]:
+        """Reads, checksums and decodes the record at ``pos`` (sections 4.4, 4.5)."""
+        shard, (sample_id, offset, length, n_tokens, crc, _) = self._at(pos)
+
+        def fail(msg: str) -> None:
+            raise ReferenceFormatError(msg, shard.path, sample_id, offset)
+
+        with open(shard.path, "rb") as f:
+            f.seek(offset)
+            rec = f.read(length)
+        if len(rec) != length or zlib.crc32(rec) != crc:
+            fail(f"record of {length} bytes fails its crc32")
+        if length < RECORD.size:
+            fail("record shorter than its header")
+        magic, n_tensors, rec_id, rec_tokens = RECORD.unpack_from(rec, 0)
+        if magic != b"EREC" or n_tensors != len(self.schema) or rec_id != sample_id or rec_tokens != n_tokens:
+            fail(f"record header {magic!r}, {n_tensors} tensors, sample {rec_id}, {rec_tokens} tokens disagrees")
+        at, chunk_lists = RECORD.size, []
+        for name, _, _ in self.schema:
+            if at + TENSOR.size > length:
+                fail(f"tensor {name!r}: chunk table overruns the record")
+            n_chunks, reserved = TENSOR.unpack_from(rec, at)
+            if reserved or at + TENSOR.size + CHUNK.size * n_chunks > length:
+                fail(f"tensor {name!r}: {n_chunks} chunks / reserved {reserved} at record byte {at}")
+            chunk_lists.append([CHUNK.unpack_from(rec, at + 8 + CHUNK.size * j) for j in range(n_chunks)])
+            at += TENSOR.size + CHUNK.size * n_chunks
+        out = {}
+        for (name, dtype, width), chunks in zip(self.schema, chunk_lists, strict=True):
+            row_bytes = dtype.itemsize * (width or 1)
+            buf, row = bytearray(n_tokens * row_bytes), 0
+            for desc in chunks:
+                rows, stored = desc[4], sum(desc[5:])
+                if row + rows > n_tokens or at + stored > length:
+                    fail(f"tensor {name!r}: chunk at record byte {at} overruns the rows or the record")
+                try:
+                    buf[row * row_bytes : (row + rows) * row_bytes] = _decode_chunk(
+                        desc, rec[at : at + stored], rows * row_bytes, dtype.itemsize
+                    )
+                except (ValueError, zstandard.ZstdError) as e:
+                    fail(f"tensor {name!r}: chunk at record byte {at}: {e}")
+                row, at = row + rows, at + stored
+            if row != n_tokens:
+                fail(f"tensor {name!r}: chunks cover {row} rows, expected {n_tokens}")
+            array = np.frombuffer(buf, dtype).reshape((n_tokens, width) if width else (n_tokens,))
+            if dtype == np.bool_ and (array.view(np.uint8) > 1).any():
+                fail(f"tensor {name!r}: bool value other than 0 or 1")
+            out[name] = array
+        if at != length:
+            fail(f"payloads end at record byte {at}, the record is {length} bytes")
+        return out
+
+
+def open_dataset(path: str | os.PathLike[str]) -> ReferenceDataset:
+    """Opens a dataset from a manifest file, or a directory holding ``manifest.json``."""
+    path = os.fspath(path)
+    return ReferenceDataset(os.path.join(path, "manifest.json") if os.path.isdir(path) else path)
