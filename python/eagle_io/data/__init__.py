@@ -1,0 +1,53 @@
+"""Dataset preparation: conversation sources, turn clean-up and chat-template tokenization.
+
+Imports only ``eagle_io.data.*`` (never the native ``eagle_io`` top level), so it can be used
+and tested from a source checkout with ``PYTHONPATH=python``.
+"""
+
+from eagle_io.data.chat import (
+    LOSS_MASK_METHOD,
+    REJECT_REASONS,
+    SampleRejected,
+    TokenizedSample,
+    chat_template_identity,
+    iter_tokenized,
+    render_with_spans,
+    tokenize_conversation,
+)
+from eagle_io.data.embedded import (
+    MissingDataPackageError,
+    default_dataset_path,
+    default_model_path,
+    load_default_tokenizer,
+)
+from eagle_io.data.sources import (
+    ROLE_MAP,
+    Conversation,
+    DatasetFormatError,
+    conversation_from_record,
+    iter_conversations,
+)
+from eagle_io.data.stats import SkipStats
+from eagle_io.data.turns import prepare_turns
+
+__all__ = [
+    "LOSS_MASK_METHOD",
+    "REJECT_REASONS",
+    "ROLE_MAP",
+    "Conversation",
+    "DatasetFormatError",
+    "MissingDataPackageError",
+    "SampleRejected",
+    "SkipStats",
+    "TokenizedSample",
+    "chat_template_identity",
+    "conversation_from_record",
+    "default_dataset_path",
+    "default_model_path",
+    "iter_conversations",
+    "iter_tokenized",
+    "load_default_tokenizer",
+    "prepare_turns",
+    "render_with_spans",
+    "tokenize_conversation",
+]
