@@ -10,8 +10,17 @@ import torch
 
 from .schema import TensorSpec
 
-_MEMORYVIEW_DTYPES = {"?": "bool", "B": "uint8", "b": "int8", "h": "int16", "i": "int32", "q": "int64",
-                      "l": "int64", "e": "float16", "f": "float32"}
+_MEMORYVIEW_DTYPES = {
+    "?": "bool",
+    "B": "uint8",
+    "b": "int8",
+    "h": "int16",
+    "i": "int32",
+    "q": "int64",
+    "l": "int64",
+    "e": "float16",
+    "f": "float32",
+}
 
 
 def as_native(name: str, x: Any) -> tuple[str, list[int], Any]:

@@ -46,6 +46,7 @@ class Dataset:
         self._path = os.fspath(path)
         self._threads = threads
         self._native = _native.Reader(self._path, threads)
+        self.manifest_path: str = os.fspath(self._native.manifest_path)
         self.manifest: dict[str, Any] = json.loads(self._native.manifest_json)
         self.schema: list[TensorSpec] = from_json(json.dumps(self.manifest["schema"]))
         self.metadata: dict[str, Any] = self.manifest["metadata"]

@@ -11,7 +11,7 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
     let attrs = PyDict::new(py);
     let class = match err {
         Error::Io { path, source } => {
-            attrs.set_item("path", path)?;
+            attrs.set_item("path", path.to_string_lossy())?;
             attrs.set_item("errno", source.raw_os_error())?;
             "StorageError"
         }
@@ -21,7 +21,7 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             offset,
             ..
         } => {
-            attrs.set_item("path", path)?;
+            attrs.set_item("path", path.to_string_lossy())?;
             attrs.set_item("sample_id", sample_id)?;
             attrs.set_item("offset", offset)?;
             "CorruptRecordError"
@@ -31,7 +31,7 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             found,
             supported,
         } => {
-            attrs.set_item("path", path)?;
+            attrs.set_item("path", path.to_string_lossy())?;
             attrs.set_item("found", found)?;
             attrs.set_item("supported", supported)?;
             "FormatVersionError"

