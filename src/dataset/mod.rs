@@ -9,4 +9,4 @@ mod writer;
 
 pub use manifest::{Manifest, MANIFEST_FORMAT};
 pub use reader::{BadRecord, Dataset, Entry};
-pub use writer::{DatasetWriter, SampleRef, WriterOptions, WriterStats};
+pub use writer::{DatasetWriter, SampleRef, StatsHandle, WriterOptions, WriterStats};

@@ -94,6 +94,33 @@ pub struct WriterStats {
     pub adopted_shards: u64,
 }
 
+/// A cheap, cloneable view of a writer's counters, readable while another thread writes.
+#[derive(Clone)]
+pub struct StatsHandle {
+    counters: Arc<Counters>,
+    started: Instant,
+    removed_temp_files: u64,
+    adopted_shards: u64,
+}
+
+impl StatsHandle {
+    pub fn snapshot(&self) -> WriterStats {
+        let c = &self.counters;
+        WriterStats {
+            samples: c.samples.load(Relaxed),
+            tokens: c.tokens.load(Relaxed),
+            raw_bytes: c.raw_bytes.load(Relaxed),
+            stored_bytes: c.stored_bytes.load(Relaxed),
+            shards_committed: c.shards.load(Relaxed),
+            encode_seconds: c.encode_ns.load(Relaxed) as f64 * 1e-9,
+            blocked_seconds: c.blocked_ns.load(Relaxed) as f64 * 1e-9,
+            elapsed_seconds: self.started.elapsed().as_secs_f64(),
+            removed_temp_files: self.removed_temp_files,
+            adopted_shards: self.adopted_shards,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Counters {
     samples: AtomicU64,
@@ -120,11 +147,8 @@ pub struct DatasetWriter {
     pool: rayon::ThreadPool,
     tx: Option<SyncSender<Record>>,
     io: Option<JoinHandle<Result<Manifest>>>,
-    counters: Arc<Counters>,
+    stats: StatsHandle,
     seen: Mutex<HashSet<u64>>,
-    started: Instant,
-    removed_temp_files: u64,
-    adopted_shards: u64,
     failed: Option<String>,
     /// The root lock, released by `close`.
     lock: Option<File>,
@@ -191,11 +215,13 @@ impl DatasetWriter {
             opts,
             tx: Some(tx),
             io: Some(io),
-            counters,
+            stats: StatsHandle {
+                counters,
+                started: Instant::now(),
+                removed_temp_files: state.removed_temp_files,
+                adopted_shards: state.adopted_shards,
+            },
             seen: Mutex::new(state.seen),
-            started: Instant::now(),
-            removed_temp_files: state.removed_temp_files,
-            adopted_shards: state.adopted_shards,
             failed: None,
             lock: Some(lock),
         })
@@ -232,14 +258,16 @@ impl DatasetWriter {
         self.validate(samples)?;
         let t0 = Instant::now();
         let records = self.encode(samples);
-        self.counters
+        self.stats
+            .counters
             .encode_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
         let tx = self.tx.as_ref().expect("checked above");
         for rec in records {
             let t1 = Instant::now();
             let sent = tx.send(rec);
-            self.counters
+            self.stats
+                .counters
                 .blocked_ns
                 .fetch_add(t1.elapsed().as_nanos() as u64, Relaxed);
             if sent.is_err() {
@@ -356,19 +384,12 @@ impl DatasetWriter {
     }
 
     pub fn stats(&self) -> WriterStats {
-        let c = &self.counters;
-        WriterStats {
-            samples: c.samples.load(Relaxed),
-            tokens: c.tokens.load(Relaxed),
-            raw_bytes: c.raw_bytes.load(Relaxed),
-            stored_bytes: c.stored_bytes.load(Relaxed),
-            shards_committed: c.shards.load(Relaxed),
-            encode_seconds: c.encode_ns.load(Relaxed) as f64 * 1e-9,
-            blocked_seconds: c.blocked_ns.load(Relaxed) as f64 * 1e-9,
-            elapsed_seconds: self.started.elapsed().as_secs_f64(),
-            removed_temp_files: self.removed_temp_files,
-            adopted_shards: self.adopted_shards,
-        }
+        self.stats.snapshot()
+    }
+
+    /// A handle to read the counters from another thread.
+    pub fn stats_handle(&self) -> StatsHandle {
+        self.stats.clone()
     }
 
     fn join_io(&mut self) -> Result<Manifest> {

@@ -6,12 +6,14 @@ use pyo3::prelude::*;
 mod buffers;
 mod errors;
 mod reader;
+mod sink;
 mod writer;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::Writer>()?;
     m.add_class::<reader::Reader>()?;
+    m.add_class::<sink::CaptureSink>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", crate::format::FORMAT_VERSION)?;
     Ok(())

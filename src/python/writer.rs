@@ -4,11 +4,12 @@
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use super::buffers::Borrowed;
 use super::errors::py_err;
 use crate::codec::CodecOptions;
-use crate::dataset::{DatasetWriter, SampleRef, WriterOptions};
+use crate::dataset::{DatasetWriter, SampleRef, WriterOptions, WriterStats};
 use crate::error::Error;
 use crate::schema::Schema;
 
@@ -19,7 +20,22 @@ type PySample<'py> = (u64, String, Vec<PyTensor<'py>>);
 
 #[pyclass(module = "eagle_io._native")]
 pub struct Writer {
-    inner: DatasetWriter,
+    /// `None` once handed to a capture sink (`CaptureSink(writer, ...)`), which then owns it.
+    inner: Option<DatasetWriter>,
+}
+
+impl Writer {
+    fn get(&mut self) -> Result<&mut DatasetWriter, Error> {
+        self.inner.as_mut().ok_or_else(|| {
+            Error::InvalidArgument("this writer was handed to a capture sink; use the sink".into())
+        })
+    }
+
+    /// Moves the writer out (for a capture sink).
+    pub fn take(&mut self) -> Result<DatasetWriter, Error> {
+        self.get()?;
+        Ok(self.inner.take().expect("checked above"))
+    }
 }
 
 fn borrow_sample(
@@ -98,13 +114,14 @@ impl Writer {
         let inner = py
             .detach(|| DatasetWriter::create(&root, schema, metadata, opts))
             .map_err(py_err(py))?;
-        Ok(Writer { inner })
+        Ok(Writer { inner: Some(inner) })
     }
 
     /// Validates, encodes and queues samples `[(sample_id, key, [(dtype, shape, buffer)])]`
     /// with the GIL released. Nothing is written when any sample is invalid.
     fn write_batch(&mut self, py: Python<'_>, samples: Vec<PySample<'_>>) -> PyResult<()> {
-        let schema = self.inner.schema().clone();
+        let inner = self.get().map_err(py_err(py))?;
+        let schema = inner.schema().clone();
         let borrowed = samples
             .iter()
             .map(|s| borrow_sample(&schema, s))
@@ -120,36 +137,40 @@ impl Writer {
                 tensors: bufs.iter().map(Borrowed::bytes).collect(),
             })
             .collect();
-        let inner = &mut self.inner;
         py.detach(|| inner.write_batch(&refs)).map_err(py_err(py))
     }
 
     /// True when `sample_id` is committed or queued (including samples found on resume).
     fn __contains__(&self, sample_id: u64) -> bool {
-        self.inner.contains(sample_id)
+        self.inner.as_ref().is_some_and(|w| w.contains(sample_id))
     }
 
     /// Counters as a dict (see `WriterStats`).
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-        let s = self.inner.stats();
-        let d = pyo3::types::PyDict::new(py);
-        d.set_item("samples", s.samples)?;
-        d.set_item("tokens", s.tokens)?;
-        d.set_item("raw_bytes", s.raw_bytes)?;
-        d.set_item("stored_bytes", s.stored_bytes)?;
-        d.set_item("shards_committed", s.shards_committed)?;
-        d.set_item("encode_seconds", s.encode_seconds)?;
-        d.set_item("blocked_seconds", s.blocked_seconds)?;
-        d.set_item("elapsed_seconds", s.elapsed_seconds)?;
-        d.set_item("removed_temp_files", s.removed_temp_files)?;
-        d.set_item("adopted_shards", s.adopted_shards)?;
-        Ok(d)
+    fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let s = self.get().map_err(py_err(py))?.stats();
+        stats_dict(py, &s)
     }
 
     /// Commits the last shard and returns the final manifest as JSON.
     fn close(&mut self, py: Python<'_>) -> PyResult<String> {
-        let inner = &mut self.inner;
+        let inner = self.get().map_err(py_err(py))?;
         let manifest = py.detach(|| inner.close()).map_err(py_err(py))?;
         Ok(serde_json::to_string(&manifest).expect("a manifest always serialises"))
     }
+}
+
+/// Writer counters as a dict (keys as the `WriterStats` fields).
+pub fn stats_dict<'py>(py: Python<'py>, s: &WriterStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("samples", s.samples)?;
+    d.set_item("tokens", s.tokens)?;
+    d.set_item("raw_bytes", s.raw_bytes)?;
+    d.set_item("stored_bytes", s.stored_bytes)?;
+    d.set_item("shards_committed", s.shards_committed)?;
+    d.set_item("encode_seconds", s.encode_seconds)?;
+    d.set_item("blocked_seconds", s.blocked_seconds)?;
+    d.set_item("elapsed_seconds", s.elapsed_seconds)?;
+    d.set_item("removed_temp_files", s.removed_temp_files)?;
+    d.set_item("adopted_shards", s.adopted_shards)?;
+    Ok(d)
 }

@@ -1,0 +1,147 @@
+"""The capture ring as seen from the target's forward: copy a sample's states into a slot of
+host memory owned by the Rust core, commit it, and move on; Rust threads compress and write it.
+
+On CUDA the arena is registered as pinned memory (``cudaHostRegister``) and each copy is a
+``non_blocking`` device-to-host copy on a side stream; a completion thread waits on the copy's
+CUDA event and commits the slot, so the forward thread never waits for the copy, compression or
+disk, unless the ring is full.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Mapping
+from contextlib import nullcontext
+
+import torch
+
+from . import _native
+from .errors import SchemaError
+from .writer import ShardWriter
+
+
+def _schema_error(sample_id: int, message: str) -> SchemaError:
+    err = SchemaError(f"sample {sample_id}: {message}")
+    err.sample_id = sample_id
+    return err
+
+
+class RingSink:
+    """Takes ownership of ``writer`` and feeds it from a ring of ``ring_bytes`` host memory.
+
+    Args:
+        writer: the dataset writer; after this call only the sink writes to it.
+        ring_bytes: arena size (bytes). A sample larger than this is refused.
+        batch: committed samples the sink thread encodes together (in parallel).
+        timeout_s: how long :meth:`put` waits on a full ring before raising RingTimeoutError.
+        drop_when_full: instead of waiting, drop the sample and count it (``stats()["dropped_samples"]``).
+    """
+
+    def __init__(
+        self,
+        writer: ShardWriter,
+        *,
+        ring_bytes: int = 1 << 30,
+        batch: int = 16,
+        timeout_s: float = 600.0,
+        drop_when_full: bool = False,
+    ) -> None:
+        self.schema = writer.schema
+        self._sink = _native.CaptureSink(writer._native, ring_bytes, batch)
+        self._arena = torch.frombuffer(self._sink, dtype=torch.uint8)
+        self._timeout_s = timeout_s
+        self._drop = drop_when_full
+        self._row_bytes = [
+            (s.width or 1) * torch.empty(0, dtype=getattr(torch, s.dtype)).element_size() for s in self.schema
+        ]
+        self.pinned = False
+        self._stream: torch.cuda.Stream | None = None
+        self._done: queue.Queue | None = None
+        self._completer: threading.Thread | None = None
+        self._error: BaseException | None = None
+        if torch.cuda.is_available():
+            rc = torch.cuda.cudart().cudaHostRegister(self._arena.data_ptr(), self._arena.numel(), 0)
+            self.pinned = int(rc) == 0
+            self._stream = torch.cuda.Stream()
+            self._done = queue.Queue()
+            self._completer = threading.Thread(target=self._complete, name="eagle-io-d2h-complete", daemon=True)
+            self._completer.start()
+
+    def _complete(self) -> None:
+        """Commits GPU-copied slots once their copy has finished (waits off the forward thread)."""
+        assert self._done is not None
+        while (item := self._done.get()) is not None:
+            event, slot, sample_id, key, n = item
+            try:
+                event.synchronize()
+                self._sink.commit(slot, sample_id, key, n)
+            except BaseException as e:  # surfaced by the next put() or close()
+                self._error = e
+
+    def put(self, sample_id: int, tensors: Mapping[str, torch.Tensor], key: str = "") -> bool:
+        """Copies one sample (CPU or CUDA tensors named by the schema, each ``[L]`` / ``[L, width]``,
+        contiguous) into the ring and commits it. Returns False when the ring was full and the sink
+        drops (counted), True otherwise.
+
+        Raises:
+            SchemaError: a tensor of the wrong dtype or shape.
+            RingTimeoutError: the ring stayed full for ``timeout_s``.
+        """
+        if self._error is not None:
+            raise self._error
+        ts = [tensors[s.name] for s in self.schema]
+        n = ts[0].shape[0]
+        for spec, t in zip(self.schema, ts, strict=True):
+            want = (n,) if spec.width is None else (n, spec.width)
+            if str(t.dtype).removeprefix("torch.") != spec.dtype or tuple(t.shape) != want:
+                raise _schema_error(
+                    sample_id,
+                    f"tensor {spec.name!r} is {t.dtype} {tuple(t.shape)}; the schema needs {spec.dtype} {want}",
+                )
+        sizes = [n * rb for rb in self._row_bytes]
+        reserved = self._sink.reserve(sum(sizes), self._timeout_s, self._drop)
+        if reserved is None:
+            return False
+        slot, offset = reserved
+        try:
+            on_gpu = self._stream is not None and any(t.is_cuda for t in ts)
+            if on_gpu:
+                self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream) if on_gpu else nullcontext():
+                for t, size in zip(ts, sizes, strict=True):
+                    if size:
+                        src = t.contiguous().reshape(-1).view(torch.uint8)
+                        self._arena[offset : offset + size].copy_(src, non_blocking=on_gpu)
+                        if on_gpu and src.is_cuda:
+                            src.record_stream(self._stream)
+                    offset += size
+            if on_gpu:
+                event = torch.cuda.Event()
+                event.record(self._stream)
+                self._done.put((event, slot, sample_id, key, n))
+            else:
+                self._sink.commit(slot, sample_id, key, n)
+        except BaseException:
+            self._sink.commit(slot, sample_id, key, n, cancelled=True)
+            raise
+        return True
+
+    def stats(self) -> dict[str, float]:
+        """Writer counters plus ring counters: ring_capacity, ring_bytes_in_use, ring_slots_in_use,
+        ring_high_water_bytes, producer_stall_seconds, dropped_samples, abandoned_slots, committed_bytes."""
+        return self._sink.stats()
+
+    def close(self) -> dict:
+        """Waits for pending copies, drains the ring, commits the last shard; returns the manifest."""
+        if self._completer is not None:
+            self._done.put(None)
+            self._completer.join()
+        manifest = json.loads(self._sink.close())
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self._arena.data_ptr())
+            self.pinned = False
+        if self._error is not None:
+            raise self._error
+        return manifest

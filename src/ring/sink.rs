@@ -1,0 +1,151 @@
+//! The consumer side of the ring: one thread takes committed slots in order, hands them to
+//! the dataset writer as borrowed bytes (no copy before encoding), and releases them.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::slots::{Committed, Reserved, Ring, RingStats};
+use crate::dataset::{DatasetWriter, Manifest, SampleRef, StatsHandle, WriterStats};
+use crate::error::{Error, Result};
+
+/// Ring and writer counters together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SinkStats {
+    pub ring: RingStats,
+    pub writer: WriterStats,
+}
+
+pub struct CaptureSink {
+    ring: Arc<Ring>,
+    writer_stats: StatsHandle,
+    thread: Option<JoinHandle<Result<Manifest>>>,
+}
+
+/// Splits a committed slot into the schema's tensors and checks the sizes add up.
+fn sample_ref<'a>(
+    ring: &'a Ring,
+    writer: &DatasetWriter,
+    c: &'a Committed,
+) -> Result<SampleRef<'a>> {
+    let schema = writer.schema();
+    let need = c.n_tokens * schema.token_bytes();
+    if need != c.len as u64 {
+        return Err(Error::Schema {
+            sample_id: c.sample_id,
+            message: format!(
+                "ring slot holds {} bytes; {} tokens need {need}",
+                c.len, c.n_tokens
+            ),
+        });
+    }
+    // SAFETY: a committed slot is not written again until `release`, which happens after
+    // the references built here are dropped (end of `write_batch`).
+    let mut rest = unsafe { ring.arena.slice(c.offset, c.len) };
+    let tensors = schema
+        .tensors
+        .iter()
+        .map(|t| {
+            let (head, tail) = rest.split_at((c.n_tokens * t.row_bytes()) as usize);
+            rest = tail;
+            head
+        })
+        .collect();
+    Ok(SampleRef {
+        sample_id: c.sample_id,
+        key: &c.key,
+        n_tokens: c.n_tokens,
+        tensors,
+    })
+}
+
+fn pump(ring: &Ring, mut writer: DatasetWriter, batch: usize) -> Result<Manifest> {
+    loop {
+        let taken = ring.take(batch);
+        if taken.is_empty() {
+            return writer.close();
+        }
+        let written = taken
+            .iter()
+            .filter(|c| !c.cancelled)
+            .map(|c| sample_ref(ring, &writer, c))
+            .collect::<Result<Vec<_>>>()
+            .and_then(|refs| writer.write_batch(&refs));
+        if let Err(e) = written {
+            ring.fail(e.to_string());
+            return Err(e);
+        }
+        ring.release(taken.len());
+    }
+}
+
+impl CaptureSink {
+    /// Starts the consumer thread over a ring of `ring_bytes`; it writes up to `batch`
+    /// committed samples per `write_batch` (encoded in parallel).
+    pub fn start(ring_bytes: usize, writer: DatasetWriter, batch: usize) -> Result<CaptureSink> {
+        let ring = Arc::new(Ring::new(ring_bytes));
+        let writer_stats = writer.stats_handle();
+        let r = ring.clone();
+        let thread = std::thread::Builder::new()
+            .name("eagle-io-capture-sink".into())
+            .spawn(move || pump(&r, writer, batch.max(1)))
+            .map_err(|e| {
+                Error::InvalidArgument(format!("cannot start the capture sink thread: {e}"))
+            })?;
+        Ok(CaptureSink {
+            ring,
+            writer_stats,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    pub fn reserve(
+        &self,
+        len: usize,
+        timeout: Duration,
+        drop_when_full: bool,
+    ) -> Result<Option<Reserved>> {
+        self.ring.reserve(len, timeout, drop_when_full)
+    }
+
+    pub fn commit(
+        &self,
+        id: u64,
+        sample_id: u64,
+        key: String,
+        n_tokens: u64,
+        cancelled: bool,
+    ) -> Result<()> {
+        self.ring.commit(id, sample_id, key, n_tokens, cancelled)
+    }
+
+    pub fn stats(&self) -> SinkStats {
+        SinkStats {
+            ring: self.ring.stats(),
+            writer: self.writer_stats.snapshot(),
+        }
+    }
+
+    /// Drains committed slots, commits the last shard, and returns the manifest.
+    pub fn close(&mut self) -> Result<Manifest> {
+        self.ring.close();
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .map_err(|_| Error::InvalidArgument("capture sink thread panicked".into()))?,
+            None => Err(Error::InvalidArgument("the capture sink is closed".into())),
+        }
+    }
+}
+
+impl Drop for CaptureSink {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.close();
+        }
+    }
+}

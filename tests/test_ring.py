@@ -1,0 +1,63 @@
+"""The capture ring: samples in, shards out; backpressure with a timeout, or drop-and-count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import eagle_io
+from conftest import make_sample
+from eagle_io.ring import RingSink
+
+
+def test_ring_roundtrip_in_order(tmp_path):
+    w = eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(32), {}, threads=2, shard_bytes=20_000)
+    sink = RingSink(w, ring_bytes=64 * 1024, batch=4)
+    samples = {i: make_sample(i, [1, 0, 30, 200][i % 4]) for i in range(40)}
+    for i, s in samples.items():
+        assert sink.put(i, s, key=f"k{i}")
+    stats = sink.stats()
+    manifest = sink.close()
+    assert stats["ring_high_water_bytes"] <= stats["ring_capacity"] == 64 * 1024
+    assert sum(s["samples"] for s in manifest["shards"]) == 40
+    ds = eagle_io.Dataset(tmp_path)
+    assert [ds.entry(p).sample_id for p in range(40)] == list(range(40)), "ring keeps commit order"
+    for p in range(40):
+        item = ds[p]
+        for name, t in samples[p].items():
+            assert torch.equal(
+                item[name].view(torch.uint8) if t.numel() else item[name], t.view(torch.uint8) if t.numel() else t
+            )
+
+
+def test_full_ring_times_out_or_drops_and_counts(tmp_path):
+    w = eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(32), {}, threads=1)
+    sink = RingSink(w, ring_bytes=8192, timeout_s=0.2)
+    held = sink._sink.reserve(4096, 1.0, False)  # a slot whose copy never completes blocks the consumer
+    assert held is not None
+    sample = make_sample(1, 10)  # 10 tokens x 265 bytes = 2650 bytes
+    assert sink.put(1, sample)
+    with pytest.raises(eagle_io.RingTimeoutError, match="not keeping up"):
+        sink.put(2, sample)
+    dropper = RingSink.__new__(RingSink)
+    dropper.__dict__.update(sink.__dict__, _drop=True)
+    assert dropper.put(3, sample) is False
+    stats = sink.stats()
+    assert stats["dropped_samples"] == 1 and stats["producer_stall_seconds"] >= 0.2
+    sink._sink.commit(held[0], 0, "", 0, cancelled=True)
+    manifest = sink.close()
+    assert sum(s["samples"] for s in manifest["shards"]) == 1
+
+
+def test_ring_refuses_bad_samples(tmp_path):
+    w = eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(32), {}, threads=1)
+    sink = RingSink(w, ring_bytes=4096)
+    bad = make_sample(1, 4)
+    bad["hidden_states"] = bad["hidden_states"].float()
+    with pytest.raises(eagle_io.SchemaError, match="hidden_states"):
+        sink.put(1, bad)
+    with pytest.raises(eagle_io.InvalidArgumentError, match="does not fit"):
+        sink.put(2, make_sample(2, 100))
+    with pytest.raises(eagle_io.InvalidArgumentError, match="capture sink"):
+        w.write(3, make_sample(3, 2))
+    assert sink.close()["shards"] == []
