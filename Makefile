@@ -56,7 +56,7 @@ test-python: install
 test: lint test-rust stubtest test-python
 
 generate: install
-	$(VENV)/bin/eagle-io generate --out runs/smollm2-sharegpt $(ARGS)
+	$(VENV)/bin/eagle-io generate --out runs/smollm2-sharegpt --limit 100 --skip-bad-records --resume $(ARGS)
 	$(VENV)/bin/eagle-io verify runs/smollm2-sharegpt
 
 bench: install

@@ -19,16 +19,19 @@ from .errors import (
 )
 from .reader import Dataset, SampleInfo
 from .schema import TensorSpec, eagle3_schema
+from .session import CaptureSession, NonFiniteStatesError, capture
 from .writer import ShardWriter
 
 __all__ = [
     "FORMAT_VERSION",
+    "CaptureSession",
     "CorruptRecordError",
     "Dataset",
     "EagleIOError",
     "FormatVersionError",
     "IncompatibleDatasetError",
     "InvalidArgumentError",
+    "NonFiniteStatesError",
     "RingTimeoutError",
     "SampleInfo",
     "SampleNotFoundError",
@@ -37,5 +40,6 @@ __all__ = [
     "StorageError",
     "TensorSpec",
     "__version__",
+    "capture",
     "eagle3_schema",
 ]

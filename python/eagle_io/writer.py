@@ -112,6 +112,10 @@ class ShardWriter:
         """True when ``sample_id`` is written or queued (including samples found on resume)."""
         return sample_id in self._native
 
+    def sample_ids(self) -> list[int]:
+        """Sorted ids of every sample written or queued (including samples found on resume)."""
+        return self._native.sample_ids()
+
     def stats(self) -> dict[str, float]:
         """Counters: samples, tokens, raw_bytes, stored_bytes, shards_committed,
         encode_seconds, blocked_seconds, elapsed_seconds, removed_temp_files, adopted_shards."""

