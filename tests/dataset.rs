@@ -368,3 +368,24 @@ proptest! {
         check_all(dir.path(), &ids);
     }
 }
+
+#[test]
+fn manifest_shard_paths_cannot_escape_the_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ds");
+    let mut w = DatasetWriter::create(&root, eagle3_schema(8), serde_json::json!({}), small_opts())
+        .unwrap();
+    write_samples(&mut w, &[(1, 3)]);
+    w.close().unwrap();
+    std::fs::copy(
+        root.join("shards/r00000-000000.eio"),
+        dir.path().join("outside.eio"),
+    )
+    .unwrap();
+    let m = std::fs::read_to_string(root.join("manifest.json"))
+        .unwrap()
+        .replace("shards/r00000-000000.eio", "../outside.eio");
+    std::fs::write(root.join("manifest.json"), m).unwrap();
+    let err = Dataset::open(&root, 1).err().unwrap().to_string();
+    assert!(err.contains("not relative to the dataset"), "{err}");
+}

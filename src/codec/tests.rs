@@ -165,3 +165,19 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn bytes_after_a_zstd_frame_are_refused() {
+    let data: Vec<u8> = (0..4096i64).flat_map(|i| (i % 7).to_le_bytes()).collect();
+    let enc = encode_chunk(&data, 4096, DType::Int64, &CodecOptions::default());
+    assert_eq!(enc.desc.codec, CODEC_ZSTD);
+    let mut padded = enc.payload.clone();
+    padded.extend_from_slice(&enc.payload); // a second, valid frame: still not "one frame"
+    let desc = ChunkDesc {
+        stored: [padded.len() as u32, 0, 0, 0],
+        ..enc.desc
+    };
+    let mut out = vec![0u8; data.len()];
+    let err = decode_chunk(&desc, &padded, &mut out).unwrap_err();
+    assert!(err.contains("follow the zstd frame"), "{err}");
+}

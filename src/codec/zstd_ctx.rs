@@ -41,8 +41,13 @@ pub fn compress_if_pays(data: &[u8], level: i32, probe: usize) -> Option<Vec<u8>
     pays(z.len(), data.len()).then_some(z)
 }
 
-/// Decompresses one zstd frame into `out`, which it must fill exactly.
+/// Decompresses exactly one zstd frame (nothing after it) into `out`, which it must fill exactly.
 pub fn decompress_exact(frame: &[u8], out: &mut [u8]) -> Result<(), String> {
+    match zstd::zstd_safe::find_frame_compressed_size(frame) {
+        Ok(n) if n == frame.len() => {}
+        Ok(n) => return Err(format!("{} bytes follow the zstd frame", frame.len() - n)),
+        Err(_) => return Err("not a complete zstd frame".into()),
+    }
     DCTX.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {

@@ -58,6 +58,20 @@ pub fn manifest_path(path: &Path) -> PathBuf {
 
 fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize) -> Result<ShardFile> {
     let summary = &manifest.shards[i];
+    let escapes = Path::new(&summary.file)
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)));
+    if escapes {
+        return Err(Error::corrupt(
+            manifest_path,
+            None,
+            0,
+            format!(
+                "manifest (shard path {:?} is not relative to the dataset)",
+                summary.file
+            ),
+        ));
+    }
     let path = Manifest::shard_path(manifest_path, summary);
     let shard = ShardFile::open(&path)?;
     let mismatch = if shard.schema != manifest.schema {

@@ -7,7 +7,7 @@
 //! payloads of every chunk, tensor by tensor, chunk by chunk
 //! ```
 
-use crate::codec::{ChunkDesc, EncodedChunk, CHUNK_DESC_BYTES};
+use crate::codec::{ChunkDesc, EncodedChunk, CHUNK_DESC_BYTES, CODEC_PLANES};
 use crate::schema::Schema;
 
 pub const RECORD_MAGIC: &[u8; 4] = b"EREC";
