@@ -30,7 +30,7 @@ FOOTER = struct.Struct("<QQQII8s")  # index_offset, index_len, n_records, index_
 ENTRY = struct.Struct("<QQQQII")  # sample_id, offset, length, n_tokens, crc32, key_len (4.3)
 RECORD = struct.Struct("<4sIQQ")  # magic, n_tensors, sample_id, n_tokens (4.4)
 TENSOR = struct.Struct("<II")  # n_chunks, reserved (4.4)
-CHUNK = struct.Struct("<BBBBI4I")  # codec, planes, plane_zstd, reserved, rows, stored[4] (4.5)
+CHUNK = struct.Struct("<BBBBI4I")  # codec, planes, plane_zstd, layout, rows, stored[4] (4.5)
 RAW, ZSTD, PLANES = 0, 1, 2
 MAX_EXPANSION = 40000  # 4.3: decoded size may not exceed length x 40000
 DTYPES = {  # 3: schema dtype -> numpy dtype of the returned array (bfloat16: raw bits)
@@ -88,12 +88,10 @@ def _unzstd(frame: bytes, size: int) -> bytes:
 
 def _decode_chunk(desc: tuple, payload: bytes, size: int, elem: int) -> bytes:
     """Section 4.5: a chunk's payload -> its ``size`` decoded bytes (raises ValueError)."""
-    codec, planes, plane_zstd, reserved, _rows, *stored = desc
-    if reserved:
-        raise ValueError("non-zero reserved byte in chunk descriptor")
+    codec, planes, plane_zstd, layout, rows, *stored = desc
     if codec in (RAW, ZSTD):
-        if planes != 1 or plane_zstd or any(stored[1:]):
-            raise ValueError(f"codec {codec} needs planes 1, plane_zstd 0, stored[1:] 0")
+        if planes != 1 or plane_zstd or layout or any(stored[1:]):
+            raise ValueError(f"codec {codec} needs planes 1, plane_zstd 0, layout 0, stored[1:] 0")
         if codec == ZSTD:
             return _unzstd(payload, size)
         if len(payload) != size:
@@ -101,16 +99,25 @@ def _decode_chunk(desc: tuple, payload: bytes, size: int, elem: int) -> bytes:
         return payload
     if codec != PLANES:
         raise ValueError(f"unknown codec {codec}")
-    if planes not in (2, 4) or planes != elem or plane_zstd >> planes or any(stored[planes:]):
-        raise ValueError(f"PLANES chunk with planes={planes}, plane_zstd={plane_zstd:#x}, stored={stored}")
+    if planes not in (2, 4) or planes != elem or plane_zstd >> planes or any(stored[planes:]) or layout > 1:
+        raise ValueError(f"PLANES chunk with planes={planes}, plane_zstd={plane_zstd:#x}, layout={layout}, "
+                         f"stored={stored}")
+    if rows == 0 and size == 0 == len(payload):
+        return b""
+    if rows == 0 or size % (planes * rows):
+        raise ValueError(f"{size} bytes do not split into {planes} planes of {rows} whole rows")
     out, start = np.empty((size // planes, planes), np.uint8), 0
     for p in range(planes):
         plane = payload[start : start + stored[p]]
         start += stored[p]
-        plane = _unzstd(plane, size // planes) if plane_zstd >> p & 1 else plane
+        zstd = plane_zstd >> p & 1
+        plane = _unzstd(plane, size // planes) if zstd else plane
         if len(plane) != size // planes:
             raise ValueError(f"plane {p} of {len(plane)} bytes, expected {size // planes}")
-        out[:, p] = np.frombuffer(plane, np.uint8)  # decoded[i x n + p] = plane_p[i]
+        values = np.frombuffer(plane, np.uint8)
+        if zstd and layout == 1:  # channel-major: byte c x rows + r is element (r, c)
+            values = values.reshape(-1, rows).T.reshape(-1)
+        out[:, p] = values  # decoded[i x n + p] = plane_p[i]
     return out.tobytes()
 
 

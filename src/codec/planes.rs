@@ -1,4 +1,5 @@
-//! Byte-plane split and merge: plane `p` holds byte `p` of every little-endian element.
+//! Byte planes: plane `p` holds byte `p` of every little-endian element. Split for encoding,
+//! scattered back (row-major or channel-major) for decoding.
 //! For bf16, plane 1 (sign, exponent, top mantissa bit) compresses well; plane 0 (the
 //! low mantissa) is near-random and is usually stored raw.
 
@@ -37,31 +38,46 @@ pub fn split(data: &[u8], planes: &mut [&mut [u8]]) {
     }
 }
 
-/// Interleaves plane buffers back into elements: the inverse of [`split`].
-pub fn merge(planes: &[&[u8]], out: &mut [u8]) {
-    let n = planes.len();
-    debug_assert!(planes.iter().all(|p| p.len() * n == out.len()));
-    match planes {
-        [p0, p1] => {
-            for ((e, a), b) in out.chunks_exact_mut(2).zip(p0.iter()).zip(p1.iter()) {
-                e[0] = *a;
-                e[1] = *b;
+/// Writes row-major plane `p` of `n` into its bytes of the interleaved elements:
+/// `out[i * n + p] = plane[i]`.
+pub fn scatter_row_major(plane: &[u8], n: usize, p: usize, out: &mut [u8]) {
+    debug_assert_eq!(plane.len() * n, out.len());
+    for (e, v) in out.chunks_exact_mut(n).zip(plane) {
+        e[p] = *v;
+    }
+}
+
+/// Rows per tile of the blocked transposes: a tile's rows stay in cache while its columns
+/// are walked.
+const TILE_ROWS: usize = 32;
+
+/// Writes the row-major `rows x cols` byte matrix `src` channel-major into `dst`
+/// (`dst[c * rows + r] = src[r * cols + c]`).
+pub fn transpose(src: &[u8], rows: usize, dst: &mut [u8]) {
+    debug_assert_eq!(src.len(), dst.len());
+    let cols = src.len() / rows.max(1);
+    for r0 in (0..rows).step_by(TILE_ROWS) {
+        let r1 = (r0 + TILE_ROWS).min(rows);
+        for c in 0..cols {
+            let out = &mut dst[c * rows + r0..c * rows + r1];
+            for (k, o) in out.iter_mut().enumerate() {
+                *o = src[(r0 + k) * cols + c];
             }
         }
-        [p0, p1, p2, p3] => {
-            let ins = p0.iter().zip(p1.iter()).zip(p2.iter()).zip(p3.iter());
-            for (e, (((a, b), c), d)) in out.chunks_exact_mut(4).zip(ins) {
-                e[0] = *a;
-                e[1] = *b;
-                e[2] = *c;
-                e[3] = *d;
-            }
-        }
-        _ => {
-            for (i, e) in out.chunks_exact_mut(n).enumerate() {
-                for (p, plane) in planes.iter().enumerate() {
-                    e[p] = plane[i];
-                }
+    }
+}
+
+/// Writes plane `p` of `n`, stored channel-major (`src[c * rows + r]`, see [`transpose`]),
+/// into its bytes of the interleaved elements: `out[(r * cols + c) * n + p] = src[c * rows + r]`.
+pub fn scatter_channel_major(src: &[u8], rows: usize, n: usize, p: usize, out: &mut [u8]) {
+    debug_assert_eq!(src.len() * n, out.len());
+    let cols = src.len() / rows.max(1);
+    for r0 in (0..rows).step_by(TILE_ROWS) {
+        let r1 = (r0 + TILE_ROWS).min(rows);
+        for c in 0..cols {
+            let col = &src[c * rows + r0..c * rows + r1];
+            for (k, v) in col.iter().enumerate() {
+                out[((r0 + k) * cols + c) * n + p] = *v;
             }
         }
     }
@@ -74,7 +90,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn split_then_merge_is_identity(n in prop::sample::select(vec![1usize, 2, 3, 4, 8]),
+        fn split_then_scatter_is_identity(n in prop::sample::select(vec![1usize, 2, 3, 4, 8]),
                                         elems in 0usize..300, seed in any::<u64>()) {
             let data: Vec<u8> = (0..n * elems).map(|i| (seed.wrapping_mul(i as u64 + 7) >> 13) as u8).collect();
             let mut bufs = vec![vec![0u8; elems]; n];
@@ -86,9 +102,27 @@ mod tests {
                 }
             }
             let mut out = vec![0u8; data.len()];
-            let ro: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
-            merge(&ro, &mut out);
+            for (p, plane) in bufs.iter().enumerate() {
+                scatter_row_major(plane, n, p, &mut out);
+            }
             prop_assert_eq!(out, data);
+        }
+
+        #[test]
+        fn transpose_then_scatter_is_identity(rows in 1usize..90, cols in 1usize..70, seed in any::<u64>()) {
+            let src: Vec<u8> = (0..rows * cols).map(|i| (seed.wrapping_mul(i as u64 + 3) >> 17) as u8).collect();
+            let mut t = vec![0u8; src.len()];
+            transpose(&src, rows, &mut t);
+            for r in 0..rows {
+                for c in 0..cols {
+                    prop_assert_eq!(t[c * rows + r], src[r * cols + c]);
+                }
+            }
+            // Scatter as plane 1 of 2 into interleaved elements.
+            let mut out = vec![0u8; 2 * src.len()];
+            scatter_channel_major(&t, rows, 2, 1, &mut out);
+            let back: Vec<u8> = out.iter().skip(1).step_by(2).copied().collect();
+            prop_assert_eq!(back, src);
         }
     }
 }

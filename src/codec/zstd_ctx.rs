@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 
 use zstd::bulk::{Compressor, Decompressor};
+use zstd::zstd_safe::{CParameter, ParamSwitch};
 
 thread_local! {
     static CCTX: RefCell<Option<(i32, Compressor<'static>)>> = const { RefCell::new(None) };
@@ -19,7 +20,10 @@ fn compress(data: &[u8], level: i32) -> Vec<u8> {
     CCTX.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.as_ref().map(|(l, _)| *l) != Some(level) {
-            let c = Compressor::new(level).expect("zstd accepts every level in its range");
+            let mut c = Compressor::new(level).expect("zstd accepts every level in its range");
+            // Huffman-code literals at every level (negative levels would store them raw).
+            c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable))
+                .expect("a valid parameter");
             *slot = Some((level, c));
         }
         let (_, c) = slot.as_mut().expect("set above");
@@ -28,13 +32,15 @@ fn compress(data: &[u8], level: i32) -> Vec<u8> {
     })
 }
 
-/// Returns the zstd frame of `data` when it pays, `None` when `data` should be stored raw.
-/// Inputs longer than `probe` bytes are first tried on their first `probe` bytes.
-pub fn compress_if_pays(data: &[u8], level: i32, probe: usize) -> Option<Vec<u8>> {
+/// False when the first `probe` bytes of a longer `data` do not compress enough to pay:
+/// the whole of `data` is then stored raw without compressing it (e.g. a mantissa plane).
+pub fn probe_pays(data: &[u8], level: i32, probe: usize) -> bool {
+    data.len() <= probe || pays(compress(&data[..probe], level).len(), probe)
+}
+
+/// The zstd frame of `data` when it pays, `None` when `data` should be stored raw.
+pub fn compress_if_pays(data: &[u8], level: i32) -> Option<Vec<u8>> {
     if data.is_empty() {
-        return None;
-    }
-    if data.len() > probe && !pays(compress(&data[..probe], level).len(), probe) {
         return None;
     }
     let z = compress(data, level);

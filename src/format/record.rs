@@ -103,6 +103,14 @@ pub fn parse(
         for d in rec[pos..end].chunks_exact(CHUNK_DESC_BYTES) {
             let desc = ChunkDesc::from_bytes(d.try_into().unwrap())
                 .map_err(|e| format!("tensor {:?}: {e}", spec.name))?;
+            if desc.codec == CODEC_PLANES && desc.planes as usize != spec.dtype.size() {
+                return Err(format!(
+                    "tensor {:?}: {} byte planes for {} elements",
+                    spec.name,
+                    desc.planes,
+                    spec.dtype.name()
+                ));
+            }
             chunks.push((desc, rows));
             rows += desc.rows as u64;
         }
@@ -139,4 +147,65 @@ pub fn parse(
         ));
     }
     Ok(RecordLayout { tensors })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{encode_chunk, CodecOptions};
+    use crate::{DType, TensorSpec};
+
+    fn schema(dtype: DType) -> Schema {
+        Schema::new(vec![TensorSpec {
+            name: "x".into(),
+            dtype,
+            width: Some(4),
+        }])
+        .unwrap()
+    }
+
+    fn record(data: &[u8], rows: u32, dtype: DType) -> Vec<u8> {
+        let chunk = encode_chunk(data, rows, dtype, &CodecOptions::default());
+        let mut rec = encode_table(
+            9,
+            rows as u64,
+            &[vec![EncodedChunk {
+                desc: chunk.desc,
+                payload: Vec::new(),
+            }]],
+        );
+        rec.extend_from_slice(&chunk.payload);
+        rec
+    }
+
+    #[test]
+    fn parses_what_it_encodes_and_checks_the_index() {
+        let data: Vec<u8> = (0..3 * 4 * 2).map(|i| i as u8).collect();
+        let rec = record(&data, 3, DType::Bfloat16);
+        let layout = parse(&rec, &schema(DType::Bfloat16), 9, 3).unwrap();
+        assert_eq!(layout.tensors[0].len(), 1);
+        assert!(parse(&rec, &schema(DType::Bfloat16), 8, 3)
+            .unwrap_err()
+            .contains("sample id 9"));
+        assert!(parse(&rec, &schema(DType::Bfloat16), 9, 4)
+            .unwrap_err()
+            .contains("3 tokens"));
+        assert!(parse(&rec[..rec.len() - 1], &schema(DType::Bfloat16), 9, 3).is_err());
+    }
+
+    #[test]
+    fn plane_count_must_match_the_dtype() {
+        let data: Vec<u8> = (0..3 * 4 * 2).map(|i| i as u8).collect();
+        let rec = record(&data, 3, DType::Bfloat16); // 2 planes
+                                                     // The same bytes read against a float32 schema of half the width: 2 planes for 4-byte elements.
+        let f32_schema = Schema::new(vec![TensorSpec {
+            name: "x".into(),
+            dtype: DType::Float32,
+            width: Some(2),
+        }])
+        .unwrap();
+        assert!(parse(&rec, &f32_schema, 9, 3)
+            .unwrap_err()
+            .contains("2 byte planes for float32"));
+    }
 }
