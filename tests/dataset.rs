@@ -97,6 +97,15 @@ fn check_all(root: &Path, ids: &[(u64, u64)]) {
     assert!(Dataset::verify(root, 2).unwrap().is_empty());
 }
 
+/// A writer on `root` with the EAGLE-3 schema (hidden 64) and metadata `{"m": m}`.
+fn writer_64(root: &Path, m: u64, resume: bool) -> eagle_io::Result<DatasetWriter> {
+    let opts = WriterOptions {
+        resume,
+        ..small_opts()
+    };
+    DatasetWriter::create(root, eagle3_schema(64), serde_json::json!({ "m": m }), opts)
+}
+
 fn small_opts() -> WriterOptions {
     WriterOptions {
         shard_bytes: 200_000,
@@ -210,59 +219,22 @@ fn resume_adopts_committed_orphans_removes_temps_and_continues() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
     let ids: Vec<(u64, u64)> = (0..30).map(|i| (i, 50)).collect();
-    let mut w = DatasetWriter::create(
-        root,
-        eagle3_schema(64),
-        serde_json::json!({"m": 1}),
-        small_opts(),
-    )
-    .unwrap();
+    let mut w = writer_64(root, 1, false).unwrap();
     write_samples(&mut w, &ids[..5]);
     drop(w);
     let early_manifest = std::fs::read(root.join("manifest.json")).unwrap();
-    let mut w = DatasetWriter::create(
-        root,
-        eagle3_schema(64),
-        serde_json::json!({"m": 1}),
-        WriterOptions {
-            resume: true,
-            ..small_opts()
-        },
-    )
-    .unwrap();
+    let mut w = writer_64(root, 1, true).unwrap();
     write_samples(&mut w, &ids[5..20]);
     w.close().unwrap();
     // A crash after renaming later shards but before the manifest listed them, and a torn temp shard.
     std::fs::write(root.join("manifest.json"), early_manifest).unwrap();
     std::fs::write(root.join("shards/.r00000-000099.eio.tmp"), b"torn").unwrap();
-    let refused = DatasetWriter::create(
-        root,
-        eagle3_schema(64),
-        serde_json::json!({"m": 1}),
-        small_opts(),
-    );
+    let refused = writer_64(root, 1, false);
     assert!(refused.is_err(), "no resume: refuse to touch existing data");
-    let changed = DatasetWriter::create(
-        root,
-        eagle3_schema(64),
-        serde_json::json!({"m": 2}),
-        WriterOptions {
-            resume: true,
-            ..small_opts()
-        },
-    );
+    let changed = writer_64(root, 2, true);
     let msg = changed.err().unwrap().to_string();
     assert!(msg.contains("\"m\""), "{msg}");
-    let mut w = DatasetWriter::create(
-        root,
-        eagle3_schema(64),
-        serde_json::json!({"m": 1}),
-        WriterOptions {
-            resume: true,
-            ..small_opts()
-        },
-    )
-    .unwrap();
+    let mut w = writer_64(root, 1, true).unwrap();
     for &(id, _) in &ids[..20] {
         assert!(w.contains(id), "sample {id} known after resume");
     }

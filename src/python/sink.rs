@@ -46,7 +46,7 @@ impl CaptureSink {
         let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
         let inner = &self.inner;
         let r = py
-            .detach(|| inner.reserve(nbytes, timeout, drop_when_full))
+            .detach(|| inner.ring().reserve(nbytes, timeout, drop_when_full))
             .map_err(py_err(py))?;
         Ok(r.map(|s| (s.id, s.offset)))
     }
@@ -63,6 +63,7 @@ impl CaptureSink {
         cancelled: bool,
     ) -> PyResult<()> {
         self.inner
+            .ring()
             .commit(slot_id, sample_id, key, n_tokens, cancelled)
             .map_err(py_err(py))
     }

@@ -3,9 +3,8 @@
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
-use super::slots::{Committed, Reserved, Ring, RingStats};
+use super::slots::{Committed, Ring, RingStats};
 use crate::dataset::{DatasetWriter, Manifest, SampleRef, StatsHandle, WriterStats};
 use crate::error::{Error, Result};
 
@@ -99,28 +98,9 @@ impl CaptureSink {
         })
     }
 
+    /// The ring: producers `reserve` and `commit` slots on it.
     pub fn ring(&self) -> &Ring {
         &self.ring
-    }
-
-    pub fn reserve(
-        &self,
-        len: usize,
-        timeout: Duration,
-        drop_when_full: bool,
-    ) -> Result<Option<Reserved>> {
-        self.ring.reserve(len, timeout, drop_when_full)
-    }
-
-    pub fn commit(
-        &self,
-        id: u64,
-        sample_id: u64,
-        key: String,
-        n_tokens: u64,
-        cancelled: bool,
-    ) -> Result<()> {
-        self.ring.commit(id, sample_id, key, n_tokens, cancelled)
     }
 
     pub fn stats(&self) -> SinkStats {
