@@ -1,0 +1,56 @@
+"""Check an EAGLE-3 serving launch before making it: the speculative algorithm, fc width, layer ids, vocab map
+and positions, from the target's and draft's config.json and the draft's safetensors header (no weights).
+SGLang launch arguments may follow `--`. Exit 0 when no error, 1 when errors were found, 2 when unreadable."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..serving.preflight import ERROR, check_serving, format_findings
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.usage = "%(prog)s [--target T] [--draft D] [--speculative-algorithm A] [options] [-- SGLANG_LAUNCH_ARGS...]"
+    p.add_argument("--target", help="target model directory (default: --model-path of the launch arguments)")
+    p.add_argument("--draft", help="draft model directory (default: --speculative-draft-model-path)")
+    p.add_argument(
+        "--speculative-algorithm",
+        dest="algorithm",
+        type=str.upper,
+        help="EAGLE, EAGLE3, NEXTN (= EAGLE), ... (default: from the launch arguments)",
+    )
+    p.add_argument(
+        "--trained-layer-ids",
+        type=_ids,
+        help="aux layer ids the draft was trained on, eagle-io convention (input of 0-based decoder layer i)",
+    )
+    p.add_argument("--dataset", help="eagle-io dataset (directory or manifest) the draft was trained on")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("launch_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    raw = list(args.launch_args or [])
+    if raw and raw[0] == "--":
+        raw = raw[1:]
+    findings = check_serving(
+        args.target,
+        args.draft,
+        algorithm=args.algorithm,
+        layer_ids=args.trained_layer_ids,
+        dataset_manifest=args.dataset,
+        server_args=raw or None,
+    )
+    if args.json:
+        print(json.dumps([f.to_dict() for f in findings], indent=2))
+    else:
+        print(format_findings(findings))
+    return 1 if any(f.severity == ERROR for f in findings) else 0

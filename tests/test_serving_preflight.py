@@ -1,0 +1,537 @@
+"""`eagle-io check-serving` / `eagle_io.serving.check_serving` on real-looking checkpoint directories.
+
+Each directory is a config.json plus a real safetensors file written by the `safetensors` library; only the
+header is read by the check. The Kimi-K2.5-shaped case uses the real widths (hidden 7168, 61 layers, 3 x 7168 =
+21504 fc input) with a small first dimension: the check reads shapes, not values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+import eagle_io
+from eagle_io.cli import COMMANDS, check_serving_cmd
+from eagle_io.metadata import eagle3_metadata
+from eagle_io.serving import check_serving, format_findings, read_draft, read_safetensors_header
+from eagle_io.serving.checkpoint import CheckpointError
+from eagle_io.serving.sglang_compat import (
+    draft_num_aux_layers,
+    explicit_ids_for,
+    launch_args,
+    resolve_algorithm,
+    served_aux_layer_ids,
+)
+
+H, N, V = 64, 8, 1000  # tiny Llama target: hidden, layers, vocab
+
+
+def llama_target(root: Path, *, hidden: int = H, layers: int = N, vocab: int = V, max_pos: int = 4096) -> Path:
+    d = root / "target"
+    d.mkdir(parents=True)
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": vocab,
+        "max_position_embeddings": max_pos,
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "bfloat16",
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def eagle3_draft(
+    root: Path,
+    *,
+    fc_in: int | None = 3 * H,
+    hidden: int = H,
+    arch: str = "LlamaForCausalLMEagle3",
+    eagle_ids: list[int] | None = None,
+    top_level_ids: list[int] | None = None,
+    draft_vocab: int | None = 500,
+    d2t: int | None = 500,
+    lm_head_rows: int | None = 500,
+    target_hidden: int | None = H,
+    vocab: int = V,
+    max_pos: int = 4096,
+    name: str = "draft",
+    fc_rows: int | None = None,
+) -> Path:
+    """An EAGLE-3 draft directory in SpecForge's layout (fc, midlayer, d2t/t2d, lm_head)."""
+    d = root / name
+    d.mkdir(parents=True)
+    cfg: dict = {
+        "architectures": [arch],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": vocab,
+        "max_position_embeddings": max_pos,
+        "rms_norm_eps": 1e-5,
+        "torch_dtype": "bfloat16",
+    }
+    if draft_vocab is not None:
+        cfg["draft_vocab_size"] = draft_vocab
+    if target_hidden is not None:
+        cfg["target_hidden_size"] = target_hidden
+    if eagle_ids is not None:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": eagle_ids, "use_aux_hidden_state": True}
+    if top_level_ids is not None:
+        cfg["eagle_aux_hidden_state_layer_ids"] = top_level_ids
+    (d / "config.json").write_text(json.dumps(cfg))
+    rows = fc_rows if fc_rows is not None else hidden
+    t = {"midlayer.input_layernorm.weight": torch.ones(min(hidden, 64), dtype=torch.bfloat16)}
+    if fc_in is not None:
+        t["fc.weight"] = torch.zeros(rows, fc_in, dtype=torch.bfloat16)
+    if d2t is not None:
+        t["d2t"] = torch.zeros(d2t, dtype=torch.int64)
+        t["t2d"] = torch.zeros(vocab, dtype=torch.bool)
+    if lm_head_rows is not None:
+        t["lm_head.weight"] = torch.zeros(lm_head_rows, min(hidden, 8), dtype=torch.bfloat16)
+    save_file(t, str(d / "model.safetensors"))
+    return d
+
+
+def eagle1_draft(root: Path) -> Path:
+    """An EAGLE-1/2 draft: fc over cat(embedding, hidden) = [H, 2H], no EAGLE-3 keys."""
+    d = root / "eagle1"
+    d.mkdir(parents=True)
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle"],
+        "hidden_size": H,
+        "num_hidden_layers": 1,
+        "vocab_size": V,
+        "max_position_embeddings": 4096,
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    save_file({"fc.weight": torch.zeros(H, 2 * H, dtype=torch.bfloat16)}, str(d / "model.safetensors"))
+    return d
+
+
+def codes(findings) -> dict[str, str]:
+    return {f.code: f.severity for f in findings}
+
+
+def by_code(findings, code):
+    (f,) = [f for f in findings if f.code == code]
+    return f
+
+
+# ---------------------------------------------------------------------------------------------- header reading
+
+
+def test_header_reader_matches_safetensors_library(tmp_path):
+    d = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    ours = read_safetensors_header(d / "model.safetensors")
+    with safe_open(str(d / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in keys}
+        dtypes = {k: f.get_slice(k).get_dtype() for k in keys}
+    assert set(ours) == keys == {"fc.weight", "d2t", "t2d", "lm_head.weight", "midlayer.input_layernorm.weight"}
+    assert {k: v.shape for k, v in ours.items()} == shapes
+    assert {k: v.dtype for k, v in ours.items()} == dtypes
+    assert ours["fc.weight"].shape == (64, 192) and ours["fc.weight"].dtype == "BF16"
+    assert ours["d2t"].shape == (500,) and ours["d2t"].dtype == "I64"
+
+
+def test_header_reader_rejects_truncated_and_garbage(tmp_path):
+    d = eagle3_draft(tmp_path)
+    data = (d / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(data[: 8 + n // 2])
+    with pytest.raises(CheckpointError, match="header length"):
+        read_safetensors_header(cut)
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(b"\x01\x02")
+    with pytest.raises(CheckpointError, match="8-byte header length"):
+        read_safetensors_header(short)
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(struct.pack("<Q", 4) + b"nope")
+    with pytest.raises(CheckpointError, match="not JSON"):
+        read_safetensors_header(garbage)
+
+
+def test_read_draft_facts(tmp_path):
+    d = read_draft(eagle3_draft(tmp_path, eagle_ids=[1, 3, 4]))
+    assert d.fc_in_width == 192 and d.fc is not None and d.fc.shape == (64, 192)
+    assert d.d2t is not None and d.d2t.shape == (500,)
+    assert d.eagle_layer_ids == [1, 3, 4] and d.top_level_layer_ids is None
+    assert d.draft_vocab_size == 500 and d.target_hidden_size == 64 and d.has_midlayer
+    assert d.weight_files == ["model.safetensors"]
+
+
+def test_missing_dirs_are_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="not a checkpoint directory"):
+        check_serving(tmp_path / "nope", tmp_path / "nope2", algorithm="EAGLE3")
+    assert issubclass(CheckpointError, eagle_io.EagleIOError)
+
+
+# ---------------------------------------------------------------------------------------------- SGLang rules
+
+
+def test_sglang_rules():
+    assert resolve_algorithm("NEXTN") == "EAGLE" and resolve_algorithm("eagle3") == "EAGLE3"
+    assert resolve_algorithm(None) is None
+    # Llama setter: default [2, N//2, N-3]; explicit ids +1 (srt/models/llama.py).
+    assert served_aux_layer_ids("LlamaForCausalLM", 32, None) == [2, 16, 29]
+    assert served_aux_layer_ids("LlamaForCausalLM", 32, [1, 15, 28]) == [2, 16, 29]
+    assert served_aux_layer_ids("LlamaForCausalLM", 32, [2, 16, 29]) == [3, 17, 30]
+    # DeepSeek/Kimi setter: +1 only when ids[0] == 1 (srt/models/deepseek_v2.py).
+    assert served_aux_layer_ids("KimiK25ForConditionalGeneration", 61, None) == [2, 30, 58]
+    assert served_aux_layer_ids("DeepseekV3ForCausalLM", 61, [1, 29, 57]) == [2, 30, 58]
+    assert served_aux_layer_ids("DeepseekV3ForCausalLM", 61, [2, 30, 58]) == [2, 30, 58]
+    # gpt-oss keeps ids that reach the final boundary (srt/models/gpt_oss.py).
+    assert served_aux_layer_ids("GptOssForCausalLM", 24, [1, 11, 24]) == [1, 11, 24]
+    assert served_aux_layer_ids("GptOssForCausalLM", 24, [1, 11, 20]) == [2, 12, 21]
+    assert explicit_ids_for("LlamaForCausalLM", 32, [2, 16, 29]) == [1, 15, 28]
+    assert explicit_ids_for("DeepseekV3ForCausalLM", 61, [2, 30, 58]) == [1, 29, 57]
+    assert explicit_ids_for("DeepseekV3ForCausalLM", 61, [3, 30, 58]) == [3, 30, 58]
+    assert explicit_ids_for("DeepseekV3ForCausalLM", 61, [1, 30, 58]) is None  # [0,..] stays, [1,..] shifts
+    ec = {"eagle_aux_hidden_state_layer_ids": [1]}
+    assert draft_num_aux_layers({"num_aux_hidden_states": 4, "eagle_config": ec}) == (4, "num_aux_hidden_states")
+    assert draft_num_aux_layers({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}})[0] == 2
+    assert draft_num_aux_layers({}) == (3, "SGLang's default of 3 aux layers")
+
+
+def test_launch_args_from_raw_cli():
+    la = launch_args(
+        [
+            "--model-path",
+            "/m",
+            "--speculative-algorithm",
+            "NEXTN",
+            "--speculative-draft-model-path",
+            "/d",
+            "--tp",
+            "8",
+            "--context-length",
+            "8192",
+            "--mem-fraction-static",
+            "0.8",
+        ]
+    )
+    assert (la.model_path, la.draft_path, la.algorithm, la.resolved_algorithm, la.context_length) == (
+        "/m",
+        "/d",
+        "NEXTN",
+        "EAGLE",
+        8192,
+    )
+    la = launch_args({"model_path": "/m", "speculative_algorithm": "EAGLE3"})
+    assert la.resolved_algorithm == "EAGLE3" and la.draft_path is None
+
+
+# ---------------------------------------------------------------------------------------------- the findings
+
+
+def test_correct_eagle3_launch_is_clean(tmp_path):
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    assert check_serving(t, d, algorithm="EAGLE3") == []
+    assert format_findings([]) == "OK: no problems found"
+
+
+@pytest.mark.parametrize("algo", ["EAGLE", "NEXTN", "eagle", None])
+def test_eagle3_draft_under_eagle_is_an_error(tmp_path, algo):
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    fs = check_serving(t, d, algorithm=algo)
+    f = by_code(fs, "eagle3-draft-wrong-algorithm")
+    assert f.severity == "error" and f.fix == "launch with --speculative-algorithm EAGLE3"
+    assert "fc.weight input width 192 = 3 x target hidden 64" in f.message
+    assert "64-wide final states instead of 192 wide" in f.message
+    if algo == "NEXTN":
+        assert "SGLang resolves NEXTN to EAGLE" in f.message
+    if algo is None:
+        assert "no --speculative-algorithm" in f.message
+
+
+def test_eagle3_detected_from_fc_width_alone(tmp_path):
+    """A draft declaring plain LlamaForCausalLM with no EAGLE-3 config keys: the fc width still gives it away."""
+    t = llama_target(tmp_path)
+    d = eagle3_draft(
+        tmp_path, arch="LlamaForCausalLM", draft_vocab=None, d2t=None, lm_head_rows=None, target_hidden=None
+    )
+    (d / "model.safetensors").unlink()
+    save_file({"fc.weight": torch.zeros(H, 3 * H, dtype=torch.bfloat16)}, str(d / "model.safetensors"))
+    f = by_code(check_serving(t, d, algorithm="EAGLE"), "eagle3-draft-wrong-algorithm")
+    assert "fc.weight input width 192 = 3 x target hidden 64" in f.message
+    assert "architecture" not in f.message  # not detected through the name
+    assert check_serving(t, d, algorithm="EAGLE3") == []
+
+
+def test_eagle1_draft(tmp_path):
+    t, d = llama_target(tmp_path), eagle1_draft(tmp_path)
+    assert check_serving(t, d, algorithm="EAGLE") == []
+    f = by_code(check_serving(t, d, algorithm="EAGLE3"), "eagle-draft-under-eagle3")
+    assert f.severity == "error" and "--speculative-algorithm EAGLE" in f.fix
+
+
+def test_fc_width_vs_number_of_aux_layers(tmp_path):
+    t = llama_target(tmp_path)
+    d = eagle3_draft(tmp_path, eagle_ids=[1, 4])  # 2 ids in the config, fc trained on 3 x 64
+    f = by_code(check_serving(t, d, algorithm="EAGLE3"), "fc-width")
+    assert f.severity == "error"
+    assert "fc input width 192 != 2 aux layers (len(eagle_config.eagle_aux_hidden_state_layer_ids))" in f.message
+    assert "x target hidden 64 = 128" in f.message
+    assert "trained on 3 aux layers" in f.fix
+
+
+def test_draft_for_another_target(tmp_path):
+    t = llama_target(tmp_path)
+    d = eagle3_draft(tmp_path, fc_in=3 * 96, target_hidden=96, eagle_ids=[1, 3, 4])
+    fs = check_serving(t, d, algorithm="EAGLE3")
+    assert codes(fs)["target-hidden-size"] == "error" and codes(fs)["fc-width"] == "error"
+    assert "288 is not a multiple of the target hidden size 64" in by_code(fs, "fc-width").fix
+
+
+def test_off_by_one_between_conventions_names_both(tmp_path):
+    """The draft config records eagle-io ids [2, 4, 5] (input of layer i) in eagle_config, which SGLang's Llama
+    setter reads as 'output of layer i' and shifts to [3, 5, 6]; the training data (a real eagle-io manifest) says
+    [2, 4, 5]."""
+    t = llama_target(tmp_path)
+    d = eagle3_draft(tmp_path, eagle_ids=[2, 4, 5])
+    ds = tmp_path / "ds"
+    meta = eagle3_metadata(
+        target_info={"num_layers": N, "hidden_size": H, "vocab_size": V},
+        aux_layer_ids=[2, 4, 5],
+        dtype="bfloat16",
+        tokenizer_identity=None,
+        max_length=None,
+    )
+    with eagle_io.ShardWriter(ds, eagle_io.eagle3_schema(H), meta) as w:
+        w.write(
+            0,
+            {
+                "input_ids": torch.arange(3),
+                "loss_mask": torch.ones(3, dtype=torch.uint8),
+                "aux_hidden_states": torch.zeros(3, 3 * H, dtype=torch.bfloat16),
+                "hidden_states": torch.zeros(3, H, dtype=torch.bfloat16),
+            },
+        )
+    fs = check_serving(t, d, algorithm="EAGLE3", dataset_manifest=ds)
+    f = by_code(fs, "layer-ids-off-by-one")
+    assert f.severity == "error"
+    assert "off by +1" in f.message and "[3, 5, 6]" in f.message and "[2, 4, 5]" in f.message
+    assert "input of 0-based layer i" in f.message and "output of layer i" in f.message
+    assert '"eagle_aux_hidden_state_layer_ids": [1, 3, 4]' in f.fix
+    # The same ids given directly, and the fixed config is clean.
+    assert "layer-ids-off-by-one" in codes(check_serving(t, d, algorithm="EAGLE3", layer_ids=[2, 4, 5]))
+    d2 = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], name="fixed")
+    assert check_serving(t, d2, algorithm="EAGLE3", dataset_manifest=ds / "manifest.json") == []
+
+
+def test_layer_mismatch_with_default_ids(tmp_path):
+    t = llama_target(tmp_path, layers=32)
+    d = eagle3_draft(tmp_path)  # no eagle_config: SGLang captures its default [2, 16, 29]
+    f = by_code(check_serving(t, d, algorithm="EAGLE3", layer_ids=[3, 10, 20]), "layer-ids-mismatch")
+    assert "[2, 16, 29]" in f.message and "default [2, N//2, N-3]" in f.message
+    assert '"eagle_aux_hidden_state_layer_ids": [2, 9, 19]' in f.fix
+    assert check_serving(t, d, algorithm="EAGLE3", layer_ids=[2, 16, 29]) == []
+
+
+def test_layer_ids_out_of_range(tmp_path):
+    t = llama_target(tmp_path)
+    d = eagle3_draft(tmp_path, eagle_ids=[1, 4, 7])  # Llama +1 -> [2, 5, 8]; 8 = N is never captured
+    f = by_code(check_serving(t, d, algorithm="EAGLE3"), "layer-ids-out-of-range")
+    assert "[8] lie outside 1..7" in f.message and "only 2 of 3 states" in f.message
+
+
+def test_top_level_layer_ids_are_ignored_by_sglang(tmp_path):
+    t = llama_target(tmp_path, layers=32)
+    d = eagle3_draft(tmp_path, top_level_ids=[0, 9, 19])
+    f = by_code(check_serving(t, d, algorithm="EAGLE3"), "layer-ids-top-level-ignored")
+    assert f.severity == "error" and "default [2, 16, 29]" in f.message and "eagle_config" in f.fix
+    d2 = eagle3_draft(tmp_path, top_level_ids=[1, 15, 28], name="d2")  # same layers as the default: a warning
+    assert codes(check_serving(t, d2, algorithm="EAGLE3")) == {"layer-ids-top-level-ignored": "warning"}
+
+
+def test_vocab_map_disagreements(tmp_path):
+    t = llama_target(tmp_path)
+    d = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], d2t=400)
+    fs = check_serving(t, d, algorithm="EAGLE3")
+    f = by_code(fs, "d2t-size")
+    assert "d2t has shape [400]" in f.message and "draft_vocab_size is 500" in f.message
+    assert '"draft_vocab_size": 400' in f.fix
+    assert "lm-head-size" not in codes(fs)
+    d2 = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], d2t=None, name="nod2t")
+    assert codes(check_serving(t, d2, algorithm="EAGLE3")) == {"d2t-missing": "error"}
+    d3 = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], lm_head_rows=32000, name="head")
+    assert codes(check_serving(t, d3, algorithm="EAGLE3")) == {"lm-head-size": "error"}
+
+
+def test_draft_max_positions(tmp_path):
+    t = llama_target(tmp_path, max_pos=131072)
+    d = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], max_pos=2048)
+    f = by_code(check_serving(t, d, algorithm="EAGLE3"), "draft-max-positions")
+    assert f.severity == "warning" and "--context-length 2048" in f.fix
+    assert check_serving(t, d, algorithm="EAGLE3", server_args=["--context-length", "2048"]) == []
+    d2 = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], max_pos=65536, name="d2")  # half: not "far below"
+    assert check_serving(t, d2, algorithm="EAGLE3") == []
+
+
+def kimi_k25(root: Path, *, algo_ids: list[int] | None = None) -> tuple[Path, Path]:
+    """Kimi-K2.5-shaped target (DeepSeek-V3 text model inside a VLM wrapper) and EAGLE-3 draft."""
+    t = root / "kimi-k2.5"
+    t.mkdir()
+    text = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "num_hidden_layers": 61,
+        "vocab_size": 163840,
+        "max_position_embeddings": 262144,
+        "n_routed_experts": 384,
+        "num_experts_per_tok": 8,
+        "kv_lora_rank": 512,
+    }
+    cfg = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "model_type": "kimi_k25",
+        "text_config": text,
+        "vision_config": {"hidden_size": 1152},
+    }
+    (t / "config.json").write_text(json.dumps(cfg))
+    d = eagle3_draft(
+        root,
+        fc_in=21504,
+        hidden=7168,
+        fc_rows=8,
+        vocab=163840,
+        draft_vocab=32000,
+        d2t=32000,
+        lm_head_rows=None,
+        target_hidden=7168,
+        eagle_ids=algo_ids,
+        max_pos=262144,
+        name="kimi-eagle3",
+    )
+    return t, d
+
+
+def test_kimi_k25_shapes(tmp_path):
+    t, d = kimi_k25(tmp_path, algo_ids=[1, 29, 57])  # SpecForge-style ids: DeepSeek setter -> [2, 30, 58]
+    assert read_draft(d).fc_in_width == 21504 == 3 * 7168
+    assert check_serving(t, d, algorithm="EAGLE3") == []
+    f = by_code(check_serving(t, d, algorithm="NEXTN"), "eagle3-draft-wrong-algorithm")
+    assert "fc.weight input width 21504 = 3 x target hidden 7168" in f.message
+    assert "7168-wide final states instead of 21504 wide" in f.message
+    # Trained on eagle-io ids [2, 30, 58] (the default layers): clean; on [3, 31, 59]: off by one.
+    assert check_serving(t, d, algorithm="EAGLE3", layer_ids=[2, 30, 58]) == []
+    f = by_code(check_serving(t, d, algorithm="EAGLE3", layer_ids=[3, 31, 59]), "layer-ids-off-by-one")
+    assert "off by -1" in f.message
+    assert '"eagle_aux_hidden_state_layer_ids": [3, 31, 59]' in f.fix  # DeepSeek setter keeps ids not starting at 1
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+
+
+def cli(argv: list[str]) -> int:
+    """Runs the subcommand module as `eagle-io check-serving` does (independent of its registration)."""
+    p = argparse.ArgumentParser(prog="eagle-io check-serving")
+    check_serving_cmd.add_parser(p)
+    return check_serving_cmd.run(p.parse_args(argv))
+
+
+def test_cli_exit_codes_and_json(tmp_path, capsys):
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    assert cli(["--target", str(t), "--draft", str(d), "--speculative-algorithm", "EAGLE3"]) == 0
+    assert "OK: no problems found" in capsys.readouterr().out
+    assert cli(["--target", str(t), "--draft", str(d), "--speculative-algorithm", "eagle", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert [f["code"] for f in out] == ["eagle3-draft-wrong-algorithm"]
+    assert out[0]["fix"] == "launch with --speculative-algorithm EAGLE3"
+
+
+def test_cli_reads_sglang_launch_args_after_dashdash(tmp_path, capsys):
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    argv = [
+        "--",
+        "--model-path",
+        str(t),
+        "--speculative-algorithm",
+        "NEXTN",
+        "--speculative-draft-model-path",
+        str(d),
+        "--tp",
+        "8",
+        "--speculative-num-steps",
+        "3",
+    ]
+    assert cli(argv) == 1
+    out = capsys.readouterr().out
+    assert "ERROR [eagle3-draft-wrong-algorithm]" in out and "fix: launch with --speculative-algorithm EAGLE3" in out
+    assert (
+        cli(
+            [
+                "--speculative-algorithm",
+                "EAGLE3",
+                "--",
+                "--model-path",
+                str(t),
+                "--speculative-algorithm",
+                "EAGLE",
+                "--speculative-draft-model-path",
+                str(d),
+            ]
+        )
+        == 1
+    )  # conflicting algorithm
+    assert "launch-args-conflict" in capsys.readouterr().out
+
+
+def test_cli_registered_console_script(tmp_path):
+    if "check-serving" not in COMMANDS:
+        pytest.skip("check-serving is not registered in eagle_io.cli.COMMANDS yet")
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eagle_io.cli",
+            "check-serving",
+            "--target",
+            str(t),
+            "--draft",
+            str(d),
+            "--speculative-algorithm",
+            "EAGLE",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1 and "eagle3-draft-wrong-algorithm" in r.stdout
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eagle_io.cli",
+            "check-serving",
+            "--target",
+            str(tmp_path / "x"),
+            "--draft",
+            str(d),
+            "--speculative-algorithm",
+            "EAGLE3",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "not a checkpoint directory" in r.stderr
