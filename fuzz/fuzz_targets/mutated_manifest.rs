@@ -1,0 +1,10 @@
+#![no_main]
+//! cargo-fuzz target: `harness::mutated_manifest` (see fuzz/harness.rs for the properties checked).
+
+#[path = "../harness.rs"]
+mod harness;
+
+#[global_allocator]
+static ALLOC: harness::CountingAlloc = harness::CountingAlloc;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| harness::mutated_manifest(data));

@@ -1,0 +1,335 @@
+"""Merging the per-rank manifests of a root that several writers shared into one ``manifest.json``,
+with an audit of sample ids: duplicates across ranks, and (given the expected ids, e.g. from the
+source dataset) missing and unexpected ids.
+
+Ranks write ``manifest.r{rank:05}.json`` and ``shards/r{rank:05}-*.eio`` into one root
+(docs/FORMAT.md, section 1). :func:`merge_ranks` opens every rank manifest (each shard it lists is
+validated as by :class:`eagle_io.Dataset`), refuses ranks whose schema or metadata disagree (naming
+the key), and writes a manifest listing every rank's shards, in rank order, atomically (temporary
+name, fsync, rename, directory fsync), after checking that it opens. It never writes a manifest
+that holds a sample id twice: a reader would refuse it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from itertools import takewhile
+from pathlib import Path
+from typing import Any
+
+from . import FORMAT_VERSION, __version__
+from .errors import IncompatibleDatasetError, InvalidArgumentError
+from .reader import Dataset
+
+RANK_MANIFEST = re.compile(r"^manifest\.r(\d{5})\.json$")
+SHARD_FILE = re.compile(r"^r\d{5}-\d{6}\.eio$")
+MERGED = "manifest.json"
+
+
+@dataclass
+class MergeReport:
+    """What :func:`merge_ranks` found and did.
+
+    Attributes:
+        root: the dataset root.
+        manifest: the manifest written (or audited, for a single-writer root); None when not written.
+        written: whether ``manifest`` was (re)written by this merge.
+        ranks: the rank manifests merged, in rank order.
+        shards, samples, tokens: totals over all ranks.
+        complete: every rank's writer closed (its manifest says ``complete``).
+        incomplete_ranks: rank manifests whose writer did not close (crashed or still running).
+        duplicates: sample id -> every ``"shard file (rank manifest)"`` holding it (two or more).
+        expected: size of the expected id set, None when none was given.
+        missing: expected ids no rank holds, sorted.
+        skipped_by_source: record indices the source dataset yields no sample for -> the reason
+            (e.g. ``no_assistant_turn``, ``invalid_json``), as generate counted them; not expected.
+        unexpected: ids held that are not expected, sorted.
+        unlisted_shards: committed shard files in ``shards/`` no manifest lists (a crashed rank's
+            last shard: resuming that rank adopts it).
+        temp_files: uncommitted temporary shards in ``shards/`` (removed by resuming their rank).
+        warnings: facts worth a look that do not fail the merge.
+    """
+
+    root: str
+    manifest: str | None = None
+    written: bool = False
+    ranks: list[str] = field(default_factory=list)
+    shards: int = 0
+    samples: int = 0
+    tokens: int = 0
+    complete: bool = True
+    incomplete_ranks: list[str] = field(default_factory=list)
+    duplicates: dict[int, list[str]] = field(default_factory=dict)
+    expected: int | None = None
+    missing: list[int] = field(default_factory=list)
+    skipped_by_source: dict[int, str] = field(default_factory=dict)
+    unexpected: list[int] = field(default_factory=list)
+    unlisted_shards: list[str] = field(default_factory=list)
+    temp_files: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No duplicate id, and no missing id (when an expected set was given)."""
+        return not self.duplicates and not self.missing
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["duplicates"] = {str(k): v for k, v in self.duplicates.items()}
+        out["skipped_by_source"] = {str(k): v for k, v in self.skipped_by_source.items()}
+        out["ok"] = self.ok
+        return out
+
+
+def _differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    return sorted(k for k in set(a) | set(b) if a.get(k, _ABSENT) != b.get(k, _ABSENT))
+
+
+_ABSENT = object()
+
+
+def _schema_difference(a: dict, b: dict) -> str:
+    ta, tb = a.get("tensors", []), b.get("tensors", [])
+    if len(ta) != len(tb):
+        return f"{len(ta)} tensors vs {len(tb)}"
+    for x, y in zip(ta, tb, strict=True):
+        keys = _differing_keys(x, y)
+        if keys:
+            return f"tensor {x.get('name')!r}: " + ", ".join(f"{k} {x.get(k)!r} vs {y.get(k)!r}" for k in keys)
+    return "differs"
+
+
+class _Locks:
+    """Takes the writers' advisory locks (``.{manifest}.lock``, flock) for the merge's duration, so
+    no rank writer runs while its manifest is read and no writer of ``manifest.json`` is live."""
+
+    def __init__(self, root: Path, manifests: Iterable[str]) -> None:
+        self.files: list[int] = []
+        try:
+            for name in manifests:
+                path = root / f".{name}.lock"
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self.files.append(fd)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise InvalidArgumentError(
+                        f"{root}: a writer is still writing {name}; merge once every rank has finished"
+                    ) from None
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        for fd in self.files:
+            os.close(fd)  # closing the descriptor releases its flock
+        self.files = []
+
+
+def _store_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    # Check it opens (shard paths are relative to the manifest's directory: the same for the temp).
+    Dataset(tmp, threads=1)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _scan_shards(root: Path, listed: set[str], report: MergeReport) -> None:
+    shard_dir = root / "shards"
+    if not shard_dir.is_dir():
+        return
+    for p in sorted(shard_dir.iterdir()):
+        rel = f"shards/{p.name}"
+        if SHARD_FILE.match(p.name) and rel not in listed:
+            report.unlisted_shards.append(rel)
+        elif p.name.startswith(".") and p.name.endswith(".eio.tmp"):
+            report.temp_files.append(rel)
+
+
+def merge_ranks(
+    root: str | os.PathLike[str],
+    expected_ids: Iterable[int] | None = None,
+    *,
+    skipped: Mapping[int, str] | None = None,
+    write: bool = True,
+) -> MergeReport:
+    """Merges the rank manifests of ``root`` into ``root/manifest.json`` and audits sample ids.
+
+    Args:
+        root: a directory holding ``manifest.r00000.json``... (several writers), or only
+            ``manifest.json`` (one writer: audited, nothing to write).
+        expected_ids: the sample ids the run should hold (e.g. ``range(n_records)``, or
+            :func:`expected_from_source`); missing and unexpected ids are reported.
+        skipped: record indices the source yields no sample for -> why (reported as such).
+        write: write the merged manifest (False: audit only).
+
+    Returns:
+        A :class:`MergeReport`. No manifest is written when a sample id is held twice.
+
+    Raises:
+        IncompatibleDatasetError: ranks disagree on the schema or metadata (naming the key), or
+            ``manifest.json`` lists shards no rank lists (a single-writer dataset shares the root).
+        InvalidArgumentError: no manifest in ``root``, or a writer still holds one of them.
+        CorruptRecordError, FormatVersionError, StorageError: a rank's manifest or a shard it
+            lists cannot be trusted (as :class:`eagle_io.Dataset` raises).
+    """
+    root = Path(root)
+    report = MergeReport(root=str(root))
+    if not root.is_dir():
+        raise InvalidArgumentError(f"{root} is not a directory")
+    ranks = sorted((int(m.group(1)), p.name) for p in root.iterdir() if (m := RANK_MANIFEST.match(p.name)))
+    merged_path = root / MERGED
+    if not ranks:
+        if not merged_path.exists():
+            raise InvalidArgumentError(f"{root} holds no manifest.json and no rank manifest (manifest.rNNNNN.json)")
+        names = [MERGED]  # a single writer's dataset: audit it
+    else:
+        names = [name for _, name in ranks]
+    locks = _Locks(root, names + ([MERGED] if ranks else []))
+    try:
+        return _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report)
+    finally:
+        locks.release()
+
+
+def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report: MergeReport) -> MergeReport:
+    report.ranks = names if ranks else []
+    first: dict | None = None
+    holders: dict[int, list[str]] = {}
+    shards: list[dict] = []
+    listed_by: dict[str, str] = {}
+    for name in names:
+        ds = Dataset(root / name, threads=1)
+        m = ds.manifest
+        if first is None:
+            first = m
+        else:
+            if m["schema"] != first["schema"]:
+                raise IncompatibleDatasetError(
+                    f"{root}: cannot merge {name} with {names[0]}: schema "
+                    + _schema_difference(first["schema"], m["schema"])
+                )
+            keys = _differing_keys(first["metadata"], m["metadata"])
+            if keys:
+                raise IncompatibleDatasetError(
+                    f"{root}: cannot merge {name} with {names[0]}: metadata differs in "
+                    + ", ".join(f"{k!r} ({first['metadata'].get(k)!r} vs {m['metadata'].get(k)!r})" for k in keys)
+                )
+            if m["codec"] != first["codec"]:
+                report.warnings.append(f"{name} was written with codec {m['codec']}, {names[0]} with {first['codec']}")
+        if not m["complete"]:
+            report.complete = False
+            report.incomplete_ranks.append(name)
+        pos = 0
+        for s in m["shards"]:
+            if s["file"] in listed_by:
+                report.warnings.append(f"{s['file']} is listed by both {listed_by[s['file']]} and {name}")
+            listed_by[s["file"]] = name
+            for _ in range(s["samples"]):
+                holders.setdefault(ds.entry(pos).sample_id, []).append(f"{s['file']} ({name})")
+                pos += 1
+            shards.append(s)
+        assert pos == len(ds)
+        world = m["metadata"].get("world_size") if isinstance(m["metadata"], dict) else None
+        rank_no = int(RANK_MANIFEST.match(name).group(1)) if ranks else None
+        if isinstance(world, int) and world > 1 and rank_no is not None:
+            misplaced = [ds.entry(p).sample_id for p in range(len(ds)) if ds.entry(p).sample_id % world != rank_no]
+            if misplaced:
+                report.warnings.append(
+                    f"{name} holds {len(misplaced)} ids that are not its share (id % {world} != {rank_no}), "
+                    f"e.g. {misplaced[:5]}"
+                )
+    assert first is not None
+    report.shards = len(shards)
+    report.samples = sum(len(v) for v in holders.values())
+    report.tokens = sum(s["tokens"] for s in shards)
+    report.duplicates = {sid: h for sid, h in sorted(holders.items()) if len(h) > 1}
+    if ranks and len(ranks) > 1 and (world := first["metadata"].get("world_size")) not in (None, len(ranks)):
+        report.warnings.append(f"metadata says world_size {world} but {len(ranks)} rank manifests are present")
+    if expected_ids is not None:
+        expected = set(expected_ids)
+        report.expected = len(expected)
+        report.missing = sorted(expected - holders.keys())
+        report.unexpected = sorted(holders.keys() - expected)
+    report.skipped_by_source = dict(sorted((skipped or {}).items()))
+    _scan_shards(root, set(listed_by), report)
+    if not ranks:
+        report.manifest = str(merged_path)
+        return report
+    if merged_path.exists():
+        try:
+            previous = json.loads(merged_path.read_text())
+            foreign = [s["file"] for s in previous.get("shards", []) if s.get("file") not in listed_by]
+        except (ValueError, AttributeError, TypeError, KeyError):
+            foreign = ["(unreadable manifest)"]
+        if foreign:
+            raise IncompatibleDatasetError(
+                f"{merged_path} lists {', '.join(foreign[:3])}, which no rank manifest lists: a single-writer "
+                "dataset shares this root; refusing to overwrite its manifest"
+            )
+    if write and not report.duplicates:
+        merged = {
+            "format": "eagle-io/dataset",
+            "format_version": FORMAT_VERSION,
+            "writer": f"eagle-io {__version__}",
+            "schema": first["schema"],
+            "metadata": first["metadata"],
+            "codec": first["codec"],
+            "shards": shards,
+            "complete": report.complete,
+        }
+        _store_atomic(merged_path, merged)
+        report.manifest = str(merged_path)
+        report.written = True
+    return report
+
+
+def expected_from_source(
+    dataset: str | os.PathLike[str],
+    *,
+    limit: int | None = None,
+    tokenizer: Any = None,
+    max_length: int | None = None,
+) -> tuple[set[int], dict[int, str]]:
+    """The sample ids ``eagle-io generate --dataset DATASET [--limit N]`` should produce, and why the
+    other record indices produce none.
+
+    Every record the source parser accepts (index below ``limit``) is expected; with ``tokenizer``
+    (and ``max_length``) the chat-template tokenization runs as in ``generate``, so records it rejects
+    (no assistant turn, empty loss mask...) are explained rather than expected.
+
+    Returns:
+        ``(expected ids, {record index: reason})`` for the records that yield no sample.
+
+    Raises:
+        DatasetFormatError: the file is unreadable past some point (as ``generate`` would fail).
+    """
+    from .data import SkipStats, iter_conversations, iter_tokenized
+
+    stats = SkipStats(max_examples=1 << 62)
+    convs = iter_conversations(os.fspath(dataset), on_error="skip", stats=stats)
+    kept = convs if limit is None else takewhile(lambda c: c.index < limit, convs)  # as generate reads it
+    if tokenizer is not None:
+        ids = {s.index for s in iter_tokenized(kept, tokenizer, stats=stats, max_length=max_length)}
+    else:
+        ids = {c.index for c in kept}
+    why = {
+        i: reason
+        for reason, indices in stats.examples.items()
+        for i in indices
+        if i is not None and (limit is None or i < limit)
+    }
+    return ids, why
