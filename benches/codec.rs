@@ -1,12 +1,23 @@
 //! One-core codec throughput on real states: `cargo bench --bench codec -- FILE WIDTH`.
 //! FILE holds raw little-endian bf16 rows of WIDTH values (e.g. aux states written by
 //! `benches/realdata.py --dump`); without arguments it uses synthetic hidden-state-like data.
-//! Prints ratio and encode/decode MB/s of the chunk codec alone (no I/O, no CRC).
-
-use std::time::Instant;
+//! Prints ratio and encode/decode MB per CPU-second of this thread (steadier than wall time
+//! on a shared machine) for the chunk codec alone (no I/O, no CRC).
 
 use eagle_io::codec::{decode_chunk, encode_chunk, CodecOptions};
 use eagle_io::DType;
+
+/// CPU seconds this thread has run (user + system).
+fn thread_cpu_seconds() -> f64 {
+    // SAFETY: `getrusage` fills the zeroed struct it is given; RUSAGE_THREAD is valid on Linux.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
+        ru
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
 
 fn synthetic(rows: usize, width: usize) -> Vec<u8> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
@@ -34,24 +45,24 @@ fn main() {
     let row_bytes = width * 2;
     let rows_per_chunk = ((1 << 20) / row_bytes).max(1);
     let chunks: Vec<&[u8]> = data.chunks(rows_per_chunk * row_bytes).collect();
-    for level in [1, -20] {
+    for level in [1, -1000] {
         let opts = CodecOptions { zstd_level: level };
-        let t0 = Instant::now();
+        let t0 = thread_cpu_seconds();
         let enc: Vec<_> = chunks
             .iter()
             .map(|c| encode_chunk(c, (c.len() / row_bytes) as u32, DType::Bfloat16, &opts))
             .collect();
-        let enc_s = t0.elapsed().as_secs_f64();
+        let enc_s = thread_cpu_seconds() - t0;
         let stored: usize = enc.iter().map(|e| e.payload.len()).sum();
         let mut out = vec![0u8; rows_per_chunk * row_bytes];
-        let t1 = Instant::now();
+        let t1 = thread_cpu_seconds();
         for (e, c) in enc.iter().zip(&chunks) {
             decode_chunk(&e.desc, &e.payload, &mut out[..c.len()]).expect("decodes");
         }
-        let dec_s = t1.elapsed().as_secs_f64();
+        let dec_s = thread_cpu_seconds() - t1;
         let mb = data.len() as f64 / 1e6;
         println!(
-            "zstd level {level:>3}: {:.1} MB, ratio {:.4}, encode {:.0} MB/s, decode {:.0} MB/s (one core)",
+            "zstd level {level:>5}: {:.1} MB, ratio {:.4}, encode {:.0} MB/CPU-s, decode {:.0} MB/CPU-s (one thread)",
             mb,
             data.len() as f64 / stored as f64,
             mb / enc_s,

@@ -110,14 +110,16 @@ def _decode_chunk(desc: tuple, payload: bytes, size: int, elem: int) -> bytes:
     for p in range(planes):
         plane = payload[start : start + stored[p]]
         start += stored[p]
-        zstd = plane_zstd >> p & 1
-        plane = _unzstd(plane, size // planes) if zstd else plane
+        zstd, channels = plane_zstd >> p & 1, size // planes // rows
+        if zstd and layout == 1:  # mode-delta: C channel bases, then plane - base (mod 256)
+            frame = np.frombuffer(_unzstd(plane, channels + size // planes), np.uint8)
+            base, delta = frame[:channels], frame[channels:].reshape(rows, channels)
+            plane = (delta + base).astype(np.uint8).tobytes()  # uint8 addition wraps mod 256
+        elif zstd:
+            plane = _unzstd(plane, size // planes)
         if len(plane) != size // planes:
             raise ValueError(f"plane {p} of {len(plane)} bytes, expected {size // planes}")
-        values = np.frombuffer(plane, np.uint8)
-        if zstd and layout == 1:  # channel-major: byte c x rows + r is element (r, c)
-            values = values.reshape(-1, rows).T.reshape(-1)
-        out[:, p] = values  # decoded[i x n + p] = plane_p[i]
+        out[:, p] = np.frombuffer(plane, np.uint8)  # decoded[i x n + p] = plane_p[i]
     return out.tobytes()
 
 

@@ -38,7 +38,7 @@ class ShardWriter:
         chunk_bytes: decoded bytes per codec chunk (whole rows).
         threads: encoding threads (0 = one per CPU).
         zstd_level: zstd level of the byte planes of floating tensors (literals always Huffman-coded; the
-            default -20 is order-0 entropy coding at high speed, see benches/README.md).
+            default -1000 is order-0 entropy coding at high speed, see benches/README.md).
         queue_depth: encoded records in flight before ``write`` blocks (backpressure).
         rank: writer rank; shard names start ``r{rank:05}-`` and, for ``world_size > 1``, the
             manifest is ``manifest.r{rank:05}.json`` so ranks sharing a root never collide.
@@ -60,7 +60,7 @@ class ShardWriter:
         shard_bytes: int = 1 << 30,
         chunk_bytes: int = 1 << 20,
         threads: int = 0,
-        zstd_level: int = -20,
+        zstd_level: int = -1000,
         queue_depth: int = 64,
         rank: int = 0,
         world_size: int = 1,

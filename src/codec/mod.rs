@@ -3,10 +3,29 @@
 //! a [`ChunkDesc`] that records every parameter needed to decode it, so data written with
 //! older settings stays readable. Layout: docs/FORMAT.md, "Chunks".
 
+mod mode_delta;
 mod planes;
 mod zstd_ctx;
 
+use std::cell::RefCell;
+
 use crate::dtype::DType;
+
+thread_local! {
+    /// Per-thread work buffers, reused across chunks: fresh megabyte buffers would cost a
+    /// page fault per page on every chunk.
+    static WORK: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Runs `f` with this thread's two work buffers resized to `a` and `b` bytes (contents unspecified).
+fn with_work<R>(a: usize, b: usize, f: impl FnOnce(&mut [u8], &mut [u8]) -> R) -> R {
+    WORK.with(|w| {
+        let (x, y) = &mut *w.borrow_mut();
+        x.resize(a, 0);
+        y.resize(b, 0);
+        f(&mut x[..a], &mut y[..b])
+    })
+}
 
 /// Chunk payload stored as is.
 pub const CODEC_RAW: u8 = 0;
@@ -24,10 +43,10 @@ const PROBE_BYTES: usize = 64 * 1024;
 
 /// Plane bytes in token order: plane index `row * width + column`.
 pub const LAYOUT_ROW_MAJOR: u8 = 0;
-/// Every zstd plane stored channel-major (transposed): index `column * rows + row`; raw planes
-/// stay row-major. Each channel's exponents then sit together, which zstd's per-block Huffman
-/// tables model better (benches/README.md: 1.42x -> 1.45x on real aux states).
-pub const LAYOUT_CHANNEL_MAJOR: u8 = 1;
+/// Every zstd plane is modelled per channel (`mode_delta.rs`): its frame decodes to the
+/// `cols` column modes followed by the row-major plane minus each column's mode (mod 256).
+/// Raw planes stay plain row-major.
+pub const LAYOUT_MODE_DELTA: u8 = 1;
 
 /// zstd level of integer tensors (token ids, masks: small, LZ matches pay).
 const INT_LEVEL: i32 = 1;
@@ -37,13 +56,14 @@ const INT_LEVEL: i32 = 1;
 pub struct CodecOptions {
     /// zstd level of the byte planes of floating tensors. Literals are always Huffman-coded
     /// (zstd otherwise drops that stage at negative levels), so a very negative level gives
-    /// order-0 entropy coding at high speed: the default -20 (benches/README.md).
+    /// order-0 entropy coding at high speed: the default -1000 compresses bf16 planes better
+    /// than level 1, and faster (benches/README.md).
     pub zstd_level: i32,
 }
 
 impl Default for CodecOptions {
     fn default() -> Self {
-        CodecOptions { zstd_level: -20 }
+        CodecOptions { zstd_level: -1000 }
     }
 }
 
@@ -56,7 +76,7 @@ pub struct ChunkDesc {
     pub planes: u8,
     /// Bit `p` set: plane `p` is a zstd frame; clear: plane `p` is stored raw.
     pub plane_zstd: u8,
-    /// `LAYOUT_ROW_MAJOR` or `LAYOUT_CHANNEL_MAJOR` (PLANES only; 0 otherwise).
+    /// `LAYOUT_ROW_MAJOR` or `LAYOUT_MODE_DELTA` (PLANES only; 0 otherwise).
     pub layout: u8,
     /// Rows (tokens) in this chunk.
     pub rows: u32,
@@ -103,7 +123,7 @@ impl ChunkDesc {
             CODEC_PLANES => {
                 (n == 2 || n == 4)
                     && (d.plane_zstd as usize) < (1 << n)
-                    && d.layout <= LAYOUT_CHANNEL_MAJOR
+                    && d.layout <= LAYOUT_MODE_DELTA
                     && d.stored[n..].iter().all(|&s| s == 0)
             }
             _ => return Err(format!("unknown chunk codec {}", d.codec)),
@@ -150,38 +170,42 @@ pub fn encode_chunk(data: &[u8], rows: u32, dtype: DType, opts: &CodecOptions) -
 
 fn encode_planes(data: &[u8], rows: usize, n: usize, opts: &CodecOptions) -> EncodedChunk {
     let plane_len = data.len() / n;
-    let mut split_buf = vec![0u8; data.len()];
-    {
-        let mut views: Vec<&mut [u8]> = split_buf.chunks_exact_mut(plane_len).collect();
-        planes::split(data, &mut views);
-    }
+    let cols = plane_len / rows;
     let mut desc = ChunkDesc {
         codec: CODEC_PLANES,
         planes: n as u8,
-        layout: LAYOUT_CHANNEL_MAJOR,
+        layout: LAYOUT_MODE_DELTA,
         rows: rows as u32,
         ..Default::default()
     };
     let mut payload = Vec::with_capacity(data.len());
-    let mut transposed = vec![0u8; plane_len];
-    for (p, plane) in split_buf.chunks_exact(plane_len).enumerate() {
-        let before = payload.len();
-        // A noise plane (the low mantissa byte) fails the probe and is neither transposed nor compressed.
-        let compressed = zstd_ctx::probe_pays(plane, opts.zstd_level, PROBE_BYTES)
-            .then(|| {
-                planes::transpose(plane, rows, &mut transposed);
-                zstd_ctx::compress_if_pays(&transposed, opts.zstd_level)
-            })
-            .flatten();
-        match compressed {
-            Some(z) => {
-                desc.plane_zstd |= 1 << p;
-                payload.extend_from_slice(&z);
-            }
-            None => payload.extend_from_slice(plane),
+    // `split`: the planes; `modelled`: a plane's `cols` modes followed by its deltas.
+    with_work(data.len(), cols + plane_len, |split, modelled| {
+        {
+            let mut views: Vec<&mut [u8]> = split.chunks_exact_mut(plane_len).collect();
+            planes::split(data, &mut views);
         }
-        desc.stored[p] = (payload.len() - before) as u32;
-    }
+        for (p, plane) in split.chunks_exact(plane_len).enumerate() {
+            let before = payload.len();
+            // A noise plane (the low mantissa byte) fails the probe and is neither modelled nor compressed.
+            let compressed = zstd_ctx::probe_pays(plane, opts.zstd_level, PROBE_BYTES)
+                .then(|| {
+                    let (modes, deltas) = modelled.split_at_mut(cols);
+                    mode_delta::column_modes(plane, rows, modes);
+                    mode_delta::subtract(plane, modes, deltas);
+                    zstd_ctx::compress_if_pays(modelled, opts.zstd_level)
+                })
+                .flatten();
+            match compressed {
+                Some(z) if z.len() < plane.len() => {
+                    desc.plane_zstd |= 1 << p;
+                    payload.extend_from_slice(&z);
+                }
+                _ => payload.extend_from_slice(plane),
+            }
+            desc.stored[p] = (payload.len() - before) as u32;
+        }
+    });
     EncodedChunk { desc, payload }
 }
 
@@ -234,29 +258,38 @@ fn decode_planes(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(),
         ));
     }
     // Each plane is written straight into its bytes of `out`.
-    let mut scratch = vec![0u8; plane_len];
-    let mut offset = 0usize;
-    for p in 0..n {
-        let stored = &payload[offset..offset + desc.stored[p] as usize];
-        offset += stored.len();
-        if desc.plane_zstd & (1 << p) == 0 {
-            if stored.len() != plane_len {
-                return Err(format!(
-                    "raw plane {p} holds {} bytes, expected {plane_len}",
-                    stored.len()
-                ));
+    let cols = plane_len / rows;
+    let modelled = desc.layout == LAYOUT_MODE_DELTA;
+    with_work(
+        plane_len + if modelled { cols } else { 0 },
+        0,
+        |scratch, _| {
+            let mut offset = 0usize;
+            for p in 0..n {
+                let stored = &payload[offset..offset + desc.stored[p] as usize];
+                offset += stored.len();
+                if desc.plane_zstd & (1 << p) == 0 {
+                    if stored.len() != plane_len {
+                        return Err(format!(
+                            "raw plane {p} holds {} bytes, expected {plane_len}",
+                            stored.len()
+                        ));
+                    }
+                    planes::scatter_row_major(stored, n, p, out);
+                    continue;
+                }
+                zstd_ctx::decompress_exact(stored, scratch)
+                    .map_err(|e| format!("plane {p}: {e}"))?;
+                if modelled {
+                    let (modes, deltas) = scratch.split_at(cols);
+                    mode_delta::scatter_add(deltas, modes, n, p, out);
+                } else {
+                    planes::scatter_row_major(scratch, n, p, out);
+                }
             }
-            planes::scatter_row_major(stored, n, p, out);
-            continue;
-        }
-        zstd_ctx::decompress_exact(stored, &mut scratch).map_err(|e| format!("plane {p}: {e}"))?;
-        if desc.layout == LAYOUT_CHANNEL_MAJOR {
-            planes::scatter_channel_major(&scratch, rows, n, p, out);
-        } else {
-            planes::scatter_row_major(&scratch, n, p, out);
-        }
-    }
-    Ok(())
+            Ok(())
+        },
+    )
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Byte planes: plane `p` holds byte `p` of every little-endian element. Split for encoding,
-//! scattered back (row-major or channel-major) for decoding.
+//! scattered back into the elements for decoding.
 //! For bf16, plane 1 (sign, exponent, top mantissa bit) compresses well; plane 0 (the
 //! low mantissa) is near-random and is usually stored raw.
 
@@ -47,42 +47,6 @@ pub fn scatter_row_major(plane: &[u8], n: usize, p: usize, out: &mut [u8]) {
     }
 }
 
-/// Rows per tile of the blocked transposes: a tile's rows stay in cache while its columns
-/// are walked.
-const TILE_ROWS: usize = 32;
-
-/// Writes the row-major `rows x cols` byte matrix `src` channel-major into `dst`
-/// (`dst[c * rows + r] = src[r * cols + c]`).
-pub fn transpose(src: &[u8], rows: usize, dst: &mut [u8]) {
-    debug_assert_eq!(src.len(), dst.len());
-    let cols = src.len() / rows.max(1);
-    for r0 in (0..rows).step_by(TILE_ROWS) {
-        let r1 = (r0 + TILE_ROWS).min(rows);
-        for c in 0..cols {
-            let out = &mut dst[c * rows + r0..c * rows + r1];
-            for (k, o) in out.iter_mut().enumerate() {
-                *o = src[(r0 + k) * cols + c];
-            }
-        }
-    }
-}
-
-/// Writes plane `p` of `n`, stored channel-major (`src[c * rows + r]`, see [`transpose`]),
-/// into its bytes of the interleaved elements: `out[(r * cols + c) * n + p] = src[c * rows + r]`.
-pub fn scatter_channel_major(src: &[u8], rows: usize, n: usize, p: usize, out: &mut [u8]) {
-    debug_assert_eq!(src.len() * n, out.len());
-    let cols = src.len() / rows.max(1);
-    for r0 in (0..rows).step_by(TILE_ROWS) {
-        let r1 = (r0 + TILE_ROWS).min(rows);
-        for c in 0..cols {
-            let col = &src[c * rows + r0..c * rows + r1];
-            for (k, v) in col.iter().enumerate() {
-                out[((r0 + k) * cols + c) * n + p] = *v;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,23 +70,6 @@ mod tests {
                 scatter_row_major(plane, n, p, &mut out);
             }
             prop_assert_eq!(out, data);
-        }
-
-        #[test]
-        fn transpose_then_scatter_is_identity(rows in 1usize..90, cols in 1usize..70, seed in any::<u64>()) {
-            let src: Vec<u8> = (0..rows * cols).map(|i| (seed.wrapping_mul(i as u64 + 3) >> 17) as u8).collect();
-            let mut t = vec![0u8; src.len()];
-            transpose(&src, rows, &mut t);
-            for r in 0..rows {
-                for c in 0..cols {
-                    prop_assert_eq!(t[c * rows + r], src[r * cols + c]);
-                }
-            }
-            // Scatter as plane 1 of 2 into interleaved elements.
-            let mut out = vec![0u8; 2 * src.len()];
-            scatter_channel_major(&t, rows, 2, 1, &mut out);
-            let back: Vec<u8> = out.iter().skip(1).step_by(2).copied().collect();
-            prop_assert_eq!(back, src);
         }
     }
 }

@@ -45,7 +45,7 @@ fn bf16_hidden_states_use_planes_with_raw_low_byte() {
     let enc = roundtrip(&data, 300, DType::Bfloat16);
     assert_eq!(enc.desc.codec, CODEC_PLANES);
     assert_eq!(enc.desc.planes, 2);
-    assert_eq!(enc.desc.layout, LAYOUT_CHANNEL_MAJOR);
+    assert_eq!(enc.desc.layout, LAYOUT_MODE_DELTA);
     // The low (mantissa) plane is noise: raw. The high plane compresses.
     assert_eq!(enc.desc.plane_zstd, 0b10);
     assert_eq!(enc.desc.stored[0], 300_000);
@@ -91,7 +91,7 @@ fn descriptor_rejects_bad_fields() {
         codec: CODEC_PLANES,
         planes: 2,
         plane_zstd: 0b10,
-        layout: LAYOUT_CHANNEL_MAJOR,
+        layout: LAYOUT_MODE_DELTA,
         rows: 3,
         stored: [6, 4, 0, 0],
     };

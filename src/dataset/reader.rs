@@ -15,6 +15,11 @@ use crate::pool;
 use crate::schema::Schema;
 use crate::shard::ShardFile;
 
+thread_local! {
+    /// The calling thread's record buffer, reused across reads (its memory is already mapped).
+    static RECORD: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Where a sample is and what its index says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry<'a> {
@@ -185,9 +190,11 @@ impl Dataset {
     pub fn read_into(&self, pos: u64, outs: &mut [&mut [u8]]) -> Result<()> {
         let e = self.entry(pos)?;
         let shard = &self.shards[e.shard];
-        let mut rec = Vec::new();
-        shard.read_record(e.record, &mut rec)?;
-        decode_record(shard, e.record, &rec, outs, &pool::shared(self.threads))
+        RECORD.with(|buf| {
+            let rec = &mut *buf.borrow_mut();
+            shard.read_record(e.record, rec)?;
+            decode_record(shard, e.record, rec, outs, &pool::shared(self.threads))
+        })
     }
 
     /// Reads the sample at `pos` into new buffers, one per schema tensor.
