@@ -1,0 +1,353 @@
+"""The eagle-io SGLang plugin: fail loudly when an EAGLE-3 draft is served without aux-state capture.
+
+SGLang's plugin loader (``sglang/srt/plugins/__init__.py``, ``load_plugins``) calls :func:`register` in every
+SGLang process that loads plugins (Engine/main, each ``run_scheduler_process``, the DP controller, the
+detokenizer), through the entry point::
+
+    [project.entry-points."sglang.srt.plugins"]
+    eagle_io = "eagle_io.serving.plugin:register"
+
+``SGLANG_PLUGINS=eagle_io`` (SGLang's own whitelist) selects it by that name. Hooks are installed only through
+``sglang.srt.plugins.hook_registry.HookRegistry``:
+
+* **Startup guard** (BEFORE ``Scheduler.init_all_cuda_graphs``: after attention backends configured capture,
+  before any CUDA graph is captured). When the draft is EAGLE-3-style it requires ``spec_algorithm.is_eagle3()``,
+  aux capture enabled on the target (through a wrapper's ``language_model`` too) and
+  ``len(layers_to_capture) * target_hidden == fc input width``; otherwise startup aborts with
+  :class:`ServingGuardError` saying how to launch. It then installs the runtime hooks below, in that scheduler
+  process only, and only for speculative EAGLE-family launches.
+* **Draft-extend width check** (BEFORE ``EagleDraftWorker._draft_extend_for_prefill`` / ``_draft_extend_for_decode``:
+  exactly the two places that build an ``EagleDraftExtendInput``; draft decode steps legitimately carry H-wide
+  states and are not checked). Reads ``Tensor.shape`` only: no device sync.
+* **Acceptance watchdog** (AFTER ``EAGLEWorkerV2.on_verify_complete_cpu``, whose counts are already on the CPU):
+  a loud warning when the mean accept length stays exactly 1.0 over a window of request steps.
+
+Environment switches (read when the plugin loads and at startup):
+
+==============================  ===========  ===============================================================
+``EAGLE_IO_SGLANG_PLUGIN``      ``1``        ``0``: the plugin registers nothing at all.
+``EAGLE_IO_STARTUP_GUARD``      ``1``        ``0``: no startup check (runtime hooks are still installed).
+``EAGLE_IO_DRAFT_WIDTH_CHECK``  ``raise``    ``warn``: log instead of raising; ``0``: not installed.
+``EAGLE_IO_ACCEPT_WATCHDOG``    ``1``        ``0``: not installed.
+``EAGLE_IO_ACCEPT_WINDOW``      ``256``      request steps per watchdog window.
+==============================  ===========  ===============================================================
+
+SGLang versions: :data:`eagle_io.serving.sglang_compat.SUPPORTED_SGLANG`; every SGLang name used is in that module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import sglang_compat as compat
+
+__all__ = [
+    "ENV_ACCEPT_WATCHDOG",
+    "ENV_ACCEPT_WINDOW",
+    "ENV_DRAFT_WIDTH_CHECK",
+    "ENV_PLUGIN",
+    "ENV_STARTUP_GUARD",
+    "AcceptanceWatchdog",
+    "DraftWidthError",
+    "ServingGuardError",
+    "draft_is_eagle3",
+    "register",
+    "startup_decision",
+]
+
+logger = logging.getLogger("eagle_io.serving")
+
+ENV_PLUGIN = "EAGLE_IO_SGLANG_PLUGIN"
+ENV_STARTUP_GUARD = "EAGLE_IO_STARTUP_GUARD"
+ENV_DRAFT_WIDTH_CHECK = "EAGLE_IO_DRAFT_WIDTH_CHECK"
+ENV_ACCEPT_WATCHDOG = "EAGLE_IO_ACCEPT_WATCHDOG"
+ENV_ACCEPT_WINDOW = "EAGLE_IO_ACCEPT_WINDOW"
+
+_OFF = {"0", "false", "no", "off"}
+
+
+def _enabled(name: str) -> bool:
+    return os.environ.get(name, "1").strip().lower() not in _OFF
+
+
+class ServingGuardError(RuntimeError):
+    """Startup aborted: an EAGLE-3 draft would be served without (or with the wrong) aux-state capture."""
+
+
+class DraftWidthError(RuntimeError):
+    """A draft extend received states whose width is not the draft ``fc`` input width."""
+
+
+# ------------------------------------------------------------------------------------------------ decisions
+
+
+def draft_is_eagle3(facts: compat.StartupFacts) -> list[str]:
+    """Evidence that the loaded draft is EAGLE-3-style (empty list = not): its config's ``eagle_config`` layer ids,
+    ``draft_vocab_size``, ``target_hidden_size``, or an ``fc`` whose input is ``k >= 3`` target hidden states.
+    Not the architecture name alone (some EAGLE-3 drafts declare a plain one)."""
+    cfg = facts.draft_config
+    sig: list[str] = []
+    ec = cfg.get("eagle_config")
+    if isinstance(ec, dict) and ec.get("eagle_aux_hidden_state_layer_ids"):
+        sig.append(f"eagle_config.eagle_aux_hidden_state_layer_ids = {ec['eagle_aux_hidden_state_layer_ids']}")
+    for key in ("draft_vocab_size", "target_hidden_size"):
+        if cfg.get(key) is not None:
+            sig.append(f"{key} = {cfg[key]}")
+    w, h = facts.fc_in_width, facts.target_hidden_size
+    if w is not None and h and w % h == 0 and w // h >= 3:
+        sig.append(f"fc input width {w} = {w // h} x target hidden {h}")
+    return sig
+
+
+def startup_decision(facts: compat.StartupFacts) -> str | None:
+    """The startup guard's verdict: None = fine, else the error message (what is wrong, how to launch).
+
+    Applies only when a draft is loaded here and it is EAGLE-3-style (:func:`draft_is_eagle3`).
+    """
+    if not facts.draft_present:
+        return None
+    signals = draft_is_eagle3(facts)
+    if not signals:
+        return None
+    h = facts.target_hidden_size
+    w = facts.fc_in_width
+    problems: list[str] = []
+    if not facts.is_eagle3:
+        problems.append(
+            f"the draft is an EAGLE-3 draft ({'; '.join(signals)}) but the speculative algorithm is "
+            f"{facts.algorithm} (NEXTN is an alias of EAGLE): the target captures no aux states, the draft would get "
+            f"{h}-wide final states instead of {w}, skip its fc, and accept nothing beyond the bonus token. "
+            "Relaunch with --speculative-algorithm EAGLE3"
+        )
+    else:
+        if facts.spec_aux_enabled is False:
+            problems.append(
+                "EAGLE3 is selected but aux-state capture is switched off for the target "
+                "(the draft's eagle_config has use_aux_hidden_state: false). Remove that key from the draft's "
+                "config.json"
+            )
+        if not facts.capture_enabled:
+            problems.append(
+                f"EAGLE3 is selected but the target model {facts.target_architecture} does not capture aux states "
+                "(capture_aux_hidden_states is off on the model and on its language_model: a wrapper model that "
+                "does not delegate set_eagle3_layers_to_capture). Use an SGLang version whose "
+                f"{facts.target_architecture} delegates the capture setter, or serve the text model directly"
+            )
+        n = facts.target_num_layers
+        layers = list(facts.layers_to_capture)
+        if n is not None:
+            lo, hi = compat.capturable_range(facts.target_architecture, int(n))
+            captured = [i for i in layers if lo <= i <= hi]
+            if len(captured) != len(layers):
+                problems.append(
+                    f"layers_to_capture {layers} has ids outside {lo}..{hi} for a {n}-layer target: only "
+                    f"{len(captured)} of {len(layers)} states would be captured. Fix "
+                    "eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json "
+                    f"({compat.setter_rule(facts.target_architecture)}); `eagle-io check-serving` computes the ids"
+                )
+            layers = captured
+        if facts.capture_enabled and w is not None and len(layers) * h != w:
+            problems.append(
+                f"the target captures {len(layers)} aux states ({list(facts.layers_to_capture)}) x hidden {h} = "
+                f"{len(layers) * h} wide, but the draft's fc expects {w}. Set "
+                "eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json to the "
+                f"{w // h if h and w % h == 0 else '?'} layer ids the draft was trained on "
+                "(`eagle-io check-serving` computes them)"
+            )
+    if not problems:
+        return None
+    return (
+        "eagle-io serving guard: refusing to start an EAGLE-3 draft that would run without its aux states:\n  - "
+        + "\n  - ".join(problems)
+        + f"\n(SGLang {compat.sglang_version()}; switch this check off with {ENV_STARTUP_GUARD}=0)"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ runtime
+
+
+@dataclass
+class AcceptanceWatchdog:
+    """Counts request steps and correct drafts; warns when a full window accepted no draft token at all.
+
+    Accept length of one request step = correct drafts + 1 (the bonus token), so a window mean of exactly 1.0
+    means zero correct drafts in ``window`` request steps.
+    """
+
+    window: int = 256
+    context: str = ""
+    steps: int = 0
+    correct: int = 0
+    windows: int = 0
+    warnings: int = 0
+    log: Callable[[str], None] = field(default=logger.warning)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, num_correct_drafts_per_req: Any) -> None:
+        counts = [int(c) for c in (num_correct_drafts_per_req or ())]
+        with self._lock:
+            self.steps += len(counts)
+            self.correct += sum(counts)
+            if self.steps < self.window:
+                return
+            steps, correct = self.steps, self.correct
+            self.steps = self.correct = 0
+            self.windows += 1
+        if correct == 0:
+            self.warnings += 1
+            bar = "!" * 100
+            self.log(
+                f"\n{bar}\neagle-io acceptance watchdog: mean accept length 1.00 over the last {steps} request "
+                f"steps: the draft has not produced a single accepted token. Speculative decoding is only costing "
+                f"time. Typical cause: an EAGLE-3 draft served without aux states (--speculative-algorithm EAGLE or "
+                f"NEXTN instead of EAGLE3), wrong aux layer ids, or a draft trained for another target. "
+                f"{self.context}\nRun `eagle-io check-serving --target ... --draft ... -- <launch args>`.\n{bar}"
+            )
+
+    @property
+    def mean_accept_length(self) -> float | None:
+        """Mean accept length of the current (partial) window."""
+        with self._lock:
+            return None if self.steps == 0 else 1.0 + self.correct / self.steps
+
+
+@dataclass
+class _Runtime:
+    """Per-process state the runtime hooks read (set by the startup guard in the scheduler process)."""
+
+    fc_in_width: int | None = None
+    width_mode: str = "raise"
+    width_checks: int = 0
+    width_errors: int = 0
+    watchdog: AcceptanceWatchdog | None = None
+
+
+_RUNTIME = _Runtime()
+_REGISTERED: set[str] = set()
+
+
+def _check_width(hook: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    expected = _RUNTIME.fc_in_width
+    if expected is None:
+        return
+    width = compat.draft_extend_width(hook, args, kwargs)
+    if width is None:
+        return
+    _RUNTIME.width_checks += 1
+    if width == expected:
+        return
+    _RUNTIME.width_errors += 1
+    where = hook.rsplit(".", 1)[-1]
+    msg = (
+        f"eagle-io draft-extend check ({where}): the draft receives {width}-wide states but its fc expects "
+        f"{expected}: the target is not capturing the aux states this EAGLE-3 draft was trained on "
+        f"(relaunch with --speculative-algorithm EAGLE3 and the draft's layer ids; {ENV_DRAFT_WIDTH_CHECK}=warn "
+        "only logs)"
+    )
+    if _RUNTIME.width_mode == "warn":
+        if _RUNTIME.width_errors == 1 or _RUNTIME.width_errors % 1000 == 0:
+            logger.error(msg)
+        return
+    raise DraftWidthError(msg)
+
+
+def _prefill_width_hook(*args: Any, **kwargs: Any) -> None:
+    _check_width(compat.DRAFT_EXTEND_PREFILL_HOOK, args, kwargs)
+
+
+def _decode_width_hook(*args: Any, **kwargs: Any) -> None:
+    _check_width(compat.DRAFT_EXTEND_DECODE_HOOK, args, kwargs)
+
+
+def _accept_hook(result: Any, *args: Any, **kwargs: Any) -> None:
+    wd = _RUNTIME.watchdog
+    if wd is not None:
+        counts = kwargs.get("num_correct_drafts_per_req", args[1] if len(args) > 1 else None)
+        wd.observe(counts)
+    return None
+
+
+def _register(target: str, fn: Callable[..., Any], hook_type_name: str) -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if target in _REGISTERED:
+        return
+    HookRegistry.register(target, fn, HookType[hook_type_name])
+    _REGISTERED.add(target)
+
+
+def install_runtime_hooks(facts: compat.StartupFacts, *, eagle3_draft: bool) -> list[str]:
+    """Registers the runtime hooks through ``HookRegistry`` and applies them (``HookRegistry.apply_hooks`` is
+    idempotent: targets already patched are skipped). Returns the targets newly registered here."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    before = set(_REGISTERED)
+    mode = os.environ.get(ENV_DRAFT_WIDTH_CHECK, "raise").strip().lower()
+    if eagle3_draft and mode not in _OFF and facts.fc_in_width is not None:
+        _RUNTIME.fc_in_width = facts.fc_in_width
+        _RUNTIME.width_mode = "warn" if mode == "warn" else "raise"
+        _register(compat.DRAFT_EXTEND_PREFILL_HOOK, _prefill_width_hook, "BEFORE")
+        _register(compat.DRAFT_EXTEND_DECODE_HOOK, _decode_width_hook, "BEFORE")
+    if _enabled(ENV_ACCEPT_WATCHDOG):
+        window = int(os.environ.get(ENV_ACCEPT_WINDOW, "256"))
+        _RUNTIME.watchdog = AcceptanceWatchdog(
+            window=window,
+            context=(
+                f"(algorithm {facts.algorithm}, draft {facts.draft_architecture}, fc input width "
+                f"{facts.fc_in_width}, target capture {list(facts.layers_to_capture)} x {facts.target_hidden_size})"
+            ),
+        )
+        _register(compat.ACCEPT_HOOK, _accept_hook, "AFTER")
+    HookRegistry.apply_hooks()
+    return sorted(_REGISTERED - before)
+
+
+def _startup_guard(scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE hook on ``Scheduler.init_all_cuda_graphs``."""
+    algo = getattr(scheduler, "spec_algorithm", None)
+    if algo is None or not algo.is_eagle():
+        return None  # not speculative (or not EAGLE-family): nothing to guard
+    facts = compat.startup_facts(scheduler)
+    signals = draft_is_eagle3(facts) if facts.draft_present else []
+    if _enabled(ENV_STARTUP_GUARD):
+        verdict = startup_decision(facts)
+        if verdict is not None:
+            logger.error(verdict)
+            raise ServingGuardError(verdict)
+        if signals:
+            logger.info(
+                "eagle-io serving guard: EAGLE-3 draft OK (algorithm %s, capture %s x %d = fc input %s)",
+                facts.algorithm,
+                list(facts.layers_to_capture),
+                facts.target_hidden_size,
+                facts.fc_in_width,
+            )
+    if facts.draft_present:
+        install_runtime_hooks(facts, eagle3_draft=bool(signals))
+    return None
+
+
+def register() -> None:
+    """The ``sglang.srt.plugins`` entry point: registers the startup guard in SGLang processes that host a
+    ``Scheduler`` (the module is already imported there; other processes are left alone, so the detokenizer does
+    not import the scheduler stack for nothing). Does nothing when ``EAGLE_IO_SGLANG_PLUGIN=0``."""
+    if not _enabled(ENV_PLUGIN):
+        logger.info("eagle-io SGLang plugin disabled (%s=0)", ENV_PLUGIN)
+        return
+    v = compat.sglang_version()
+    if not compat.version_supported(v):
+        logger.warning(
+            "eagle-io SGLang plugin: SGLang %s is outside the supported range %s (tested %s); its lookups fail "
+            "loudly if an attribute moved",
+            v,
+            compat.SUPPORTED_SGLANG,
+            compat.TESTED_SGLANG,
+        )
+    if compat.STARTUP_HOOK.rsplit(".", 2)[0] in sys.modules:
+        _register(compat.STARTUP_HOOK, _startup_guard, "BEFORE")

@@ -1,0 +1,492 @@
+"""The eagle-io SGLang plugin: startup guard, draft-extend width check, acceptance watchdog, entry point.
+
+Two parts:
+
+* Decision logic and the watchdog on plain facts: always run.
+* Against SGLang's real code (skipped when ``sglang`` is not importable; CI installs it with
+  ``pip install --no-deps -r requirements/sglang.txt``): ``ServerArgs`` resolution (``resolve_once``,
+  ``resolved_view``: ``NEXTN -> EAGLE``), ``runtime_context.publish``, ``ModelConfig.from_server_args`` for the
+  target and the draft, ``resolve_spec_aux_hidden_state_config`` and ``configure_aux_hidden_state_capture``, which
+  calls SGLang's real ``set_eagle3_layers_to_capture`` functions (Llama; Kimi-K2.5 delegating to DeepSeek-V3).
+  TEST-ONLY STAND-INS: the torch modules those setters run on (``_TargetStandIn``: the attributes the real setter
+  touches, since building SGLang's model needs its distributed runtime) and the draft model (``_DraftStandIn``:
+  ``fc``/``embed_tokens`` on the meta device, sized from the draft's safetensors header), and the
+  scheduler/worker objects that hold them (``SimpleNamespace``), with the attribute paths SGLang 0.5.23 uses.
+  The hooks are installed with SGLang's real ``HookRegistry`` / ``load_plugins`` and run through SGLang's real
+  ``Scheduler.init_all_cuda_graphs``, ``EagleDraftWorker._draft_extend_*`` and
+  ``EAGLEWorkerV2.on_verify_complete_cpu``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_serving_preflight import H, eagle3_draft, kimi_k25, llama_target
+
+from eagle_io.serving import plugin
+from eagle_io.serving import sglang_compat as compat
+from eagle_io.serving.checkpoint import read_draft
+
+try:
+    import sglang.srt.plugins.hook_registry  # noqa: F401
+
+    SGLANG_SKIP = ""
+except Exception as e:  # ImportError, or a dependency failing at import
+    SGLANG_SKIP = (
+        f"sglang is not importable ({type(e).__name__}: {e}); install it with "
+        "`pip install --no-deps -r requirements/sglang.txt`"
+    )
+needs_sglang = pytest.mark.skipif(bool(SGLANG_SKIP), reason=SGLANG_SKIP or "sglang present")
+
+
+def facts(**kw) -> compat.StartupFacts:
+    base = dict(
+        algorithm="EAGLE3",
+        is_eagle3=True,
+        target_architecture="LlamaForCausalLM",
+        target_hidden_size=64,
+        target_num_layers=8,
+        capture_enabled=True,
+        layers_to_capture=(2, 4, 5),
+        spec_aux_enabled=True,
+        draft_present=True,
+        draft_architecture="LlamaForCausalLMEagle3",
+        draft_config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}, "draft_vocab_size": 500},
+        fc_in_width=192,
+        draft_embed_width=64,
+    )
+    base.update(kw)
+    return compat.StartupFacts(**base)
+
+
+# ---------------------------------------------------------------------------------------------- pure logic
+
+
+def test_startup_decision_rules():
+    assert plugin.startup_decision(facts()) is None
+    msg = plugin.startup_decision(
+        facts(algorithm="EAGLE", is_eagle3=False, capture_enabled=False, layers_to_capture=())
+    )
+    assert msg is not None and "Relaunch with --speculative-algorithm EAGLE3" in msg
+    assert "64-wide final states instead of 192" in msg and "EAGLE_IO_STARTUP_GUARD=0" in msg
+    msg = plugin.startup_decision(facts(capture_enabled=False, layers_to_capture=()))
+    assert "does not capture aux states" in msg and "language_model" in msg
+    msg = plugin.startup_decision(facts(layers_to_capture=(2, 5, 8)))  # 8 = N is never captured
+    assert "ids outside 1..7" in msg and "only 2 of 3 states" in msg and "fc expects 192" in msg
+    msg = plugin.startup_decision(facts(layers_to_capture=(2, 4)))
+    assert "captures 2 aux states ([2, 4]) x hidden 64 = 128 wide, but the draft's fc expects 192" in msg
+    assert "use_aux_hidden_state: false" in plugin.startup_decision(facts(spec_aux_enabled=False))
+    # Not an EAGLE-3 draft (EAGLE-2 fc [H, 2H], no EAGLE-3 keys), or no draft on this PP rank: nothing to say.
+    eagle2 = facts(algorithm="EAGLE", is_eagle3=False, capture_enabled=False, draft_config={}, fc_in_width=128)
+    assert plugin.draft_is_eagle3(eagle2) == [] and plugin.startup_decision(eagle2) is None
+    assert plugin.startup_decision(facts(is_eagle3=False, draft_present=False)) is None
+    # Detected from the fc width alone.
+    plain = facts(algorithm="EAGLE", is_eagle3=False, draft_config={}, fc_in_width=192)
+    assert plugin.draft_is_eagle3(plain) == ["fc input width 192 = 3 x target hidden 64"]
+    assert "Relaunch with --speculative-algorithm EAGLE3" in plugin.startup_decision(plain)
+
+
+def test_acceptance_watchdog_window():
+    logged: list[str] = []
+    wd = plugin.AcceptanceWatchdog(window=8, context="(ctx)", log=logged.append)
+    wd.observe([0, 0, 0])
+    assert wd.mean_accept_length == 1.0 and not logged
+    wd.observe([0] * 5)  # window full, no accepted draft
+    assert wd.windows == 1 and wd.warnings == 1
+    assert "mean accept length 1.00 over the last 8 request steps" in logged[0] and "(ctx)" in logged[0]
+    wd.observe([0] * 7 + [1])  # one accepted draft token in the window: no warning
+    assert wd.windows == 2 and wd.warnings == 1 and len(logged) == 1
+    wd.observe([2, 1])
+    assert wd.mean_accept_length == 2.5
+
+
+def test_version_range():
+    assert compat.version_supported("0.5.23") and compat.version_supported("0.5.14")
+    assert compat.version_supported("0.5.23.post1") and compat.version_supported("0.5.30rc1")
+    assert not compat.version_supported("0.5.13") and not compat.version_supported("0.6.0")
+    assert not compat.version_supported(None)
+
+
+# ---------------------------------------------------------------------------------------------- real SGLang
+
+
+class _TargetStandIn(torch.nn.Module):
+    """TEST-ONLY STAND-IN for an SGLang target model: the attributes SGLang's real
+    ``set_eagle3_layers_to_capture`` reads and writes (``pp_group.is_last_rank``, ``config.num_hidden_layers``,
+    ``model.layers_to_capture``, ``capture_aux_hidden_states``). The setter itself is SGLang's function."""
+
+    def __init__(self, config, setter) -> None:
+        super().__init__()
+        self.config = config
+        self.pp_group = SimpleNamespace(is_last_rank=True)
+        self.model = torch.nn.Module()
+        self.model.layers_to_capture = []
+        self.capture_aux_hidden_states = False
+        self._setter = setter
+
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        return self._setter(self, layer_ids)
+
+
+def _named(cls_name: str, base: type) -> type:
+    return type(cls_name, (base,), {})
+
+
+class _KimiStandIn(torch.nn.Module):
+    """TEST-ONLY STAND-IN for ``KimiK25ForConditionalGeneration``: holds ``language_model``; its setter is
+    SGLang's real ``KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture`` (or a non-delegating one)."""
+
+    def __init__(self, language_model, setter) -> None:
+        super().__init__()
+        self.language_model = language_model
+        self._setter = setter
+
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        return self._setter(self, layer_ids)
+
+
+class _DraftStandIn(torch.nn.Module):
+    """TEST-ONLY STAND-IN for the loaded EAGLE-3 draft: ``model.fc`` / ``model.embed_tokens`` on the meta device,
+    sized from the draft checkpoint's safetensors header (what SGLang loads into them)."""
+
+    def __init__(self, fc_in: int, hidden: int, vocab: int) -> None:
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.fc = torch.nn.Linear(fc_in, hidden, bias=False, device="meta")
+        self.model.embed_tokens = torch.nn.Embedding(vocab, hidden, device="meta")
+
+
+def real_scheduler(target: Path, draft: Path, algorithm: str, *, wrapper_delegates: bool = True):
+    """A scheduler-shaped object whose config objects are SGLang's real ones, resolved as SGLang resolves them
+    (see the module docstring for what is a stand-in)."""
+    from sglang.srt.arg_groups.overrides import resolved_view
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
+        configure_aux_hidden_state_capture,
+    )
+    from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (
+        resolve_spec_aux_hidden_state_config,
+    )
+    from sglang.srt.runtime_context import SpawnRanks, publish
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    sa = ServerArgs(
+        model_path=str(target),
+        speculative_algorithm=algorithm,
+        speculative_draft_model_path=str(draft),
+        device="cpu",
+        attention_backend="torch_native",
+        disable_cuda_graph=True,
+    )
+    sa.resolve_once()
+    publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=0, gpu_id=0))
+    model_config = ModelConfig.from_server_args(sa)
+    spec_algorithm = SpeculativeAlgorithm.from_string(resolved_view(sa).speculative_algorithm)
+    spec_aux = resolve_spec_aux_hidden_state_config(
+        server_args=sa, model_config=model_config, spec_algorithm=spec_algorithm, is_draft_worker=False
+    )
+    arch = model_config.hf_config.architectures[0]
+    if arch == "KimiK25ForConditionalGeneration":
+        from sglang.srt.models.deepseek_v2 import DeepseekV2ForCausalLM
+        from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
+
+        lm = _named("DeepseekV3ForCausalLM", _TargetStandIn)(
+            model_config.hf_text_config, DeepseekV2ForCausalLM.set_eagle3_layers_to_capture
+        )
+        setter = (
+            KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture
+            if wrapper_delegates
+            else (
+                lambda self, ids: None  # an SGLang wrapper that forgets to delegate
+            )
+        )
+        model = _named("KimiK25ForConditionalGeneration", _KimiStandIn)(lm, setter)
+    else:
+        from sglang.srt.models.llama import LlamaForCausalLM
+
+        model = _named(arch, _TargetStandIn)(model_config.hf_config, LlamaForCausalLM.set_eagle3_layers_to_capture)
+    configure_aux_hidden_state_capture(  # what ModelRunner.init_attention_backends does, SGLang's function
+        model=model,
+        eagle_use_aux_hidden_state=spec_aux.eagle_use_aux_hidden_state,
+        eagle_aux_hidden_state_layer_ids=spec_aux.eagle_aux_hidden_state_layer_ids,
+        dflash_use_aux_hidden_state=spec_aux.dflash_use_aux_hidden_state,
+        dflash_target_layer_ids=spec_aux.dflash_target_layer_ids,
+        is_dspark=spec_aux.is_dspark,
+    )
+    info = read_draft(draft)
+    draft_model = _DraftStandIn(info.fc_in_width, 8, 16)
+    runner = SimpleNamespace(model=model, model_config=model_config, spec_aux_config=spec_aux)
+    draft_runner = SimpleNamespace(model=draft_model, model_config=spec_aux.draft_model_config)
+    calls: list[str] = []
+    tp_worker = SimpleNamespace(model_runner=runner, init_cuda_graphs=lambda: calls.append("target graphs"))
+    draft_worker = SimpleNamespace(
+        _draft_worker=SimpleNamespace(draft_runner=draft_runner), init_cuda_graphs=lambda: calls.append("draft")
+    )
+    return SimpleNamespace(spec_algorithm=spec_algorithm, tp_worker=tp_worker, draft_worker=draft_worker), calls
+
+
+@pytest.fixture
+def hooks():
+    """Registers the plugin as ``load_plugins`` does (``register()`` then ``HookRegistry.apply_hooks()``) and
+    undoes every patch afterwards, so each test starts from SGLang's unpatched classes."""
+    import pkgutil
+
+    import sglang.srt.managers.scheduler  # noqa: F401  (the scheduler process has it imported)
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    HookRegistry.reset()
+    plugin._REGISTERED.clear()
+    plugin._RUNTIME = plugin._Runtime()
+    plugin.register()
+    HookRegistry.apply_hooks()
+    yield HookRegistry
+    for target in set(plugin._REGISTERED):
+        owner, attr = target.rsplit(".", 1)
+        obj = pkgutil.resolve_name(owner)
+        fn = obj.__dict__[attr]
+        while getattr(fn, "__code__", None) is not None and fn.__code__.co_filename.endswith("hook_registry.py"):
+            fn = fn.__wrapped__  # only HookRegistry's wrappers (torch.no_grad's stays)
+        setattr(obj, attr, fn)
+    HookRegistry.reset()
+    plugin._REGISTERED.clear()
+    plugin._RUNTIME = plugin._Runtime()
+
+
+@needs_sglang
+@pytest.mark.parametrize("algorithm", ["EAGLE", "NEXTN"])
+def test_guard_aborts_eagle3_draft_under_eagle(tmp_path, hooks, algorithm):
+    from sglang.srt.managers.scheduler import Scheduler
+
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    sched, calls = real_scheduler(t, d, algorithm)
+    assert sched.spec_algorithm.name == "EAGLE" and not sched.spec_algorithm.is_eagle3()  # NEXTN resolved
+    f = compat.startup_facts(sched)
+    assert f.capture_enabled is False and f.layers_to_capture == () and f.spec_aux_enabled is False
+    assert f.fc_in_width == 192 and f.target_hidden_size == H and f.draft_config["draft_vocab_size"] == 500
+    with pytest.raises(plugin.ServingGuardError, match="Relaunch with --speculative-algorithm EAGLE3") as e:
+        Scheduler.init_all_cuda_graphs(sched)  # SGLang's method, with the plugin's BEFORE hook applied
+    assert "64-wide final states instead of 192" in str(e.value)
+    assert calls == []  # aborted before any CUDA graph capture
+
+
+@needs_sglang
+def test_guard_passes_eagle3_and_installs_runtime_checks(tmp_path, hooks, monkeypatch, caplog):
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+    monkeypatch.setenv(plugin.ENV_ACCEPT_WINDOW, "8")
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    sched, calls = real_scheduler(t, d, "EAGLE3")
+    f = compat.startup_facts(sched)
+    assert f.layers_to_capture == (2, 4, 5)  # SGLang's Llama setter: eagle_config [1, 3, 4] + 1
+    assert f.capture_enabled and f.spec_aux_enabled and f.is_eagle3
+    Scheduler.init_all_cuda_graphs(sched)
+    assert calls == ["target graphs", "draft"]
+    assert set(plugin._REGISTERED) == {
+        compat.STARTUP_HOOK,
+        compat.DRAFT_EXTEND_PREFILL_HOOK,
+        compat.DRAFT_EXTEND_DECODE_HOOK,
+        compat.ACCEPT_HOOK,
+    }
+    assert set(plugin._REGISTERED) <= hooks._patched
+    # Draft extend for prefill with H-wide states (what EAGLE mode would feed): refused before the draft runs.
+    with pytest.raises(plugin.DraftWidthError, match="receives 64-wide states but its fc expects 192"):
+        EagleDraftWorker._draft_extend_for_prefill(None, None, torch.empty(5, 64, device="meta"), None)
+    result = SimpleNamespace(logits_output=SimpleNamespace(hidden_states=torch.empty(4, 64, device="meta")))
+    with pytest.raises(plugin.DraftWidthError, match="_draft_extend_for_decode"):
+        EagleDraftWorker._draft_extend_for_decode(None, None, result)
+    # The right width passes the check (SGLang's own code then runs, here on junk arguments).
+    with pytest.raises(Exception) as e:
+        EagleDraftWorker._draft_extend_for_prefill(None, None, torch.empty(5, 192, device="meta"), None)
+    assert not isinstance(e.value, plugin.DraftWidthError)
+    assert plugin._RUNTIME.width_checks == 3 and plugin._RUNTIME.width_errors == 2
+    # Watchdog through SGLang's EAGLEWorkerV2.on_verify_complete_cpu (no adaptive controller).
+    worker = SimpleNamespace(adaptive_controller=None)
+    with caplog.at_level(logging.WARNING, logger="eagle_io.serving"):
+        EAGLEWorkerV2.on_verify_complete_cpu(worker, [0, 0, 0, 0], batch_size=4)
+        EAGLEWorkerV2.on_verify_complete_cpu(worker, [0, 0, 0, 0], batch_size=4)
+    assert "mean accept length 1.00 over the last 8 request steps" in caplog.text
+    assert "algorithm EAGLE3" in caplog.text
+
+
+@needs_sglang
+def test_width_check_warn_mode(tmp_path, hooks, monkeypatch, caplog):
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    monkeypatch.setenv(plugin.ENV_DRAFT_WIDTH_CHECK, "warn")
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    sched, _ = real_scheduler(t, d, "EAGLE3")
+    Scheduler.init_all_cuda_graphs(sched)
+    with caplog.at_level(logging.ERROR, logger="eagle_io.serving"), pytest.raises(Exception) as e:
+        EagleDraftWorker._draft_extend_for_prefill(None, None, torch.empty(5, 64, device="meta"), None)
+    assert not isinstance(e.value, plugin.DraftWidthError)  # logged, then SGLang's code ran
+    assert "receives 64-wide states" in caplog.text
+
+
+@needs_sglang
+def test_guard_layer_ids_past_the_last_layer(tmp_path, hooks):
+    from sglang.srt.managers.scheduler import Scheduler
+
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 4, 7])  # Llama +1 -> [2, 5, 8], N = 8
+    sched, calls = real_scheduler(t, d, "EAGLE3")
+    assert compat.startup_facts(sched).layers_to_capture == (2, 5, 8)
+    with pytest.raises(plugin.ServingGuardError, match=r"ids outside 1\.\.7") as e:
+        Scheduler.init_all_cuda_graphs(sched)
+    assert "only 2 of 3 states" in str(e.value) and calls == []
+
+
+@needs_sglang
+def test_guard_switched_off(tmp_path, hooks, monkeypatch):
+    from sglang.srt.managers.scheduler import Scheduler
+
+    monkeypatch.setenv(plugin.ENV_STARTUP_GUARD, "0")
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    sched, calls = real_scheduler(t, d, "EAGLE")
+    Scheduler.init_all_cuda_graphs(sched)
+    assert calls == ["target graphs", "draft"]
+
+
+@needs_sglang
+def test_guard_kimi_k25_wrapper(tmp_path, hooks):
+    """Kimi-K2.5 (real KimiK25Config, 61 layers x 7168): capture lives on ``language_model``."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    t, d = kimi_k25(tmp_path, algo_ids=[1, 29, 57])
+    sched, calls = real_scheduler(t, d, "EAGLE3")
+    f = compat.startup_facts(sched)
+    assert (f.target_architecture, f.target_hidden_size, f.target_num_layers) == (
+        "KimiK25ForConditionalGeneration",
+        7168,
+        61,
+    )
+    assert f.capture_enabled and f.layers_to_capture == (2, 30, 58) and f.fc_in_width == 21504
+    Scheduler.init_all_cuda_graphs(sched)
+    assert calls == ["target graphs", "draft"]
+
+    sched, calls = real_scheduler(t, d, "NEXTN")
+    with pytest.raises(plugin.ServingGuardError, match="7168-wide final states instead of 21504"):
+        Scheduler.init_all_cuda_graphs(sched)
+    assert calls == []
+
+
+@needs_sglang
+def test_guard_kimi_k25_wrapper_not_delegating(tmp_path, hooks):
+    from sglang.srt.managers.scheduler import Scheduler
+
+    t, d = kimi_k25(tmp_path, algo_ids=[1, 29, 57])
+    sched, calls = real_scheduler(t, d, "EAGLE3", wrapper_delegates=False)
+    with pytest.raises(plugin.ServingGuardError, match="does not capture aux states"):
+        Scheduler.init_all_cuda_graphs(sched)
+    assert calls == []
+
+
+@needs_sglang
+def test_non_speculative_launch_is_left_alone(hooks):
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    calls: list[str] = []
+    sched = SimpleNamespace(
+        spec_algorithm=SpeculativeAlgorithm.NONE,
+        tp_worker=SimpleNamespace(init_cuda_graphs=lambda: calls.append("target graphs")),
+        draft_worker=None,
+    )
+    Scheduler.init_all_cuda_graphs(sched)
+    assert calls == ["target graphs"] and {compat.STARTUP_HOOK} == plugin._REGISTERED
+
+
+_LOAD_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import sglang.srt.managers.scheduler as sched_mod  # as in run_scheduler_process
+    import sglang.srt.plugins as plugins_mod
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    keep = {"original": sched_mod.Scheduler.init_all_cuda_graphs}  # in a dict: HookRegistry rebinds module globals
+    for env in json.loads(sys.argv[1]):  # one fresh load_plugins() per scenario
+        os.environ.update(env)
+        plugins_mod._plugins_loaded = False
+        plugins_mod.load_plugins()
+        hooks = {t: [(ht.value, getattr(h, "__module__", ""), src.plugin_name if src else None) for ht, h, src in v]
+                 for t, v in HookRegistry._hooks.items()}
+        print(json.dumps({
+            "hooks": hooks,
+            "patched": sorted(HookRegistry._patched),
+            "wrapped": sched_mod.Scheduler.init_all_cuda_graphs is not keep["original"],
+        }))
+        for k in env:
+            del os.environ[k]
+        sched_mod.Scheduler.init_all_cuda_graphs = keep["original"]
+        HookRegistry.reset()
+        import eagle_io.serving.plugin as p
+        p._REGISTERED.clear()
+    """
+)
+
+
+def _entry_point_dist(root: Path) -> Path:
+    """A TEST-ONLY distribution declaring exactly the entry point the eagle-io wheel ships, on its own path entry
+    (the development install's metadata may predate the pyproject entry)."""
+    dist = root / "eagle_io_entrypoint_test-0.0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: eagle-io-entrypoint-test\nVersion: 0.0.0\n")
+    (dist / "entry_points.txt").write_text("[sglang.srt.plugins]\neagle_io = eagle_io.serving.plugin:register\n")
+    return root
+
+
+def _installed_declares_entry_point() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(
+        ep.value == "eagle_io.serving.plugin:register" and ep.dist is not None and ep.dist.name == "eagle-io"
+        for ep in entry_points(group="sglang.srt.plugins")
+    )
+
+
+def _load_plugins(tmp_path: Path, scenarios: list[dict[str, str]]) -> list[dict]:
+    path = [str(_entry_point_dist(tmp_path / "ep"))] if not _installed_declares_entry_point() else []
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_IO_", "SGLANG_PLUGINS"))}
+    e["PYTHONPATH"] = os.pathsep.join(path + [p for p in sys.path if p])
+    cmd = [sys.executable, "-c", _LOAD_SCRIPT, json.dumps(scenarios)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return [json.loads(line) for line in r.stdout.strip().splitlines() if line.startswith("{")]
+
+
+@needs_sglang
+def test_entry_point_loads_through_load_plugins(tmp_path):
+    """SGLang's real ``load_plugins()`` in a fresh process discovers the entry point, runs ``register`` and applies
+    the startup hook to ``Scheduler.init_all_cuda_graphs``; ``EAGLE_IO_SGLANG_PLUGIN=0`` and SGLang's own
+    ``SGLANG_PLUGINS`` whitelist switch it off."""
+    default, off, other, mine = _load_plugins(
+        tmp_path,
+        [{}, {"EAGLE_IO_SGLANG_PLUGIN": "0"}, {"SGLANG_PLUGINS": "someone_else"}, {"SGLANG_PLUGINS": "eagle_io"}],
+    )
+    assert default["hooks"] == {compat.STARTUP_HOOK: [["before", "eagle_io.serving.plugin", "eagle_io"]]}
+    assert compat.STARTUP_HOOK in default["patched"] and default["wrapped"]
+    assert off["hooks"] == {} and not off["wrapped"]
+    assert other["hooks"] == {} and not other["wrapped"]
+    assert mine["hooks"] == default["hooks"] and mine["wrapped"]
+
+
+@needs_sglang
+def test_installed_wheel_declares_the_entry_point():
+    if not _installed_declares_entry_point():
+        pytest.skip(
+            'the installed eagle-io does not declare [project.entry-points."sglang.srt.plugins"] yet '
+            "(pyproject.toml; see docs/SERVING.md)"
+        )
+    from importlib.metadata import entry_points
+
+    (ep,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "eagle_io"]
+    assert ep.load() is plugin.register
