@@ -479,6 +479,74 @@ def test_entry_point_loads_through_load_plugins(tmp_path):
     assert mine["hooks"] == default["hooks"] and mine["wrapped"]
 
 
+_ENGINE_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import sglang
+
+    if __name__ == "__main__":
+        engine = sglang.Engine(
+            model_path=sys.argv[1], device="cpu", attention_backend="torch_native", disable_cuda_graph=True,
+            skip_tokenizer_init=True, max_total_tokens=2048, chunked_prefill_size=-1, disable_radix_cache=True,
+            max_running_requests=4, dtype="bfloat16", log_level="warning", mem_fraction_static=0.3,
+        )
+        try:
+            out = engine.generate(input_ids=[[5, 6, 7, 8]], sampling_params={"max_new_tokens": 2, "temperature": 0})
+        finally:
+            engine.shutdown()
+        print(json.dumps({"pid": os.getpid(), "output_ids": out[0]["output_ids"]}))
+    """
+)
+
+STAND_INS = Path(__file__).parent / "fixtures" / "serving" / "stand_ins"
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_startup_hook_runs_in_a_real_scheduler_process(tmp_path):
+    """A real CPU SGLang Engine (non-speculative: a speculative one stops at its first sgl-kernel call on CPU):
+    its spawned scheduler process loads the plugin through the entry point and runs the startup hook before
+    ``init_all_cuda_graphs``; the hook's report (``EAGLE_IO_GUARD_REPORT``) comes from that process. Uses the
+    test-only ``sgl_kernel`` stand-in of tests/fixtures/serving/stand_ins (raises if any kernel is called)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        max_position_embeddings=2048,
+    )
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "target")
+    script = tmp_path / "engine.py"
+    script.write_text(_ENGINE_SCRIPT)
+    report = tmp_path / "guard.jsonl"
+    path = [str(STAND_INS)]
+    if not _installed_declares_entry_point():
+        path.append(str(_entry_point_dist(tmp_path / "ep")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_IO_", "SGLANG_PLUGINS"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join(path + [p for p in sys.path if p]),
+        SGLANG_USE_CPU_ENGINE="1",
+        EAGLE_IO_GUARD_REPORT=str(report),
+    )
+    r = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "target")], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    engine = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(engine["output_ids"]) == 2
+    (line,) = report.read_text().splitlines()  # one scheduler process (tp 1)
+    rep = json.loads(line)
+    assert rep["pid"] != engine["pid"]  # written by the spawned scheduler process, not the engine's
+    assert rep["algorithm"] == "NONE" and rep["guarded"] is False
+    assert compat.STARTUP_HOOK in rep["patched"]
+    assert rep["sglang"] == compat.sglang_version()
+
+
 @needs_sglang
 def test_installed_wheel_declares_the_entry_point():
     if not _installed_declares_entry_point():

@@ -30,6 +30,8 @@ Environment switches (read when the plugin loads and at startup):
 ``EAGLE_IO_DRAFT_WIDTH_CHECK``  ``raise``    ``warn``: log instead of raising; ``0``: not installed.
 ``EAGLE_IO_ACCEPT_WATCHDOG``    ``1``        ``0``: not installed.
 ``EAGLE_IO_ACCEPT_WINDOW``      ``256``      request steps per watchdog window.
+``EAGLE_IO_GUARD_REPORT``       unset        a file path: each scheduler process appends one JSON line with
+                                             the startup guard's facts and verdict (for health checks).
 ==============================  ===========  ===============================================================
 
 SGLang versions: :data:`eagle_io.serving.sglang_compat.SUPPORTED_SGLANG`; every SGLang name used is in that module.
@@ -37,6 +39,7 @@ SGLang versions: :data:`eagle_io.serving.sglang_compat.SUPPORTED_SGLANG`; every 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -51,6 +54,7 @@ __all__ = [
     "ENV_ACCEPT_WATCHDOG",
     "ENV_ACCEPT_WINDOW",
     "ENV_DRAFT_WIDTH_CHECK",
+    "ENV_GUARD_REPORT",
     "ENV_PLUGIN",
     "ENV_STARTUP_GUARD",
     "AcceptanceWatchdog",
@@ -68,6 +72,7 @@ ENV_STARTUP_GUARD = "EAGLE_IO_STARTUP_GUARD"
 ENV_DRAFT_WIDTH_CHECK = "EAGLE_IO_DRAFT_WIDTH_CHECK"
 ENV_ACCEPT_WATCHDOG = "EAGLE_IO_ACCEPT_WATCHDOG"
 ENV_ACCEPT_WINDOW = "EAGLE_IO_ACCEPT_WINDOW"
+ENV_GUARD_REPORT = "EAGLE_IO_GUARD_REPORT"
 
 _OFF = {"0", "false", "no", "off"}
 
@@ -308,17 +313,46 @@ def install_runtime_hooks(facts: compat.StartupFacts, *, eagle3_draft: bool) -> 
     return sorted(_REGISTERED - before)
 
 
+def _report(entry: dict[str, Any]) -> None:
+    path = os.environ.get(ENV_GUARD_REPORT)
+    if not path:
+        return
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        patched = sorted(HookRegistry._patched)
+    except (ImportError, AttributeError):
+        patched = []
+    entry = {"pid": os.getpid(), "sglang": compat.sglang_version(), "patched": patched, **entry}
+    try:
+        with open(path, "a", encoding="utf-8") as f:  # one short line: appends from several processes stay whole
+            f.write(json.dumps(entry, default=str) + "\n")
+    except OSError as e:
+        logger.warning("eagle-io: cannot write %s=%s: %s", ENV_GUARD_REPORT, path, e)
+
+
 def _startup_guard(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE hook on ``Scheduler.init_all_cuda_graphs``."""
     algo = getattr(scheduler, "spec_algorithm", None)
     if algo is None or not algo.is_eagle():
-        return None  # not speculative (or not EAGLE-family): nothing to guard
+        # Not speculative (or not EAGLE-family): nothing to guard.
+        _report({"algorithm": str(getattr(algo, "name", algo)), "guarded": False})
+        return None
     facts = compat.startup_facts(scheduler)
     signals = draft_is_eagle3(facts) if facts.draft_present else []
+    entry: dict[str, Any] = {
+        "algorithm": facts.algorithm,
+        "guarded": _enabled(ENV_STARTUP_GUARD),
+        "eagle3_draft": signals,
+        "layers_to_capture": list(facts.layers_to_capture),
+        "target_hidden_size": facts.target_hidden_size,
+        "fc_in_width": facts.fc_in_width,
+    }
     if _enabled(ENV_STARTUP_GUARD):
         verdict = startup_decision(facts)
         if verdict is not None:
             logger.error(verdict)
+            _report({**entry, "verdict": verdict})
             raise ServingGuardError(verdict)
         if signals:
             logger.info(
@@ -330,6 +364,7 @@ def _startup_guard(scheduler: Any, *args: Any, **kwargs: Any) -> None:
             )
     if facts.draft_present:
         install_runtime_hooks(facts, eagle3_draft=bool(signals))
+    _report({**entry, "verdict": None})
     return None
 
 
