@@ -1,0 +1,350 @@
+"""``ShardDataset``: a map-style ``torch.utils.data.Dataset`` over one or several eagle-io datasets."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from ..reader import Dataset, SampleInfo
+
+#: Metadata keys (docs/FORMAT.md, section 2.1) that must be equal in every dataset a ``ShardDataset`` mixes.
+#: A key absent from one dataset and present in another counts as a difference.
+COMPATIBILITY_KEYS = (
+    "target_model",
+    "num_layers",
+    "hidden_size",
+    "vocab_size",
+    "aux_layer_ids",
+    "aux_layer_convention",
+    "hidden_states_post_norm",
+    "dtype",
+    "tokenizer",
+)
+
+#: The schema tensors an item needs (the EAGLE-3 schema of :func:`eagle_io.eagle3_schema`).
+REQUIRED_TENSORS = ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states")
+
+_ABSENT = "<absent>"
+
+#: ``filter(info, metadata) -> bool``: keep the sample when True.
+SampleFilter = Callable[[SampleInfo, Mapping[str, Any]], bool]
+
+
+def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The manifest paths behind ``paths``: a manifest file stays as is; a directory holding ``manifest.json`` stays
+    as is (the reader opens its ``manifest.json``); a directory without ``manifest.json`` but with per-rank manifests
+    (``manifest.r00000.json``, ...) becomes those manifests in rank order.
+
+    Raises:
+        InvalidArgumentError: no path given, or the same manifest listed twice.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out: list[str] = []
+    for p in map(os.fspath, paths):
+        if os.path.isdir(p) and not os.path.exists(os.path.join(p, "manifest.json")):
+            per_rank = sorted(glob.glob(os.path.join(glob.escape(p), "manifest.r[0-9]*.json")))
+            if per_rank:
+                out.extend(per_rank)
+                continue
+        out.append(p)
+    if not out:
+        raise InvalidArgumentError("ShardDataset needs at least one dataset path")
+    seen: dict[str, str] = {}
+    for p in out:
+        real = os.path.realpath(os.path.join(p, "manifest.json") if os.path.isdir(p) else p)
+        if real in seen:
+            raise InvalidArgumentError(f"manifest {real} is listed twice (as {seen[real]!r} and {p!r})")
+        seen[real] = p
+    return out
+
+
+def _check_schema_and_widths(ds: Dataset) -> None:
+    """The dataset holds the EAGLE-3 tensors, and its metadata agrees with its own schema widths and dtype."""
+    specs = {s.name: s for s in ds.schema}
+    for name in REQUIRED_TENSORS:
+        if name not in specs:
+            raise IncompatibleDatasetError(
+                f"{ds.manifest_path}: schema has no tensor {name!r} (has {sorted(specs)}); "
+                f"ShardDataset needs {list(REQUIRED_TENSORS)}"
+            )
+    meta = ds.metadata
+    hidden, aux = specs["hidden_states"], specs["aux_hidden_states"]
+    if "hidden_size" in meta and hidden.width != meta["hidden_size"]:
+        raise IncompatibleDatasetError(
+            f"{ds.manifest_path}: metadata hidden_size={meta['hidden_size']} but the schema's hidden_states "
+            f"width is {hidden.width}"
+        )
+    if "hidden_size" in meta and "aux_layer_ids" in meta:
+        want = len(meta["aux_layer_ids"]) * meta["hidden_size"]
+        if aux.width != want:
+            raise IncompatibleDatasetError(
+                f"{ds.manifest_path}: metadata aux_layer_ids={meta['aux_layer_ids']} x hidden_size="
+                f"{meta['hidden_size']} = {want} but the schema's aux_hidden_states width is {aux.width}"
+            )
+    if "dtype" in meta and meta["dtype"] not in (hidden.dtype, aux.dtype):
+        raise IncompatibleDatasetError(
+            f"{ds.manifest_path}: metadata dtype={meta['dtype']!r} but the schema stores "
+            f"hidden_states as {hidden.dtype} and aux_hidden_states as {aux.dtype}"
+        )
+
+
+def _check_compatible(first: Dataset, other: Dataset) -> None:
+    for key in COMPATIBILITY_KEYS:
+        a, b = first.metadata.get(key, _ABSENT), other.metadata.get(key, _ABSENT)
+        if a != b:
+            raise IncompatibleDatasetError(
+                f"metadata {key!r} differs: {first.manifest_path} has {a!r}, {other.manifest_path} has {b!r}"
+            )
+    if first.schema != other.schema:
+        specs_a, specs_b = {s.name: s for s in first.schema}, {s.name: s for s in other.schema}
+        for name in sorted(set(specs_a) | set(specs_b)):
+            a, b = specs_a.get(name), specs_b.get(name)
+            if a != b:
+                desc = lambda s: _ABSENT if s is None else f"{s.dtype} width {s.width}"  # noqa: E731
+                raise IncompatibleDatasetError(
+                    f"schema tensor {name!r} differs: {first.manifest_path} has {desc(a)}, "
+                    f"{other.manifest_path} has {desc(b)}"
+                )
+        raise IncompatibleDatasetError(
+            f"schema tensor order differs: {first.manifest_path} has {[s.name for s in first.schema]}, "
+            f"{other.manifest_path} has {[s.name for s in other.schema]}"
+        )
+
+
+class ShardDataset(torch.utils.data.Dataset):
+    """A map-style dataset over one or several eagle-io datasets, built from their manifests and shard indexes
+    alone: opening reads no payload (a corrupt record is only found when that item is read).
+
+    Item ``i`` (a dict of CPU tensors; ``L`` = the sample's token count, after ``max_length`` truncation):
+
+    - ``input_ids`` ``[L]`` int64
+    - ``loss_mask`` ``[L]`` int64 (stored as uint8; 1 = an assistant token the draft is trained on)
+    - ``aux_hidden_states`` ``[L, k*H]`` (stored dtype, usually bfloat16): residual stream at the inputs of the
+      ``k`` aux layers (``metadata["aux_layer_ids"]``, convention in ``metadata["aux_layer_convention"]``)
+    - ``hidden_states`` ``[L, H]`` (stored dtype): the target's final post-norm hidden state
+    - any further schema tensor, truncated the same way
+    - ``sample_id`` (int, the writer's id) and ``dataset_index`` (int, index into :attr:`paths`)
+
+    Items number the samples of ``paths[0]`` in position order, then ``paths[1]``..., skipping filtered ones.
+    Every read is checksummed (``CorruptRecordError`` on a bad record). No target shift is applied here: see
+    :func:`eagle_io.feed.shift_targets`. Through a ``DataLoader`` with :class:`eagle_io.feed.PaddingCollator` or
+    :class:`eagle_io.feed.PackingCollator`, a batch's samples are decoded straight into the batch tensors
+    (``__getitems__``; in workers, into shared memory), so no per-item tensor is built or copied.
+
+    Args:
+        paths: a dataset (a directory with ``manifest.json``, a manifest file, or a directory of per-rank
+            manifests ``manifest.r*.json``, all of which are taken) or a sequence of them.
+        max_length: keep the first ``max_length`` tokens of every tensor of a longer sample (aligned truncation;
+            the stored sample is still decoded whole). None keeps everything.
+        filter: ``filter(info, metadata) -> bool`` called once per stored sample at construction with its
+            :class:`eagle_io.SampleInfo` (``sample_id``, stored ``n_tokens`` before truncation, ``key``) and its
+            dataset's metadata dict; samples for which it returns False are left out. Select whole datasets with a
+            predicate on ``metadata`` alone. Costs about 1 us per sample; not pickled (the kept positions are).
+        threads: decode threads per read in each process (DataLoader workers each have their own).
+
+    Raises:
+        IncompatibleDatasetError: two datasets whose metadata differ on a key of :data:`COMPATIBILITY_KEYS` or
+            whose schemas differ (the message names the key or tensor and both values); a dataset lacking one of
+            :data:`REQUIRED_TENSORS` or whose metadata contradicts its schema widths or dtype; a sample id present
+            in two datasets (the message names the id and both manifests).
+        InvalidArgumentError: no paths, the same manifest twice, or ``max_length < 1``.
+        CorruptRecordError, FormatVersionError, StorageError: from opening a manifest or shard index.
+
+    Pickles as its paths, options and kept positions (spawn-safe; the filter is not re-run); fork-safe.
+    """
+
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        max_length: int | None = None,
+        filter: SampleFilter | None = None,
+        threads: int = 1,
+    ) -> None:
+        if max_length is not None and max_length < 1:
+            raise InvalidArgumentError(f"max_length must be >= 1 or None, got {max_length}")
+        self.paths = expand_paths(paths)
+        self.max_length = max_length
+        self.threads = threads
+        self.datasets = [Dataset(p, threads=threads) for p in self.paths]
+        for ds in self.datasets:
+            _check_schema_and_widths(ds)
+        for ds in self.datasets[1:]:
+            _check_compatible(self.datasets[0], ds)
+
+        owners, positions, lengths, ids = [], [], [], []
+        for d, ds in enumerate(self.datasets):
+            n = len(ds)
+            if filter is None:
+                pos = np.arange(n, dtype=np.int64)
+                lens = np.asarray(ds.lengths(), dtype=np.int64).reshape(n)
+                sid = None
+            else:
+                infos = [ds.entry(p) for p in range(n)]
+                keep = [p for p, info in enumerate(infos) if filter(info, ds.metadata)]
+                pos = np.asarray(keep, dtype=np.int64)
+                lens = np.asarray([infos[p].n_tokens for p in keep], dtype=np.int64)
+                sid = np.asarray([infos[p].sample_id for p in keep], dtype=np.uint64)
+            owners.append(np.full(len(pos), d, dtype=np.int32))
+            positions.append(pos)
+            lengths.append(lens)
+            ids.append(sid)
+        self._owner = np.concatenate(owners)
+        self._pos = np.concatenate(positions)
+        self._stored_lengths = np.concatenate(lengths)
+        if len(self.datasets) > 1:
+            self._check_unique_ids(ids)
+
+    def _check_unique_ids(self, ids: list[np.ndarray | None]) -> None:
+        for d, ds in enumerate(self.datasets):
+            if ids[d] is None:
+                ids[d] = np.fromiter((ds.entry(p).sample_id for p in range(len(ds))), np.uint64, len(ds))
+        all_ids = np.concatenate(ids)
+        order = np.argsort(all_ids, kind="stable")
+        dup = np.flatnonzero(all_ids[order][1:] == all_ids[order][:-1])
+        if len(dup):
+            a, b = int(order[dup[0]]), int(order[dup[0] + 1])
+            da, db = int(self._owner[a]), int(self._owner[b])
+            raise IncompatibleDatasetError(
+                f"sample id {int(all_ids[a])} is in {self.datasets[da].manifest_path} (position {int(self._pos[a])}) "
+                f"and in {self.datasets[db].manifest_path} (position {int(self._pos[b])}); sample ids must be "
+                f"unique across the datasets mixed"
+            )
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The first dataset's metadata (all datasets agree on :data:`COMPATIBILITY_KEYS`)."""
+        return self.datasets[0].metadata
+
+    @property
+    def schema(self):
+        """The schema (a list of :class:`eagle_io.TensorSpec`), the same for every dataset."""
+        return self.datasets[0].schema
+
+    def __len__(self) -> int:
+        return len(self._pos)
+
+    def lengths(self) -> list[int]:
+        """Token counts ``L`` of the items in order, after ``max_length`` truncation (from the shard indexes; no
+        payload read). Feed them to :class:`eagle_io.feed.LengthGroupedBatchSampler`."""
+        lens = self._stored_lengths
+        if self.max_length is not None:
+            lens = np.minimum(lens, self.max_length)
+        return lens.tolist()
+
+    def _index(self, i: int) -> int:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"item {i} out of range for a ShardDataset of {n} items")
+        return i % n
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """``(dataset_index, position)`` of item ``i`` in :attr:`datasets`. Raises IndexError when out of range."""
+        i = self._index(i)
+        return int(self._owner[i]), int(self._pos[i])
+
+    def entry(self, i: int) -> SampleInfo:
+        """The index entry of item ``i`` (``n_tokens`` as stored, before truncation)."""
+        d, p = self.locate(i)
+        return self.datasets[d].entry(p)
+
+    def length(self, i: int) -> int:
+        """Token count ``L`` of item ``i`` after ``max_length`` truncation (from the index)."""
+        n = int(self._stored_lengths[self._index(i)])
+        return n if self.max_length is None else min(n, self.max_length)
+
+    def read_into(self, i: int, out: Mapping[str, torch.Tensor]) -> tuple[int, int]:
+        """Decodes item ``i`` into caller tensors, e.g. rows of a batch: ``out`` maps some of the schema tensor
+        names to contiguous CPU tensors of shape ``[L]`` / ``[L, width]`` with ``L = self.length(i)``. A tensor of
+        the stored dtype receives the decode directly; one of another dtype (e.g. ``loss_mask`` as int64), a
+        truncated sample and tensors left out of ``out`` go through a temporary. Returns
+        ``(sample_id, dataset_index)``.
+
+        Raises:
+            InvalidArgumentError: a tensor of the wrong shape; CorruptRecordError: a bad record.
+        """
+        d, p = self.locate(i)
+        ds = self.datasets[d]
+        info = ds.entry(p)
+        n, m = info.n_tokens, self.length(i)
+        direct, copies = {}, []
+        for spec in ds.schema:
+            shape = (n,) if spec.width is None else (n, spec.width)
+            dst = out.get(spec.name)
+            if dst is not None and tuple(dst.shape) != (m, *shape[1:]):
+                raise InvalidArgumentError(
+                    f"read_into item {i}: {spec.name!r} has shape {list(dst.shape)}, expected {[m, *shape[1:]]}"
+                )
+            if dst is not None and m == n and dst.dtype == getattr(torch, spec.dtype) and dst.is_contiguous():
+                direct[spec.name] = dst
+            else:
+                direct[spec.name] = torch.empty(shape, dtype=getattr(torch, spec.dtype))
+                if dst is not None:
+                    copies.append((dst, direct[spec.name]))
+        ds.read_into(p, direct)
+        for dst, tmp in copies:
+            dst.copy_(tmp[:m])
+        return info.sample_id, d
+
+    def __getitems__(self, indices: Sequence[int]) -> LazyItems:
+        """The items at ``indices``, decoded on first access; the DataLoader calls this for a batch and hands
+        the result to ``collate_fn``. eagle-io's collators decode the samples straight into the batch tensors
+        (no per-item tensors, no extra copy); any other ``collate_fn`` sees an ordinary sequence of items."""
+        return LazyItems(self, list(indices))
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        d, p = self.locate(int(i))
+        sample = self.datasets[d].read(p)
+        sample_id = sample.pop("sample_id")
+        m = self.max_length
+        if m is not None and sample["input_ids"].shape[0] > m:
+            sample = {k: v[:m] for k, v in sample.items()}
+        sample["loss_mask"] = sample["loss_mask"].to(torch.int64)
+        sample["sample_id"] = sample_id
+        sample["dataset_index"] = d
+        return sample
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "paths": self.paths,
+            "max_length": self.max_length,
+            "threads": self.threads,
+            "owner": self._owner,
+            "pos": self._pos,
+            "stored_lengths": self._stored_lengths,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.paths, self.max_length, self.threads = state["paths"], state["max_length"], state["threads"]
+        self.datasets = [Dataset(p, threads=self.threads) for p in self.paths]
+        self._owner, self._pos, self._stored_lengths = state["owner"], state["pos"], state["stored_lengths"]
+
+    def __repr__(self) -> str:
+        return f"ShardDataset({len(self)} items from {len(self.paths)} dataset(s), max_length={self.max_length})"
+
+
+class LazyItems(Sequence):
+    """Items of a :class:`ShardDataset` at given indices, decoded (once each) when accessed; what
+    ``ShardDataset.__getitems__`` returns. Collators with ``collate_from`` read them straight into batches."""
+
+    def __init__(self, dataset: ShardDataset, indices: list[int]) -> None:
+        self.dataset, self.indices = dataset, indices
+        self._items: dict[int, dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return [self[j] for j in range(*k.indices(len(self)))]
+        k = range(len(self))[k]
+        if k not in self._items:
+            self._items[k] = self.dataset[self.indices[k]]
+        return self._items[k]
