@@ -24,11 +24,7 @@ pub enum Error {
     },
     /// A file written by a format version this build cannot read.
     #[error("{path}: format version {found} is not supported (this eagle-io reads versions up to {supported})")]
-    FormatVersion {
-        path: PathBuf,
-        found: u32,
-        supported: u32,
-    },
+    FormatVersion { path: PathBuf, found: u32, supported: u32 },
     /// A sample that does not match the dataset schema (dtype, width, length, contiguity).
     #[error("sample {sample_id}: {message}")]
     Schema { sample_id: u64, message: String },
@@ -57,6 +53,44 @@ fn sample_note(sample_id: &Option<u64>) -> String {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// An equal error for another receiver (`std::io::Error` is not `Clone`; its kind, OS
+    /// error code and message are kept).
+    pub fn duplicate(&self) -> Error {
+        match self {
+            Error::Io { path, source } => Error::Io {
+                path: path.clone(),
+                source: match source.raw_os_error() {
+                    Some(code) => std::io::Error::from_raw_os_error(code),
+                    None => std::io::Error::new(source.kind(), source.to_string()),
+                },
+            },
+            Error::Corrupt {
+                path,
+                sample_id,
+                offset,
+                what,
+            } => Error::Corrupt {
+                path: path.clone(),
+                sample_id: *sample_id,
+                offset: *offset,
+                what: what.clone(),
+            },
+            Error::FormatVersion { path, found, supported } => Error::FormatVersion {
+                path: path.clone(),
+                found: *found,
+                supported: *supported,
+            },
+            Error::Schema { sample_id, message } => Error::Schema {
+                sample_id: *sample_id,
+                message: message.clone(),
+            },
+            Error::Incompatible(m) => Error::Incompatible(m.clone()),
+            Error::NotFound(m) => Error::NotFound(m.clone()),
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::Timeout(m) => Error::Timeout(m.clone()),
+        }
+    }
+
     /// Wraps an I/O error with the path it happened on.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
@@ -66,12 +100,7 @@ impl Error {
     }
 
     /// A corrupt-bytes error at `offset` in `path`.
-    pub fn corrupt(
-        path: impl Into<PathBuf>,
-        sample_id: Option<u64>,
-        offset: u64,
-        what: impl Into<String>,
-    ) -> Self {
+    pub fn corrupt(path: impl Into<PathBuf>, sample_id: Option<u64>, offset: u64, what: impl Into<String>) -> Self {
         Error::Corrupt {
             path: path.into(),
             sample_id,

@@ -10,10 +10,7 @@ use crate::error::{Error, Result};
 /// The temporary name a file is written under before its atomic rename: `.NAME.tmp` in
 /// the same directory (same filesystem, so the rename is atomic).
 pub fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy())
-        .unwrap_or_default();
+    let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
     path.with_file_name(format!(".{name}.tmp"))
 }
 

@@ -21,11 +21,7 @@ pub fn default_threads() -> usize {
 
 /// Builds a pool of `threads` workers (0 = one per CPU) named `eagle-io-{role}-N`.
 pub fn build(threads: usize, role: &str) -> ThreadPool {
-    let threads = if threads == 0 {
-        default_threads()
-    } else {
-        threads
-    };
+    let threads = if threads == 0 { default_threads() } else { threads };
     let role = role.to_owned();
     ThreadPoolBuilder::new()
         .num_threads(threads)

@@ -51,9 +51,7 @@ impl Schema {
         }
         for (i, t) in self.tensors.iter().enumerate() {
             if t.name.is_empty() {
-                return Err(Error::InvalidArgument(format!(
-                    "schema tensor {i} has an empty name"
-                )));
+                return Err(Error::InvalidArgument(format!("schema tensor {i} has an empty name")));
             }
             if self.tensors[..i].iter().any(|u| u.name == t.name) {
                 return Err(Error::InvalidArgument(format!(

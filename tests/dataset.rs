@@ -81,17 +81,10 @@ fn check_all(root: &Path, ids: &[(u64, u64)]) {
     for &(id, n) in ids {
         let pos = ds.position(id).expect("sample present");
         let e = ds.entry(pos).unwrap();
-        assert_eq!(
-            (e.sample_id, e.n_tokens, e.key),
-            (id, n, format!("conv-{id}").as_str())
-        );
+        assert_eq!((e.sample_id, e.n_tokens, e.key), (id, n, format!("conv-{id}").as_str()));
         let got = ds.read(pos).unwrap();
         for (t, buf) in got.iter().enumerate() {
-            assert_eq!(
-                buf,
-                &tensor_bytes(ds.schema(), id, t, n),
-                "sample {id} tensor {t}"
-            );
+            assert_eq!(buf, &tensor_bytes(ds.schema(), id, t, n), "sample {id} tensor {t}");
         }
     }
     assert!(Dataset::verify(root, 2).unwrap().is_empty());
@@ -99,10 +92,7 @@ fn check_all(root: &Path, ids: &[(u64, u64)]) {
 
 /// A writer on `root` with the EAGLE-3 schema (hidden 64) and metadata `{"m": m}`.
 fn writer_64(root: &Path, m: u64, resume: bool) -> eagle_io::Result<DatasetWriter> {
-    let opts = WriterOptions {
-        resume,
-        ..small_opts()
-    };
+    let opts = WriterOptions { resume, ..small_opts() };
     DatasetWriter::create(root, eagle3_schema(64), serde_json::json!({ "m": m }), opts)
 }
 
@@ -125,9 +115,7 @@ fn roundtrip_with_rotation_empty_and_one_token_samples() {
         small_opts(),
     )
     .unwrap();
-    let ids: Vec<(u64, u64)> = (0..40)
-        .map(|i| (1000 + i, [0, 1, 7, 300][i as usize % 4]))
-        .collect();
+    let ids: Vec<(u64, u64)> = (0..40).map(|i| (1000 + i, [0, 1, 7, 300][i as usize % 4])).collect();
     write_samples(&mut w, &ids[..20]);
     write_samples(&mut w, &ids[20..]);
     let m = w.close().unwrap();
@@ -136,10 +124,7 @@ fn roundtrip_with_rotation_empty_and_one_token_samples() {
     assert!(m.shards.len() > 1, "shards rotate at shard_bytes");
     assert_eq!(m.shards.iter().map(|s| s.samples).sum::<u64>(), 40);
     assert_eq!(stats.samples, 40);
-    assert!(
-        stats.stored_bytes < stats.raw_bytes,
-        "compresses: {stats:?}"
-    );
+    assert!(stats.stored_bytes < stats.raw_bytes, "compresses: {stats:?}");
     check_all(dir.path(), &ids);
 }
 
@@ -147,13 +132,7 @@ fn roundtrip_with_rotation_empty_and_one_token_samples() {
 fn invalid_samples_are_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let schema = eagle3_schema(8);
-    let mut w = DatasetWriter::create(
-        dir.path(),
-        schema.clone(),
-        serde_json::json!({}),
-        small_opts(),
-    )
-    .unwrap();
+    let mut w = DatasetWriter::create(dir.path(), schema.clone(), serde_json::json!({}), small_opts()).unwrap();
     let good: Vec<Vec<u8>> = (0..4).map(|t| tensor_bytes(&schema, 1, t, 5)).collect();
     let mut short = good.clone();
     let cut = short[2].len() - 2;
@@ -183,13 +162,7 @@ fn invalid_samples_are_refused_before_anything_is_written() {
 #[test]
 fn a_second_writer_on_the_same_manifest_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let _w = DatasetWriter::create(
-        dir.path(),
-        eagle3_schema(8),
-        serde_json::json!({}),
-        small_opts(),
-    )
-    .unwrap();
+    let _w = DatasetWriter::create(dir.path(), eagle3_schema(8), serde_json::json!({}), small_opts()).unwrap();
     let again = DatasetWriter::create(
         dir.path(),
         eagle3_schema(8),
@@ -205,13 +178,7 @@ fn a_second_writer_on_the_same_manifest_is_refused() {
         manifest_name: "manifest.r00001.json".into(),
         ..small_opts()
     };
-    DatasetWriter::create(
-        dir.path(),
-        eagle3_schema(8),
-        serde_json::json!({}),
-        other_rank,
-    )
-    .unwrap();
+    DatasetWriter::create(dir.path(), eagle3_schema(8), serde_json::json!({}), other_rank).unwrap();
 }
 
 #[test]
@@ -303,8 +270,7 @@ fn flipped_bytes_are_detected_with_file_sample_and_offset() {
 fn newer_format_versions_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let mut w =
-        DatasetWriter::create(root, eagle3_schema(8), serde_json::json!({}), small_opts()).unwrap();
+    let mut w = DatasetWriter::create(root, eagle3_schema(8), serde_json::json!({}), small_opts()).unwrap();
     write_samples(&mut w, &[(1, 3)]);
     w.close().unwrap();
     let shard = root.join("shards/r00000-000000.eio");
@@ -345,15 +311,10 @@ proptest! {
 fn manifest_shard_paths_cannot_escape_the_dataset() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("ds");
-    let mut w = DatasetWriter::create(&root, eagle3_schema(8), serde_json::json!({}), small_opts())
-        .unwrap();
+    let mut w = DatasetWriter::create(&root, eagle3_schema(8), serde_json::json!({}), small_opts()).unwrap();
     write_samples(&mut w, &[(1, 3)]);
     w.close().unwrap();
-    std::fs::copy(
-        root.join("shards/r00000-000000.eio"),
-        dir.path().join("outside.eio"),
-    )
-    .unwrap();
+    std::fs::copy(root.join("shards/r00000-000000.eio"), dir.path().join("outside.eio")).unwrap();
     let m = std::fs::read_to_string(root.join("manifest.json"))
         .unwrap()
         .replace("shards/r00000-000000.eio", "../outside.eio");

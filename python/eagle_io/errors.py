@@ -42,6 +42,13 @@ class SchemaError(EagleIOError, ValueError):
 
     sample_id: int
 
+    @classmethod
+    def for_sample(cls, sample_id: int, problem: str) -> SchemaError:
+        """``SchemaError("sample {sample_id}: {problem}")`` with ``sample_id`` set."""
+        err = cls(f"sample {sample_id}: {problem}")
+        err.sample_id = sample_id
+        return err
+
 
 class IncompatibleDatasetError(EagleIOError, ValueError):
     """Datasets or a resumed run whose schema or metadata disagree; the message names the difference."""

@@ -22,11 +22,6 @@ from .errors import SchemaError
 from .writer import ShardWriter
 
 
-def _schema_error(sample_id: int, message: str) -> SchemaError:
-    err = SchemaError(f"sample {sample_id}: {message}")
-    err.sample_id = sample_id
-    return err
-
 
 class RingSink:
     """Takes ownership of ``writer`` and feeds it from a ring of ``ring_bytes`` host memory.
@@ -96,7 +91,7 @@ class RingSink:
         for spec, t in zip(self.schema, ts, strict=True):
             want = (n,) if spec.width is None else (n, spec.width)
             if str(t.dtype).removeprefix("torch.") != spec.dtype or tuple(t.shape) != want:
-                raise _schema_error(
+                raise SchemaError.for_sample(
                     sample_id,
                     f"tensor {spec.name!r} is {t.dtype} {tuple(t.shape)}; the schema needs {spec.dtype} {want}",
                 )

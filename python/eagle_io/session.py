@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, SchemaError
 from .metadata import eagle3_metadata
 from .ring import RingSink
 from .schema import eagle3_schema
 from .targets.hf import HFCapture
 from .writer import ShardWriter
+
 
 
 class NonFiniteStatesError(InvalidArgumentError):
@@ -68,6 +69,8 @@ class CaptureSession:
         self.done = set(writer.sample_ids())
         self._sink = RingSink(writer, **ring_options)
         self._nonfinite = nonfinite
+        self._max_length = max_length
+        self._vocab_size = int(target_info["vocab_size"])
         self._device = next(target.parameters()).device
         self.counts = dict.fromkeys(("submitted", "written", "already_done", "dropped", "nonfinite_skipped"), 0)
         self.forward_seconds = self.store_seconds = 0.0
@@ -82,10 +85,14 @@ class CaptureSession:
         Samples already in the dataset are skipped and counted (``already_done``).
 
         Raises:
+            SchemaError: a sample with 0 tokens, more than ``max_length``, a loss mask of another length,
+                or token ids outside the target's vocabulary (checked before the forward).
             NonFiniteStatesError: NaN/Inf states under ``nonfinite="raise"`` (names sample and row).
             RingTimeoutError: the writers could not keep up for the ring's timeout.
         """
         self.counts["submitted"] += len(samples)
+        for s in samples:
+            self._check_sample(s)
         todo = [s for s in samples if s.index not in self.done]
         self.counts["already_done"] += len(samples) - len(todo)
         if not todo:
@@ -119,6 +126,22 @@ class CaptureSession:
             else:
                 self.counts["dropped"] += 1
         self.store_seconds += time.perf_counter() - t1
+
+    def _check_sample(self, s: Any) -> None:
+        """Refuses, before any forward, a sample this run cannot store as declared."""
+        n = len(s.input_ids)
+        problem = None
+        if n == 0:
+            problem = "it has 0 tokens"
+        elif self._max_length is not None and n > self._max_length:
+            problem = f"it has {n} tokens, more than this run's max_length {self._max_length}"
+        elif len(s.loss_mask) != n:
+            problem = f"its loss_mask has {len(s.loss_mask)} tokens for {n} input_ids"
+        elif int(s.input_ids.min()) < 0 or int(s.input_ids.max()) >= self._vocab_size:
+            bad = int(s.input_ids.max()) if int(s.input_ids.max()) >= self._vocab_size else int(s.input_ids.min())
+            problem = f"it holds token id {bad}, outside the target's vocab of {self._vocab_size}"
+        if problem:
+            raise SchemaError.for_sample(s.index, f"{problem}; nothing of it was written")
 
     def _check_finite(self, sample_id: int, aux: torch.Tensor, hidden: torch.Tensor) -> bool:
         bad = ~(torch.isfinite(aux).all(dim=-1) & torch.isfinite(hidden).all(dim=-1))

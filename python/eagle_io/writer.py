@@ -13,11 +13,6 @@ from .errors import SchemaError
 from .schema import TensorSpec, to_json
 
 
-def _schema_error(sample_id: int, message: str) -> SchemaError:
-    err = SchemaError(f"sample {sample_id}: {message}")
-    err.sample_id = sample_id
-    return err
-
 
 class ShardWriter:
     """Writes samples into a dataset directory: ``root/shards/*.eio`` and ``root/<manifest_name>``.
@@ -85,14 +80,16 @@ class ShardWriter:
         self.manifest_path = os.path.join(self.root, manifest_name)
 
     def _convert(self, sample_id: int, tensors: Mapping[str, Any], key: str) -> tuple:
+        if not isinstance(sample_id, int) or not 0 <= sample_id < 2**64:
+            raise SchemaError.for_sample(sample_id, "sample ids are integers in [0, 2**64)")
         names = [s.name for s in self.schema]
         if set(tensors) != set(names):
             missing, extra = sorted(set(names) - set(tensors)), sorted(set(tensors) - set(names))
-            raise _schema_error(sample_id, f"tensors do not match the schema (missing {missing}, unexpected {extra})")
+            raise SchemaError.for_sample(sample_id, f"tensors do not match the schema (missing {missing}, unexpected {extra})")
         try:
             return (sample_id, key, [as_native(n, tensors[n]) for n in names])
         except (ValueError, TypeError) as e:
-            raise _schema_error(sample_id, str(e)) from e
+            raise SchemaError.for_sample(sample_id, str(e)) from e
 
     def write(self, sample_id: int, tensors: Mapping[str, Any], key: str = "") -> None:
         """Writes one sample. ``sample_id`` is the caller's unique id (e.g. the source record

@@ -117,9 +117,7 @@ impl ChunkDesc {
         };
         let n = d.planes as usize;
         let ok = match d.codec {
-            CODEC_RAW | CODEC_ZSTD => {
-                n == 1 && d.plane_zstd == 0 && d.layout == 0 && d.stored[1..] == [0, 0, 0]
-            }
+            CODEC_RAW | CODEC_ZSTD => n == 1 && d.plane_zstd == 0 && d.layout == 0 && d.stored[1..] == [0, 0, 0],
             CODEC_PLANES => {
                 (n == 2 || n == 4)
                     && (d.plane_zstd as usize) < (1 << n)
@@ -239,10 +237,7 @@ pub fn decode_chunk(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<
 fn decode_planes(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(), String> {
     let n = desc.planes as usize;
     if out.len() % n != 0 {
-        return Err(format!(
-            "{} decoded bytes do not split into {n} planes",
-            out.len()
-        ));
+        return Err(format!("{} decoded bytes do not split into {n} planes", out.len()));
     }
     let plane_len = out.len() / n;
     let rows = desc.rows as usize;
@@ -253,43 +248,36 @@ fn decode_planes(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(),
         };
     }
     if plane_len % rows != 0 {
-        return Err(format!(
-            "{plane_len}-byte planes do not hold {rows} whole rows"
-        ));
+        return Err(format!("{plane_len}-byte planes do not hold {rows} whole rows"));
     }
     // Each plane is written straight into its bytes of `out`.
     let cols = plane_len / rows;
     let modelled = desc.layout == LAYOUT_MODE_DELTA;
-    with_work(
-        plane_len + if modelled { cols } else { 0 },
-        0,
-        |scratch, _| {
-            let mut offset = 0usize;
-            for p in 0..n {
-                let stored = &payload[offset..offset + desc.stored[p] as usize];
-                offset += stored.len();
-                if desc.plane_zstd & (1 << p) == 0 {
-                    if stored.len() != plane_len {
-                        return Err(format!(
-                            "raw plane {p} holds {} bytes, expected {plane_len}",
-                            stored.len()
-                        ));
-                    }
-                    planes::scatter_row_major(stored, n, p, out);
-                    continue;
+    with_work(plane_len + if modelled { cols } else { 0 }, 0, |scratch, _| {
+        let mut offset = 0usize;
+        for p in 0..n {
+            let stored = &payload[offset..offset + desc.stored[p] as usize];
+            offset += stored.len();
+            if desc.plane_zstd & (1 << p) == 0 {
+                if stored.len() != plane_len {
+                    return Err(format!(
+                        "raw plane {p} holds {} bytes, expected {plane_len}",
+                        stored.len()
+                    ));
                 }
-                zstd_ctx::decompress_exact(stored, scratch)
-                    .map_err(|e| format!("plane {p}: {e}"))?;
-                if modelled {
-                    let (modes, deltas) = scratch.split_at(cols);
-                    mode_delta::scatter_add(deltas, modes, n, p, out);
-                } else {
-                    planes::scatter_row_major(scratch, n, p, out);
-                }
+                planes::scatter_row_major(stored, n, p, out);
+                continue;
             }
-            Ok(())
-        },
-    )
+            zstd_ctx::decompress_exact(stored, scratch).map_err(|e| format!("plane {p}: {e}"))?;
+            if modelled {
+                let (modes, deltas) = scratch.split_at(cols);
+                mode_delta::scatter_add(deltas, modes, n, p, out);
+            } else {
+                planes::scatter_row_major(scratch, n, p, out);
+            }
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]

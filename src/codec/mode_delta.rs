@@ -20,11 +20,7 @@ pub fn column_modes(plane: &[u8], rows: usize, modes: &mut [u8]) {
         column.sort_unstable();
         let (mut best, mut best_run, mut run) = (column.first().copied().unwrap_or(0), 0, 0);
         for (i, &v) in column.iter().enumerate() {
-            run = if i > 0 && column[i - 1] == v {
-                run + 1
-            } else {
-                1
-            };
+            run = if i > 0 && column[i - 1] == v { run + 1 } else { 1 };
             if run > best_run {
                 (best, best_run) = (v, run);
             }
@@ -35,10 +31,7 @@ pub fn column_modes(plane: &[u8], rows: usize, modes: &mut [u8]) {
 
 /// Writes `plane - modes[column]` (wrapping) into `out`, row by row.
 pub fn subtract(plane: &[u8], modes: &[u8], out: &mut [u8]) {
-    for (src, dst) in plane
-        .chunks_exact(modes.len())
-        .zip(out.chunks_exact_mut(modes.len()))
-    {
+    for (src, dst) in plane.chunks_exact(modes.len()).zip(out.chunks_exact_mut(modes.len())) {
         for ((d, s), m) in dst.iter_mut().zip(src).zip(modes) {
             *d = s.wrapping_sub(*m);
         }

@@ -16,11 +16,7 @@ pub fn split(data: &[u8], planes: &mut [&mut [u8]]) {
             }
         }
         [p0, p1, p2, p3] => {
-            let outs = p0
-                .iter_mut()
-                .zip(p1.iter_mut())
-                .zip(p2.iter_mut())
-                .zip(p3.iter_mut());
+            let outs = p0.iter_mut().zip(p1.iter_mut()).zip(p2.iter_mut()).zip(p3.iter_mut());
             for (e, (((a, b), c), d)) in data.chunks_exact(4).zip(outs) {
                 *a = e[0];
                 *b = e[1];

@@ -68,9 +68,7 @@ fn incompressible_ints_are_stored_raw() {
 
 #[test]
 fn token_ids_are_zstd() {
-    let data: Vec<u8> = (0..4096i64)
-        .flat_map(|i| (i % 50_000).to_le_bytes())
-        .collect();
+    let data: Vec<u8> = (0..4096i64).flat_map(|i| (i % 50_000).to_le_bytes()).collect();
     let enc = roundtrip(&data, 4096, DType::Int64);
     assert_eq!(enc.desc.codec, CODEC_ZSTD);
     assert!(enc.payload.len() < data.len() / 2);
@@ -112,10 +110,7 @@ fn descriptor_rejects_bad_fields() {
             ..good
         },
     ] {
-        assert!(
-            ChunkDesc::from_bytes(&bad.to_bytes()).is_err(),
-            "{bad:?} accepted"
-        );
+        assert!(ChunkDesc::from_bytes(&bad.to_bytes()).is_err(), "{bad:?} accepted");
     }
 }
 
@@ -198,11 +193,6 @@ fn row_major_chunks_from_older_writers_still_decode() {
     };
     let payload = [lo, z].concat();
     let mut out = vec![0u8; data.len()];
-    decode_chunk(
-        &ChunkDesc::from_bytes(&desc.to_bytes()).unwrap(),
-        &payload,
-        &mut out,
-    )
-    .unwrap();
+    decode_chunk(&ChunkDesc::from_bytes(&desc.to_bytes()).unwrap(), &payload, &mut out).unwrap();
     assert_eq!(out, data);
 }

@@ -64,10 +64,7 @@ pub fn decompress_exact(frame: &[u8], out: &mut [u8]) -> Result<(), String> {
             .decompress_to_buffer(frame, out)
             .map_err(|e| format!("zstd frame does not decode: {e}"))?;
         if n != out.len() {
-            return Err(format!(
-                "zstd frame decodes to {n} bytes, expected {}",
-                out.len()
-            ));
+            return Err(format!("zstd frame decodes to {n} bytes, expected {}", out.len()));
         }
         Ok(())
     })

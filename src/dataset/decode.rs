@@ -42,17 +42,11 @@ pub fn decode_record(
         .map_err(|w| Error::corrupt(&shard.path, Some(e.sample_id), e.offset, w))?;
     // Pair each chunk with its slice of the output.
     let mut jobs = Vec::new();
-    for ((chunks, spec), out) in layout
-        .tensors
-        .iter()
-        .zip(&schema.tensors)
-        .zip(outs.iter_mut())
-    {
+    for ((chunks, spec), out) in layout.tensors.iter().zip(&schema.tensors).zip(outs.iter_mut()) {
         let row_bytes = spec.row_bytes() as usize;
         let mut rest: &mut [u8] = out;
         for c in chunks {
-            let (dst, tail) =
-                std::mem::take(&mut rest).split_at_mut(c.desc.rows as usize * row_bytes);
+            let (dst, tail) = std::mem::take(&mut rest).split_at_mut(c.desc.rows as usize * row_bytes);
             rest = tail;
             jobs.push((c, dst));
         }
@@ -60,10 +54,12 @@ pub fn decode_record(
     let run = |(c, dst): (&record::ChunkRef, &mut [u8])| {
         let payload = &rec[c.payload_start..c.payload_start + c.desc.stored_len() as usize];
         decode_chunk(&c.desc, payload, dst).map_err(|w| {
+            // Point at the payload, or at the descriptor when the chunk has no payload bytes.
+            let at = if payload.is_empty() { c.desc_at } else { c.payload_start };
             Error::corrupt(
                 &shard.path,
                 Some(e.sample_id),
-                e.offset + c.payload_start as u64,
+                e.offset + at as u64,
                 format!("chunk: {w}"),
             )
         })

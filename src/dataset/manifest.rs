@@ -58,10 +58,15 @@ impl Manifest {
                 format!("manifest (`format` is not {MANIFEST_FORMAT:?})"),
             ));
         }
-        let version = value
-            .get("format_version")
-            .and_then(|v| v.as_u64())
-            .unwrap_or(0);
+        let version = value.get("format_version").and_then(|v| v.as_u64()).unwrap_or(0);
+        if version == 0 {
+            return Err(Error::corrupt(
+                path,
+                None,
+                0,
+                "manifest (`format_version` is not a positive integer)",
+            ));
+        }
         if version > FORMAT_VERSION as u64 {
             return Err(Error::FormatVersion {
                 path: path.to_owned(),
@@ -69,8 +74,11 @@ impl Manifest {
                 supported: FORMAT_VERSION,
             });
         }
-        serde_json::from_value(value)
-            .map_err(|e| Error::corrupt(path, None, 0, format!("manifest fields ({e})")))
+        let manifest: Manifest = serde_json::from_value(value)
+            .map_err(|e| Error::corrupt(path, None, 0, format!("manifest fields ({e})")))?;
+        Schema::new(manifest.schema.tensors.clone())
+            .map_err(|e| Error::corrupt(path, None, 0, format!("manifest schema ({e})")))?;
+        Ok(manifest)
     }
 
     /// Writes the manifest atomically (temp name, fsync, rename, directory fsync).
@@ -82,10 +90,7 @@ impl Manifest {
 
     /// Resolves a shard's path relative to the manifest's directory.
     pub fn shard_path(manifest_path: &Path, shard: &ShardSummary) -> PathBuf {
-        manifest_path
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join(&shard.file)
+        manifest_path.parent().unwrap_or(Path::new(".")).join(&shard.file)
     }
 }
 

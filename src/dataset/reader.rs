@@ -87,6 +87,16 @@ fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize) -> Result<Sh
         Some("its sample count")
     } else if shard.footer.index_crc32 != summary.index_crc32 {
         Some("its index checksum")
+    } else if shard.entries.iter().map(|e| e.n_tokens).sum::<u64>() != summary.tokens {
+        Some("its token count")
+    } else if shard
+        .entries
+        .iter()
+        .map(|e| e.n_tokens * shard.schema.token_bytes())
+        .sum::<u64>()
+        != summary.raw_bytes
+    {
+        Some("its decoded size")
     } else {
         None
     };
@@ -246,8 +256,7 @@ impl Dataset {
                                 .iter()
                                 .map(|t| vec![0u8; (e.n_tokens * t.row_bytes()) as usize])
                                 .collect();
-                            let mut outs: Vec<&mut [u8]> =
-                                bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+                            let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
                             decode_record(&shard, r, &rec, &mut outs, &pool)
                         };
                         check().err().map(|err| BadRecord {

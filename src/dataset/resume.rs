@@ -21,18 +21,10 @@ pub struct Prepared {
 
 /// Sequence number of a committed shard called `{prefix}NNNNNN.eio`.
 fn shard_seq(name: &str, prefix: &str) -> Option<u64> {
-    name.strip_prefix(prefix)?
-        .strip_suffix(".eio")?
-        .parse()
-        .ok()
+    name.strip_prefix(prefix)?.strip_suffix(".eio")?.parse().ok()
 }
 
-pub fn prepare(
-    root: &Path,
-    manifest_path: &Path,
-    opts: &WriterOptions,
-    fresh: Manifest,
-) -> Result<Prepared> {
+pub fn prepare(root: &Path, manifest_path: &Path, opts: &WriterOptions, fresh: Manifest) -> Result<Prepared> {
     let shard_dir = root.join("shards");
     let mut temps = Vec::new();
     let mut committed = Vec::new();
@@ -41,8 +33,7 @@ pub fn prepare(
         let name = entry.file_name().to_string_lossy().into_owned();
         if let Some(seq) = shard_seq(&name, &opts.shard_prefix) {
             committed.push((seq, name));
-        } else if name.starts_with(&format!(".{}", opts.shard_prefix)) && name.ends_with(".eio.tmp")
-        {
+        } else if name.starts_with(&format!(".{}", opts.shard_prefix)) && name.ends_with(".eio.tmp") {
             temps.push(entry.path());
         }
     }
@@ -88,10 +79,7 @@ pub fn prepare(
                 &path,
                 None,
                 0,
-                format!(
-                    "shard (differs from its manifest entry in {})",
-                    manifest_path.display()
-                ),
+                format!("shard (differs from its manifest entry in {})", manifest_path.display()),
             ));
         }
         add_ids(&shard, &mut seen)?;
@@ -118,9 +106,7 @@ pub fn prepare(
             shard.read_record(i, &mut buf)?;
         }
         add_ids(&shard, &mut seen)?;
-        manifest
-            .shards
-            .push(summary_of(&shard, &format!("shards/{name}")));
+        manifest.shards.push(summary_of(&shard, &format!("shards/{name}")));
     }
     for t in &temps {
         std::fs::remove_file(t).map_err(|e| Error::io(t, e))?;
@@ -164,17 +150,10 @@ fn add_ids(shard: &ShardFile, seen: &mut HashSet<u64>) -> Result<()> {
 fn differing_keys(a: &serde_json::Value, b: &serde_json::Value) -> String {
     match (a.as_object(), b.as_object()) {
         (Some(x), Some(y)) => {
-            let mut keys: Vec<&String> = x
-                .keys()
-                .chain(y.keys())
-                .filter(|k| x.get(*k) != y.get(*k))
-                .collect();
+            let mut keys: Vec<&String> = x.keys().chain(y.keys()).filter(|k| x.get(*k) != y.get(*k)).collect();
             keys.sort();
             keys.dedup();
-            keys.iter()
-                .map(|k| format!("{k:?}"))
-                .collect::<Vec<_>>()
-                .join(", ")
+            keys.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
         }
         _ => "its top-level value".into(),
     }

@@ -237,10 +237,7 @@ impl DatasetWriter {
 
     /// True when `sample_id` is committed or queued (including samples found on resume).
     pub fn contains(&self, sample_id: u64) -> bool {
-        self.seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&sample_id)
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).contains(&sample_id)
     }
 
     /// Ids of every sample committed or queued (including samples found on resume), sorted.
@@ -306,14 +303,11 @@ impl DatasetWriter {
             };
             if seen.contains(&s.sample_id) || !batch.insert(s.sample_id) {
                 return Err(err(
-                    "this sample id is already in the dataset (ids must be unique)".into(),
+                    "this sample id is already in the dataset (ids must be unique)".into()
                 ));
             }
             if s.key.len() > MAX_KEY_BYTES {
-                return Err(err(format!(
-                    "key of {} bytes (at most {MAX_KEY_BYTES})",
-                    s.key.len()
-                )));
+                return Err(err(format!("key of {} bytes (at most {MAX_KEY_BYTES})", s.key.len())));
             }
             if s.tensors.len() != self.schema.tensors.len() {
                 return Err(err(format!(
@@ -346,8 +340,7 @@ impl DatasetWriter {
         for (si, s) in samples.iter().enumerate() {
             for (ti, spec) in self.schema.tensors.iter().enumerate() {
                 let row_bytes = spec.row_bytes();
-                let rows_per_chunk =
-                    (self.opts.chunk_bytes / row_bytes).clamp(1, u32::MAX as u64 / row_bytes);
+                let rows_per_chunk = (self.opts.chunk_bytes / row_bytes).clamp(1, u32::MAX as u64 / row_bytes);
                 let mut row = 0;
                 loop {
                     let rows = rows_per_chunk.min(s.n_tokens - row);
@@ -366,8 +359,7 @@ impl DatasetWriter {
                 .map(|&(si, ti, row, rows)| {
                     let spec = &schema.tensors[ti];
                     let rb = spec.row_bytes() as usize;
-                    let data =
-                        &samples[si].tensors[ti][row as usize * rb..(row + rows) as usize * rb];
+                    let data = &samples[si].tensors[ti][row as usize * rb..(row + rows) as usize * rb];
                     encode_chunk(data, rows as u32, spec.dtype, &codec)
                 })
                 .collect()
@@ -417,14 +409,12 @@ impl DatasetWriter {
 
     /// Commits the last shard, marks the manifest complete and returns it.
     pub fn close(&mut self) -> Result<Manifest> {
-        if let Some(msg) = &self.failed {
-            return Err(Error::InvalidArgument(format!(
-                "the writer failed earlier: {msg}"
-            )));
-        }
-        let manifest = self.join_io();
+        // Whatever happens, the root is released: a caller may resume it at once.
         self.lock = None;
-        manifest
+        if let Some(msg) = &self.failed {
+            return Err(Error::InvalidArgument(format!("the writer failed earlier: {msg}")));
+        }
+        self.join_io()
     }
 }
 
@@ -487,13 +477,7 @@ impl IoThread {
         }
         let b = self.builder.as_mut().expect("created above");
         let before = b.len();
-        b.append(
-            rec.sample_id,
-            &rec.key,
-            rec.n_tokens,
-            rec.raw_bytes,
-            &rec.parts,
-        )?;
+        b.append(rec.sample_id, &rec.key, rec.n_tokens, rec.raw_bytes, &rec.parts)?;
         let c = &self.counters;
         c.samples.fetch_add(1, Relaxed);
         c.tokens.fetch_add(rec.n_tokens, Relaxed);

@@ -17,6 +17,8 @@ pub const RECORD_HEADER_BYTES: usize = 24;
 #[derive(Debug, Clone, Copy)]
 pub struct ChunkRef {
     pub desc: ChunkDesc,
+    /// Offset of the chunk's descriptor in the record.
+    pub desc_at: usize,
     pub payload_start: usize,
     pub row_start: u64,
 }
@@ -30,8 +32,7 @@ pub struct RecordLayout {
 /// Serialises the header and chunk tables of a record whose payloads follow in order.
 pub fn encode_table(sample_id: u64, n_tokens: u64, tensors: &[Vec<EncodedChunk>]) -> Vec<u8> {
     let n_chunks: usize = tensors.iter().map(Vec::len).sum();
-    let mut b =
-        Vec::with_capacity(RECORD_HEADER_BYTES + 8 * tensors.len() + CHUNK_DESC_BYTES * n_chunks);
+    let mut b = Vec::with_capacity(RECORD_HEADER_BYTES + 8 * tensors.len() + CHUNK_DESC_BYTES * n_chunks);
     b.extend_from_slice(RECORD_MAGIC);
     b.extend_from_slice(&(tensors.len() as u32).to_le_bytes());
     b.extend_from_slice(&sample_id.to_le_bytes());
@@ -49,12 +50,7 @@ pub fn encode_table(sample_id: u64, n_tokens: u64, tensors: &[Vec<EncodedChunk>]
 /// Parses and bounds-checks a record against its index entry and the schema. Every
 /// length is checked against the record's size before it is used. The error names what
 /// is wrong; the caller adds the file and offset.
-pub fn parse(
-    rec: &[u8],
-    schema: &Schema,
-    sample_id: u64,
-    n_tokens: u64,
-) -> Result<RecordLayout, String> {
+pub fn parse(rec: &[u8], schema: &Schema, sample_id: u64, n_tokens: u64) -> Result<RecordLayout, String> {
     if rec.len() < RECORD_HEADER_BYTES || &rec[0..4] != RECORD_MAGIC {
         return Err("record header (bad magic or too short)".into());
     }
@@ -80,9 +76,7 @@ pub fn parse(
     let mut pos = RECORD_HEADER_BYTES;
     let mut tables = Vec::with_capacity(n_tensors);
     for spec in &schema.tensors {
-        let head = rec
-            .get(pos..pos + 8)
-            .ok_or("chunk table runs past the record")?;
+        let head = rec.get(pos..pos + 8).ok_or("chunk table runs past the record")?;
         let n_chunks = u32::from_le_bytes(head[0..4].try_into().unwrap()) as usize;
         if head[4..8] != [0, 0, 0, 0] {
             return Err("chunk table reserved bytes".into());
@@ -100,9 +94,9 @@ pub fn parse(
             })?;
         let mut chunks = Vec::with_capacity(n_chunks);
         let mut rows = 0u64;
-        for d in rec[pos..end].chunks_exact(CHUNK_DESC_BYTES) {
-            let desc = ChunkDesc::from_bytes(d.try_into().unwrap())
-                .map_err(|e| format!("tensor {:?}: {e}", spec.name))?;
+        for (k, d) in rec[pos..end].chunks_exact(CHUNK_DESC_BYTES).enumerate() {
+            let desc =
+                ChunkDesc::from_bytes(d.try_into().unwrap()).map_err(|e| format!("tensor {:?}: {e}", spec.name))?;
             if desc.codec == CODEC_PLANES && desc.planes as usize != spec.dtype.size() {
                 return Err(format!(
                     "tensor {:?}: {} byte planes for {} elements",
@@ -111,7 +105,7 @@ pub fn parse(
                     spec.dtype.name()
                 ));
             }
-            chunks.push((desc, rows));
+            chunks.push((desc, rows, pos + k * CHUNK_DESC_BYTES));
             rows += desc.rows as u64;
         }
         if rows != n_tokens {
@@ -127,9 +121,10 @@ pub fn parse(
     let mut tensors = Vec::with_capacity(n_tensors);
     for table in tables {
         let mut refs = Vec::with_capacity(table.len());
-        for (desc, row_start) in table {
+        for (desc, row_start, desc_at) in table {
             refs.push(ChunkRef {
                 desc,
+                desc_at,
                 payload_start: payload,
                 row_start,
             });
@@ -141,10 +136,7 @@ pub fn parse(
         tensors.push(refs);
     }
     if payload != rec.len() {
-        return Err(format!(
-            "record has {} bytes after its last chunk",
-            rec.len() - payload
-        ));
+        return Err(format!("record has {} bytes after its last chunk", rec.len() - payload));
     }
     Ok(RecordLayout { tensors })
 }

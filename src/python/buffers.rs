@@ -13,18 +13,15 @@ impl Borrowed {
     /// Takes a buffer export of `obj`; `writable` requires a writable buffer. `what` names
     /// the tensor in errors.
     pub fn get(obj: &Bound<'_, PyAny>, writable: bool, what: &str) -> Result<Borrowed, Error> {
-        let buf = PyUntypedBuffer::get(obj).map_err(|e| {
-            Error::InvalidArgument(format!("{what}: does not export a buffer ({e})"))
-        })?;
+        let buf = PyUntypedBuffer::get(obj)
+            .map_err(|e| Error::InvalidArgument(format!("{what}: does not export a buffer ({e})")))?;
         if !buf.is_c_contiguous() {
             return Err(Error::InvalidArgument(format!(
                 "{what}: not C-contiguous (call .contiguous() first)"
             )));
         }
         if writable && buf.readonly() {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: buffer is read-only"
-            )));
+            return Err(Error::InvalidArgument(format!("{what}: buffer is read-only")));
         }
         Ok(Borrowed(buf))
     }

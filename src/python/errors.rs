@@ -26,11 +26,7 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             attrs.set_item("offset", offset)?;
             "CorruptRecordError"
         }
-        Error::FormatVersion {
-            path,
-            found,
-            supported,
-        } => {
+        Error::FormatVersion { path, found, supported } => {
             attrs.set_item("path", path.to_string_lossy())?;
             attrs.set_item("found", found)?;
             attrs.set_item("supported", supported)?;

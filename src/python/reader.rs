@@ -25,9 +25,7 @@ impl Reader {
     #[new]
     #[pyo3(signature = (path, threads = 0))]
     fn new(py: Python<'_>, path: PathBuf, threads: usize) -> PyResult<Reader> {
-        let inner = py
-            .detach(|| Dataset::open(&path, threads))
-            .map_err(py_err(py))?;
+        let inner = py.detach(|| Dataset::open(&path, threads)).map_err(py_err(py))?;
         Ok(Reader { inner })
     }
 
@@ -68,8 +66,7 @@ impl Reader {
             .map_err(py_err(py))?;
         let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Borrowed::bytes_mut).collect();
         let inner = &self.inner;
-        py.detach(|| inner.read_into(pos, &mut slices))
-            .map_err(py_err(py))
+        py.detach(|| inner.read_into(pos, &mut slices)).map_err(py_err(py))
     }
 
     #[getter]
@@ -87,9 +84,7 @@ impl Reader {
     #[staticmethod]
     #[pyo3(signature = (path, threads = 0))]
     fn verify(py: Python<'_>, path: PathBuf, threads: usize) -> PyResult<Vec<PyBadRecord>> {
-        let bad = py
-            .detach(|| Dataset::verify(&path, threads))
-            .map_err(py_err(py))?;
+        let bad = py.detach(|| Dataset::verify(&path, threads)).map_err(py_err(py))?;
         Ok(bad
             .into_iter()
             .map(|b| (b.shard, b.sample_id, b.offset, b.error))

@@ -23,12 +23,7 @@ pub struct CaptureSink {
 impl CaptureSink {
     /// Takes ownership of `writer` and starts the sink thread over a ring of `ring_bytes`.
     #[new]
-    fn new(
-        py: Python<'_>,
-        writer: &Bound<'_, Writer>,
-        ring_bytes: usize,
-        batch: usize,
-    ) -> PyResult<CaptureSink> {
+    fn new(py: Python<'_>, writer: &Bound<'_, Writer>, ring_bytes: usize, batch: usize) -> PyResult<CaptureSink> {
         let w = writer.borrow_mut().take().map_err(py_err(py))?;
         let inner = CoreSink::start(ring_bytes, w, batch).map_err(py_err(py))?;
         Ok(CaptureSink { inner })
@@ -94,11 +89,7 @@ impl CaptureSink {
     ///
     /// # Safety
     /// Called by CPython with a valid `view` to fill.
-    unsafe fn __getbuffer__(
-        slf: Bound<'_, Self>,
-        view: *mut ffi::Py_buffer,
-        flags: c_int,
-    ) -> PyResult<()> {
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
         let (ptr, len) = {
             let me = slf.borrow();
             let arena = &me.inner.ring().arena;
@@ -106,16 +97,7 @@ impl CaptureSink {
         };
         // SAFETY: `view` is valid per CPython's contract; the arena outlives the export because
         // the view holds a reference to `slf` (its `obj`), and the arena never moves or shrinks.
-        let rc = unsafe {
-            ffi::PyBuffer_FillInfo(
-                view,
-                slf.as_ptr(),
-                ptr.cast(),
-                len as ffi::Py_ssize_t,
-                0,
-                flags,
-            )
-        };
+        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr.cast(), len as ffi::Py_ssize_t, 0, flags) };
         if rc != 0 {
             return Err(PyBufferError::new_err("cannot export the capture ring"));
         }

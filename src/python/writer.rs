@@ -26,9 +26,9 @@ pub struct Writer {
 
 impl Writer {
     fn get(&mut self) -> Result<&mut DatasetWriter, Error> {
-        self.inner.as_mut().ok_or_else(|| {
-            Error::InvalidArgument("this writer was handed to a capture sink; use the sink".into())
-        })
+        self.inner
+            .as_mut()
+            .ok_or_else(|| Error::InvalidArgument("this writer was handed to a capture sink; use the sink".into()))
     }
 
     /// Moves the writer out (for a capture sink).
@@ -38,10 +38,7 @@ impl Writer {
     }
 }
 
-fn borrow_sample(
-    schema: &Schema,
-    (sample_id, _, tensors): &PySample<'_>,
-) -> Result<(u64, Vec<Borrowed>), Error> {
+fn borrow_sample(schema: &Schema, (sample_id, _, tensors): &PySample<'_>) -> Result<(u64, Vec<Borrowed>), Error> {
     let sample_id = *sample_id;
     let err = |message: String| Error::Schema { sample_id, message };
     if tensors.len() != schema.tensors.len() {
@@ -98,9 +95,8 @@ impl Writer {
     ) -> PyResult<Writer> {
         let schema = Schema::from_json(schema_json.as_bytes())
             .map_err(|e| py_err(py)(Error::InvalidArgument(format!("schema: {e}"))))?;
-        let metadata: serde_json::Value = serde_json::from_str(metadata_json).map_err(|e| {
-            py_err(py)(Error::InvalidArgument(format!("metadata is not JSON: {e}")))
-        })?;
+        let metadata: serde_json::Value = serde_json::from_str(metadata_json)
+            .map_err(|e| py_err(py)(Error::InvalidArgument(format!("metadata is not JSON: {e}"))))?;
         let opts = WriterOptions {
             shard_bytes,
             chunk_bytes,

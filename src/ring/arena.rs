@@ -21,8 +21,7 @@ unsafe impl Sync for Arena {}
 impl Arena {
     /// Allocates `capacity` zeroed bytes (at least one page).
     pub fn new(capacity: usize) -> Arena {
-        let layout = Layout::from_size_align(capacity.max(PAGE).next_multiple_of(PAGE), PAGE)
-            .expect("arena layout");
+        let layout = Layout::from_size_align(capacity.max(PAGE).next_multiple_of(PAGE), PAGE).expect("arena layout");
         // SAFETY: `layout` has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
@@ -45,9 +44,7 @@ impl Arena {
     /// committed slot until it is released).
     pub unsafe fn slice(&self, offset: usize, len: usize) -> &[u8] {
         assert!(
-            offset
-                .checked_add(len)
-                .is_some_and(|end| end <= self.capacity()),
+            offset.checked_add(len).is_some_and(|end| end <= self.capacity()),
             "slot out of the arena"
         );
         // SAFETY: in bounds (asserted), initialised (zeroed at allocation), and the caller

@@ -22,20 +22,13 @@ pub struct CaptureSink {
 }
 
 /// Splits a committed slot into the schema's tensors and checks the sizes add up.
-fn sample_ref<'a>(
-    ring: &'a Ring,
-    writer: &DatasetWriter,
-    c: &'a Committed,
-) -> Result<SampleRef<'a>> {
+fn sample_ref<'a>(ring: &'a Ring, writer: &DatasetWriter, c: &'a Committed) -> Result<SampleRef<'a>> {
     let schema = writer.schema();
     let need = c.n_tokens * schema.token_bytes();
     if need != c.len as u64 {
         return Err(Error::Schema {
             sample_id: c.sample_id,
-            message: format!(
-                "ring slot holds {} bytes; {} tokens need {need}",
-                c.len, c.n_tokens
-            ),
+            message: format!("ring slot holds {} bytes; {} tokens need {need}", c.len, c.n_tokens),
         });
     }
     // SAFETY: a committed slot is not written again until `release`, which happens after
@@ -71,7 +64,7 @@ fn pump(ring: &Ring, mut writer: DatasetWriter, batch: usize) -> Result<Manifest
             .collect::<Result<Vec<_>>>()
             .and_then(|refs| writer.write_batch(&refs));
         if let Err(e) = written {
-            ring.fail(e.to_string());
+            ring.fail(&e);
             return Err(e);
         }
         ring.release(taken.len());
@@ -88,9 +81,7 @@ impl CaptureSink {
         let thread = std::thread::Builder::new()
             .name("eagle-io-capture-sink".into())
             .spawn(move || pump(&r, writer, batch.max(1)))
-            .map_err(|e| {
-                Error::InvalidArgument(format!("cannot start the capture sink thread: {e}"))
-            })?;
+            .map_err(|e| Error::InvalidArgument(format!("cannot start the capture sink thread: {e}")))?;
         Ok(CaptureSink {
             ring,
             writer_stats,

@@ -60,7 +60,8 @@ struct State {
     write_pos: u64,
     next_id: u64,
     closed: bool,
-    failed: Option<String>,
+    /// The sink's error: every later `reserve` returns it (same variant, path and errno).
+    failed: Option<Error>,
     stats: RingStats,
 }
 
@@ -121,12 +122,7 @@ impl Ring {
     /// Reserves `len` bytes. When the ring is full: with `drop_when_full`, returns `None` at
     /// once and counts the drop; otherwise waits up to `timeout` and then fails with
     /// `Error::Timeout`. Fails at once when `len` exceeds the capacity or the sink failed.
-    pub fn reserve(
-        &self,
-        len: usize,
-        timeout: Duration,
-        drop_when_full: bool,
-    ) -> Result<Option<Reserved>> {
+    pub fn reserve(&self, len: usize, timeout: Duration, drop_when_full: bool) -> Result<Option<Reserved>> {
         let cap = self.arena.capacity();
         if len.next_multiple_of(SLOT_ALIGN) > cap {
             return Err(Error::InvalidArgument(format!(
@@ -136,10 +132,8 @@ impl Ring {
         let start = Instant::now();
         let mut st = self.lock();
         loop {
-            if let Some(msg) = &st.failed {
-                return Err(Error::InvalidArgument(format!(
-                    "the capture sink failed: {msg}"
-                )));
+            if let Some(err) = &st.failed {
+                return Err(err.duplicate());
             }
             if st.closed {
                 return Err(Error::InvalidArgument("the capture ring is closed".into()));
@@ -178,23 +172,12 @@ impl Ring {
                     timeout.as_secs_f64()
                 )));
             }
-            st = self
-                .space
-                .wait_timeout(st, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            st = self.space.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 
     /// Commits (or, with `cancelled`, abandons) reserved slot `id` once its bytes are written.
-    pub fn commit(
-        &self,
-        id: u64,
-        sample_id: u64,
-        key: String,
-        n_tokens: u64,
-        cancelled: bool,
-    ) -> Result<()> {
+    pub fn commit(&self, id: u64, sample_id: u64, key: String, n_tokens: u64, cancelled: bool) -> Result<()> {
         let mut st = self.lock();
         let slot = st
             .slots
@@ -237,12 +220,7 @@ impl Ring {
                 }
                 st.stats.abandoned_slots += abandoned;
             }
-            let ready: Vec<Committed> = st
-                .slots
-                .iter()
-                .map_while(|s| s.committed.clone())
-                .take(max)
-                .collect();
+            let ready: Vec<Committed> = st.slots.iter().map_while(|s| s.committed.clone()).take(max).collect();
             if !ready.is_empty() || st.closed {
                 return ready;
             }
@@ -271,10 +249,10 @@ impl Ring {
         self.space.notify_all();
     }
 
-    /// Marks the ring failed (the consumer hit an error): producers get the message.
-    pub fn fail(&self, msg: String) {
+    /// Marks the ring failed (the consumer hit `err`): producers get the same error.
+    pub fn fail(&self, err: &Error) {
         let mut st = self.lock();
-        st.failed = Some(msg);
+        st.failed = Some(err.duplicate());
         st.closed = true;
         drop(st);
         self.space.notify_all();
@@ -301,11 +279,7 @@ mod tests {
         let r = Ring::new(4096);
         let a = r.reserve(1500, T, false).unwrap().unwrap();
         let b = r.reserve(1500, T, false).unwrap().unwrap();
-        assert_eq!(
-            (a.offset, b.offset),
-            (0, 1536),
-            "slots start 64-byte aligned"
-        );
+        assert_eq!((a.offset, b.offset), (0, 1536), "slots start 64-byte aligned");
         // 1024 bytes left at the end, none at the start: a 1500-byte slot must wait.
         assert!(matches!(r.reserve(1500, T, false), Err(Error::Timeout(_))));
         commit(&r, b, 2);
@@ -351,10 +325,7 @@ mod tests {
         r.reserve(4000, T, false).unwrap().unwrap();
         assert_eq!(r.reserve(100, T, true).unwrap(), None);
         assert_eq!(r.stats().dropped_samples, 1);
-        assert!(matches!(
-            r.reserve(5000, T, false),
-            Err(Error::InvalidArgument(_))
-        ));
+        assert!(matches!(r.reserve(5000, T, false), Err(Error::InvalidArgument(_))));
     }
 
     #[test]
@@ -378,10 +349,7 @@ mod tests {
         commit(&r, a, 1);
         r.close();
         let got = r.take(8);
-        assert_eq!(
-            got.iter().map(|c| c.cancelled).collect::<Vec<_>>(),
-            vec![false, true]
-        );
+        assert_eq!(got.iter().map(|c| c.cancelled).collect::<Vec<_>>(), vec![false, true]);
         assert_eq!(r.stats().abandoned_slots, 1);
         assert!(r.reserve(10, T, false).is_err());
     }

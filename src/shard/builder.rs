@@ -64,9 +64,7 @@ impl ShardBuilder {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        self.out
-            .write_all(bytes)
-            .map_err(|e| Error::io(&self.tmp, e))?;
+        self.out.write_all(bytes).map_err(|e| Error::io(&self.tmp, e))?;
         self.pos += bytes.len() as u64;
         Ok(())
     }

@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::format::{
-    Footer, Header, IndexEntry, FOOTER_BYTES, FORMAT_VERSION, HEADER_BYTES, INDEX_ENTRY_BYTES,
-    MAX_SCHEMA_BYTES,
+    Footer, Header, IndexEntry, FOOTER_BYTES, FORMAT_VERSION, HEADER_BYTES, INDEX_ENTRY_BYTES, MAX_SCHEMA_BYTES,
 };
 use crate::schema::Schema;
 
@@ -43,13 +42,11 @@ impl ShardFile {
         }
         let read = |offset: u64, len: u64| -> Result<Vec<u8>> {
             let mut buf = vec![0u8; len as usize];
-            file.read_exact_at(&mut buf, offset)
-                .map_err(|e| Error::io(path, e))?;
+            file.read_exact_at(&mut buf, offset).map_err(|e| Error::io(path, e))?;
             Ok(buf)
         };
         let head = read(0, HEADER_BYTES)?;
-        let header =
-            Header::from_bytes(head.as_slice().try_into().unwrap()).map_err(|w| corrupt(0, w))?;
+        let header = Header::from_bytes(head.as_slice().try_into().unwrap()).map_err(|w| corrupt(0, w))?;
         if header.version > FORMAT_VERSION {
             return Err(Error::FormatVersion {
                 path: path.to_owned(),
@@ -68,13 +65,11 @@ impl ShardFile {
         if crc32fast::hash(&schema_bytes) != header.schema_crc32 {
             return Err(corrupt(HEADER_BYTES, "schema (checksum mismatch)".into()));
         }
-        let schema = Schema::from_json(&schema_bytes)
-            .map_err(|e| corrupt(HEADER_BYTES, format!("schema ({e})")))?;
+        let schema = Schema::from_json(&schema_bytes).map_err(|e| corrupt(HEADER_BYTES, format!("schema ({e})")))?;
 
         let footer_at = file_len - FOOTER_BYTES;
         let foot = read(footer_at, FOOTER_BYTES)?;
-        let footer = Footer::from_bytes(foot.as_slice().try_into().unwrap())
-            .map_err(|w| corrupt(footer_at, w))?;
+        let footer = Footer::from_bytes(foot.as_slice().try_into().unwrap()).map_err(|w| corrupt(footer_at, w))?;
         let index_fits = footer.index_offset >= data_start
             && footer.index_offset.checked_add(footer.index_len) == Some(footer_at)
             && footer
@@ -92,10 +87,7 @@ impl ShardFile {
         }
         let index = read(footer.index_offset, footer.index_len)?;
         if crc32fast::hash(&index) != footer.index_crc32 {
-            return Err(corrupt(
-                footer.index_offset,
-                "index (checksum mismatch)".into(),
-            ));
+            return Err(corrupt(footer.index_offset, "index (checksum mismatch)".into()));
         }
         let n = footer.n_records as usize;
         let entries: Vec<IndexEntry> = index[..n * INDEX_ENTRY_BYTES as usize]
@@ -108,14 +100,7 @@ impl ShardFile {
         let (mut expect_offset, mut key_pos) = (data_start, 0usize);
         for (i, e) in entries.iter().enumerate() {
             let at = footer.index_offset + i as u64 * INDEX_ENTRY_BYTES;
-            let bad = |what: &str| {
-                Error::corrupt(
-                    path,
-                    Some(e.sample_id),
-                    at,
-                    format!("index entry {i}: {what}"),
-                )
-            };
+            let bad = |what: &str| Error::corrupt(path, Some(e.sample_id), at, format!("index entry {i}: {what}"));
             if e.offset != expect_offset
                 || e.offset
                     .checked_add(e.length)
@@ -128,10 +113,7 @@ impl ShardFile {
             }
             let decoded = e.n_tokens.checked_mul(token_bytes);
             if decoded.is_none_or(|d| d > e.length.saturating_mul(MAX_EXPANSION)) {
-                return Err(bad(&format!(
-                    "{} tokens cannot fit in {} bytes",
-                    e.n_tokens, e.length
-                )));
+                return Err(bad(&format!("{} tokens cannot fit in {} bytes", e.n_tokens, e.length)));
             }
             key_starts.push(key_pos);
             key_pos += e.key_len as usize;

@@ -12,7 +12,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
-from itertools import islice, takewhile
+from itertools import chain, islice, takewhile
 
 from ..errors import InvalidArgumentError
 
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         bar = tqdm(unit="sample", file=sys.stdout, mininterval=2.0, disable=None)
         t0 = time.perf_counter()
         tokens = 0
-        for batch in _batches(iter([*head, *samples]), args.batch_size):
+        for batch in _batches(chain(head, samples), args.batch_size):
             session.submit(batch)
             tokens += sum(len(s.input_ids) for s in batch)
             dt = time.perf_counter() - t0
