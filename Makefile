@@ -13,11 +13,12 @@ export CARGO_TERM_COLOR = never
 
 .PHONY: venv wheel install dev lint fmt test test-rust test-python stubtest fuzz-short generate bench clean
 
-$(VENV)/.installed: requirements/dev.txt requirements/embedded.txt
+$(VENV)/.installed: requirements/dev.txt requirements/embedded.txt requirements/sglang.txt
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r requirements/dev.txt
 	$(VPY) -m pip install -q --no-deps -r requirements/embedded.txt
+	$(VPY) -m pip install -q --no-deps -r requirements/sglang.txt
 	touch $@
 
 venv: $(VENV)/.installed

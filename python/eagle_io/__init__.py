@@ -17,6 +17,7 @@ from .errors import (
     SchemaError,
     StorageError,
 )
+from .feed import LengthGroupedBatchSampler, PackingCollator, PaddingCollator, RankSampler, ShardDataset, shift_targets
 from .reader import Dataset, SampleInfo
 from .schema import TensorSpec, eagle3_schema
 from .session import CaptureSession, NonFiniteStatesError, capture
@@ -31,15 +32,21 @@ __all__ = [
     "FormatVersionError",
     "IncompatibleDatasetError",
     "InvalidArgumentError",
+    "LengthGroupedBatchSampler",
     "NonFiniteStatesError",
+    "PackingCollator",
+    "PaddingCollator",
+    "RankSampler",
     "RingTimeoutError",
     "SampleInfo",
     "SampleNotFoundError",
     "SchemaError",
+    "ShardDataset",
     "ShardWriter",
     "StorageError",
     "TensorSpec",
     "__version__",
     "capture",
     "eagle3_schema",
+    "shift_targets",
 ]

@@ -8,9 +8,15 @@ from collections.abc import Sequence
 
 from ..data.sources import DatasetFormatError
 from ..errors import EagleIOError
-from . import generate_cmd, inspect_cmd, verify_cmd
+from . import check_serving_cmd, generate_cmd, inspect_cmd, merge_cmd, verify_cmd
 
-COMMANDS = {"generate": generate_cmd, "inspect": inspect_cmd, "verify": verify_cmd}
+COMMANDS = {
+    "generate": generate_cmd,
+    "inspect": inspect_cmd,
+    "verify": verify_cmd,
+    "merge": merge_cmd,
+    "check-serving": check_serving_cmd,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
