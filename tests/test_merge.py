@@ -5,6 +5,7 @@ against an id range or the source dataset itself."""
 
 from __future__ import annotations
 
+import errno
 import json
 import signal
 from pathlib import Path
@@ -242,3 +243,15 @@ def test_expected_ids_from_a_source_with_bad_records(tmp_path):
     assert expected == {0, 3, 4} and why == {1: "invalid_json", 2: "unknown_role"}
     expected, why = expected_from_source(src, limit=3)
     assert expected == {0} and why == {1: "invalid_json", 2: "unknown_role"}
+
+
+def test_a_merge_that_cannot_write_raises_storage_error_and_leaves_no_manifest(tmp_path, capsys):
+    write_rank(tmp_path, 0, 2, [0, 2])
+    write_rank(tmp_path, 1, 2, [1, 3])
+    (tmp_path / ".manifest.json.tmp").mkdir()  # the temporary name is taken by a directory
+    with pytest.raises(eagle_io.StorageError) as e:
+        merge_ranks(tmp_path)
+    assert e.value.path == str(tmp_path / ".manifest.json.tmp") and e.value.errno == errno.EISDIR
+    assert not (tmp_path / "manifest.json").exists()
+    assert merge_cmd.main([str(tmp_path)]) == 2
+    assert "StorageError" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import FORMAT_VERSION, __version__
-from .errors import IncompatibleDatasetError, InvalidArgumentError
+from .errors import IncompatibleDatasetError, InvalidArgumentError, StorageError
 from .reader import Dataset
 
 RANK_MANIFEST = re.compile(r"^manifest\.r(\d{5})\.json$")
@@ -113,7 +113,10 @@ class _Locks:
         try:
             for name in manifests:
                 path = root / f".{name}.lock"
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                try:
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except OSError as e:
+                    raise _storage_error(path, e) from e
                 self.files.append(fd)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -131,20 +134,32 @@ class _Locks:
         self.files = []
 
 
+def _storage_error(path: Path, e: OSError) -> StorageError:
+    err = StorageError(f"{path}: {e.strerror or e}")
+    err.path, err.errno = str(path), e.errno
+    return err
+
+
 def _store_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise _storage_error(tmp, e) from e
     # Check it opens (shard paths are relative to the manifest's directory: the same for the temp).
     Dataset(tmp, threads=1)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as e:
+        raise _storage_error(path, e) from e
 
 
 def _scan_shards(root: Path, listed: set[str], report: MergeReport) -> None:
@@ -184,7 +199,8 @@ def merge_ranks(
             ``manifest.json`` lists shards no rank lists (a single-writer dataset shares the root).
         InvalidArgumentError: no manifest in ``root``, or a writer still holds one of them.
         CorruptRecordError, FormatVersionError, StorageError: a rank's manifest or a shard it
-            lists cannot be trusted (as :class:`eagle_io.Dataset` raises).
+            lists cannot be trusted (as :class:`eagle_io.Dataset` raises); StorageError also when
+            the merged manifest or a lock file cannot be written.
     """
     root = Path(root)
     report = MergeReport(root=str(root))
