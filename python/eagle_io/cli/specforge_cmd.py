@@ -1,0 +1,88 @@
+"""SpecForge interop: `import-specforge` (its .ckpt/.ckpt.gz files into verified shards) and
+`export-specforge` (shards into its rows_*/data_{idx}.ckpt layout). This module exposes two subcommands:
+:data:`import_cmd` and :data:`export_cmd`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from types import SimpleNamespace
+
+
+def _import_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", help="SpecForge offline output directory (rows_*/data_{idx}.ckpt[.gz])")
+    p.add_argument("--out", required=True, help="new eagle-io dataset directory")
+    p.add_argument("--skip-bad", action="store_true", help="count and list bad files instead of failing on the first")
+    p.add_argument("--num-layers", type=int, help="target decoder layers N (records SpecForge's default aux layers)")
+    p.add_argument(
+        "--specforge-aux-layer-ids",
+        help="comma-separated ids as given to SpecForge/SGLang's Llama setter (default [1, N//2-1, N-4]); "
+        "stored +1 in eagle-io's convention",
+    )
+    p.add_argument("--target-model", help="target model name, recorded in the metadata")
+    p.add_argument("--vocab-size", type=int, help="target vocabulary size, recorded in the metadata")
+    p.add_argument("--shard-bytes", type=int, default=1 << 30)
+    p.add_argument("--threads", type=int, default=0, help="encoding threads (0 = one per CPU)")
+    p.add_argument("--summary-json", help="also write the summary here")
+
+
+def _import_run(args: argparse.Namespace) -> int:
+    from ..layers import from_specforge
+    from ..specforge import import_specforge
+
+    meta: dict = {}
+    if args.target_model:
+        meta["target_model"] = {"model_id": args.target_model}
+    if args.vocab_size:
+        meta["vocab_size"] = args.vocab_size
+    if args.num_layers:
+        meta["num_layers"] = args.num_layers
+    if args.specforge_aux_layer_ids:
+        sf_ids = [int(x) for x in args.specforge_aux_layer_ids.split(",")]
+    elif args.num_layers:
+        n = args.num_layers
+        sf_ids = [1, n // 2 - 1, n - 4]
+    else:
+        sf_ids = None
+    if sf_ids is not None:
+        meta["aux_layer_ids"] = from_specforge(sf_ids)
+        meta["specforge_aux_layer_ids"] = sf_ids
+    summary = import_specforge(
+        args.dir, args.out, metadata=meta, skip_bad=args.skip_bad, shard_bytes=args.shard_bytes, threads=args.threads
+    )
+    out = summary.as_dict()
+    for path, reason in summary.skipped:
+        print(f"skipped   {path}: {reason}", file=sys.stderr)
+    print(json.dumps({k: v for k, v in out.items() if k != "skipped_files"}, indent=2))
+    if args.summary_json:
+        with open(args.summary_json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 1 if summary.skipped else 0
+
+
+def _export_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="eagle-io dataset (directory or manifest)")
+    p.add_argument("--out", required=True, help="output directory (SpecForge's --train-hidden-states-path)")
+    p.add_argument("--gzip", action="store_true", help="write .ckpt.gz (gzip level 6, SpecForge's --compress)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing data_{idx}.ckpt[.gz] files")
+
+
+def _export_run(args: argparse.Namespace) -> int:
+    from ..specforge import export_specforge
+
+    res = export_specforge(args.path, args.out, gzip=args.gzip, overwrite=args.overwrite)
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+import_cmd = SimpleNamespace(
+    __doc__="Import SpecForge offline EAGLE-3 files (.ckpt/.ckpt.gz) into verified eagle-io shards.",
+    add_parser=_import_parser,
+    run=_import_run,
+)
+export_cmd = SimpleNamespace(
+    __doc__="Export an eagle-io dataset as SpecForge offline EAGLE-3 files (rows_*/data_{idx}.ckpt[.gz]).",
+    add_parser=_export_parser,
+    run=_export_run,
+)

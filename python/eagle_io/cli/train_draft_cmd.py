@@ -1,0 +1,79 @@
+"""Train the reference EAGLE-3 draft on shards (CPU) and export it for SGLang (safetensors + config.json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="eagle-io dataset from `eagle-io generate` (EAGLE-3 schema)")
+    p.add_argument("--out", required=True, help="output directory: model.safetensors, config.json, train_summary.json")
+    p.add_argument("--target-model", help="HF directory or .gguf of the target (default: embedded SmolLM2)")
+    p.add_argument("--vocab-map", help="mapping from `eagle-io vocab-map` (checked against this dataset)")
+    p.add_argument("--draft-vocab-size", type=int, default=4096, help="when no --vocab-map: build one of this size")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--batch-size", type=int, default=4, help="samples per step")
+    p.add_argument("--max-length", type=int, default=512, help="truncate samples to this many tokens")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--eval-samples", type=int, help="held-out samples (default 10%% of the dataset)")
+    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps")
+    p.add_argument("--intermediate-size", type=int, help="draft MLP width (default: the target's)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..draft import TrainConfig, load_target_head, save_draft, train_draft
+    from ..reader import Dataset
+    from ..vocab import build_vocab_mapping, dataset_fingerprint, load_vocab_mapping
+
+    ds = Dataset(args.path)
+    head = load_target_head(args.target_model)
+    vocab = head.config["vocab_size"]
+    if args.vocab_map:
+        mapping = load_vocab_mapping(args.vocab_map, dataset=args.path, target_vocab_size=vocab)
+    else:
+        mapping = build_vocab_mapping(args.path, args.draft_vocab_size, target_vocab_size=vocab)
+        os.makedirs(args.out, exist_ok=True)
+        mapping.save(os.path.join(args.out, "vocab_map.safetensors"))
+    print(
+        f"vocab     draft {mapping.draft_vocab_size} of {vocab} target ids, "
+        f"coverage {mapping.key.get('coverage', float('nan')):.4f}, padded {mapping.key.get('padded')}"
+    )
+    cfg = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        eval_samples=args.eval_samples,
+        eval_every=args.eval_every,
+        seed=args.seed,
+        threads=args.threads,
+        intermediate_size=args.intermediate_size,
+    )
+    result = train_draft(args.path, head, mapping, cfg)
+    aux_ids = ds.metadata.get("aux_layer_ids")
+    if not aux_ids:
+        raise SystemExit("the dataset metadata has no aux_layer_ids: cannot write eagle_config for SGLang")
+    provenance = {
+        "dataset_sha256": dataset_fingerprint(args.path),
+        "target_model": head.config.get("model_id"),
+        "vocab_map": dict(mapping.key),
+    }
+    paths = save_draft(
+        result.model,
+        args.out,
+        aux_ids,
+        bos_token_id=head.config.get("bos_token_id"),
+        eos_token_id=head.config.get("eos_token_id"),
+        provenance=provenance,
+    )
+    summary = {**result.summary(), **paths, "history": result.history}
+    with open(os.path.join(args.out, "train_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(json.dumps(result.summary(), indent=2))
+    return 0

@@ -1,0 +1,151 @@
+"""Export a trained draft as an SGLang-loadable EAGLE-3 checkpoint: ``model.safetensors`` + ``config.json``.
+
+What SGLang reads (``sglang/srt/models/llama_eagle3.py`` and
+``sglang/srt/model_executor/model_runner_components/spec_aux_hidden_state.py``):
+
+* ``architectures: ["LlamaForCausalLMEagle3"]``; ``hidden_size``, ``intermediate_size``, heads, ``rms_norm_eps``,
+  ``rope_theta``, ``vocab_size`` (the target's), ``draft_vocab_size``, ``target_hidden_size`` (``fc`` input is
+  ``3 * target_hidden_size``), ``num_hidden_layers: 1``, ``tie_word_embeddings: false`` (true would make the draft's
+  ``lm_head`` its embedding).
+* ``eagle_config.eagle_aux_hidden_state_layer_ids``: ids handed to the target's
+  ``set_eagle3_layers_to_capture``. SGLang's Llama setter adds +1 to explicit ids, so they are eagle-io's ids
+  minus one (:func:`eagle_io.layers.to_sglang_llama_explicit`): SmolLM2's ``[2, 15, 27]`` is written ``[1, 14, 26]``.
+  ``eagle_config.use_aux_hidden_state: true``.
+* Weights: ``fc.weight``, ``midlayer.self_attn.{q,k,v,o}_proj.weight`` (q/k/v stacked into ``qkv_proj`` by the
+  loader), ``midlayer.mlp.{gate,up,down}_proj.weight``, ``midlayer.{input_layernorm,hidden_norm,
+  post_attention_layernorm}.weight``, ``norm.weight``, ``lm_head.weight`` (``[draft_vocab, H]``), ``d2t`` (int64,
+  read as ``hot_token_id = d2t + arange``), ``t2d`` (bool; skipped by SGLang, used by SpecForge),
+  ``embed_tokens.weight`` (the target's; SGLang's EAGLE-3 worker replaces it with the target's own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..layers import to_sglang_llama_explicit
+from .model import Eagle3Draft, Eagle3DraftConfig
+
+__all__ = ["draft_config_json", "load_draft", "save_draft"]
+
+
+def draft_config_json(
+    cfg: Eagle3DraftConfig,
+    aux_layer_ids: Sequence[int],
+    *,
+    dtype: str = "bfloat16",
+    bos_token_id: Any = None,
+    eos_token_id: Any = None,
+    provenance: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``config.json`` dict. ``aux_layer_ids`` are eagle-io ids (input of decoder layer i)."""
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_size,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
+        "torch_dtype": dtype,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": to_sglang_llama_explicit(aux_layer_ids),
+            "use_aux_hidden_state": True,
+        },
+        "eagle_io": {
+            "aux_layer_ids": [int(i) for i in aux_layer_ids],
+            "aux_layer_convention": "eagle-io ids (input of decoder layer i); eagle_config holds SGLang Llama "
+            "explicit ids = eagle-io ids - 1",
+            **dict(provenance or {}),
+        },
+    }
+
+
+def save_draft(
+    model: Eagle3Draft,
+    out_dir: str | os.PathLike[str],
+    aux_layer_ids: Sequence[int],
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    bos_token_id: Any = None,
+    eos_token_id: Any = None,
+    provenance: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """Writes ``out_dir/model.safetensors`` (float weights in ``dtype``, ``d2t`` int64, ``t2d`` bool) and
+    ``out_dir/config.json`` (:func:`draft_config_json`). Returns both paths.
+
+    Raises:
+        ValueError: ``len(aux_layer_ids)`` differs from the draft's ``num_aux_layers``, or d2t/t2d break the
+            vocabulary invariants (:func:`eagle_io.vocab.validate_mapping`).
+    """
+    from safetensors.torch import save_file
+
+    from ..vocab import validate_mapping
+
+    cfg = model.config
+    if len(aux_layer_ids) != cfg.num_aux_layers:
+        raise ValueError(f"{len(aux_layer_ids)} aux layer ids for a draft trained on {cfg.num_aux_layers} aux states")
+    validate_mapping(model.d2t, model.t2d, cfg.draft_vocab_size, cfg.vocab_size)
+    os.makedirs(out_dir, exist_ok=True)
+    tensors = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().cpu()
+        tensors[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
+    weights = os.path.join(os.fspath(out_dir), "model.safetensors")
+    save_file(tensors, weights, metadata={"format": "pt"})
+    config = draft_config_json(
+        cfg,
+        aux_layer_ids,
+        dtype=str(dtype).removeprefix("torch."),
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        provenance=provenance,
+    )
+    cfg_path = os.path.join(os.fspath(out_dir), "config.json")
+    with open(cfg_path, "w") as f:
+        json.dump(config, f, indent=2)
+    return {"weights": weights, "config": cfg_path}
+
+
+def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
+    """Reads back a :func:`save_draft` directory into a float32 :class:`Eagle3Draft` (for tests and evaluation)."""
+    from safetensors.torch import load_file
+
+    with open(os.path.join(os.fspath(out_dir), "config.json")) as f:
+        c = json.load(f)
+    cfg = Eagle3DraftConfig(
+        vocab_size=c["vocab_size"],
+        draft_vocab_size=c["draft_vocab_size"],
+        hidden_size=c["hidden_size"],
+        target_hidden_size=c["target_hidden_size"],
+        num_aux_layers=len(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
+        num_attention_heads=c["num_attention_heads"],
+        num_key_value_heads=c["num_key_value_heads"],
+        head_dim=c["head_dim"],
+        intermediate_size=c["intermediate_size"],
+        rms_norm_eps=c["rms_norm_eps"],
+        rope_theta=c["rope_theta"],
+        max_position_embeddings=c["max_position_embeddings"],
+    )
+    model = Eagle3Draft(cfg)
+    state = load_file(os.path.join(os.fspath(out_dir), "model.safetensors"))
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    return model

@@ -1,0 +1,191 @@
+"""A reference EAGLE-3 draft: ``fc`` (k*H -> H), one Llama decoder layer over ``[embed ; hidden]``, norm,
+``lm_head`` over the draft vocabulary.
+
+Architecture and parameter names follow SpecForge's ``LlamaForCausalLMEagle3``
+(``specforge/modeling/draft/llama3_eagle.py``: ``LlamaDecoderLayer`` with ``hidden_norm`` /
+``input_layernorm`` and q/k/v projections from ``2 * hidden_size``; ``project_hidden_states``;
+``compute_logits`` = ``lm_head(norm(h))``) and SGLang's loader (``sglang/srt/models/llama_eagle3.py``:
+``LlamaForCausalLMEagle3.load_weights`` maps ``midlayer.*``, ``fc``, ``norm``, ``lm_head``, reads ``d2t`` as
+``hot_token_id = d2t + arange`` and ignores ``t2d``), so :func:`eagle_io.draft.export.save_draft` writes a
+checkpoint both read unchanged.
+
+Layer maths (per token, SGLang ``LlamaModel.forward`` / SpecForge ``LlamaDecoderLayer.forward``)::
+
+    x = fc(aux)                                            # [.., H]   (aux: [.., k*H_target])
+    a = attn(cat(input_layernorm(embed(ids)), hidden_norm(x)))   # q/k/v: [2H -> heads*head_dim], causal, RoPE
+    x = x + a
+    x = x + mlp(post_attention_layernorm(x))               # SiLU-gated MLP
+    logits = lm_head(norm(x))                              # [.., draft_vocab]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["Eagle3Draft", "Eagle3DraftConfig"]
+
+
+@dataclass
+class Eagle3DraftConfig:
+    """Shapes of an EAGLE-3 draft. ``hidden_size`` must equal the target's (the draft embeds tokens with the
+    target's embedding, as SGLang's EAGLE-3 worker shares it); ``target_hidden_size`` is the width of each of
+    the ``num_aux_layers`` captured states."""
+
+    vocab_size: int
+    draft_vocab_size: int
+    hidden_size: int
+    target_hidden_size: int
+    num_aux_layers: int = 3
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 8
+    head_dim: int | None = None
+    intermediate_size: int = 2048
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    """Llama RMSNorm: ``weight * x / sqrt(mean(x^2) + eps)``, computed in float32."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Llama (NeoX "rotate half") rotary embedding; ``x [B, heads, L, D]``, ``cos/sin [L, D]``."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Eagle3DraftConfig) -> None:
+        super().__init__()
+        d, h, kv = cfg.head_size, cfg.num_attention_heads, cfg.num_key_value_heads
+        self.heads, self.kv_heads, self.head_dim = h, kv, d
+        self.q_proj = nn.Linear(2 * cfg.hidden_size, h * d, bias=False)
+        self.k_proj = nn.Linear(2 * cfg.hidden_size, kv * d, bias=False)
+        self.v_proj = nn.Linear(2 * cfg.hidden_size, kv * d, bias=False)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        freqs = position_ids.float()[..., None] * self.inv_freq  # [B, L, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, L, D]
+        cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        if self.kv_heads != self.heads:
+            rep = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        # Right-padded batches need only the causal mask: a real query never sees a later (padded) key.
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(self.head_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: Eagle3DraftConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """SpecForge/SGLang's EAGLE-3 ``midlayer``: attention over ``[input_layernorm(emb) ; hidden_norm(h)]``."""
+
+    def __init__(self, cfg: Eagle3DraftConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, emb: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        x = torch.cat((self.input_layernorm(emb), self.hidden_norm(hidden)), dim=-1)
+        hidden = hidden + self.self_attn(x, position_ids)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Eagle3Draft(nn.Module):
+    """The draft. ``embed_tokens`` is frozen (the target's); ``d2t [draft_vocab]`` int64 and
+    ``t2d [vocab]`` bool are buffers holding the vocabulary mapping (:mod:`eagle_io.vocab`).
+
+    ``forward(aux [B, L, k*H_t], next_ids [B, L] int64, position_ids [B, L] | None)`` returns draft logits
+    ``[B, L, draft_vocab]`` (float32 compute). Position ``t`` sees ``aux[t]`` and the embedding of the token
+    that follows position t (the shift contract, :func:`eagle_io.feed.shift_targets`).
+    """
+
+    def __init__(self, cfg: Eagle3DraftConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.fc = nn.Linear(cfg.num_aux_layers * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.midlayer = DecoderLayer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+
+    def set_vocab_mapping(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        """Installs ``d2t [draft_vocab]`` int64 offsets and ``t2d [vocab]`` bool (shapes checked)."""
+        if tuple(d2t.shape) != tuple(self.d2t.shape) or tuple(t2d.shape) != tuple(self.t2d.shape):
+            raise ValueError(
+                f"vocab mapping d2t {list(d2t.shape)} / t2d {list(t2d.shape)} does not fit the draft "
+                f"(draft_vocab_size {self.config.draft_vocab_size}, vocab_size {self.config.vocab_size})"
+            )
+        self.d2t.copy_(d2t.to(torch.int64))
+        self.t2d.copy_(t2d.to(torch.bool))
+
+    def draft_token_ids(self) -> torch.Tensor:
+        """Target ids of the draft vocabulary: ``d2t + arange`` (SGLang's ``hot_token_id``)."""
+        return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+
+    def forward(
+        self, aux: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        b, n, width = aux.shape
+        if width != self.fc.in_features:
+            raise ValueError(
+                f"aux width {width} != fc input {self.fc.in_features} "
+                f"({self.config.num_aux_layers} x target_hidden_size {self.config.target_hidden_size})"
+            )
+        if position_ids is None:
+            position_ids = torch.arange(n, device=aux.device).expand(b, n)
+        dtype = self.fc.weight.dtype
+        hidden = self.fc(aux.to(dtype))
+        emb = self.embed_tokens(next_ids).to(dtype)
+        hidden = self.midlayer(emb, hidden, position_ids)
+        return self.lm_head(self.norm(hidden)).float()

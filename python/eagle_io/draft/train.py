@@ -1,0 +1,455 @@
+"""Reference EAGLE-3 draft training on eagle-io shards (CPU-friendly, single process).
+
+Recipe (SpecForge's offline EAGLE-3 path with a TTT length of 1; sources cited per step):
+
+1. **Shift** (:func:`eagle_io.feed.shift_targets`, ``loss_mask="target"``; SpecForge ``TargetHead.preprocess`` +
+   ``specforge.utils.padding(left=False)`` and ``normalize_offline_sample``'s ``loss_mask[-1] = 0``): position ``t``
+   is fed ``aux[t]`` and the embedding of ``input_ids[t+1]`` and trained toward the target's distribution at ``t+1``
+   (``lm_head(hidden_states[t+1])``, which predicts token ``t+2``); the last position has no target (mask 0). The
+   loss mask moves with the targets (``mask[t] = loss_mask[t+1]``); SpecForge instead keeps ``loss_mask[t]``
+   unshifted (it differs only at the two edges of each assistant span). Batches come from
+   :class:`eagle_io.feed.ShardDataset` (aligned ``max_length`` truncation) and :class:`eagle_io.feed.PaddingCollator`.
+2. **Teacher** (SpecForge ``_compute_target_p``): full-vocabulary target logits ``hidden[t+1] @ W_lm^T``; the
+   target token is their argmax; positions whose target token is outside the draft vocabulary are masked out;
+   ``target_p = softmax(logits[..., t2d])`` renormalised over the draft vocabulary. The full-vocabulary argmax is
+   computed once per sample and cached (the head is frozen); the draft-vocabulary slice per step.
+3. **Loss** (SpecForge ``LogSoftmaxLoss``): soft cross-entropy ``-sum(target_p * log_softmax(draft_logits))`` over
+   masked positions, here averaged over masked positions (SpecForge averages over all positions).
+4. **Metric**: top-1 agreement = draft argmax mapped through ``d2t`` equals the target's full-vocabulary argmax,
+   over held-out masked positions (``agreement``), and over those whose target token is in the draft vocabulary
+   (``agreement_in_vocab``, SpecForge's ``acc``).
+
+Not implemented: test-time-training unrolling (SpecForge ``--ttt-length 7``), multi-process/GPU training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from .model import Eagle3Draft, Eagle3DraftConfig
+
+__all__ = [
+    "TargetHead",
+    "TrainConfig",
+    "TrainResult",
+    "build_draft",
+    "evaluate",
+    "load_target_head",
+    "make_batch",
+    "split_positions",
+    "train_draft",
+    "write_summary",
+]
+
+
+# --- the target's frozen head --------------------------------------------------------------------------
+
+
+@dataclass
+class TargetHead:
+    """The frozen pieces of the target a draft trains against.
+
+    Attributes:
+        lm_head: ``[vocab, H]`` float32, the target's output projection (teacher logits = ``h @ lm_head.T``).
+        embed: ``[vocab, H]`` float32, the target's input embedding (the draft's frozen ``embed_tokens``).
+        config: ``hidden_size``, ``vocab_size``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
+            ``intermediate_size``, ``rms_norm_eps``, ``rope_theta``, ``max_position_embeddings``,
+            ``bos_token_id``, ``eos_token_id``, ``model_id``: used to shape the draft like the target.
+    """
+
+    lm_head: torch.Tensor
+    embed: torch.Tensor
+    config: dict[str, Any]
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, model_id: str = "") -> TargetHead:
+        """From a loaded Hugging Face causal LM (e.g. ``eagle_io.models.load_target``'s model)."""
+        cfg = model.config
+        heads = int(cfg.num_attention_heads)
+        rope = getattr(cfg, "rope_theta", None)
+        if rope is None:
+            params = getattr(cfg, "rope_parameters", None) or {}
+            rope = params.get("rope_theta", 10000.0)
+        return cls(
+            lm_head=model.get_output_embeddings().weight.detach().float().clone(),
+            embed=model.get_input_embeddings().weight.detach().float().clone(),
+            config={
+                "hidden_size": int(cfg.hidden_size),
+                "vocab_size": int(cfg.vocab_size),
+                "num_attention_heads": heads,
+                "num_key_value_heads": int(getattr(cfg, "num_key_value_heads", heads) or heads),
+                "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+                "intermediate_size": int(cfg.intermediate_size),
+                "rms_norm_eps": float(f"{float(getattr(cfg, 'rms_norm_eps', 1e-5)):.6g}"),  # GGUF stores float32
+                "rope_theta": float(rope),
+                "max_position_embeddings": int(getattr(cfg, "max_position_embeddings", 4096)),
+                "bos_token_id": getattr(cfg, "bos_token_id", None),
+                "eos_token_id": getattr(cfg, "eos_token_id", None),
+                "model_id": model_id,
+            },
+        )
+
+
+def load_target_head(model: str | os.PathLike[str] | None = None) -> TargetHead:
+    """Loads the target with :func:`eagle_io.models.load_target` (default: the embedded SmolLM2-135M-Instruct
+    GGUF, ~25 s on CPU) and keeps its ``lm_head`` and embedding.
+
+    Raises:
+        FileNotFoundError: the model path does not exist.
+    """
+    from ..models import load_target
+
+    net, _tok, info = load_target(model, dtype=torch.float32)
+    head = TargetHead.from_model(net, info["model_id"])
+    del net
+    return head
+
+
+# --- data: the feed's padded batches, shifted --------------------------------------------------------------
+
+
+def make_batch(dataset: Any, positions: Sequence[int]) -> dict[str, Any]:
+    """One right-padded, shifted training batch of ``dataset``'s items at ``positions``.
+
+    Args:
+        dataset: an :class:`eagle_io.feed.ShardDataset` (its ``max_length`` truncates each sample first).
+
+    Returns:
+        ``aux [B, T, k*H]`` (stored dtype), ``next_ids [B, T]`` int64 (``input_ids[t+1]``, 0 without one),
+        ``target_hidden [B, T, H]`` (``hidden_states[t+1]``, 0 without one), ``mask [B, T]`` bool
+        (``loss_mask[t+1] == 1`` and ``t+1`` is a real token of the same sample), ``lengths [B]`` int64,
+        ``positions`` (the dataset positions, a list). Built with :class:`eagle_io.feed.PaddingCollator` and
+        :func:`eagle_io.feed.shift_targets` (``loss_mask="target"``).
+    """
+    from ..feed import PaddingCollator, shift_targets
+
+    batch = shift_targets(PaddingCollator().collate_from(dataset, list(positions)), loss_mask="target")
+    return {
+        "aux": batch["aux_hidden_states"],
+        "next_ids": batch["next_input_ids"],
+        "target_hidden": batch["target_hidden_states"],
+        "mask": batch["loss_mask"] == 1,
+        "lengths": batch["lengths"],
+        "positions": list(positions),
+    }
+
+
+# --- training -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainConfig:
+    """Training settings. Lengths are tokens; ``lr`` is AdamW's peak learning rate (linear warm-up over
+    ``warmup_steps``, cosine decay to 10% at ``steps``)."""
+
+    steps: int = 300
+    batch_size: int = 4
+    max_length: int = 512
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    grad_clip: float = 0.5
+    eval_fraction: float = 0.1
+    eval_samples: int | None = None
+    eval_every: int = 0
+    seed: int = 0
+    threads: int | None = None
+    intermediate_size: int | None = None
+    log_every: int = 10
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train_draft` measured. Agreements are fractions in [0, 1]; losses are nats per masked token."""
+
+    model: Eagle3Draft
+    initial: dict[str, float]
+    final: dict[str, float]
+    history: list[dict[str, float]] = field(default_factory=list)
+    train_samples: int = 0
+    eval_samples: int = 0
+    steps: int = 0
+    train_tokens: int = 0
+    seconds: float = 0.0
+    teacher_seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        first = [h["loss"] for h in self.history[:10]]
+        last = [h["loss"] for h in self.history[-10:]]
+        return {
+            "steps": self.steps,
+            "train_samples": self.train_samples,
+            "eval_samples": self.eval_samples,
+            "train_tokens_seen": self.train_tokens,
+            "train_loss_first10": sum(first) / len(first) if first else None,
+            "train_loss_last10": sum(last) / len(last) if last else None,
+            "initial": self.initial,
+            "final": self.final,
+            "seconds": round(self.seconds, 2),
+            "teacher_argmax_seconds": round(self.teacher_seconds, 2),
+        }
+
+
+def _teacher_ids(head_w: torch.Tensor, target_hidden: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Full-vocabulary argmax of ``target_hidden [L, H] @ head_w.T`` (float32), chunked over rows."""
+    out = torch.empty(target_hidden.shape[0], dtype=torch.int64)
+    for i in range(0, target_hidden.shape[0], chunk):
+        out[i : i + chunk] = (target_hidden[i : i + chunk].float() @ head_w.T).argmax(-1)
+    return out
+
+
+class _Teacher:
+    """The teacher's full-vocabulary argmax per dataset position, computed on first use and cached (the target
+    head is frozen); ``seconds`` accumulates that cost."""
+
+    def __init__(self, head_w: torch.Tensor) -> None:
+        self.head_w = head_w
+        self.cache: dict[int, torch.Tensor] = {}
+        self.seconds = 0.0
+
+    def add_target_ids(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Adds ``target_ids [B, T]`` int64 (0 where there is no target) to a :func:`make_batch` batch."""
+        t0 = time.perf_counter()
+        out = torch.zeros(batch["next_ids"].shape, dtype=torch.int64)
+        for b, pos in enumerate(batch["positions"]):
+            n = int(batch["lengths"][b])
+            ids = self.cache.get(pos)
+            if ids is None:
+                ids = self.cache[pos] = _teacher_ids(self.head_w, batch["target_hidden"][b, :n])
+            out[b, :n] = ids
+        batch["target_ids"] = out
+        self.seconds += time.perf_counter() - t0
+        return batch
+
+
+def _losses(
+    model: Eagle3Draft, batch: dict[str, torch.Tensor], head_draft: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss and counts for one collated batch. ``head_draft = lm_head[t2d]`` (``[draft_vocab, H]``)."""
+    logits = model(batch["aux"], batch["next_ids"])  # [B, L, Vd] float32
+    in_vocab = model.t2d[batch["target_ids"]]
+    mask = batch["mask"]
+    train_mask = mask & in_vocab
+    with torch.no_grad():
+        target_p = torch.softmax(batch["target_hidden"].float() @ head_draft.T, dim=-1)
+    logp = torch.log_softmax(logits, dim=-1)
+    per_pos = -(target_p * logp).sum(-1)
+    n_train = int(train_mask.sum())
+    loss = (per_pos * train_mask).sum() / max(n_train, 1)
+    with torch.no_grad():
+        pred = model.draft_token_ids()[logits.argmax(-1)]
+        agree = (pred == batch["target_ids"]) & mask
+        stats = {
+            "loss_sum": float((per_pos * train_mask).sum()),
+            "n_train": float(n_train),
+            "n_mask": float(mask.sum()),
+            "n_agree": float(agree.sum()),
+            "n_agree_in_vocab": float((agree & in_vocab).sum()),
+        }
+    return loss, stats
+
+
+@torch.no_grad()
+def evaluate(
+    model: Eagle3Draft,
+    dataset: Any,
+    positions: Sequence[int],
+    teacher: _Teacher,
+    head_draft: torch.Tensor,
+    batch_size: int = 4,
+) -> dict[str, float]:
+    """Loss and top-1 agreement with the target over ``dataset``'s items at ``positions`` (an
+    :class:`eagle_io.feed.ShardDataset`; see the module docstring for the definitions).
+
+    Returns:
+        ``loss`` (nats per in-vocab masked position), ``agreement`` (over all masked positions),
+        ``agreement_in_vocab`` (over masked positions whose target token is in the draft vocabulary),
+        ``positions`` (masked positions), ``in_vocab_share``.
+    """
+    model.eval()
+    tot = {"loss_sum": 0.0, "n_train": 0.0, "n_mask": 0.0, "n_agree": 0.0, "n_agree_in_vocab": 0.0}
+    for i in range(0, len(positions), batch_size):
+        batch = teacher.add_target_ids(make_batch(dataset, positions[i : i + batch_size]))
+        _, st = _losses(model, batch, head_draft)
+        for k in tot:
+            tot[k] += st[k]
+    model.train()
+    return {
+        "loss": tot["loss_sum"] / max(tot["n_train"], 1.0),
+        "agreement": tot["n_agree"] / max(tot["n_mask"], 1.0),
+        "agreement_in_vocab": tot["n_agree_in_vocab"] / max(tot["n_train"], 1.0),
+        "positions": tot["n_mask"],
+        "in_vocab_share": tot["n_train"] / max(tot["n_mask"], 1.0),
+    }
+
+
+def build_draft(
+    head: TargetHead, metadata: dict[str, Any], draft_vocab_size: int, intermediate_size: int | None = None
+) -> Eagle3Draft:
+    """A draft shaped like the target (hidden size, heads, RoPE) for the dataset's aux layout."""
+    c = head.config
+    hidden = int(metadata["hidden_size"])
+    if hidden != c["hidden_size"]:
+        raise IncompatibleDatasetError(
+            f"dataset hidden_size {hidden} != target head hidden_size {c['hidden_size']} ({c.get('model_id')})"
+        )
+    if metadata.get("vocab_size") not in (None, c["vocab_size"]):
+        raise IncompatibleDatasetError(
+            f"dataset vocab_size {metadata['vocab_size']} != target head vocab_size {c['vocab_size']}"
+        )
+    k = len(metadata["aux_layer_ids"]) if metadata.get("aux_layer_ids") else int(metadata.get("num_aux_layers", 3))
+    cfg = Eagle3DraftConfig(
+        vocab_size=c["vocab_size"],
+        draft_vocab_size=draft_vocab_size,
+        hidden_size=hidden,
+        target_hidden_size=hidden,
+        num_aux_layers=k,
+        num_attention_heads=c["num_attention_heads"],
+        num_key_value_heads=c["num_key_value_heads"],
+        head_dim=c["head_dim"],
+        intermediate_size=intermediate_size or c["intermediate_size"],
+        rms_norm_eps=c["rms_norm_eps"],
+        rope_theta=c["rope_theta"],
+        max_position_embeddings=c["max_position_embeddings"],
+    )
+    model = Eagle3Draft(cfg)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(head.embed)
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and name != "embed_tokens.weight":
+                p.normal_(0.0, 0.02)  # HF Llama initializer_range
+    return model
+
+
+def split_positions(n: int, eval_fraction: float, eval_samples: int | None, seed: int) -> tuple[list[int], list[int]]:
+    """Deterministic held-out split: a seeded shuffle of ``range(n)``; the first ``eval_samples`` (default
+    ``max(1, round(n * eval_fraction))``) positions are held out, sorted."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    k = eval_samples if eval_samples is not None else max(1, round(n * eval_fraction))
+    if not 0 < k < n:
+        raise InvalidArgumentError(f"cannot hold out {k} of {n} samples (need at least one on each side)")
+    return sorted(order[k:]), sorted(order[:k])
+
+
+def train_draft(
+    dataset: Any,
+    head: TargetHead,
+    mapping: Any,
+    config: TrainConfig | None = None,
+    *,
+    log: Callable[[str], None] | None = print,
+) -> TrainResult:
+    """Trains a draft on ``dataset`` and measures it on held-out samples before and after.
+
+    Args:
+        dataset: a path (or list of paths) or an :class:`eagle_io.feed.ShardDataset` (EAGLE-3 schema; metadata
+            ``hidden_size``, ``aux_layer_ids``); paths are opened with ``max_length=config.max_length``.
+        head: the target's frozen head (:func:`load_target_head` / :meth:`TargetHead.from_model`).
+        mapping: :class:`eagle_io.vocab.VocabMapping` whose ``target_vocab_size`` is the head's vocabulary.
+        config: :class:`TrainConfig`.
+        log: progress lines (None for silence).
+
+    Returns:
+        :class:`TrainResult` with ``initial`` / ``final`` held-out metrics (:func:`evaluate`) and the loss history.
+
+    Raises:
+        IncompatibleDatasetError: hidden or vocabulary sizes of dataset, head and mapping disagree.
+    """
+    from ..feed import ShardDataset
+
+    cfg = config or TrainConfig()
+    say = log or (lambda _m: None)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    ds = dataset if isinstance(dataset, ShardDataset) else ShardDataset(dataset, max_length=cfg.max_length)
+    if mapping.target_vocab_size != head.config["vocab_size"]:
+        raise IncompatibleDatasetError(
+            f"vocab mapping target_vocab_size {mapping.target_vocab_size} != target vocab {head.config['vocab_size']}"
+        )
+    model = build_draft(head, ds.metadata, mapping.draft_vocab_size, cfg.intermediate_size)
+    model.set_vocab_mapping(mapping.d2t, mapping.t2d)
+    head_w = head.lm_head.float()
+    head_draft = head_w[mapping.t2d].contiguous()  # rows in ascending target id = draft id order
+
+    train_pos, eval_pos = split_positions(len(ds), cfg.eval_fraction, cfg.eval_samples, cfg.seed)
+    t0 = time.perf_counter()
+    teacher = _Teacher(head_w)
+    say(f"data      {len(train_pos)} train + {len(eval_pos)} held-out samples, draft vocab {mapping.draft_vocab_size}")
+
+    initial = evaluate(model, ds, eval_pos, teacher, head_draft, cfg.batch_size)
+    say(f"initial   held-out loss {initial['loss']:.3f}, agreement {initial['agreement']:.4f}")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+    rng = random.Random(cfg.seed + 1)
+    order: list[int] = []
+    history: list[dict[str, float]] = []
+    tokens = 0
+    t_train = time.perf_counter()
+    model.train()
+    for step in range(cfg.steps):
+        if len(order) < cfg.batch_size:
+            more = list(train_pos)
+            rng.shuffle(more)
+            order += more
+        picked, order = order[: cfg.batch_size], order[cfg.batch_size :]
+        batch = teacher.add_target_ids(make_batch(ds, picked))
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        loss, st = _losses(model, batch, head_draft)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        opt.step()
+        tokens += int(st["n_mask"])
+        rec = {"step": step + 1, "loss": loss.item(), "train_agreement": st["n_agree"] / max(st["n_mask"], 1.0)}
+        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+            ev = evaluate(model, ds, eval_pos, teacher, head_draft, cfg.batch_size)
+            rec.update({"eval_loss": ev["loss"], "eval_agreement": ev["agreement"]})
+            say(f"eval      step {step + 1}: held-out loss {ev['loss']:.3f}, agreement {ev['agreement']:.4f}")
+        history.append(rec)
+        if cfg.log_every and ((step + 1) % cfg.log_every == 0 or step == 0):
+            el = time.perf_counter() - t_train
+            say(
+                f"step {step + 1:5d}  loss {rec['loss']:.3f}  agree {rec['train_agreement']:.3f}  "
+                f"lr {lr_at(step):.2e}  {el / (step + 1):.2f} s/step"
+            )
+    final = evaluate(model, ds, eval_pos, teacher, head_draft, cfg.batch_size)
+    seconds = time.perf_counter() - t0
+    say(f"final     held-out loss {final['loss']:.3f}, agreement {final['agreement']:.4f} ({seconds:.0f} s)")
+    return TrainResult(
+        model=model,
+        initial=initial,
+        final=final,
+        history=history,
+        train_samples=len(train_pos),
+        eval_samples=len(eval_pos),
+        steps=cfg.steps,
+        train_tokens=tokens,
+        seconds=seconds,
+        teacher_seconds=teacher.seconds,
+    )
+
+
+def write_summary(path: str | os.PathLike[str], result: TrainResult, extra: dict[str, Any] | None = None) -> None:
+    """Writes :meth:`TrainResult.summary` (plus ``extra``) as JSON."""
+    with open(path, "w") as f:
+        json.dump({**result.summary(), **(extra or {})}, f, indent=2)

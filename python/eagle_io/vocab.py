@@ -1,0 +1,379 @@
+"""Draft vocabulary mapping (``d2t`` / ``t2d``) from loss-masked token counts, keyed to its dataset.
+
+SpecForge's convention (``specforge/data/preprocessing.py``: ``generate_vocab_mapping_file`` and
+``process_token_dict_to_mappings``), which SGLang's EAGLE-3 loader consumes
+(``sglang/srt/models/llama_eagle3.py``: ``LlamaForCausalLMEagle3.load_weights``, ``hot_token_id = d2t + arange``):
+
+* count every ``input_ids[t]`` with ``loss_mask[t] == 1`` over the dataset;
+* keep the ``draft_vocab_size`` most frequent target ids and sort them ascending: ``used``;
+* ``d2t[i] = used[i] - i`` (int64 offsets, so ``target_id = i + d2t[i]``); ``t2d[v] = v in used``
+  (bool over the target vocabulary), hence ``t2d.sum() == len(d2t) == draft_vocab_size``.
+
+Where eagle-io is stricter than SpecForge (documented, tested):
+
+* **Ties** at the cut-off: SpecForge keeps the tokens ``Counter.most_common`` returns first, i.e. first
+  *seen* (depends on dataset order). eagle-io ranks by ``(-count, token_id)``: the lower id wins, so the map
+  depends only on the counts.
+* **Padding** when fewer than ``draft_vocab_size`` distinct tokens were counted: SpecForge adds missing ids from
+  ``range(draft_vocab_size)`` with count 0 in set order (ascending for small ints in CPython). eagle-io adds the
+  lowest target ids not already chosen, ascending: the same set, made explicit. The number added is recorded
+  (``key["padded"]``).
+* **Keying**: the mapping records the dataset (SHA-256 over its manifest's schema, metadata and shard index
+  checksums), ``target_vocab_size`` and ``draft_vocab_size``; :func:`load_vocab_mapping` refuses a mapping whose
+  key differs from what the caller expects, naming both values, so a cached map is never reused for another
+  vocabulary size or dataset (SpecForge's cache is keyed by a file name only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import IncompatibleDatasetError, InvalidArgumentError
+
+__all__ = [
+    "VOCAB_MAP_FORMAT",
+    "VocabMapping",
+    "VocabMappingMismatchError",
+    "build_vocab_mapping",
+    "count_loss_masked_tokens",
+    "dataset_fingerprint",
+    "load_vocab_mapping",
+    "mapping_from_counts",
+    "validate_mapping",
+]
+
+VOCAB_MAP_FORMAT = "eagle-io/vocab-map"
+VOCAB_MAP_VERSION = 1
+_META_KEY = "eagle_io_vocab_map"
+
+
+class VocabMappingMismatchError(IncompatibleDatasetError):
+    """A stored vocabulary mapping was built for another dataset or other vocabulary sizes."""
+
+
+def dataset_fingerprint(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> str:
+    """SHA-256 (hex) identifying the data of one or several datasets, from their manifests alone.
+
+    Hashes, per dataset in the given order, the manifest's ``schema``, ``metadata`` and, per shard,
+    ``samples``, ``tokens`` and ``index_crc32`` (which covers every record's CRC-32 and sample id). Paths,
+    writer version and codec settings are left out: a copied or re-compressed dataset keeps its fingerprint;
+    any changed sample, added shard or different target does not.
+    """
+    from .reader import Dataset
+
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    h = hashlib.sha256()
+    for p in items:
+        m = Dataset(p).manifest
+        view = {
+            "schema": m["schema"],
+            "metadata": m["metadata"],
+            "shards": [[s["samples"], s["tokens"], s["index_crc32"]] for s in m["shards"]],
+        }
+        h.update(json.dumps(view, sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()
+
+
+def count_loss_masked_tokens(
+    datasets: Any | Sequence[Any],
+    target_vocab_size: int,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[torch.Tensor, int]:
+    """Counts ``input_ids[t]`` over positions with ``loss_mask[t] == 1`` (SpecForge's ``loss_mask == 1``).
+
+    Args:
+        datasets: :class:`eagle_io.Dataset` objects or paths (one or a list).
+        target_vocab_size: length of the count vector.
+
+    Returns:
+        ``(counts [target_vocab_size] int64, samples_read)``.
+
+    Raises:
+        InvalidArgumentError: a masked token id outside ``[0, target_vocab_size)``, naming the sample.
+    """
+    from .reader import Dataset
+
+    items = [datasets] if isinstance(datasets, (str, os.PathLike, Dataset)) else list(datasets)
+    dss = [d if isinstance(d, Dataset) else Dataset(d) for d in items]
+    total = sum(len(d) for d in dss)
+    counts = torch.zeros(target_vocab_size, dtype=torch.int64)
+    done = 0
+    for ds in dss:
+        for pos in range(len(ds)):
+            item = ds[pos]
+            ids = item["input_ids"][item["loss_mask"] == 1]
+            if ids.numel():
+                lo, hi = int(ids.min()), int(ids.max())
+                if lo < 0 or hi >= target_vocab_size:
+                    raise InvalidArgumentError(
+                        f"{ds.manifest_path}: sample {item['sample_id']} has token id {hi if hi >= 0 else lo} "
+                        f"outside the target vocabulary [0, {target_vocab_size})"
+                    )
+                counts += torch.bincount(ids, minlength=target_vocab_size)
+            done += 1
+            if progress:
+                progress(done, total)
+    return counts, done
+
+
+def validate_mapping(d2t: torch.Tensor, t2d: torch.Tensor, draft_vocab_size: int, target_vocab_size: int) -> None:
+    """Checks a mapping: ``d2t [draft_vocab_size]`` int64, ``t2d [target_vocab_size]`` bool,
+    ``t2d.sum() == len(d2t) == draft_vocab_size``, draft ids map to strictly ascending target ids
+    (SpecForge sorts ``used``), and ``t2d`` is True exactly at ``d2t + arange``.
+
+    Raises:
+        ValueError: naming the first invariant that fails and the values found.
+    """
+    if d2t.dtype != torch.int64 or d2t.dim() != 1:
+        raise ValueError(f"d2t must be a 1-D int64 tensor, got {d2t.dtype} {list(d2t.shape)}")
+    if t2d.dtype != torch.bool or t2d.dim() != 1:
+        raise ValueError(f"t2d must be a 1-D bool tensor, got {t2d.dtype} {list(t2d.shape)}")
+    if t2d.shape[0] != target_vocab_size:
+        raise ValueError(f"t2d has {t2d.shape[0]} entries, target_vocab_size is {target_vocab_size}")
+    n_true = int(t2d.sum())
+    if not (n_true == d2t.shape[0] == draft_vocab_size):
+        raise ValueError(
+            f"t2d.sum() = {n_true}, len(d2t) = {d2t.shape[0]}, draft_vocab_size = {draft_vocab_size}: must be equal"
+        )
+    target_ids = d2t + torch.arange(draft_vocab_size)
+    if draft_vocab_size and (int(target_ids.min()) < 0 or int(target_ids.max()) >= target_vocab_size):
+        raise ValueError(f"d2t maps draft ids outside the target vocabulary [0, {target_vocab_size})")
+    if draft_vocab_size > 1 and not bool((target_ids[1:] > target_ids[:-1]).all()):
+        raise ValueError("d2t + arange is not strictly ascending (SpecForge's d2t lists target ids sorted)")
+    if not bool(t2d[target_ids].all()):
+        raise ValueError("t2d is False at some target id that d2t maps to")
+
+
+@dataclass(frozen=True)
+class VocabMapping:
+    """A draft vocabulary mapping and its key.
+
+    Attributes:
+        d2t: ``[draft_vocab_size]`` int64, ``target_id = draft_id + d2t[draft_id]``.
+        t2d: ``[target_vocab_size]`` bool, True for target ids in the draft vocabulary.
+        key: ``format``, ``version``, ``dataset_sha256`` (:func:`dataset_fingerprint`), ``target_vocab_size``,
+            ``draft_vocab_size``, plus facts: ``counted_tokens``, ``distinct_tokens``, ``padded`` (ids added
+            with count 0), ``coverage`` (share of counted tokens inside the draft vocabulary), ``tie_break``.
+    """
+
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+    key: Mapping[str, Any]
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return int(self.d2t.shape[0])
+
+    @property
+    def target_vocab_size(self) -> int:
+        return int(self.t2d.shape[0])
+
+    def target_ids(self) -> torch.Tensor:
+        """``[draft_vocab_size]`` int64 target ids, ascending (``d2t + arange``; SGLang's ``hot_token_id``)."""
+        return self.d2t + torch.arange(self.draft_vocab_size)
+
+    def check(
+        self,
+        *,
+        dataset_sha256: str | None = None,
+        target_vocab_size: int | None = None,
+        draft_vocab_size: int | None = None,
+        source: str = "vocab mapping",
+    ) -> None:
+        """Raises :class:`VocabMappingMismatchError` when any given expectation differs from the key,
+        naming every differing field with both values; then re-validates the tensors."""
+        expected = {
+            "dataset_sha256": dataset_sha256,
+            "target_vocab_size": target_vocab_size,
+            "draft_vocab_size": draft_vocab_size,
+        }
+        bad = [
+            f"{k}: mapping has {self.key.get(k)!r}, expected {v!r}"
+            for k, v in expected.items()
+            if v is not None and self.key.get(k) != v
+        ]
+        if bad:
+            raise VocabMappingMismatchError(f"{source} does not match: " + "; ".join(bad))
+        validate_mapping(
+            self.d2t,
+            self.t2d,
+            int(self.key.get("draft_vocab_size", self.draft_vocab_size)),
+            int(self.key.get("target_vocab_size", self.target_vocab_size)),
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the mapping atomically.
+
+        ``*.safetensors``: tensors ``d2t`` and ``t2d`` with the key as JSON in the header metadata
+        (``eagle_io_vocab_map``). Any other suffix (e.g. ``.pt``): ``torch.save({"d2t", "t2d",
+        "eagle_io_key"})``, which SpecForge's trainer loads as its ``vocab_mapping.pt`` (it reads only ``d2t``
+        and ``t2d``; ``torch.load(weights_only=True)`` accepts the key dict).
+        """
+        path = os.fspath(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            if path.endswith(".safetensors"):
+                from safetensors.torch import save_file
+
+                save_file(
+                    {"d2t": self.d2t.contiguous(), "t2d": self.t2d.contiguous()},
+                    tmp,
+                    metadata={_META_KEY: json.dumps(dict(self.key), sort_keys=True)},
+                )
+            else:
+                torch.save({"d2t": self.d2t, "t2d": self.t2d, "eagle_io_key": dict(self.key)}, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def mapping_from_counts(
+    counts: torch.Tensor, draft_vocab_size: int, *, key: Mapping[str, Any] | None = None
+) -> VocabMapping:
+    """Builds ``d2t`` / ``t2d`` from per-target-id counts (``[target_vocab_size]``).
+
+    Ranking: ``(-count, token_id)``, top ``draft_vocab_size`` among ids with count > 0; if fewer than
+    ``draft_vocab_size`` ids were counted, the lowest unused target ids (ascending) fill the rest
+    (see the module docstring for how this relates to SpecForge). The result is validated.
+
+    Raises:
+        InvalidArgumentError: ``draft_vocab_size`` not in ``[1, target_vocab_size]``.
+    """
+    target_vocab_size = int(counts.shape[0])
+    if not 1 <= draft_vocab_size <= target_vocab_size:
+        raise InvalidArgumentError(
+            f"draft_vocab_size {draft_vocab_size} must be in [1, target_vocab_size = {target_vocab_size}]"
+        )
+    counts = counts.to(torch.int64)
+    seen = torch.nonzero(counts > 0).flatten()  # ascending ids
+    # Stable sort of ascending ids by descending count: ties keep the lower id first.
+    order = torch.sort(counts[seen], descending=True, stable=True).indices
+    chosen = seen[order[:draft_vocab_size]]
+    padded = draft_vocab_size - int(chosen.numel())
+    if padded:
+        unused = torch.ones(target_vocab_size, dtype=torch.bool)
+        unused[chosen] = False
+        chosen = torch.cat([chosen, torch.nonzero(unused).flatten()[:padded]])
+    used = torch.sort(chosen).values
+    d2t = used - torch.arange(draft_vocab_size)
+    t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    total = int(counts.sum())
+    full_key = {
+        "format": VOCAB_MAP_FORMAT,
+        "version": VOCAB_MAP_VERSION,
+        "target_vocab_size": target_vocab_size,
+        "draft_vocab_size": draft_vocab_size,
+        "counted_tokens": total,
+        "distinct_tokens": int(seen.numel()),
+        "padded": padded,
+        "coverage": (int(counts[used].sum()) / total) if total else 0.0,
+        "tie_break": "count descending, then token id ascending",
+        "padding": "lowest unused target ids, ascending",
+    }
+    full_key.update(key or {})
+    validate_mapping(d2t, t2d, draft_vocab_size, target_vocab_size)
+    return VocabMapping(d2t=d2t, t2d=t2d, key=full_key)
+
+
+def _target_vocab_size(dss: Sequence[Any], given: int | None) -> int:
+    sizes = {d.metadata.get("vocab_size") for d in dss}
+    sizes.discard(None)
+    if given is not None:
+        if sizes and sizes != {given}:
+            raise InvalidArgumentError(
+                f"target_vocab_size {given} disagrees with the datasets' metadata vocab_size {sorted(sizes)}"
+            )
+        return given
+    if len(sizes) != 1:
+        raise InvalidArgumentError(
+            f"cannot tell the target vocabulary size (metadata vocab_size: {sorted(sizes) or 'absent'}); pass it"
+        )
+    return int(sizes.pop())
+
+
+def build_vocab_mapping(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    draft_vocab_size: int,
+    *,
+    target_vocab_size: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> VocabMapping:
+    """Counts loss-masked tokens over the dataset(s) at ``paths`` and builds the keyed mapping.
+
+    Args:
+        paths: one dataset (directory or manifest) or several (e.g. per-rank outputs), in a fixed order.
+        draft_vocab_size: size of the draft vocabulary (SpecForge's default is 32000).
+        target_vocab_size: the target's vocabulary size; default the datasets' ``metadata["vocab_size"]``.
+
+    Raises:
+        InvalidArgumentError: sizes unknown or inconsistent, or a token id out of range (names the sample).
+    """
+    from .reader import Dataset
+
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    dss = [Dataset(p) for p in items]
+    vocab = _target_vocab_size(dss, target_vocab_size)
+    counts, samples = count_loss_masked_tokens(dss, vocab, progress=progress)
+    key = {
+        "dataset_sha256": dataset_fingerprint(items),
+        "dataset_samples": samples,
+        "count_rule": "input_ids where loss_mask == 1 (SpecForge generate_vocab_mapping_file)",
+    }
+    return mapping_from_counts(counts, draft_vocab_size, key=key)
+
+
+def load_vocab_mapping(
+    path: str | os.PathLike[str],
+    *,
+    dataset: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
+    dataset_sha256: str | None = None,
+    target_vocab_size: int | None = None,
+    draft_vocab_size: int | None = None,
+) -> VocabMapping:
+    """Loads a mapping written by :meth:`VocabMapping.save` and checks its key against the expectations given.
+
+    Args:
+        dataset: path(s) whose :func:`dataset_fingerprint` the mapping must carry (or pass ``dataset_sha256``).
+        target_vocab_size, draft_vocab_size: sizes it must have.
+
+    Raises:
+        VocabMappingMismatchError: the key differs (names the file and both values of each field), or the file
+            has no eagle-io key (e.g. a bare SpecForge ``vocab_mapping.pt``) while an expectation was given.
+        ValueError: the tensors break an invariant (:func:`validate_mapping`).
+    """
+    path = os.fspath(path)
+    if path.endswith(".safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            meta = f.metadata() or {}
+            d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
+        key = json.loads(meta[_META_KEY]) if _META_KEY in meta else {}
+    else:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+        d2t, t2d, key = obj["d2t"], obj["t2d"], dict(obj.get("eagle_io_key") or {})
+    if dataset is not None:
+        dataset_sha256 = dataset_fingerprint(dataset)
+    if not key and any(v is not None for v in (dataset_sha256, target_vocab_size, draft_vocab_size)):
+        raise VocabMappingMismatchError(f"{path} carries no eagle-io key: cannot prove it fits this dataset")
+    key.setdefault("draft_vocab_size", int(d2t.shape[0]))
+    key.setdefault("target_vocab_size", int(t2d.shape[0]))
+    mapping = VocabMapping(d2t=d2t.to(torch.int64), t2d=t2d.to(torch.bool), key=key)
+    mapping.check(
+        dataset_sha256=dataset_sha256,
+        target_vocab_size=target_vocab_size,
+        draft_vocab_size=draft_vocab_size,
+        source=path,
+    )
+    return mapping
