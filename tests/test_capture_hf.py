@@ -23,9 +23,15 @@ PAD_TOL = 2e-5
 def tiny_llama(num_layers=8, attn="sdpa", dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=96, hidden_size=H, intermediate_size=128, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        attn_implementation=attn, initializer_range=0.2,
+        vocab_size=96,
+        hidden_size=H,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation=attn,
+        initializer_range=0.2,
     )
     return LlamaForCausalLM(cfg).to(dtype).eval()
 
@@ -218,6 +224,7 @@ def test_model_errors():
 
 
 # ---- real target: SmolLM2-135M-Instruct GGUF ----------------------------------------------------------
+
 
 def _has_smollm2():
     try:

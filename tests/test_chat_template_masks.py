@@ -30,9 +30,7 @@ from eagle_io.data.stats import SkipStats
 from eagle_io.data.turns import prepare_turns
 
 FIXTURES = Path(__file__).parent / "fixtures"
-FAMILIES = {
-    k: v for k, v in json.loads((FIXTURES / "templates" / "families.json").read_text()).items() if k[0] != "_"
-}
+FAMILIES = {k: v for k, v in json.loads((FIXTURES / "templates" / "families.json").read_text()).items() if k[0] != "_"}
 SMOL_EOT = "<|im_end|>"
 
 
@@ -83,9 +81,7 @@ MULTI_TURN = [
 
 
 @pytest.mark.parametrize("family", ["smollm2", "llama3", "qwen2_5", "mistral_v0"])
-def test_masked_tokens_are_exactly_the_assistant_turns(
-    family: str, family_tokenizers: dict[str, Any]
-) -> None:
+def test_masked_tokens_are_exactly_the_assistant_turns(family: str, family_tokenizers: dict[str, Any]) -> None:
     tok = family_tokenizers[family]
     system = [] if family == "mistral_v0" else [("system", "You are terse.")]
     c = conv(*system, *MULTI_TURN)
@@ -171,9 +167,7 @@ def test_truncation_keeps_ids_and_mask_aligned(smol: Any) -> None:
         cut = tokenize_conversation(conv(*MULTI_TURN), smol, max_length=max_length, stats=stats)
         n = min(max_length, length)
         assert cut.input_ids.shape == cut.loss_mask.shape == (n,)
-        assert torch.equal(cut.input_ids, full.input_ids[:n]) and torch.equal(
-            cut.loss_mask, full.loss_mask[:n]
-        )
+        assert torch.equal(cut.input_ids, full.input_ids[:n]) and torch.equal(cut.loss_mask, full.loss_mask[:n])
         assert cut.truncated == (max_length < length)
     assert stats.modified["truncated_to_max_length"] == 3
 

@@ -143,9 +143,7 @@ def test_bom_is_skipped_and_counted_in_offsets(tmp_path: Path) -> None:
             {
                 "id": st.text(max_size=5),
                 "conversations": st.lists(
-                    st.fixed_dictionaries(
-                        {"from": st.sampled_from(["human", "gpt"]), "value": st.text(max_size=40)}
-                    ),
+                    st.fixed_dictionaries({"from": st.sampled_from(["human", "gpt"]), "value": st.text(max_size=40)}),
                     max_size=3,
                 ),
             }
@@ -155,9 +153,7 @@ def test_bom_is_skipped_and_counted_in_offsets(tmp_path: Path) -> None:
     chunk_size=st.integers(min_value=1, max_value=64),
     indent=st.sampled_from([None, 0, 2]),
 )
-def test_stream_matches_json_load_for_any_chunking(
-    records: list, chunk_size: int, indent: int | None
-) -> None:
+def test_stream_matches_json_load_for_any_chunking(records: list, chunk_size: int, indent: int | None) -> None:
     import io
 
     data, offsets = _json_list_with_offsets(records, indent=indent)
@@ -238,9 +234,7 @@ def test_invalid_jsonl_line_names_record_and_line_start(tmp_path: Path) -> None:
         ({"id": {"x": 1}, "conversations": []}, "bad_id"),
     ],
 )
-def test_wrong_record_shape_raises_with_record_and_offset(
-    tmp_path: Path, record: object, reason: str
-) -> None:
+def test_wrong_record_shape_raises_with_record_and_offset(tmp_path: Path, record: object, reason: str) -> None:
     records = [SHAREGPT[0], SHAREGPT[1], record, SHAREGPT[2]]
     data, offsets = _json_list_with_offsets(records)
     path = _write(tmp_path / "shape.json", data)
@@ -267,9 +261,7 @@ def test_skip_policy_counts_every_skipped_record(tmp_path: Path) -> None:
     stats = SkipStats()
     kept = list(iter_conversations(path, on_error="skip", stats=stats))
     assert [(c.index, c.id) for c in kept] == [(0, "a_0"), (3, "b_0"), (6, "c_0")]
-    assert stats.skipped == Counter(
-        {"unknown_role": 2, "invalid_json": 1, "not_an_object": 1, "truncated": 1}
-    )
+    assert stats.skipped == Counter({"unknown_role": 2, "invalid_json": 1, "not_an_object": 1, "truncated": 1})
     assert stats.examples["unknown_role"] == [2, 5]
     assert stats.total_skipped == 5 == len(lines) - len(kept)
 
@@ -334,9 +326,7 @@ def test_embedded_paths_exist() -> None:
 
 def test_missing_package_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(embedded, "MODEL_PACKAGE", "eagle-io-no-such-package")
-    with pytest.raises(
-        embedded.MissingDataPackageError, match="pip install eagle-io-no-such-package"
-    ) as info:
+    with pytest.raises(embedded.MissingDataPackageError, match="pip install eagle-io-no-such-package") as info:
         embedded.default_model_path()
     assert info.value.package == "eagle-io-no-such-package"
 
@@ -371,9 +361,7 @@ def test_invalid_utf8_names_the_record_that_holds_it(tmp_path: Path, chunk_size:
     stats = SkipStats()
     seen = []
     with pytest.raises(DatasetFormatError) as info:
-        seen.extend(
-            c.index for c in iter_conversations(path, on_error="skip", stats=stats, chunk_size=chunk_size)
-        )
+        seen.extend(c.index for c in iter_conversations(path, on_error="skip", stats=stats, chunk_size=chunk_size))
     assert seen == [0, 1]
     assert (info.value.record, info.value.byte_offset, info.value.reason) == (2, offsets[2], "invalid_json")
     assert f"invalid UTF-8 at byte offset {bad_at}" in str(info.value)

@@ -15,8 +15,7 @@ from eagle_io.layers import (
 
 @pytest.mark.parametrize(
     ("n", "expected"),
-    [(30, [2, 15, 27]), (61, [2, 30, 58]), (32, [2, 16, 29]), (80, [2, 40, 77]), (7, [2, 3, 4]),
-     (8, [2, 4, 5])],
+    [(30, [2, 15, 27]), (61, [2, 30, 58]), (32, [2, 16, 29]), (80, [2, 40, 77]), (7, [2, 3, 4]), (8, [2, 4, 5])],
 )
 def test_default_ids(n, expected):
     assert default_aux_layer_ids(n) == expected

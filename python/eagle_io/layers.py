@@ -29,9 +29,7 @@ __all__ = [
     "validate_aux_layer_ids",
 ]
 
-AUX_LAYER_CONVENTION = (
-    "input of 0-based decoder layer i = HF output_hidden_states[i] (index 0 = embedding output)"
-)
+AUX_LAYER_CONVENTION = "input of 0-based decoder layer i = HF output_hidden_states[i] (index 0 = embedding output)"
 
 
 def validate_aux_layer_ids(ids: Sequence[int], num_layers: int) -> list[int]:
@@ -63,9 +61,7 @@ def validate_aux_layer_ids(ids: Sequence[int], num_layers: int) -> list[int]:
         if out and i == out[-1]:
             raise ValueError(f"aux layer id {i} is duplicated in {list(ids)}: ids must be distinct")
         if out and i < out[-1]:
-            raise ValueError(
-                f"aux layer id {i} follows {out[-1]} in {list(ids)}: ids must be sorted ascending"
-            )
+            raise ValueError(f"aux layer id {i} follows {out[-1]} in {list(ids)}: ids must be sorted ascending")
         out.append(int(i))
     return out
 

@@ -100,8 +100,9 @@ def _decode_chunk(desc: tuple, payload: bytes, size: int, elem: int) -> bytes:
     if codec != PLANES:
         raise ValueError(f"unknown codec {codec}")
     if planes not in (2, 4) or planes != elem or plane_zstd >> planes or any(stored[planes:]) or layout > 1:
-        raise ValueError(f"PLANES chunk with planes={planes}, plane_zstd={plane_zstd:#x}, layout={layout}, "
-                         f"stored={stored}")
+        raise ValueError(
+            f"PLANES chunk with planes={planes}, plane_zstd={plane_zstd:#x}, layout={layout}, stored={stored}"
+        )
     if rows == 0 and size == 0 == len(payload):
         return b""
     if rows == 0 or size % (planes * rows):

@@ -22,7 +22,6 @@ from .errors import SchemaError
 from .writer import ShardWriter
 
 
-
 class RingSink:
     """Takes ownership of ``writer`` and feeds it from a ring of ``ring_bytes`` host memory.
 

@@ -18,7 +18,6 @@ from .targets.hf import HFCapture
 from .writer import ShardWriter
 
 
-
 class NonFiniteStatesError(InvalidArgumentError):
     """A captured state holds NaN or Inf (policy ``nonfinite="raise"``). Attributes: ``sample_id``, ``row``."""
 

@@ -13,7 +13,6 @@ from .errors import SchemaError
 from .schema import TensorSpec, to_json
 
 
-
 class ShardWriter:
     """Writes samples into a dataset directory: ``root/shards/*.eio`` and ``root/<manifest_name>``.
 
@@ -85,7 +84,9 @@ class ShardWriter:
         names = [s.name for s in self.schema]
         if set(tensors) != set(names):
             missing, extra = sorted(set(names) - set(tensors)), sorted(set(tensors) - set(names))
-            raise SchemaError.for_sample(sample_id, f"tensors do not match the schema (missing {missing}, unexpected {extra})")
+            raise SchemaError.for_sample(
+                sample_id, f"tensors do not match the schema (missing {missing}, unexpected {extra})"
+            )
         try:
             return (sample_id, key, [as_native(n, tensors[n]) for n in names])
         except (ValueError, TypeError) as e:

@@ -18,11 +18,21 @@ def shard_entry(path: Path) -> dict:
     footer = data[-40:]
     assert footer[32:] == b"EIOINDX\0", f"{path} has no footer: not a committed shard"
     index_offset, n = int.from_bytes(footer[0:8], "little"), int.from_bytes(footer[16:24], "little")
-    tokens = sum(int.from_bytes(data[index_offset + 40 * i + 24 : index_offset + 40 * i + 32], "little")
-                 for i in range(n))
+    tokens = sum(
+        int.from_bytes(data[index_offset + 40 * i + 24 : index_offset + 40 * i + 32], "little") for i in range(n)
+    )
     schema = json.loads(data[32 : 32 + int.from_bytes(data[12:16], "little")])
-    sizes = {"bool": 1, "uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2,
-             "float32": 4}
+    sizes = {
+        "bool": 1,
+        "uint8": 1,
+        "int8": 1,
+        "int16": 2,
+        "int32": 4,
+        "int64": 8,
+        "float16": 2,
+        "bfloat16": 2,
+        "float32": 4,
+    }
     token_bytes = sum((t["width"] or 1) * sizes[t["dtype"]] for t in schema["tensors"])
     return {
         "file": f"shards/{path.name}",

@@ -41,9 +41,7 @@ from eagle_io.data.stats import SkipStats
 from eagle_io.data.turns import prepare_turns
 
 LOSS_MASK_METHOD = "prefix-render-segmented-v1"
-REJECT_REASONS = frozenset(
-    {"no_assistant_turn", "empty_loss_mask", "template_error", "template_not_prefix_stable"}
-)
+REJECT_REASONS = frozenset({"no_assistant_turn", "empty_loss_mask", "template_error", "template_not_prefix_stable"})
 _SENTINEL = "\ue000eagle-io-sentinel\ue001"
 
 
@@ -92,9 +90,7 @@ def _chat_template(tokenizer: Any) -> str:
 
 def _render(tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
     try:
-        return tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=generation_prompt
-        )
+        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
     except TemplateError as exc:
         raise SampleRejected("template_error", f"chat template raised: {exc}") from None
 
@@ -115,9 +111,7 @@ def _end_of_turn(tail: str, specials: Sequence[str]) -> str:
     return tail[: best[1]] if best else ""
 
 
-def render_with_spans(
-    tokenizer: Any, messages: Sequence[dict[str, str]]
-) -> tuple[str, list[tuple[int, int]]]:
+def render_with_spans(tokenizer: Any, messages: Sequence[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
     """Render ``messages`` and find the character span each non-empty assistant turn generates.
 
     Args:
@@ -148,9 +142,7 @@ def render_with_spans(
         opener, tail = probe[start:at], probe[at + len(_SENTINEL) :]
         content = message["content"]
         # the content as rendered: verbatim, or stripped by templates that ``trim`` it (Llama-3)
-        body = next(
-            (b for b in (content, content.strip()) if text.startswith(opener + b + tail, start)), None
-        )
+        body = next((b for b in (content, content.strip()) if text.startswith(opener + b + tail, start)), None)
         if body is None or (spans and start < spans[-1][1]):
             raise SampleRejected("template_not_prefix_stable", f"turn {i}: content not found where rendered")
         spans.append((start, start + len(opener) + len(body) + len(_end_of_turn(tail, specials))))

@@ -69,9 +69,7 @@ class DatasetFormatError(ValueError):
         detail: human-readable description.
     """
 
-    def __init__(
-        self, path: str | None, record: int | None, byte_offset: int | None, reason: str, detail: str
-    ) -> None:
+    def __init__(self, path: str | None, record: int | None, byte_offset: int | None, reason: str, detail: str) -> None:
         where = "byte offset n/a" if byte_offset is None else f"byte offset {byte_offset}"
         super().__init__(f"{path or '<iterable>'}: record {record} at {where}: {detail} [{reason}]")
         self.path = path

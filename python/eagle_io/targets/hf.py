@@ -113,8 +113,7 @@ def _spans(mask: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if bool(bad.any()):
         b = int(bad.nonzero()[0, 0])
         raise ValueError(
-            f"attention_mask row {b} is not one non-empty contiguous block of ones "
-            "(right or left padding only)"
+            f"attention_mask row {b} is not one non-empty contiguous block of ones (right or left padding only)"
         )
     return tuple(starts.tolist()), tuple(lengths.tolist())
 
@@ -154,9 +153,7 @@ class HFCapture:
         cfg = getattr(model, "config", None)
         self.num_layers = int(getattr(cfg, "num_hidden_layers", len(self.layers)))
         if self.num_layers != len(self.layers):
-            raise ValueError(
-                f"config.num_hidden_layers={self.num_layers} but the model has {len(self.layers)} layers"
-            )
+            raise ValueError(f"config.num_hidden_layers={self.num_layers} but the model has {len(self.layers)} layers")
         if aux_layer_ids is None:
             self.aux_layer_ids = tuple(default_aux_layer_ids(self.num_layers))
         else:
