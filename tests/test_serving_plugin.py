@@ -294,6 +294,7 @@ def test_guard_passes_eagle3_and_installs_runtime_checks(tmp_path, hooks, monkey
     assert calls == ["target graphs", "draft"]
     assert set(plugin._REGISTERED) == {
         compat.STARTUP_HOOK,
+        compat.TP_FORWARD_HOOK,
         compat.DRAFT_EXTEND_PREFILL_HOOK,
         compat.DRAFT_EXTEND_DECODE_HOOK,
         compat.ACCEPT_HOOK,
@@ -403,7 +404,7 @@ def test_non_speculative_launch_is_left_alone(hooks):
         draft_worker=None,
     )
     Scheduler.init_all_cuda_graphs(sched)
-    assert calls == ["target graphs"] and {compat.STARTUP_HOOK} == plugin._REGISTERED
+    assert calls == ["target graphs"] and {compat.STARTUP_HOOK, compat.TP_FORWARD_HOOK} == plugin._REGISTERED
 
 
 _LOAD_SCRIPT = textwrap.dedent(
@@ -472,8 +473,11 @@ def test_entry_point_loads_through_load_plugins(tmp_path):
         tmp_path,
         [{}, {"EAGLE_IO_SGLANG_PLUGIN": "0"}, {"SGLANG_PLUGINS": "someone_else"}, {"SGLANG_PLUGINS": "eagle_io"}],
     )
-    assert default["hooks"] == {compat.STARTUP_HOOK: [["before", "eagle_io.serving.plugin", "eagle_io"]]}
-    assert compat.STARTUP_HOOK in default["patched"] and default["wrapped"]
+    assert default["hooks"] == {
+        compat.STARTUP_HOOK: [["before", "eagle_io.serving.plugin", "eagle_io"]],
+        compat.TP_FORWARD_HOOK: [["after", "eagle_io.serving.sglang_capture", "eagle_io"]],
+    }
+    assert {compat.STARTUP_HOOK, compat.TP_FORWARD_HOOK} <= set(default["patched"]) and default["wrapped"]
     assert off["hooks"] == {} and not off["wrapped"]
     assert other["hooks"] == {} and not other["wrapped"]
     assert mine["hooks"] == default["hooks"] and mine["wrapped"]
@@ -545,6 +549,132 @@ def test_startup_hook_runs_in_a_real_scheduler_process(tmp_path):
     assert rep["algorithm"] == "NONE" and rep["guarded"] is False
     assert compat.STARTUP_HOOK in rep["patched"]
     assert rep["sglang"] == compat.sglang_version()
+
+
+_CAPTURE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from types import SimpleNamespace
+    import torch
+    import sglang
+    from eagle_io.serving.sglang_capture import capture_engine
+
+    if __name__ == "__main__":
+        work = sys.argv[1]
+        samples = [SimpleNamespace(index=k, input_ids=v[0], loss_mask=v[1])
+                   for k, v in torch.load(work + "/samples.pt").items()]
+        engine = sglang.Engine(
+            model_path=work + "/target", device="cpu", attention_backend="torch_native", disable_cuda_graph=True,
+            skip_tokenizer_init=True, max_total_tokens=2048, chunked_prefill_size=-1, disable_radix_cache=True,
+            max_running_requests=4, dtype="bfloat16", log_level="warning", mem_fraction_static=0.3,
+            enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3",  # capture-only mode, no draft
+        )
+        try:
+            manifest = capture_engine(engine, work + "/sglang", samples, batch=2, target_info={"model_id": "tiny"})
+        finally:
+            engine.shutdown()
+        print(json.dumps({"samples": sum(s["samples"] for s in manifest["shards"])}))
+    """
+)
+
+
+def _tiny_llama(path: Path, layers: int) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        max_position_embeddings=2048,
+    )
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_sglang_capture_matches_the_hf_reference(tmp_path):
+    """eagle-io capture through a real CPU ``sglang.Engine`` (capture-only mode) writes a verified dataset whose
+    states match the Hugging Face reference path (``eagle_io.capture`` on the same checkpoint in float32) with the
+    same layer convention: max |difference| <= 3% of max |reference| per tensor (bf16 forward in SGLang vs float32
+    in HF, 8 layers: bf16 rounding of every residual add and matmul; measured 0.8-1.3%), while the neighbouring layer
+    sets [1, 3, 4] / [3, 5, 6] differ by 44-75%."""
+    import eagle_io
+
+    _tiny_llama(tmp_path / "target", layers=8)  # SGLang's default aux layers [2, 4, 5]
+    g = torch.Generator().manual_seed(1)
+    samples = {
+        i * 7 + 3: (torch.randint(10, 990, (n,), generator=g), (torch.rand(n, generator=g) > 0.5).to(torch.int64))
+        for i, n in enumerate([1, 5, 17, 33, 9])
+    }
+    torch.save(samples, tmp_path / "samples.pt")
+    (tmp_path / "capture.py").write_text(_CAPTURE_SCRIPT)
+    path = [str(STAND_INS)]
+    if not _installed_declares_entry_point():
+        path.append(str(_entry_point_dist(tmp_path / "ep")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_IO_", "SGLANG_PLUGINS"))}
+    env.update(PYTHONPATH=os.pathsep.join(path + [p for p in sys.path if p]), SGLANG_USE_CPU_ENGINE="1")
+    r = subprocess.run(
+        [sys.executable, str(tmp_path / "capture.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"samples": 5}
+
+    assert eagle_io.Dataset.verify(tmp_path / "sglang") == []
+    ds = eagle_io.Dataset(tmp_path / "sglang")
+    meta = ds.metadata
+    assert meta["aux_layer_ids"] == [2, 4, 5] and meta["hidden_size"] == 64 and meta["num_layers"] == 8
+    assert meta["capture_backend"] == f"sglang {compat.sglang_version()}" and meta["dtype"] == "bfloat16"
+
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(tmp_path / "target", torch_dtype=torch.float32).eval()
+    info = {"num_layers": 8, "hidden_size": 64, "vocab_size": 1000, "model_id": "tiny"}
+    with torch.no_grad(), eagle_io.capture(model, tmp_path / "hf", target_info=info, aux_layer_ids=[2, 4, 5]) as cap:
+        cap.submit([SimpleNamespace(index=k, id=None, input_ids=v[0], loss_mask=v[1]) for k, v in samples.items()])
+    hf = eagle_io.Dataset(tmp_path / "hf")
+    assert sorted(ds.entry(i).sample_id for i in range(len(ds))) == sorted(samples)
+
+    def rel(a, b):
+        return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+    for sid, (ids, mask) in samples.items():
+        got, ref = ds[ds.position(sid)], hf[hf.position(sid)]
+        assert torch.equal(got["input_ids"], ids) and torch.equal(got["loss_mask"], mask.to(torch.uint8))
+        assert got["aux_hidden_states"].shape == (len(ids), 3 * 64) and got["hidden_states"].shape == (len(ids), 64)
+        assert rel(got["aux_hidden_states"], ref["aux_hidden_states"]) <= 0.03
+        assert rel(got["hidden_states"], ref["hidden_states"]) <= 0.03
+        with torch.no_grad():
+            hs = model(ids[None], output_hidden_states=True).hidden_states
+        for other in ([1, 3, 4], [3, 5, 6]):
+            wrong = torch.cat([hs[i][0] for i in other], -1)
+            assert rel(got["aux_hidden_states"], wrong) > 0.2
+
+
+def test_capture_refuses_partial_requests():
+    """Chunked prefill or a cached prefix would store fewer tokens than the input: refused, nothing written."""
+    from eagle_io.serving.sglang_capture import CaptureRefusedError, _SchedulerCapture
+
+    cap = object.__new__(_SchedulerCapture)
+    cap.writes, cap.sink, cap.masks = False, None, {}
+    cap.lock = __import__("threading").Lock()
+    mode = SimpleNamespace(is_extend=lambda: True)
+    req = SimpleNamespace(rid="eagleio-7", prefix_len=4, extend_len=3, origin_input_ids=list(range(7)))
+    batch = SimpleNamespace(forward_mode=mode, reqs=[req], extend_lens=[3])
+    result = SimpleNamespace(
+        logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6), last_hidden_states=torch.zeros(3, 2))
+    )
+    with pytest.raises(CaptureRefusedError, match=r"sample 7: forward covers tokens 4\.\.7 of 7"):
+        cap.on_forward(batch, result)
+    other = SimpleNamespace(rid="user-request", prefix_len=4, extend_len=3, origin_input_ids=list(range(7)))
+    cap.on_forward(SimpleNamespace(forward_mode=mode, reqs=[other], extend_lens=[3]), result)  # not ours: ignored
 
 
 @needs_sglang

@@ -30,6 +30,7 @@ Environment switches (read when the plugin loads and at startup):
 ``EAGLE_IO_DRAFT_WIDTH_CHECK``  ``raise``    ``warn``: log instead of raising; ``0``: not installed.
 ``EAGLE_IO_ACCEPT_WATCHDOG``    ``1``        ``0``: not installed.
 ``EAGLE_IO_ACCEPT_WINDOW``      ``256``      request steps per watchdog window.
+``EAGLE_IO_SGLANG_CAPTURE``     ``1``        ``0``: no capture hook / RPC methods (:mod:`.sglang_capture`).
 ``EAGLE_IO_GUARD_REPORT``       unset        a file path: each scheduler process appends one JSON line with
                                              the startup guard's facts and verdict (for health checks).
 ==============================  ===========  ===============================================================
@@ -53,6 +54,7 @@ from . import sglang_compat as compat
 __all__ = [
     "ENV_ACCEPT_WATCHDOG",
     "ENV_ACCEPT_WINDOW",
+    "ENV_CAPTURE",
     "ENV_DRAFT_WIDTH_CHECK",
     "ENV_GUARD_REPORT",
     "ENV_PLUGIN",
@@ -73,6 +75,7 @@ ENV_DRAFT_WIDTH_CHECK = "EAGLE_IO_DRAFT_WIDTH_CHECK"
 ENV_ACCEPT_WATCHDOG = "EAGLE_IO_ACCEPT_WATCHDOG"
 ENV_ACCEPT_WINDOW = "EAGLE_IO_ACCEPT_WINDOW"
 ENV_GUARD_REPORT = "EAGLE_IO_GUARD_REPORT"
+ENV_CAPTURE = "EAGLE_IO_SGLANG_CAPTURE"
 
 _OFF = {"0", "false", "no", "off"}
 
@@ -386,3 +389,8 @@ def register() -> None:
         )
     if compat.STARTUP_HOOK.rsplit(".", 2)[0] in sys.modules:
         _register(compat.STARTUP_HOOK, _startup_guard, "BEFORE")
+        if _enabled(ENV_CAPTURE) and compat.TP_FORWARD_HOOK not in _REGISTERED:
+            from . import sglang_capture
+
+            sglang_capture.install()
+            _REGISTERED.add(compat.TP_FORWARD_HOOK)

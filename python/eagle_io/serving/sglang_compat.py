@@ -421,3 +421,83 @@ def draft_extend_width(hook: str, args: Sequence[Any], kwargs: Mapping[str, Any]
         raise ValueError(hook)
     shape = getattr(states, "shape", None)
     return int(shape[-1]) if shape is not None and len(shape) >= 1 else None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Capture (eagle_io.serving.sglang_capture)
+# --------------------------------------------------------------------------------------------------------------
+
+TP_FORWARD_HOOK = "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation"
+"""``(self, batch: ScheduleBatch, forward_batch=None, ...) -> GenerationBatchResult``: its ``logits_output`` holds
+``hidden_states`` (capture-only / EAGLE3 FULL mode: ``pack_aux_hidden_states``, ``[T, k*H]``) and
+``last_hidden_states`` (post-norm final states, ``[T, H]``; ``LogitsProcessor._get_last_hidden_states_to_store``
+keeps them when ``aux_hidden_state_capture`` is set)."""
+
+
+def _parallel(name: str, default: int) -> int:
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        v = getattr(get_parallel(), name)
+        return int(v) if v is not None else default
+    except (ImportError, AttributeError, RuntimeError, ValueError):
+        return default
+
+
+def capture_target(scheduler: Any) -> dict[str, Any]:
+    """Facts the SGLang capture needs from a scheduler: the target's sizes and capture layers (eagle-io ids: SGLang's
+    ``layers_to_capture`` mean the input of layer i), ranks, and the chunked-prefill / radix-cache settings."""
+    runner = _attr(scheduler, "tp_worker.model_runner", "tp_worker.worker.model_runner")
+    model = _attr(runner, "model")
+    cap = _capture_model(model)
+    owner = getattr(cap, "model", cap)
+    text = _attr(runner, "model_config.hf_text_config", "model_config.hf_config")
+    sa = _attr(scheduler, "server_args")
+    view = sa
+    if getattr(sa, "_resolution_finished", False):
+        from sglang.srt.arg_groups.overrides import resolved_view
+
+        view = resolved_view(sa)
+    dp_size = int(getattr(view, "dp_size", 1) or 1)
+    return {
+        "architecture": type(model).__name__,
+        "hidden_size": int(_attr(text, "hidden_size")),
+        "num_layers": int(_attr(text, "num_hidden_layers")),
+        "vocab_size": int(_attr(text, "vocab_size")),
+        "capture_enabled": bool(getattr(cap, "capture_aux_hidden_states", False)),
+        "layers": [int(i) for i in (getattr(owner, "layers_to_capture", None) or ())],
+        "chunked_prefill_size": getattr(view, "chunked_prefill_size", None),
+        "radix_cache_disabled": bool(getattr(view, "disable_radix_cache", False)),
+        "tp_rank": _parallel("attn_tp_rank", _parallel("tp_rank", 0)),
+        "dp_rank": _parallel("dp_rank", 0) if dp_size > 1 else 0,
+        "dp_size": dp_size,
+    }
+
+
+def is_prefill(batch: Any) -> bool:
+    """``ScheduleBatch.forward_mode.is_extend()`` (a prefill; decode and idle batches are not captured)."""
+    mode = getattr(batch, "forward_mode", None)
+    return bool(mode is not None and mode.is_extend())
+
+
+def batch_requests(batch: Any) -> list[dict[str, Any]]:
+    """Per request of a ``ScheduleBatch``, in forward order: ``rid``, ``prefix_len`` (tokens served from cache or
+    earlier chunks), ``extend_len`` (tokens in this forward: ``batch.extend_lens``), ``input_ids``
+    (``Req.origin_input_ids``)."""
+    reqs = list(getattr(batch, "reqs", None) or ())
+    lens = getattr(batch, "extend_lens", None) or [r.extend_len for r in reqs]
+    return [
+        {
+            "rid": str(r.rid),
+            "prefix_len": int(getattr(r, "prefix_len", 0)),
+            "extend_len": int(n),
+            "input_ids": [int(t) for t in r.origin_input_ids],
+        }
+        for r, n in zip(reqs, lens, strict=True)
+    ]
+
+
+def forward_states(result: Any) -> tuple[Any, Any]:
+    """``(aux [T, k*H], final [T, H])`` from a ``GenerationBatchResult`` (either may be None)."""
+    lo = getattr(result, "logits_output", None)
+    return getattr(lo, "hidden_states", None), getattr(lo, "last_hidden_states", None)
