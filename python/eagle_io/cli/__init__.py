@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 from ..data.sources import DatasetFormatError
 from ..errors import EagleIOError
-from . import check_serving_cmd, generate_cmd, inspect_cmd, merge_cmd, verify_cmd
+from . import check_serving_cmd, generate_cmd, inspect_cmd, merge_cmd, train_draft_cmd, verify_cmd, vocab_cmd
+from .specforge_cmd import export_cmd, import_cmd
 
 COMMANDS = {
     "generate": generate_cmd,
@@ -16,6 +17,10 @@ COMMANDS = {
     "verify": verify_cmd,
     "merge": merge_cmd,
     "check-serving": check_serving_cmd,
+    "import-specforge": import_cmd,
+    "export-specforge": export_cmd,
+    "vocab-map": vocab_cmd,
+    "train-draft": train_draft_cmd,
 }
 
 
