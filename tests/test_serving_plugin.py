@@ -557,7 +557,7 @@ _CAPTURE_SCRIPT = textwrap.dedent(
     from types import SimpleNamespace
     import torch
     import sglang
-    from eagle_io.serving.sglang_capture import capture_engine
+    from eagle_io.serving.sglang_capture import capture_engine, is_sglang_engine
 
     if __name__ == "__main__":
         work = sys.argv[1]
@@ -570,6 +570,7 @@ _CAPTURE_SCRIPT = textwrap.dedent(
             enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3",  # capture-only mode, no draft
         )
         try:
+            assert is_sglang_engine(engine)
             manifest = capture_engine(engine, work + "/sglang", samples, batch=2, target_info={"model_id": "tiny"})
         finally:
             engine.shutdown()

@@ -37,7 +37,15 @@ from ..schema import eagle3_schema
 from ..writer import ShardWriter
 from . import sglang_compat as compat
 
-__all__ = ["ENV_CAPTURE", "RID_PREFIX", "CaptureRefusedError", "capture_engine", "rid_for"]
+__all__ = [
+    "ENV_CAPTURE",
+    "RID_PREFIX",
+    "CaptureRefusedError",
+    "SGLangCaptureSession",
+    "capture_engine",
+    "is_sglang_engine",
+    "rid_for",
+]
 
 logger = logging.getLogger("eagle_io.serving")
 
@@ -225,66 +233,97 @@ def install() -> None:
 # ---------------------------------------------------------------------------------------------- engine side
 
 
-def capture_engine(
-    engine: Any,
-    out_dir: str | os.PathLike[str],
-    samples: Iterable[Any],
-    *,
-    batch: int = 16,
-    state_dtype: str = "bfloat16",
-    metadata: Mapping[str, Any] | None = None,
-    target_info: Mapping[str, Any] | None = None,
-    tokenizer_identity: Mapping[str, Any] | None = None,
-    max_length: int | None = None,
-    ring_bytes: int = 256 << 20,
-    **writer_options: Any,
-) -> dict[str, Any]:
-    """Captures ``samples`` through an ``sglang.Engine`` (capture-only mode, see the module docstring).
+class SGLangCaptureSession:
+    """A capture through an ``sglang.Engine``, with :class:`eagle_io.CaptureSession`'s interface (``submit``,
+    ``close``, context manager, ``counts``, ``manifest``), so ``eagle_io.capture`` can hand it out for an engine.
 
-    Each sample has ``index`` (sample id), ``input_ids [L]`` and ``loss_mask [L]`` (e.g.
-    :class:`eagle_io.data.TokenizedSample`). Runs one prefill per sample (``max_new_tokens=1``) with
-    ``rid = eagleio-<index>``; the scheduler process stores the states. Returns the committed manifest (of
-    ``manifest.json``; with several DP ranks, each wrote its ``manifest.rNNNNN.json``).
+    Starts the scheduler-side capture (``Engine.collective_rpc("eagle_io_capture_start", ...)``); each
+    :meth:`submit` announces the loss masks and runs one prefill per sample (``max_new_tokens=1``,
+    ``rid = eagleio-<index>``); :meth:`close` drains the rings and commits the manifests.
     """
-    import json
 
-    out = os.fspath(out_dir)
-    engine.collective_rpc(
-        "eagle_io_capture_start",
-        out_dir=out,
-        state_dtype=state_dtype,
-        metadata=dict(metadata or {}),
-        target_info=dict(target_info or {}),
-        tokenizer_identity=dict(tokenizer_identity) if tokenizer_identity else None,
-        max_length=max_length,
-        ring_bytes=ring_bytes,
-        writer_options=writer_options,
-    )
-    try:
+    def __init__(
+        self,
+        engine: Any,
+        out_dir: str | os.PathLike[str],
+        *,
+        state_dtype: str = "bfloat16",
+        metadata: Mapping[str, Any] | None = None,
+        target_info: Mapping[str, Any] | None = None,
+        tokenizer_identity: Mapping[str, Any] | None = None,
+        max_length: int | None = None,
+        ring_bytes: int = 256 << 20,
+        **writer_options: Any,
+    ) -> None:
+        self.engine = engine
+        self.out_dir = os.fspath(out_dir)
+        self.counts = {"submitted": 0}
+        self.manifest: dict[str, Any] | None = None
+        engine.collective_rpc(
+            "eagle_io_capture_start",
+            out_dir=self.out_dir,
+            state_dtype=str(state_dtype).removeprefix("torch."),
+            metadata=dict(metadata or {}),
+            target_info=dict(target_info or {}),
+            tokenizer_identity=dict(tokenizer_identity) if tokenizer_identity else None,
+            max_length=max_length,
+            ring_bytes=ring_bytes,
+            writer_options=writer_options,
+        )
+
+    def submit(self, samples: Sequence[Any]) -> None:
+        """Each sample has ``index`` (sample id), ``input_ids [L]`` and ``loss_mask [L]``
+        (e.g. :class:`eagle_io.data.TokenizedSample`)."""
+        if not samples:
+            return
+        self.engine.collective_rpc(
+            "eagle_io_capture_expect",
+            masks={int(s.index): [int(v) for v in s.loss_mask.tolist()] for s in samples},
+        )
+        self.engine.generate(
+            input_ids=[[int(t) for t in s.input_ids.tolist()] for s in samples],
+            rid=[rid_for(s.index) for s in samples],
+            sampling_params={"max_new_tokens": 1, "temperature": 0},
+        )
+        self.counts["submitted"] += len(samples)
+
+    def close(self) -> dict[str, Any]:
+        """Stops the capture in every scheduler; returns ``manifest.json`` (``{}`` when several DP ranks each
+        wrote their ``manifest.rNNNNN.json``)."""
+        import json
+
+        if self.manifest is None:
+            self.engine.collective_rpc("eagle_io_capture_stop")
+            path = os.path.join(self.out_dir, "manifest.json")
+            self.manifest = {}
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    self.manifest = json.load(f)
+        return self.manifest
+
+    def __enter__(self) -> SGLangCaptureSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def is_sglang_engine(obj: Any) -> bool:
+    """Whether ``obj`` is an ``sglang.Engine`` (checked by module, without importing SGLang)."""
+    return any(c.__module__.startswith("sglang.") and c.__name__ == "Engine" for c in type(obj).__mro__)
+
+
+def capture_engine(
+    engine: Any, out_dir: str | os.PathLike[str], samples: Iterable[Any], *, batch: int = 16, **options: Any
+) -> dict[str, Any]:
+    """Captures all ``samples`` through ``engine`` in batches of ``batch``; returns the committed manifest.
+    ``options`` as :class:`SGLangCaptureSession`."""
+    with SGLangCaptureSession(engine, out_dir, **options) as session:
         chunk: list[Any] = []
         for s in samples:
             chunk.append(s)
             if len(chunk) == batch:
-                _submit(engine, chunk)
+                session.submit(chunk)
                 chunk = []
-        if chunk:
-            _submit(engine, chunk)
-    finally:
-        engine.collective_rpc("eagle_io_capture_stop")
-    path = os.path.join(out, "manifest.json")
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    return {}
-
-
-def _submit(engine: Any, chunk: Sequence[Any]) -> None:
-    engine.collective_rpc(
-        "eagle_io_capture_expect",
-        masks={int(s.index): [int(v) for v in s.loss_mask.tolist()] for s in chunk},
-    )
-    engine.generate(
-        input_ids=[[int(t) for t in s.input_ids.tolist()] for s in chunk],
-        rid=[rid_for(s.index) for s in chunk],
-        sampling_params={"max_new_tokens": 1, "temperature": 0},
-    )
+        session.submit(chunk)
+    return session.manifest or {}
