@@ -114,6 +114,7 @@ def test_version_range():
     assert compat.version_supported("0.5.23.post1") and compat.version_supported("0.5.30rc1")
     assert not compat.version_supported("0.5.13") and not compat.version_supported("0.6.0")
     assert not compat.version_supported(None)
+    assert compat.capture_supported("0.5.23") and not compat.capture_supported("0.5.21")
 
 
 # ---------------------------------------------------------------------------------------------- real SGLang

@@ -69,6 +69,11 @@ class _SchedulerCapture:
     """One capture in one scheduler process."""
 
     def __init__(self, scheduler: Any, out_dir: str, options: Mapping[str, Any]) -> None:
+        v = compat.sglang_version()
+        if not compat.capture_supported(v):
+            raise InvalidArgumentError(
+                f"eagle-io's SGLang capture needs SGLang >= {compat.CAPTURE_MIN_SGLANG} (capture-only mode), found {v}"
+            )
         t = compat.capture_target(scheduler)
         if not t["capture_enabled"] or not t["layers"]:
             raise InvalidArgumentError(

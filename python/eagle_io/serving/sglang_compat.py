@@ -1,10 +1,15 @@
 """Every SGLang-version-specific name and rule eagle-io relies on, in one module.
 
-Supported SGLang: :data:`SUPPORTED_SGLANG` (``>=0.5.14,<0.6``). Verified against the installed code of
-:data:`TESTED_SGLANG` (0.5.23: the tests in ``tests/test_serving_plugin.py`` run against it); the fallbacks for
-0.5.14 (spec-aux flags directly on ``ModelRunner`` instead of ``ModelRunner.spec_aux_config``) follow the 0.5.14
-source as recorded in eagle-io's reference notes. Outside the range the plugin logs a warning and still runs its
-lookups, each of which fails loudly (:class:`SGLangCompatError`) instead of silently skipping a check.
+Supported SGLang: :data:`SUPPORTED_SGLANG` (``>=0.5.14,<0.6``) for the serving guard. Tested against
+:data:`TESTED_SGLANG` (0.5.23: the tests in ``tests/test_serving_plugin.py`` run against it); the 0.5.14, 0.5.18
+and 0.5.21 wheels were read for every hook target and signature used here (``Scheduler.init_all_cuda_graphs``,
+``EagleDraftWorker._draft_extend_for_prefill(self, batch, target_hidden_states, ...)`` /
+``_draft_extend_for_decode(self, batch, batch_result)``, ``EAGLEWorkerV2.on_verify_complete_cpu``,
+``EAGLEWorkerV2._draft_worker``, ``EagleDraftWorker.draft_runner``, ``plugins/hook_registry.py``): identical; 0.5.14
+keeps the spec-aux flags on ``ModelRunner`` itself (``eagle_use_aux_hidden_state``), read as a fallback. The SGLang
+capture (:data:`CAPTURE_MIN_SGLANG`) needs 0.5.23: its capture-only mode and ``last_hidden_states`` are new there.
+Outside the range the plugin logs a warning and still runs its lookups, each of which fails loudly
+(:class:`SGLangCompatError`) instead of silently skipping a check.
 
 Nothing here imports SGLang at module import time: the pure rules (algorithm aliases, layer-id setters, draft
 ``fc`` sizing, launch-argument parsing) work without it, so ``eagle-io check-serving`` needs no SGLang install.
@@ -19,6 +24,7 @@ from typing import Any
 
 __all__ = [
     "ACCEPT_HOOK",
+    "CAPTURE_MIN_SGLANG",
     "DEEPSEEK_STYLE_SETTERS",
     "DRAFT_EXTEND_DECODE_HOOK",
     "DRAFT_EXTEND_PREFILL_HOOK",
@@ -29,6 +35,7 @@ __all__ = [
     "LaunchArgs",
     "SGLangCompatError",
     "StartupFacts",
+    "capture_supported",
     "draft_extend_width",
     "draft_num_aux_layers",
     "explicit_ids_for",
@@ -43,6 +50,7 @@ __all__ = [
 
 SUPPORTED_SGLANG = ">=0.5.14,<0.6"
 TESTED_SGLANG = "0.5.23"
+CAPTURE_MIN_SGLANG = "0.5.23"
 _MIN, _MAX_EXCL = (0, 5, 14), (0, 6, 0)
 
 
@@ -60,18 +68,24 @@ def sglang_version() -> str | None:
         return None
 
 
-def version_supported(v: str | None) -> bool:
-    """Whether ``v`` (e.g. ``"0.5.23"``, ``"0.5.23.post1"``) lies in :data:`SUPPORTED_SGLANG`."""
-    if not v:
-        return False
+def _version_tuple(v: str) -> tuple[int, ...]:
     parts: list[int] = []
     for p in v.split(".")[:3]:
         digits = "".join(c for c in p if c.isdigit()) if p[:1].isdigit() else ""
         if not digits:
             break
         parts.append(int(digits))
-    t = tuple(parts + [0] * (3 - len(parts)))
-    return _MIN <= t < _MAX_EXCL
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def version_supported(v: str | None) -> bool:
+    """Whether ``v`` (e.g. ``"0.5.23"``, ``"0.5.23.post1"``) lies in :data:`SUPPORTED_SGLANG`."""
+    return bool(v) and _MIN <= _version_tuple(str(v)) < _MAX_EXCL
+
+
+def capture_supported(v: str | None) -> bool:
+    """Whether ``v`` has the capture-only mode the SGLang capture needs (>= :data:`CAPTURE_MIN_SGLANG`)."""
+    return bool(v) and _version_tuple(CAPTURE_MIN_SGLANG) <= _version_tuple(str(v)) < _MAX_EXCL
 
 
 # --------------------------------------------------------------------------------------------------------------
