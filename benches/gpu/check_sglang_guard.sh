@@ -14,8 +14,9 @@
 #   D  EAGLE with EAGLE_IO_STARTUP_GUARD=0, width check = warn   -> starts; the draft-extend width check logs
 #                                                                  "receives 512-wide states but its fc expects 1536"
 #                                                                  and the watchdog reports mean accept length 1.00
+#   E  eagle-io capture through a capture-only Engine        -> 8 samples verified, equal to the HF path within 3%
 # Writes $OUT/guard_check.json (or ./guard_check.json) and the logs; exits non-zero when an expectation fails.
-# Usage: benches/gpu/check_sglang_guard.sh            (about 6-8 minutes)
+# Usage: benches/gpu/check_sglang_guard.sh            (about 8-10 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -56,6 +57,8 @@ run_case A EAGLE
 run_case B NEXTN
 run_case C EAGLE3
 run_case D EAGLE EAGLE_IO_STARTUP_GUARD=0 EAGLE_IO_DRAFT_WIDTH_CHECK=warn
+timeout 600 "$PY" benches/gpu/sglang_guard_case.py capture "$WORK" >"$RES/guard_E.out" 2>"$RES/guard_E.log"
+echo "case E (capture): exit $?"
 
 "$PY" - "$RES" <<'EOF'
 import json, pathlib, sys
@@ -81,7 +84,11 @@ j, log = case("D")
 checks["D: started"] = j.get("started") is True
 checks["D: width check fired"] = "receives 512-wide states but its fc expects 1536" in log
 checks["D: watchdog fired"] = "mean accept length 1.00" in log
-summary = {"checks": checks, "ok": all(checks.values())}
+out = (res / "guard_E.out").read_text().strip().splitlines()
+e = json.loads(out[-1]) if out and out[-1].startswith("{") else {}
+checks["E: capture verified"] = e.get("samples") == 8 and e.get("verify_bad") == 0
+checks["E: equals HF within 3%"] = bool(e.get("max_rel_diff")) and max(e["max_rel_diff"].values()) <= 0.03
+summary = {"checks": checks, "capture": e, "ok": all(checks.values())}
 (res / "guard_check.json").write_text(json.dumps(summary, indent=2))
 print(json.dumps(summary, indent=2))
 sys.exit(0 if summary["ok"] else 1)

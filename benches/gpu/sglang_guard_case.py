@@ -2,6 +2,7 @@
 
     python sglang_guard_case.py make WORKDIR            # tiny random Llama target + EAGLE-3 draft (SpecForge layout)
     python sglang_guard_case.py serve WORKDIR ALGORITHM  # sglang.Engine with the draft; prints one JSON line
+    python sglang_guard_case.py capture WORKDIR          # eagle-io capture through a capture-only Engine on the GPU
 
 Checkpoints: target LlamaForCausalLM (hidden 512, 8 layers, vocab 32000, random bf16 weights, no tokenizer:
 the engine runs with skip_tokenizer_init and token ids); EAGLE-3 draft with fc [512, 3 x 512], midlayer.*,
@@ -130,9 +131,64 @@ def serve(work: Path, algorithm: str) -> None:
     print(json.dumps(out), flush=True)
 
 
+def capture(work: Path) -> None:
+    """Capture-only Engine on the GPU (device tensors -> pinned ring -> shards), then verify and compare with the
+    HF reference path on the same GPU."""
+    from types import SimpleNamespace
+
+    import sglang
+    import torch
+    from transformers import LlamaForCausalLM
+
+    import eagle_io
+    from eagle_io.serving.sglang_capture import capture_engine
+
+    g = torch.Generator().manual_seed(1)
+    samples = [
+        SimpleNamespace(
+            index=i,
+            id=None,
+            input_ids=torch.randint(10, V - 10, (n,), generator=g),
+            loss_mask=(torch.rand(n, generator=g) > 0.5).to(torch.int64),
+        )
+        for i, n in enumerate([1, 7, 64, 300, 1000, 33, 129, 512])
+    ]
+    engine = sglang.Engine(
+        model_path=str(work / "target"),
+        enable_return_aux_hidden_states=True,
+        speculative_algorithm="EAGLE3",
+        chunked_prefill_size=-1,
+        disable_radix_cache=True,
+        skip_tokenizer_init=True,
+        mem_fraction_static=0.5,
+        dtype="bfloat16",
+    )
+    try:
+        manifest = capture_engine(engine, work / "sglang-capture", samples, batch=4, target_info={"model_id": "tiny"})
+    finally:
+        engine.shutdown()
+    bad = eagle_io.Dataset.verify(work / "sglang-capture")
+    model = LlamaForCausalLM.from_pretrained(work / "target", torch_dtype=torch.float32).cuda().eval()
+    info = {"num_layers": N, "hidden_size": H, "vocab_size": V, "model_id": "tiny"}
+    ids = manifest["metadata"]["aux_layer_ids"]
+    with torch.no_grad(), eagle_io.capture(model, work / "hf-capture", target_info=info, aux_layer_ids=ids) as cap:
+        cap.submit(samples)
+    a, b = eagle_io.Dataset(work / "sglang-capture"), eagle_io.Dataset(work / "hf-capture")
+    rel = {}
+    for s in samples:
+        x, y = a[a.position(s.index)], b[b.position(s.index)]
+        assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"])
+        for k in ("aux_hidden_states", "hidden_states"):
+            d = (x[k].float() - y[k].float()).abs().max() / y[k].float().abs().max()
+            rel[k] = max(rel.get(k, 0.0), float(d))
+    print(json.dumps({"samples": len(a), "verify_bad": len(bad), "aux_layer_ids": ids, "max_rel_diff": rel}))
+
+
 if __name__ == "__main__":
     cmd, work = sys.argv[1], Path(sys.argv[2])
     if cmd == "make":
         make(work)
+    elif cmd == "capture":
+        capture(work)
     else:
         serve(work, sys.argv[3])
