@@ -47,6 +47,10 @@ lint: venv
 test-rust:
 	$(CARGO) test --release
 
+# The parser fuzz checks alone (they also run in test-rust); EAGLE_IO_FUZZ_CASES=N for a longer run.
+fuzz-short:
+	$(CARGO) test --release --test fuzz_parsers
+
 stubtest: install
 	cd tests && ../$(VPY) -m mypy.stubtest eagle_io._native
 
