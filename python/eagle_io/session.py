@@ -198,7 +198,8 @@ def capture(
 ) -> CaptureSession:
     """Starts capturing EAGLE-3 training data from ``target`` into ``out_dir``.
 
-    ``target`` is a Hugging Face Llama-like model (the reference path, :mod:`eagle_io.targets.hf`). Each
+    ``target`` is a Hugging Face Llama-like model (the reference path, :mod:`eagle_io.targets.hf`), or an
+    ``sglang.Engine`` launched in capture-only mode (:mod:`eagle_io.serving.sglang_capture`, docs/SERVING.md). Each
     :meth:`CaptureSession.submit` runs one batched forward and stores, per sample, ``input_ids [L]`` int64,
     ``loss_mask [L]`` uint8, ``aux_hidden_states [L, k*H]`` and ``hidden_states [L, H]`` (post-norm) in
     ``state_dtype``; padding is never stored. On exit (also on an exception) the ring is drained and the
@@ -214,6 +215,20 @@ def capture(
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
             ``world_size``, ``resume``, ...).
     """
+    from .serving import sglang_capture
+
+    if sglang_capture.is_sglang_engine(target):
+        return sglang_capture.SGLangCaptureSession(
+            target,
+            out_dir,
+            state_dtype=str(state_dtype).removeprefix("torch."),
+            metadata=metadata,
+            target_info=target_info,
+            tokenizer_identity=tokenizer_identity,
+            max_length=max_length,
+            ring_bytes=ring_bytes,
+            **writer_options,
+        )
     batch = writer_options.pop("batch", 16)
     return CaptureSession(
         target,
