@@ -102,7 +102,15 @@ def run(args: argparse.Namespace) -> int:
         resume=args.resume,
     )
     with session:
-        todo = (c for c in _mine(records, args.rank, args.world_size) if c.index not in session.done)
+        already = [0]
+
+        def not_done(c) -> bool:
+            if c.index in session.done:
+                already[0] += 1
+                return False
+            return True
+
+        todo = filter(not_done, _mine(records, args.rank, args.world_size))
         samples = iter_tokenized(todo, tokenizer, stats=stats, max_length=args.max_length)
         k, hidden = len(session._hooks.aux_layer_ids), info["hidden_size"]
         token_bytes = 8 + 1 + 2 * hidden * (k + 1)
@@ -111,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             mean = sum(len(s.input_ids) for s in head) / len(head)
             print(_disk_check(args.out, args.limit // args.world_size, mean, token_bytes))
         print(f"resume    {len(session.done):,} samples already committed" if session.done else "fresh run")
-        bar = tqdm(unit="sample", file=sys.stdout, mininterval=2.0, disable=None)
+        bar = tqdm(unit="sample", file=sys.stdout, mininterval=2.0 if sys.stdout.isatty() else 30.0)
         t0 = time.perf_counter()
         tokens = 0
         for batch in _batches(chain(head, samples), args.batch_size):
@@ -124,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     final = session.stats()
     summary = _summary(session, final, stats, time.perf_counter() - t_start, time.perf_counter() - t0)
+    summary["already_committed_skipped"] += already[0]
     print(json.dumps(summary, indent=2))
     if args.summary_json:
         with open(args.summary_json, "w") as f:
@@ -147,10 +156,10 @@ def _summary(session, st: dict, stats, total_s: float, capture_s: float) -> dict
         "ratio": round(raw / stored, 4) if stored else None,
         "capture_seconds": round(capture_s, 2),
         "total_seconds": round(total_s, 2),
-        "samples_per_s": round(st["samples"] / capture_s, 3) if capture_s else None,
-        "tokens_per_s": round(st["tokens"] / capture_s, 1) if capture_s else None,
+        "samples_per_s": round(st["samples"] / capture_s, 3) if st["samples"] else None,
+        "tokens_per_s": round(st["tokens"] / capture_s, 1) if st["samples"] else None,
         "forward_seconds": round(st["forward_seconds"], 2),
-        "outside_forward_share": round(1 - st["forward_seconds"] / capture_s, 4) if capture_s else None,
+        "outside_forward_share": round(1 - st["forward_seconds"] / capture_s, 4) if st["samples"] else None,
         "ring_high_water_bytes": st["ring_high_water_bytes"],
         "producer_stall_seconds": round(st["producer_stall_seconds"], 3),
     }
