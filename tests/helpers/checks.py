@@ -22,18 +22,9 @@ def shard_entry(path: Path) -> dict:
         int.from_bytes(data[index_offset + 40 * i + 24 : index_offset + 40 * i + 32], "little") for i in range(n)
     )
     schema = json.loads(data[32 : 32 + int.from_bytes(data[12:16], "little")])
-    sizes = {
-        "bool": 1,
-        "uint8": 1,
-        "int8": 1,
-        "int16": 2,
-        "int32": 4,
-        "int64": 8,
-        "float16": 2,
-        "bfloat16": 2,
-        "float32": 4,
-    }
-    token_bytes = sum((t["width"] or 1) * sizes[t["dtype"]] for t in schema["tensors"])
+    token_bytes = sum(
+        (t["width"] or 1) * torch.empty(0, dtype=getattr(torch, t["dtype"])).element_size() for t in schema["tensors"]
+    )
     return {
         "file": f"shards/{path.name}",
         "samples": n,
