@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import __version__
 from .layers import AUX_LAYER_CONVENTION
-
-
-def _portable(identity: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The tokenizer identity without machine-specific paths (a run must resume on another machine)."""
-    if not identity:
-        return None
-    out = dict(identity)
-    name = str(out.get("tokenizer", ""))
-    if os.path.isabs(name):
-        out["tokenizer"] = os.path.basename(name.rstrip(os.sep))
-    return out
 
 
 def eagle3_metadata(
@@ -50,7 +38,7 @@ def eagle3_metadata(
         "aux_layer_convention": AUX_LAYER_CONVENTION,
         "hidden_states_post_norm": True,
         "dtype": dtype,
-        "tokenizer": _portable(tokenizer_identity),
+        "tokenizer": dict(tokenizer_identity) if tokenizer_identity else None,
         "max_length": max_length,
         "eagle_io_format_writer": f"eagle-io {__version__}",
     }
