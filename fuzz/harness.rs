@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use eagle_io::codec::{decode_chunk, ChunkDesc, CHUNK_DESC_BYTES};
-use eagle_io::dataset::{DatasetWriter, Manifest, SampleRef, WriterOptions};
+use eagle_io::dataset::{seal_manifest, DatasetWriter, Manifest, SampleRef, WriterOptions, UNSEALED_CHECKSUM};
 use eagle_io::format::record;
 use eagle_io::shard::ShardFile;
 use eagle_io::{DType, Dataset, Error, Schema, TensorSpec};
@@ -236,8 +236,11 @@ fn manifest_for(shard: &ShardFile, file: &str) -> PathBuf {
             "index_crc32": shard.footer.index_crc32,
         }],
         "complete": true,
+        "checksum": UNSEALED_CHECKSUM,
     });
-    put("manifest.json", &serde_json::to_vec(&m).unwrap())
+    let mut text = serde_json::to_vec_pretty(&m).unwrap();
+    assert!(seal_manifest(&mut text));
+    put("manifest.json", &text)
 }
 
 /// Opens `bytes` as a shard and reads every record through the dataset reader. With `original`,
@@ -493,9 +496,7 @@ pub fn original_manifest_text() -> &'static Vec<u8> {
         let o = original();
         let path = put("shards/orig.eio", &o.bytes);
         let shard = ShardFile::open(&path).unwrap();
-        let p = manifest_for(&shard, "orig.eio");
-        serde_json::to_vec_pretty(&serde_json::from_slice::<serde_json::Value>(&std::fs::read(p).unwrap()).unwrap())
-            .unwrap()
+        std::fs::read(manifest_for(&shard, "orig.eio")).unwrap()
     })
 }
 
@@ -535,12 +536,25 @@ pub fn manifest_bytes(data: &[u8]) {
     check_manifest(data);
 }
 
-/// (u16 offset, u8 xor) triples applied to a valid manifest's JSON text.
+/// (u16 offset, u8 xor) triples applied to a valid manifest's JSON text; resealed when the first
+/// byte is odd, so the field parsers past the checksum are fuzzed too.
 pub fn mutated_manifest(data: &[u8]) {
     let mut b = original_manifest_text().clone();
     for t in data.chunks_exact(3) {
         let at = u16::from_le_bytes([t[0], t[1]]) as usize % b.len();
         b[at] ^= t[2].max(1);
     }
+    if data.first().is_some_and(|x| x & 1 == 1) {
+        reseal(&mut b);
+    }
     check_manifest(&b);
+}
+
+/// Zeroes the last `"crc32:XXXXXXXX"` string's digits and seals again (a crafted manifest).
+fn reseal(b: &mut [u8]) {
+    let quoted = |w: &[u8]| w.starts_with(b"\"crc32:") && w[15] == b'"';
+    if let Some(at) = b.windows(16).rposition(quoted) {
+        b[at + 7..at + 15].copy_from_slice(b"00000000");
+        assert!(seal_manifest(b));
+    }
 }

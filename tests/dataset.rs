@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use eagle_io::dataset::{DatasetWriter, SampleRef, WriterOptions};
+use eagle_io::dataset::{DatasetWriter, Manifest, SampleRef, WriterOptions};
 use eagle_io::{DType, Dataset, Error, Schema, TensorSpec};
 use proptest::prelude::*;
 
@@ -315,10 +315,40 @@ fn manifest_shard_paths_cannot_escape_the_dataset() {
     write_samples(&mut w, &[(1, 3)]);
     w.close().unwrap();
     std::fs::copy(root.join("shards/r00000-000000.eio"), dir.path().join("outside.eio")).unwrap();
-    let m = std::fs::read_to_string(root.join("manifest.json"))
-        .unwrap()
-        .replace("shards/r00000-000000.eio", "../outside.eio");
-    std::fs::write(root.join("manifest.json"), m).unwrap();
+    // Crafted (sealed), so the path check is what refuses it, not the checksum.
+    let mut m: Manifest = serde_json::from_slice(&std::fs::read(root.join("manifest.json")).unwrap()).unwrap();
+    m.shards[0].file = "../outside.eio".into();
+    m.store(&root.join("manifest.json")).unwrap();
     let err = Dataset::open(&root, 1).err().unwrap().to_string();
     assert!(err.contains("not relative to the dataset"), "{err}");
+}
+
+#[test]
+fn the_manifest_checksum_covers_metadata_and_names_the_digits_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let meta = serde_json::json!({"aux_layer_ids": [2, 15, 27]});
+    let mut w = DatasetWriter::create(root, eagle3_schema(8), meta, small_opts()).unwrap();
+    write_samples(&mut w, &[(1, 3)]);
+    w.close().unwrap();
+    let path = root.join("manifest.json");
+    let good = std::fs::read_to_string(&path).unwrap();
+    assert!(good.trim_end().ends_with('}') && good.contains("\"checksum\": \"crc32:"));
+    let digits = good.rfind("\"crc32:").unwrap() + 7;
+    std::fs::write(&path, good.replacen("27", "28", 1)).unwrap();
+    match Dataset::open(root, 1) {
+        Err(Error::Corrupt {
+            path: p,
+            sample_id: None,
+            offset,
+            what,
+        }) => {
+            assert_eq!((p, offset), (path.clone(), digits as u64));
+            assert!(what.contains("checksum"), "{what}");
+        }
+        other => panic!("a flipped layer id was not detected: {:?}", other.map(|d| d.len())),
+    }
+    // Sealing is deterministic: the loaded manifest stores back to the very same bytes.
+    std::fs::write(&path, &good).unwrap();
+    assert_eq!(Manifest::load(&path).unwrap().to_sealed_bytes(), good.as_bytes());
 }

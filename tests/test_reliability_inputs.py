@@ -8,6 +8,7 @@ vocabulary), shards from another dataset, a newer version met on resume, and inv
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -226,7 +227,10 @@ def test_a_manifest_with_an_invalid_schema_is_refused(tmp_path, tensors):
         "codec": {"zstd_level": 1, "chunk_bytes": 1024},
         "shards": [],
         "complete": True,
+        "checksum": "crc32:00000000",
     }
-    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    text = json.dumps(m).encode()
+    crc = zlib.crc32(text)  # sealed as FORMAT.md 2 says, so the schema check is what refuses it
+    (tmp_path / "manifest.json").write_bytes(text.replace(b"crc32:00000000", f"crc32:{crc:08x}".encode()))
     with pytest.raises(eagle_io.CorruptRecordError, match="schema"):
         eagle_io.Dataset(tmp_path)

@@ -4,13 +4,16 @@ from collections.abc import Sequence
 from os import PathLike
 from typing import Any, final
 
-__all__ = ["FORMAT_VERSION", "CaptureSink", "Reader", "Writer", "__version__"]
+__all__ = ["FORMAT_VERSION", "CaptureSink", "Reader", "Writer", "__version__", "load_manifest", "seal_manifest"]
 
 __version__: str
 FORMAT_VERSION: int
 
 _Tensor = tuple[str, Sequence[int], Any]  # (dtype name, shape, buffer)
 _Sample = tuple[int, str, Sequence[_Tensor]]  # (sample_id, key, tensors in schema order)
+
+def load_manifest(path: str | PathLike[str]) -> str: ...
+def seal_manifest(json: str) -> bytes: ...
 
 @final
 class Writer:

@@ -24,6 +24,7 @@ from typing import Any
 
 from . import FORMAT_VERSION, __version__
 from .errors import IncompatibleDatasetError, InvalidArgumentError, StorageError
+from .manifest import manifest_bytes
 from .reader import Dataset
 
 RANK_MANIFEST = re.compile(r"^manifest\.r(\d{5})\.json$")
@@ -143,8 +144,8 @@ def _storage_error(path: Path, e: OSError) -> StorageError:
 def _store_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
+        with open(tmp, "wb") as f:
+            f.write(manifest_bytes(data))
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:

@@ -62,6 +62,20 @@ def _check_version(version: object, path: str, offset: int | None) -> None:
         raise ReferenceVersionError(f"format_version {version} is newer than {FORMAT_VERSION}", path, None, offset)
 
 
+def _check_seal(data: bytes, checksum: object, path: str) -> None:
+    """Section 2: ``checksum`` is the CRC-32 of the file with its 8 hex digits read as zeros."""
+    digits = checksum[6:] if isinstance(checksum, str) and checksum.startswith("crc32:") else ""
+    if len(digits) != 8 or any(c not in "0123456789abcdef" for c in digits):
+        raise ReferenceFormatError(f"invalid checksum {checksum!r}", path)
+    at = data.rfind(f'"{checksum}"'.encode()) + 7
+    if at < 7:
+        raise ReferenceFormatError("checksum string not found verbatim", path)
+    actual = zlib.crc32(data[:at] + b"00000000" + data[at + 8 :])
+    if actual != int(digits, 16):
+        message = f"checksum mismatch: the file hashes to {actual:08x}, it says {digits}"
+        raise ReferenceFormatError(message, path, None, at)
+
+
 def _parse_schema(schema: object, path: str, offset: int | None) -> list[tuple[str, np.dtype, int | None]]:
     """Section 3: [(name, numpy dtype, width or None)]."""
     try:
@@ -210,7 +224,8 @@ class ReferenceDataset:
         self.path = manifest_path
         try:
             with open(manifest_path, "rb") as f:
-                self.manifest: dict = json.loads(f.read().decode("utf-8"))
+                data = f.read()
+            self.manifest: dict = json.loads(data.decode("utf-8"))
             assert isinstance(self.manifest, dict)
         except (ValueError, AssertionError) as e:
             raise ReferenceFormatError(f"manifest is not a JSON object: {e}", manifest_path) from None
@@ -218,6 +233,7 @@ class ReferenceDataset:
         if m.get("format") != "eagle-io/dataset":
             raise ReferenceFormatError(f"unknown format {m.get('format')!r}", manifest_path)
         _check_version(m.get("format_version"), manifest_path, None)
+        _check_seal(data, m.get("checksum"), manifest_path)
         self.schema = _parse_schema(m.get("schema"), manifest_path, None)
         base, self.shards, self._positions = os.path.dirname(manifest_path), [], {}
         self._entries: list[tuple[_Shard, int]] = []  # position -> (shard, index entry)

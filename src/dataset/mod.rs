@@ -7,6 +7,6 @@ mod reader;
 mod resume;
 mod writer;
 
-pub use manifest::{Manifest, MANIFEST_FORMAT};
+pub use manifest::{seal as seal_manifest, Manifest, MANIFEST_FORMAT, UNSEALED_CHECKSUM};
 pub use reader::{BadRecord, Dataset, Entry};
 pub use writer::{DatasetWriter, SampleRef, StatsHandle, WriterOptions, WriterStats};

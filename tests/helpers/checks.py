@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import eagle_io
+from eagle_io.manifest import manifest_bytes
 from helpers import jobs
 
 
@@ -68,7 +69,7 @@ def on_disk(root: Path) -> dict:
     state["orphan_ids"] = []
     if state["orphans"]:
         probe = root / "probe-orphans.json"
-        probe.write_text(json.dumps({**m, "shards": [shard_entry(shards / n) for n in state["orphans"]]}))
+        probe.write_bytes(manifest_bytes({**m, "shards": [shard_entry(shards / n) for n in state["orphans"]]}))
         try:
             assert eagle_io.Dataset.verify(probe) == [], "an unlisted committed shard must be complete"
             state["orphan_ids"] = read_ids(probe)
@@ -95,3 +96,20 @@ def check_samples(root: Path, expected_ids: list[int], long_from: int | None = N
         assert got["sample_id"] == sid and ds.entry(p).key == f"conv-{sid}"
         for name, t in want.items():
             assert same(got[name], t), (sid, name)
+
+
+def damage_record(root: Path, sample_id: int) -> tuple[str, int, int]:
+    """Flips a byte in the middle of ``sample_id``'s record (found through the shard indexes, FORMAT.md 4.3),
+    leaving its index entry intact. Returns ``(shard path, record offset, record length)``."""
+    for s in json.loads((root / "manifest.json").read_text())["shards"]:
+        shard = root / s["file"]
+        data = bytearray(shard.read_bytes())
+        index_offset, n = int.from_bytes(data[-40:-32], "little"), int.from_bytes(data[-24:-16], "little")
+        for i in range(n):
+            e = data[index_offset + 40 * i : index_offset + 40 * (i + 1)]
+            sid, off, length = (int.from_bytes(e[k : k + 8], "little") for k in (0, 8, 16))
+            if sid == sample_id:
+                data[off + length // 2] ^= 0x5A
+                shard.write_bytes(bytes(data))
+                return str(shard), off, length
+    raise AssertionError(f"sample {sample_id} is not in {root}")

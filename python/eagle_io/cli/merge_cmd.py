@@ -8,6 +8,8 @@ import os
 import sys
 from typing import Any
 
+from ..errors import EagleIOError
+from ..manifest import read_manifest
 from ..merge import MergeReport, expected_from_source, merge_ranks
 
 SHOW = 20  # ids listed per problem before "..."
@@ -40,10 +42,9 @@ def _rank_metadata(root: str) -> dict[str, Any]:
     for name in sorted(os.listdir(root)):
         if name.startswith("manifest") and name.endswith(".json"):
             try:
-                with open(os.path.join(root, name), encoding="utf-8") as f:
-                    meta = json.load(f).get("metadata")
+                meta = read_manifest(os.path.join(root, name))["metadata"]
                 return meta if isinstance(meta, dict) else {}
-            except (OSError, ValueError, AttributeError):
+            except EagleIOError:
                 continue
     return {}
 

@@ -9,14 +9,15 @@ an alias of ``EAGLE``) starts cleanly in SGLang, the target never captures aux s
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import EagleIOError
 from ..layers import AUX_LAYER_CONVENTION
+from ..manifest import read_manifest
 from .checkpoint import CheckpointError, DraftInfo, read_checkpoint, read_draft
 from .sglang_compat import (
     capturable_range,
@@ -109,11 +110,10 @@ def _read_manifest_metadata(path: str | os.PathLike[str]) -> tuple[Path, dict[st
             raise CheckpointError(f"{p}: no manifest.json (or manifest.rNNNNN.json): not an eagle-io dataset", p)
         p = found[0]
     try:
-        with open(p, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as e:
+        manifest = read_manifest(p)
+    except EagleIOError as e:
         raise CheckpointError(f"{p}: cannot read the dataset manifest: {e}", p) from e
-    meta = manifest.get("metadata") if isinstance(manifest, dict) else None
+    meta = manifest.get("metadata")
     if not isinstance(meta, dict):
         raise CheckpointError(f"{p}: manifest has no metadata object", p)
     return p, meta

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidArgumentError
+from ..manifest import read_manifest
 from ..metadata import eagle3_metadata
 from ..ring import RingSink
 from ..schema import eagle3_schema
@@ -295,15 +296,12 @@ class SGLangCaptureSession:
     def close(self) -> dict[str, Any]:
         """Stops the capture in every scheduler; returns ``manifest.json`` (``{}`` when several DP ranks each
         wrote their ``manifest.rNNNNN.json``)."""
-        import json
-
         if self.manifest is None:
             self.engine.collective_rpc("eagle_io_capture_stop")
             path = os.path.join(self.out_dir, "manifest.json")
             self.manifest = {}
             if os.path.exists(path):
-                with open(path, encoding="utf-8") as f:
-                    self.manifest = json.load(f)
+                self.manifest = read_manifest(path)
         return self.manifest
 
     def __enter__(self) -> SGLangCaptureSession:

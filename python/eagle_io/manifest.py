@@ -1,0 +1,42 @@
+"""Reading and writing a dataset manifest on its own, without opening the shards it lists.
+
+The manifest carries a CRC-32 ``checksum`` over its whole text (docs/FORMAT.md section 2), so a flipped
+digit in ``metadata`` (``aux_layer_ids``, ``hidden_size``...) is detected like damage to a shard. Code
+that only needs the metadata (the serving preflight, ``eagle-io merge``) reads it through
+:func:`read_manifest`; code that writes a manifest (``eagle-io merge``) gets its bytes from
+:func:`manifest_bytes`. The checks and the sealing are the Rust core's (``src/dataset/manifest.rs``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from . import _native
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Loads the manifest file at ``path`` after checking its format, version, checksum and fields.
+
+    Returns:
+        The manifest as a dict (``format``, ``format_version``, ``writer``, ``schema``, ``metadata``,
+        ``codec``, ``shards``, ``complete``), without its ``checksum``.
+
+    Raises:
+        CorruptRecordError: not JSON, not an eagle-io manifest, a field of the wrong type, or a checksum
+            mismatch (the error names the file and the byte offset of the checksum digits).
+        FormatVersionError: written by a newer format version.
+        StorageError: the file cannot be read.
+    """
+    return json.loads(_native.load_manifest(path))
+
+
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """The bytes of a manifest file for ``manifest`` (a dict with the fields :func:`read_manifest`
+    returns): pretty-printed JSON whose last member is its sealed ``checksum``.
+
+    Raises:
+        InvalidArgumentError: a field is missing or of the wrong type.
+    """
+    return _native.seal_manifest(json.dumps(manifest))
