@@ -11,11 +11,13 @@ from itertools import islice
 
 import pytest
 import torch
+from helpers.checks import damage_record
 from safetensors import safe_open
 
 import eagle_io
 from eagle_io.cli import main, train_draft_cmd
 from eagle_io.draft import TargetHead, TrainConfig, load_draft, make_batch, save_draft, train_draft
+from eagle_io.feed import ShardDataset
 from eagle_io.vocab import build_vocab_mapping
 
 V, H, K = 256, 32, 3
@@ -124,6 +126,23 @@ def test_smoke_training_loss_decreases_and_agreement_rises(synthetic):
     assert r.final["loss"] < r.initial["loss"]
     assert r.final["agreement"] > r.initial["agreement"] + 0.05
     assert r.train_samples == 20 and r.eval_samples == 4 and r.initial["positions"] > 0
+
+
+def test_training_past_a_corrupt_record_when_asked_keeps_rows_and_positions_aligned(synthetic):
+    root, head = synthetic
+    mapping = build_vocab_mapping(root, 64)  # before the damage: the mapping reads every record
+    damage_record(root, 5)
+    ds = ShardDataset(root, max_length=512, on_corrupt="skip")
+    batch = make_batch(ds, [4, 5, 6])
+    assert batch["positions"] == [4, 6] and batch["aux"].shape[0] == 2, "the bad row is left out, not replaced"
+    for row, pos in enumerate(batch["positions"]):
+        assert torch.equal(batch["aux"][row], ds[pos]["aux_hidden_states"])
+    cfg = TrainConfig(steps=8, batch_size=4, eval_samples=4, threads=1, log_every=0)
+    r = train_draft(ds, head, mapping, cfg, log=None)
+    assert r.skipped_records == len(ds.skipped) >= 2 and r.summary()["skipped_corrupt_records"] == r.skipped_records
+    assert {s.sample_id for s in ds.skipped} == {5}
+    with pytest.raises(eagle_io.CorruptRecordError, match="sample id 5"):
+        train_draft(root, head, mapping, cfg, log=None)  # the default raises
 
 
 def test_export_is_what_sglang_reads(synthetic, tmp_path):

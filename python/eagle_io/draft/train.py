@@ -128,19 +128,21 @@ def make_batch(dataset: Any, positions: Sequence[int]) -> dict[str, Any]:
         ``aux [B, T, k*H]`` (stored dtype), ``next_ids [B, T]`` int64 (``input_ids[t+1]``, 0 without one),
         ``target_hidden [B, T, H]`` (``hidden_states[t+1]``, 0 without one), ``mask [B, T]`` bool
         (``loss_mask[t+1] == 1`` and ``t+1`` is a real token of the same sample), ``lengths [B]`` int64,
-        ``positions`` (the dataset positions, a list). Built with :class:`eagle_io.feed.PaddingCollator` and
-        :func:`eagle_io.feed.shift_targets` (``loss_mask="target"``).
+        ``positions`` (the dataset positions of the ``B`` rows, a list: without the records a dataset opened with
+        ``on_corrupt="skip"`` left out, so ``B`` can be smaller than ``len(positions)``). Built with
+        :class:`eagle_io.feed.PaddingCollator` and :func:`eagle_io.feed.shift_targets` (``loss_mask="target"``).
     """
     from ..feed import PaddingCollator, shift_targets
 
     batch = shift_targets(PaddingCollator().collate_from(dataset, list(positions)), loss_mask="target")
+    left_out = {s["item"] for s in batch["skipped"]}
     return {
         "aux": batch["aux_hidden_states"],
         "next_ids": batch["next_input_ids"],
         "target_hidden": batch["target_hidden_states"],
         "mask": batch["loss_mask"] == 1,
         "lengths": batch["lengths"],
-        "positions": list(positions),
+        "positions": [p for p in positions if p not in left_out],
     }
 
 
@@ -182,6 +184,7 @@ class TrainResult:
     train_tokens: int = 0
     seconds: float = 0.0
     teacher_seconds: float = 0.0
+    skipped_records: int = 0
 
     def summary(self) -> dict[str, Any]:
         first = [h["loss"] for h in self.history[:10]]
@@ -197,6 +200,7 @@ class TrainResult:
             "final": self.final,
             "seconds": round(self.seconds, 2),
             "teacher_argmax_seconds": round(self.teacher_seconds, 2),
+            "skipped_corrupt_records": self.skipped_records,
         }
 
 
@@ -354,7 +358,8 @@ def train_draft(
 
     Args:
         dataset: a path (or list of paths) or an :class:`eagle_io.feed.ShardDataset` (EAGLE-3 schema; metadata
-            ``hidden_size``, ``aux_layer_ids``); paths are opened with ``max_length=config.max_length``.
+            ``hidden_size``, ``aux_layer_ids``); paths are opened with ``max_length=config.max_length``. A
+            ``ShardDataset(..., on_corrupt="skip")`` trains past bad records; ``skipped_records`` counts them.
         head: the target's frozen head (:func:`load_target_head` / :meth:`TargetHead.from_model`).
         mapping: :class:`eagle_io.vocab.VocabMapping` whose ``target_vocab_size`` is the head's vocabulary.
         config: :class:`TrainConfig`.
@@ -446,6 +451,7 @@ def train_draft(
         train_tokens=tokens,
         seconds=seconds,
         teacher_seconds=teacher.seconds,
+        skipped_records=len(ds.skipped),
     )
 
 

@@ -19,12 +19,21 @@ Typical use on rank ``r`` of ``W``::
 """
 
 from .collate import LOSS_MASK_ALIGNMENTS, PackingCollator, PaddingCollator, has_next_token, shift_targets
-from .dataset import COMPATIBILITY_KEYS, REQUIRED_TENSORS, LazyItems, ShardDataset, expand_paths
+from .dataset import (
+    COMPATIBILITY_KEYS,
+    ON_CORRUPT,
+    REQUIRED_TENSORS,
+    LazyItems,
+    ShardDataset,
+    SkippedRecord,
+    expand_paths,
+)
 from .samplers import UNEVEN, LengthGroupedBatchSampler, RankSampler, permutation
 
 __all__ = [
     "COMPATIBILITY_KEYS",
     "LOSS_MASK_ALIGNMENTS",
+    "ON_CORRUPT",
     "REQUIRED_TENSORS",
     "UNEVEN",
     "LazyItems",
@@ -33,6 +42,7 @@ __all__ = [
     "PaddingCollator",
     "RankSampler",
     "ShardDataset",
+    "SkippedRecord",
     "expand_paths",
     "has_next_token",
     "permutation",

@@ -15,11 +15,12 @@ Collators do not shift; :func:`shift_targets` does, for both batch layouts, on a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import torch
 
-from ..errors import InvalidArgumentError
+from ..errors import CorruptRecordError, InvalidArgumentError
 from .dataset import LazyItems, ShardDataset
 
 _STATES = ("aux_hidden_states", "hidden_states")
@@ -85,23 +86,38 @@ class _Collator:
                 batch[name][row, start : start + n] = it[name]
         batch["sample_ids"] = [it.get("sample_id") for it in items]
         batch["dataset_index"] = [it.get("dataset_index") for it in items]
+        batch["skipped"] = []
         return batch
 
     def collate_from(self, dataset: ShardDataset, indices: Sequence[int]) -> dict[str, Any]:
         """The batch of ``dataset``'s items at ``indices``, decoded straight into the batch tensors (what
-        ``__call__`` gives for ``[dataset[i] for i in indices]``, without per-item tensors or their copy)."""
+        ``__call__`` gives for ``[dataset[i] for i in indices]``, without per-item tensors or their copy).
+
+        A corrupt record raises, or under ``dataset.on_corrupt == "skip"`` is left out: the batch is rebuilt
+        from the other items (never padded with another sample) and ``batch["skipped"]`` lists what was left
+        out (dicts of :class:`eagle_io.feed.SkippedRecord` fields)."""
         if len(indices) == 0:
             raise InvalidArgumentError("cannot collate an empty list of items")
-        lengths = [dataset.length(i) for i in indices]
         specs = {s.name: s for s in dataset.schema}
         states = {n: ((specs[n].width,), getattr(torch, specs[n].dtype)) for n in _STATES}
-        batch, slots = self._allocate(lengths, states)
-        ids, owners = [], []
-        for i, (row, start), n in zip(indices, slots, lengths, strict=True):
-            sid, d = dataset.read_into(i, {name: batch[name][row, start : start + n] for name in _ROWS})
-            ids.append(sid)
-            owners.append(d)
-        batch["sample_ids"], batch["dataset_index"] = ids, owners
+        todo, skipped = list(indices), []
+        while True:
+            lengths = [dataset.length(i) for i in todo]
+            batch, slots = self._allocate(lengths, states)
+            ids, owners, bad = [], [], None
+            for k, (i, (row, start), n) in enumerate(zip(todo, slots, lengths, strict=True)):
+                try:
+                    sid, d = dataset.read_into(i, {name: batch[name][row, start : start + n] for name in _ROWS})
+                except CorruptRecordError as e:
+                    skipped.append(asdict(dataset.record_skip(i, e)))  # raises unless on_corrupt="skip"
+                    bad = k
+                    break
+                ids.append(sid)
+                owners.append(d)
+            if bad is None:
+                break
+            del todo[bad]  # rare: rebuild the batch without it (its shapes change)
+        batch["sample_ids"], batch["dataset_index"], batch["skipped"] = ids, owners, skipped
         return batch
 
 
@@ -117,6 +133,8 @@ class PaddingCollator(_Collator):
     - ``aux_hidden_states`` ``[B, T, W]``, ``hidden_states`` ``[B, T, H]``: 0 on padding
     - ``lengths`` ``[B]`` int64: each item's ``L``
     - ``sample_ids``, ``dataset_index``: lists of ``B`` ints (sample ids are u64, so not a tensor)
+    - ``skipped``: records left out under ``ShardDataset(on_corrupt="skip")``, as dicts (empty otherwise); when
+      every item was, ``B`` is 0
 
     Takes a list of items (``ShardDataset`` items or equal dicts); given ``ShardDataset`` items through a
     DataLoader (``ShardDataset.__getitems__``), it decodes them straight into the batch.
@@ -132,7 +150,7 @@ class PaddingCollator(_Collator):
         self.pad_token_id = pad_token_id
 
     def _allocate(self, lengths, states):
-        B, T = len(lengths), max(lengths)
+        B, T = len(lengths), max(lengths, default=0)
         if self.pad_to_multiple_of:
             T = -(-T // self.pad_to_multiple_of) * self.pad_to_multiple_of
         lens = torch.tensor(lengths, dtype=torch.int64)
@@ -166,6 +184,7 @@ class PackingCollator(_Collator):
     - ``cu_seqlens`` ``[n + 1]`` int32: ``0, L0, L0+L1, ..., S`` (real tokens only; flash-attn's varlen layout)
     - ``max_seqlen`` int: the longest ``L``
     - ``lengths`` ``[n]`` int64, ``sample_ids``, ``dataset_index``: lists of ``n`` ints
+    - ``skipped``: as for :class:`PaddingCollator` (``n`` is 0 when every item was skipped)
 
     Raises:
         InvalidArgumentError: the items hold more than ``max_tokens`` tokens (batch them with
@@ -205,7 +224,7 @@ class PackingCollator(_Collator):
         for name, (tail, dtype) in states.items():
             out = batch[name] = _empty((1, N, *tail), dtype)
             out[0, total:] = 0
-        batch["cu_seqlens"], batch["max_seqlen"], batch["lengths"] = cu, max(lengths), lens
+        batch["cu_seqlens"], batch["max_seqlen"], batch["lengths"] = cu, max(lengths, default=0), lens
         return batch, [(0, int(s)) for s in cu[:-1].tolist()]
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from ..errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError
 from ..reader import Dataset, SampleInfo
 
 #: Metadata keys (docs/FORMAT.md, section 2.1) that must be equal in every dataset a ``ShardDataset`` mixes.
@@ -34,6 +36,25 @@ _ABSENT = "<absent>"
 
 #: ``filter(info, metadata) -> bool``: keep the sample when True.
 SampleFilter = Callable[[SampleInfo, Mapping[str, Any]], bool]
+
+#: What a batch does with a record that fails its checks: ``"raise"`` (default) or ``"skip"`` and count it.
+ON_CORRUPT = ("raise", "skip")
+
+log = logging.getLogger("eagle_io.feed")
+
+
+@dataclass(frozen=True)
+class SkippedRecord:
+    """A record left out of a batch under ``on_corrupt="skip"``: ``item`` (the ShardDataset index), the
+    ``sample_id`` its shard index lists, ``dataset_index``, and where the error is: ``path`` (the shard file),
+    ``offset`` (byte offset in it) and ``error`` (the :class:`eagle_io.CorruptRecordError` message)."""
+
+    item: int
+    sample_id: int
+    dataset_index: int
+    path: str
+    offset: int
+    error: str
 
 
 def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -148,13 +169,20 @@ class ShardDataset(torch.utils.data.Dataset):
             dataset's metadata dict; samples for which it returns False are left out. Select whole datasets with a
             predicate on ``metadata`` alone. Costs about 1 us per sample; not pickled (the kept positions are).
         threads: decode threads per read in each process (DataLoader workers each have their own).
+        on_corrupt: what the eagle-io collators do with a record that fails its checksum or format checks when
+            they build a batch. ``"raise"`` (default): raise :class:`eagle_io.CorruptRecordError`, which names
+            the shard, sample id and byte offset. ``"skip"``: leave that sample out of the batch (never replace
+            it by another one: the batch has fewer samples, none at all when every one is bad), log a warning,
+            append a :class:`SkippedRecord` to :attr:`skipped` (this process's count) and to the batch's
+            ``"skipped"`` list (how the counts of DataLoader workers reach the training loop). ``ds[i]`` and
+            other collate functions always raise: a single item cannot be skipped without substituting one.
 
     Raises:
         IncompatibleDatasetError: two datasets whose metadata differ on a key of :data:`COMPATIBILITY_KEYS` or
             whose schemas differ (the message names the key or tensor and both values); a dataset lacking one of
             :data:`REQUIRED_TENSORS` or whose metadata contradicts its schema widths or dtype; a sample id present
             in two datasets (the message names the id and both manifests).
-        InvalidArgumentError: no paths, the same manifest twice, or ``max_length < 1``.
+        InvalidArgumentError: no paths, the same manifest twice, ``max_length < 1`` or an unknown ``on_corrupt``.
         CorruptRecordError, FormatVersionError, StorageError: from opening a manifest or shard index.
 
     Pickles as its paths, options and kept positions (spawn-safe; the filter is not re-run); fork-safe.
@@ -167,12 +195,19 @@ class ShardDataset(torch.utils.data.Dataset):
         max_length: int | None = None,
         filter: SampleFilter | None = None,
         threads: int = 1,
+        on_corrupt: str = "raise",
     ) -> None:
         if max_length is not None and max_length < 1:
             raise InvalidArgumentError(f"max_length must be >= 1 or None, got {max_length}")
+        if on_corrupt not in ON_CORRUPT:
+            raise InvalidArgumentError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
         self.paths = expand_paths(paths)
         self.max_length = max_length
         self.threads = threads
+        self.on_corrupt = on_corrupt
+        #: Records skipped in this process under ``on_corrupt="skip"`` (DataLoader workers each keep their own;
+        #: batches carry theirs in ``batch["skipped"]``).
+        self.skipped: list[SkippedRecord] = []
         self.datasets = [Dataset(p, threads=threads) for p in self.paths]
         for ds in self.datasets:
             _check_schema_and_widths(ds)
@@ -293,6 +328,20 @@ class ShardDataset(torch.utils.data.Dataset):
             dst.copy_(tmp[:m])
         return info.sample_id, d
 
+    def record_skip(self, i: int, error: CorruptRecordError) -> SkippedRecord:
+        """Counts item ``i`` as skipped for ``error`` (see ``on_corrupt``) and logs it. Returns the record.
+
+        Raises:
+            CorruptRecordError: ``error`` itself, when ``on_corrupt`` is ``"raise"``.
+        """
+        if self.on_corrupt != "skip":
+            raise error
+        d, p = self.locate(i)
+        rec = SkippedRecord(i, self.datasets[d].entry(p).sample_id, d, error.path, error.offset, str(error))
+        self.skipped.append(rec)
+        log.warning("on_corrupt='skip': left item %d (sample id %d) out of its batch: %s", i, rec.sample_id, error)
+        return rec
+
     def __getitems__(self, indices: Sequence[int]) -> LazyItems:
         """The items at ``indices``, decoded on first access; the DataLoader calls this for a batch and hands
         the result to ``collate_fn``. eagle-io's collators decode the samples straight into the batch tensors
@@ -316,6 +365,7 @@ class ShardDataset(torch.utils.data.Dataset):
             "paths": self.paths,
             "max_length": self.max_length,
             "threads": self.threads,
+            "on_corrupt": self.on_corrupt,
             "owner": self._owner,
             "pos": self._pos,
             "stored_lengths": self._stored_lengths,
@@ -323,6 +373,7 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.paths, self.max_length, self.threads = state["paths"], state["max_length"], state["threads"]
+        self.on_corrupt, self.skipped = state["on_corrupt"], []
         self.datasets = [Dataset(p, threads=self.threads) for p in self.paths]
         self._owner, self._pos, self._stored_lengths = state["owner"], state["pos"], state["stored_lengths"]
 
