@@ -558,7 +558,8 @@ _CAPTURE_SCRIPT = textwrap.dedent(
     from types import SimpleNamespace
     import torch
     import sglang
-    from eagle_io.serving.sglang_capture import capture_engine, is_sglang_engine
+    import eagle_io
+    from eagle_io.serving.sglang_capture import SGLangCaptureSession, is_sglang_engine
 
     if __name__ == "__main__":
         work = sys.argv[1]
@@ -572,7 +573,13 @@ _CAPTURE_SCRIPT = textwrap.dedent(
         )
         try:
             assert is_sglang_engine(engine)
-            manifest = capture_engine(engine, work + "/sglang", samples, batch=2, target_info={"model_id": "tiny"})
+            # eagle_io.capture hands out the SGLang session: started through collective_rpc, stopped by file
+            out, info = work + "/sglang", {"model_id": "tiny"}
+            with eagle_io.capture(engine, out, target_info=info, aux_layer_ids=[2, 4, 5], ring_bytes=1 << 24) as cap:
+                assert isinstance(cap, SGLangCaptureSession) and cap.aux_layer_ids == [2, 4, 5]
+                for i in range(0, len(samples), 2):
+                    cap.submit(samples[i : i + 2])
+            manifest = cap.manifest
         finally:
             engine.shutdown()
         print(json.dumps({"samples": sum(s["samples"] for s in manifest["shards"])}))
@@ -665,18 +672,31 @@ def test_capture_refuses_partial_requests():
     from eagle_io.serving.sglang_capture import CaptureRefusedError, _SchedulerCapture
 
     cap = object.__new__(_SchedulerCapture)
-    cap.writes, cap.sink, cap.masks = False, None, {}
-    cap.lock = __import__("threading").Lock()
+    cap.writes, cap.sink = False, None
     mode = SimpleNamespace(is_extend=lambda: True)
-    req = SimpleNamespace(rid="eagleio-7", prefix_len=4, extend_len=3, origin_input_ids=list(range(7)))
-    batch = SimpleNamespace(forward_mode=mode, reqs=[req], extend_lens=[3])
+
+    def req(rid, params, prefix=4, n=3):
+        sp = SimpleNamespace(custom_params=params)
+        return SimpleNamespace(
+            rid=rid, prefix_len=prefix, extend_len=n, origin_input_ids=list(range(prefix + n)), sampling_params=sp
+        )
+
     result = SimpleNamespace(
         logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6), last_hidden_states=torch.zeros(3, 2))
     )
+    ours = {"eagle_io_sample_id": 7, "eagle_io_loss_mask": [1] * 7}
     with pytest.raises(CaptureRefusedError, match=r"sample 7: forward covers tokens 4\.\.7 of 7"):
-        cap.on_forward(batch, result)
-    other = SimpleNamespace(rid="user-request", prefix_len=4, extend_len=3, origin_input_ids=list(range(7)))
-    cap.on_forward(SimpleNamespace(forward_mode=mode, reqs=[other], extend_lens=[3]), result)  # not ours: ignored
+        cap.on_forward(SimpleNamespace(forward_mode=mode, reqs=[req("a", ours)], extend_lens=[3]), result)
+    for params in (None, {"thinking_budget": 5}):  # not ours: ignored
+        cap.on_forward(SimpleNamespace(forward_mode=mode, reqs=[req("user", params)], extend_lens=[3]), result)
+    bad_mask = {"eagle_io_sample_id": 8, "eagle_io_loss_mask": [1, 2, 0]}
+    with pytest.raises(CaptureRefusedError, match=r"sample 8: custom_params\['eagle_io_loss_mask'\] is not 3 values"):
+        cap.on_forward(
+            SimpleNamespace(forward_mode=mode, reqs=[req("b", bad_mask, prefix=0, n=3)], extend_lens=[3]),
+            SimpleNamespace(
+                logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6), last_hidden_states=torch.zeros(3, 2))
+            ),
+        )
 
 
 @needs_sglang

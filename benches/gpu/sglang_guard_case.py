@@ -141,7 +141,6 @@ def capture(work: Path) -> None:
     from transformers import LlamaForCausalLM
 
     import eagle_io
-    from eagle_io.serving.sglang_capture import capture_engine
 
     g = torch.Generator().manual_seed(1)
     samples = [
@@ -164,7 +163,10 @@ def capture(work: Path) -> None:
         dtype="bfloat16",
     )
     try:
-        manifest = capture_engine(engine, work / "sglang-capture", samples, batch=4, target_info={"model_id": "tiny"})
+        with eagle_io.capture(engine, work / "sglang-capture", target_info={"model_id": "tiny"}) as cap:
+            for i in range(0, len(samples), 4):
+                cap.submit(samples[i : i + 4])
+        manifest = cap.manifest
     finally:
         engine.shutdown()
     bad = eagle_io.Dataset.verify(work / "sglang-capture")

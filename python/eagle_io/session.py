@@ -27,6 +27,7 @@ class CaptureSession:
 
     Attributes:
         done: ids of samples already in the dataset (on resume), which :meth:`submit` skips.
+        aux_layer_ids: the captured layers (eagle-io ids: input of decoder layer i).
         counts: ``submitted``, ``written``, ``already_done``, ``dropped``, ``nonfinite_skipped``.
         forward_seconds / store_seconds: time in the target's forward vs. copying into the ring.
     """
@@ -53,6 +54,7 @@ class CaptureSession:
         if nonfinite not in ("raise", "skip"):
             raise InvalidArgumentError(f"nonfinite must be 'raise' or 'skip', not {nonfinite!r}")
         self._hooks = HFCapture(target, aux_layer_ids, state_dtype=state_dtype)
+        self.aux_layer_ids = list(self._hooks.aux_layer_ids)
         k, hidden = len(self._hooks.aux_layer_ids), int(target_info["hidden_size"])
         dtype = str(state_dtype).removeprefix("torch.")
         meta = eagle3_metadata(
@@ -225,8 +227,11 @@ def capture(
             metadata=metadata,
             target_info=target_info,
             tokenizer_identity=tokenizer_identity,
+            aux_layer_ids=aux_layer_ids,
             max_length=max_length,
+            nonfinite=nonfinite,
             ring_bytes=ring_bytes,
+            timeout_s=timeout_s,
             **writer_options,
         )
     batch = writer_options.pop("batch", 16)

@@ -30,7 +30,9 @@ Environment switches (read when the plugin loads and at startup):
 ``EAGLE_IO_DRAFT_WIDTH_CHECK``  ``raise``    ``warn``: log instead of raising; ``0``: not installed.
 ``EAGLE_IO_ACCEPT_WATCHDOG``    ``1``        ``0``: not installed.
 ``EAGLE_IO_ACCEPT_WINDOW``      ``256``      request steps per watchdog window.
-``EAGLE_IO_SGLANG_CAPTURE``     ``1``        ``0``: no capture hook / RPC methods (:mod:`.sglang_capture`).
+``EAGLE_IO_SGLANG_CAPTURE``     ``1``        ``0``: no capture hook / RPC method (:mod:`.sglang_capture`).
+``EAGLE_IO_CAPTURE_DIR``        unset        a directory: each scheduler starts capturing into it at startup.
+``EAGLE_IO_CAPTURE_OPTIONS``    ``{}``       JSON options of that capture (:func:`.sglang_capture.capture_options`).
 ``EAGLE_IO_GUARD_REPORT``       unset        a file path: each scheduler process appends one JSON line with
                                              the startup guard's facts and verdict (for health checks).
 ==============================  ===========  ===============================================================

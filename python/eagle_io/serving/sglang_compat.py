@@ -497,7 +497,7 @@ def is_prefill(batch: Any) -> bool:
 def batch_requests(batch: Any) -> list[dict[str, Any]]:
     """Per request of a ``ScheduleBatch``, in forward order: ``rid``, ``prefix_len`` (tokens served from cache or
     earlier chunks), ``extend_len`` (tokens in this forward: ``batch.extend_lens``), ``input_ids``
-    (``Req.origin_input_ids``)."""
+    (``Req.origin_input_ids``), ``custom_params`` (``Req.sampling_params.custom_params``, ``{}`` when unset)."""
     reqs = list(getattr(batch, "reqs", None) or ())
     lens = getattr(batch, "extend_lens", None) or [r.extend_len for r in reqs]
     return [
@@ -506,6 +506,7 @@ def batch_requests(batch: Any) -> list[dict[str, Any]]:
             "prefix_len": int(getattr(r, "prefix_len", 0)),
             "extend_len": int(n),
             "input_ids": [int(t) for t in r.origin_input_ids],
+            "custom_params": getattr(getattr(r, "sampling_params", None), "custom_params", None) or {},
         }
         for r, n in zip(reqs, lens, strict=True)
     ]
