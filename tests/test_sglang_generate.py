@@ -1,0 +1,213 @@
+"""``eagle-io generate --backend sglang`` and a launched SGLang server, both capturing by environment, on CPU.
+
+Real SGLang 0.5.23 scheduler processes (``SGLANG_USE_CPU_ENGINE=1``, torch_native attention) run a tiny random Llama
+saved with SmolLM2's real tokenizer over the real ShareGPT slice; the test-only ``sgl_kernel`` stand-in of
+tests/fixtures/serving/stand_ins is on ``PYTHONPATH`` (its functions raise if called). Proven here: a run, its
+resume (only the missing samples are captured), two DP ranks writing their own shards merged into one dataset
+bit-identical to the single-rank run, agreement with the HF reference path, and a server started with
+``EAGLE_IO_CAPTURE_DIR`` fed over HTTP (``custom_params``) and stopped through the stop file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_capture_session import FIXTURE, tiny_target
+from test_serving_plugin import STAND_INS, _entry_point_dist, _installed_declares_entry_point, needs_sglang
+
+import eagle_io
+from eagle_io.cli import main
+
+CPU_ENGINE = [
+    "device=cpu",
+    "attention_backend=torch_native",
+    "disable_cuda_graph=true",
+    "max_total_tokens=4096",
+    "max_running_requests=4",
+    "log_level=warning",
+    "mem_fraction_static=0.3",
+]
+
+
+def sglang_env(tmp: Path) -> dict[str, str]:
+    path = [str(STAND_INS)]
+    if not _installed_declares_entry_point():
+        path.append(str(_entry_point_dist(tmp / "ep")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_IO_", "SGLANG_PLUGINS"))}
+    env.update(
+        PYTHONPATH=os.pathsep.join(path + [p for p in sys.path if p]),
+        SGLANG_USE_CPU_ENGINE="1",
+        SGLANG_CPU_OMP_THREADS_BIND="0|1",  # two DP ranks on a one-NUMA-node machine
+    )
+    return env
+
+
+def generate(tmp: Path, out: Path, *extra: str) -> dict:
+    """Runs ``eagle-io generate --backend sglang`` in a fresh process; returns its summary."""
+    summary = out.with_suffix(".summary.json")
+    args = ["--model", str(tmp / "tiny"), "--dataset", str(FIXTURE), "--out", str(out), "--max-length", "256"]
+    args += ["--batch-size", "3", "--threads", "1", "--backend", "sglang", "--summary-json", str(summary)]
+    args += [a for kv in CPU_ENGINE for a in ("--sglang-arg", kv)]
+    cmd = [sys.executable, "-m", "eagle_io.cli", "generate", *args, *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=sglang_env(tmp), timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(summary.read_text())
+
+
+def ids(root: Path) -> list[int]:
+    ds = eagle_io.Dataset(root)
+    return sorted(ds.entry(i).sample_id for i in range(len(ds)))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A 6-record run resumed to 12 records, and a fresh 12-record run on two DP ranks."""
+    from eagle_io.data import load_default_tokenizer
+
+    tmp = tmp_path_factory.mktemp("sglang-generate")
+    tok = load_default_tokenizer()
+    model, _ = tiny_target(vocab=len(tok))
+    model.to(torch.bfloat16).save_pretrained(tmp / "tiny")
+    tok.save_pretrained(tmp / "tiny")
+    first = generate(tmp, tmp / "one", "--limit", "6")
+    first_ids = ids(tmp / "one")
+    resumed = generate(tmp, tmp / "one", "--limit", "12", "--resume")
+    dp2 = generate(tmp, tmp / "two", "--limit", "12", "--dp-size", "2")
+    return tmp, first, first_ids, resumed, dp2
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_generate_then_resume_captures_exactly_the_missing_samples(runs):
+    tmp, first, first_ids, resumed, _ = runs
+    assert first["samples_written"] == len(first_ids) > 0 and first["already_committed_skipped"] == 0
+    all_ids = ids(tmp / "one")
+    assert set(first_ids) < set(all_ids)
+    assert resumed["samples_written"] == len(all_ids) - len(first_ids)
+    assert resumed["already_committed_skipped"] == len(first_ids), "the committed samples are not captured again"
+    assert eagle_io.Dataset.verify(tmp / "one") == []
+    meta = eagle_io.Dataset(tmp / "one").metadata
+    assert meta["aux_layer_ids"] == [2, 4, 5] and meta["capture_backend"].startswith("sglang ")
+    assert meta["dp_size"] == 1 and meta["source_dataset"] == FIXTURE.name
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_two_dp_ranks_write_their_own_shards_merged_bit_identical_to_one_rank(runs):
+    tmp, _, _, _, dp2 = runs
+    two, one = tmp / "two", tmp / "one"
+    per_rank = [ids(two / f"manifest.r{r:05d}.json") for r in range(2)]
+    assert all(per_rank) and not set(per_rank[0]) & set(per_rank[1]), "both ranks wrote, disjoint samples"
+    assert dp2["manifest"] == str(two / "manifest.json") and dp2["merge_warnings"] == []
+    assert ids(two) == sorted(per_rank[0] + per_rank[1]) == ids(one)
+    a, b = eagle_io.Dataset(one), eagle_io.Dataset(two)
+    for sid in ids(one):
+        x, y = a[a.position(sid)], b[b.position(sid)]
+        for name in ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states"):
+            assert torch.equal(x[name], y[name]), (sid, name)
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_sglang_generate_matches_the_hf_generate(runs):
+    """Same ids, tokens and masks as ``generate --backend hf`` on the same checkpoint; states within 3% of the max
+    (SGLang's bf16 forward vs HF's float32 one, as test_serving_plugin.py's equivalence test explains)."""
+    tmp, *_ = runs
+    hf = tmp / "hf"
+    args = ["generate", "--model", str(tmp / "tiny"), "--dataset", str(FIXTURE), "--out", str(hf)]
+    assert main([*args, "--max-length", "256", "--batch-size", "3", "--threads", "1", "--limit", "12"]) == 0
+    assert ids(hf) == ids(tmp / "one")
+    a, b = eagle_io.Dataset(tmp / "one"), eagle_io.Dataset(hf)
+    assert a.metadata["aux_layer_ids"] == b.metadata["aux_layer_ids"]
+    for sid in ids(hf):
+        x, y = a[a.position(sid)], b[b.position(sid)]
+        assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"])
+        for name in ("aux_hidden_states", "hidden_states"):
+            err = (x[name].float() - y[name].float()).abs().max() / y[name].float().abs().max()
+            assert err <= 0.03, (sid, name, float(err))
+
+
+def test_generate_refuses_an_existing_capture_without_resume(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    assert main(["generate", "--backend", "sglang", "--out", str(out), "--limit", "1"]) == 2
+    assert "pass --resume" in capsys.readouterr().err
+
+
+def post(url: str, body: dict) -> int:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return r.status
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs):
+    """``python -m sglang.launch_server`` with ``EAGLE_IO_CAPTURE_DIR`` set: samples sent to ``/generate`` with
+    eagle-io's ``custom_params`` are captured; other requests are not; ``stop_capture`` commits; the states are the
+    engine run's, bit for bit."""
+    from eagle_io.serving.sglang_capture import sample_params, stop_capture
+    from eagle_io.serving.sglang_launch import CAPTURE_ENGINE_ARGS
+
+    tmp, *_ = runs
+    out, port = tmp / "server", free_port()
+    env = sglang_env(tmp)
+    env.update(EAGLE_IO_CAPTURE_DIR=str(out), EAGLE_IO_CAPTURE_OPTIONS=json.dumps({"metadata": {"via": "server"}}))
+    flags = [f"--{k.replace('_', '-')}" for k, v in CAPTURE_ENGINE_ARGS.items() if v is True]
+    flags += ["--speculative-algorithm", "EAGLE3", "--chunked-prefill-size", "-1"]
+    cpu = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]
+    cpu += ["--max-total-tokens", "4096"]
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tmp / "tiny"), "--port", str(port)]
+    server = subprocess.Popen([*cmd, *flags, *cpu, "--mem-fraction-static", "0.3", "--log-level", "warning"], env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, "the server did not come up"
+            time.sleep(2)
+        ref = eagle_io.Dataset(tmp / "one")
+        wanted = ids(tmp / "one")[:4]
+        for sid in wanted:
+            item = ref[ref.position(sid)]
+            sample = SimpleNamespace(index=sid, loss_mask=item["loss_mask"], id=f"conv-{sid}")
+            body = {"input_ids": item["input_ids"].tolist(), "sampling_params": {"max_new_tokens": 1}}
+            body["sampling_params"]["custom_params"] = sample_params(sample)
+            assert post(f"{url}/generate", body) == 200
+        other = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
+        assert post(f"{url}/generate", other) == 200  # not a sample: ignored
+        (answer,) = stop_capture(out, dp_size=1, timeout_s=120)
+    finally:
+        server.terminate()
+        server.wait(60)
+    assert answer["error"] is None and answer["counts"]["written"] == 4 and answer["stats"]["samples"] == 4
+    assert eagle_io.Dataset.verify(out) == [] and ids(out) == wanted
+    ds = eagle_io.Dataset(out)
+    assert ds.metadata["via"] == "server" and ds.manifest["complete"]
+    for sid in wanted:
+        x, y = ds[ds.position(sid)], ref[ref.position(sid)]
+        assert ds.entry(ds.position(sid)).key == f"conv-{sid}"
+        for name in ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states"):
+            assert torch.equal(x[name], y[name]), (sid, name)
