@@ -506,6 +506,18 @@ _ENGINE_SCRIPT = textwrap.dedent(
 STAND_INS = Path(__file__).parent / "fixtures" / "serving" / "stand_ins"
 
 
+def cpu_engine_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The environment of a process running a CPU SGLang engine: the test-only ``sgl_kernel`` stand-in and (when
+    the installed eagle-io does not declare it) the entry point on ``PYTHONPATH``, ``SGLANG_USE_CPU_ENGINE=1``, no
+    inherited ``EAGLE_IO_*`` / ``SGLANG_PLUGINS`` switches, then ``extra``."""
+    path = [str(STAND_INS)]
+    if not _installed_declares_entry_point():
+        path.append(str(_entry_point_dist(tmp / "ep")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_IO_", "SGLANG_PLUGINS"))}
+    env.update(PYTHONPATH=os.pathsep.join(path + [p for p in sys.path if p]), SGLANG_USE_CPU_ENGINE="1", **extra)
+    return env
+
+
 @needs_sglang
 @pytest.mark.slow
 def test_startup_hook_runs_in_a_real_scheduler_process(tmp_path):
@@ -529,15 +541,7 @@ def test_startup_hook_runs_in_a_real_scheduler_process(tmp_path):
     script = tmp_path / "engine.py"
     script.write_text(_ENGINE_SCRIPT)
     report = tmp_path / "guard.jsonl"
-    path = [str(STAND_INS)]
-    if not _installed_declares_entry_point():
-        path.append(str(_entry_point_dist(tmp_path / "ep")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_IO_", "SGLANG_PLUGINS"))}
-    env.update(
-        PYTHONPATH=os.pathsep.join(path + [p for p in sys.path if p]),
-        SGLANG_USE_CPU_ENGINE="1",
-        EAGLE_IO_GUARD_REPORT=str(report),
-    )
+    env = cpu_engine_env(tmp_path, EAGLE_IO_GUARD_REPORT=str(report))
     r = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "target")], capture_output=True, text=True, env=env, timeout=900
     )
@@ -621,11 +625,7 @@ def test_sglang_capture_matches_the_hf_reference(tmp_path):
     }
     torch.save(samples, tmp_path / "samples.pt")
     (tmp_path / "capture.py").write_text(_CAPTURE_SCRIPT)
-    path = [str(STAND_INS)]
-    if not _installed_declares_entry_point():
-        path.append(str(_entry_point_dist(tmp_path / "ep")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_IO_", "SGLANG_PLUGINS"))}
-    env.update(PYTHONPATH=os.pathsep.join(path + [p for p in sys.path if p]), SGLANG_USE_CPU_ENGINE="1")
+    env = cpu_engine_env(tmp_path)
     r = subprocess.run(
         [sys.executable, str(tmp_path / "capture.py"), str(tmp_path)],
         capture_output=True,

@@ -11,7 +11,6 @@ bit-identical to the single-rank run, agreement with the HF reference path, and 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from test_capture_session import FIXTURE, tiny_target
-from test_serving_plugin import STAND_INS, _entry_point_dist, _installed_declares_entry_point, needs_sglang
+from test_serving_plugin import cpu_engine_env, needs_sglang
 
 import eagle_io
 from eagle_io.cli import main
@@ -40,16 +39,7 @@ CPU_ENGINE = [
 
 
 def sglang_env(tmp: Path) -> dict[str, str]:
-    path = [str(STAND_INS)]
-    if not _installed_declares_entry_point():
-        path.append(str(_entry_point_dist(tmp / "ep")))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_IO_", "SGLANG_PLUGINS"))}
-    env.update(
-        PYTHONPATH=os.pathsep.join(path + [p for p in sys.path if p]),
-        SGLANG_USE_CPU_ENGINE="1",
-        SGLANG_CPU_OMP_THREADS_BIND="0|1",  # two DP ranks on a one-NUMA-node machine
-    )
-    return env
+    return cpu_engine_env(tmp, SGLANG_CPU_OMP_THREADS_BIND="0|1")  # two DP ranks on a one-NUMA-node machine
 
 
 def generate(tmp: Path, out: Path, *extra: str) -> dict:
