@@ -468,14 +468,17 @@ def _load_plugins(tmp_path: Path, scenarios: list[dict[str, str]]) -> list[dict]
 @needs_sglang
 def test_entry_point_loads_through_load_plugins(tmp_path):
     """SGLang's real ``load_plugins()`` in a fresh process discovers the entry point, runs ``register`` and applies
-    the startup hook to ``Scheduler.init_all_cuda_graphs``; ``EAGLE_IO_SGLANG_PLUGIN=0`` and SGLang's own
+    the startup hooks (guard, then capture by environment) to ``Scheduler.init_all_cuda_graphs``; ``EAGLE_IO_SGLANG_PLUGIN=0`` and SGLang's own
     ``SGLANG_PLUGINS`` whitelist switch it off."""
     default, off, other, mine = _load_plugins(
         tmp_path,
         [{}, {"EAGLE_IO_SGLANG_PLUGIN": "0"}, {"SGLANG_PLUGINS": "someone_else"}, {"SGLANG_PLUGINS": "eagle_io"}],
     )
     assert default["hooks"] == {
-        compat.STARTUP_HOOK: [["before", "eagle_io.serving.plugin", "eagle_io"]],
+        compat.STARTUP_HOOK: [  # the guard first, then the capture's start by environment
+            ["before", "eagle_io.serving.plugin", "eagle_io"],
+            ["before", "eagle_io.serving.sglang_capture", "eagle_io"],
+        ],
         compat.TP_FORWARD_HOOK: [["after", "eagle_io.serving.sglang_capture", "eagle_io"]],
     }
     assert {compat.STARTUP_HOOK, compat.TP_FORWARD_HOOK} <= set(default["patched"]) and default["wrapped"]
