@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -468,8 +469,8 @@ def _load_plugins(tmp_path: Path, scenarios: list[dict[str, str]]) -> list[dict]
 @needs_sglang
 def test_entry_point_loads_through_load_plugins(tmp_path):
     """SGLang's real ``load_plugins()`` in a fresh process discovers the entry point, runs ``register`` and applies
-    the startup hooks (guard, then capture by environment) to ``Scheduler.init_all_cuda_graphs``; ``EAGLE_IO_SGLANG_PLUGIN=0`` and SGLang's own
-    ``SGLANG_PLUGINS`` whitelist switch it off."""
+    the startup hooks (guard, then capture by environment) to ``Scheduler.init_all_cuda_graphs``;
+    ``EAGLE_IO_SGLANG_PLUGIN=0`` and SGLang's own ``SGLANG_PLUGINS`` whitelist switch it off."""
     default, off, other, mine = _load_plugins(
         tmp_path,
         [{}, {"EAGLE_IO_SGLANG_PLUGIN": "0"}, {"SGLANG_PLUGINS": "someone_else"}, {"SGLANG_PLUGINS": "eagle_io"}],
@@ -713,3 +714,84 @@ def test_installed_wheel_declares_the_entry_point():
 
     (ep,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "eagle_io"]
     assert ep.load() is plugin.register
+
+
+class _SlowSink:
+    """TEST-ONLY stand-in for the capture ring: ``close`` takes ``delay`` seconds; records what was put."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.put_ids, self.closed = delay, [], 0
+
+    def put(self, sample_id, tensors, key=""):
+        self.put_ids.append(sample_id)
+        return True
+
+    def close(self):
+        time.sleep(self.delay)
+        self.closed += 1
+
+    def stats(self):
+        return {"samples": len(self.put_ids)}
+
+
+def _writing_capture(out: Path, sink: _SlowSink):
+    """A writing ``_SchedulerCapture`` around ``sink`` (no scheduler: the fields ``__init__`` would set), made the
+    active capture of this process with its stop watcher running, as ``_start`` does."""
+    import threading
+
+    from eagle_io.serving import sglang_capture as sc
+
+    cap = object.__new__(sc._SchedulerCapture)
+    cap.out_dir, cap.dp_rank, cap.writes, cap.nonfinite, cap.state_dtype = str(out), 0, True, "raise", torch.bfloat16
+    cap.lock, cap.sink, cap.stopped, cap.done = threading.Lock(), sink, False, set()
+    cap.counts = dict.fromkeys(("written", "already_done", "dropped", "nonfinite_skipped", "after_stop"), 0)
+    cap.stale_token, cap.outcome = sc._read_token(str(out / sc.STOP_FILE)), {"error": None}
+    sc._ACTIVE = cap
+    threading.Thread(target=cap._watch_stop, daemon=True).start()
+    return cap
+
+
+def _prefill(sample_id, n=3):
+    params = {"eagle_io_sample_id": sample_id, "eagle_io_loss_mask": [1] * n}
+    sp = SimpleNamespace(custom_params=params)
+    req = SimpleNamespace(rid="r", prefix_len=0, extend_len=n, origin_input_ids=list(range(n)), sampling_params=sp)
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=[req], extend_lens=[n])
+    out = SimpleNamespace(hidden_states=torch.ones(n, 6), last_hidden_states=torch.ones(n, 2))
+    return batch, SimpleNamespace(logits_output=out)
+
+
+def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samples(tmp_path):
+    """A stop file left by an earlier run does not stop a new capture; a stop that timed out can be retried and a
+    repeated stop is answered with the same outcome; samples reaching a stopped capture are counted, not written."""
+    from eagle_io.serving import sglang_capture as sc
+
+    (tmp_path / sc.STOP_FILE).write_text(json.dumps({"token": "from-an-earlier-run"}))
+    sink = _SlowSink(delay=1.5)
+    cap = _writing_capture(tmp_path, sink)
+    try:
+        time.sleep(0.6)
+        assert not cap.stopped, "a stop file present at start belongs to an earlier run"
+        cap.on_forward(*_prefill(7))
+        with pytest.raises(TimeoutError, match=r"DP ranks \[0\] did not stop"):
+            sc.stop_capture(tmp_path, timeout_s=0.5)  # the close takes 1.5 s
+        (first,) = sc.stop_capture(tmp_path, timeout_s=10)  # retried: answered once the close is done
+        assert first["error"] is None and first["counts"]["written"] == 1 and first["stats"] == {"samples": 1}
+        cap.on_forward(*_prefill(8))
+        (again,) = sc.stop_capture(tmp_path, timeout_s=10)
+        assert again["counts"]["after_stop"] == 1 and again["stats"] == first["stats"]
+        assert sink.put_ids == [7] and sink.closed == 1, "closed once; the late sample was not written"
+        assert not list(tmp_path.glob(".eagle-io-stop*")), "the protocol's files are removed"
+    finally:
+        sc._ACTIVE = None
+
+
+@pytest.mark.parametrize("bad", [7.9, "12", True, -1, 1 << 64, None])
+def test_a_sample_id_that_is_not_a_u64_integer_is_refused(tmp_path, bad):
+    from eagle_io.serving import sglang_capture as sc
+
+    cap = _writing_capture(tmp_path, _SlowSink(0))
+    try:
+        with pytest.raises(sc.CaptureRefusedError, match="not an integer in"):
+            cap.on_forward(*_prefill(bad))
+    finally:
+        sc._ACTIVE = None

@@ -154,12 +154,18 @@ def test_the_embedded_real_model_through_sglang_matches_the_hf_backend(tmp_path)
             assert float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min()) >= 0.99, (sid, name)
 
 
-def test_generate_refuses_an_existing_capture_without_resume(tmp_path, capsys):
+def test_generate_refuses_an_existing_capture_without_resume_or_with_another_dp_size(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "manifest.json").write_text("{}")
     assert main(["generate", "--backend", "sglang", "--out", str(out), "--limit", "1"]) == 2
     assert "pass --resume" in capsys.readouterr().err
+    assert main(["generate", "--backend", "sglang", "--out", str(out), "--resume", "--dp-size", "2"]) == 2
+    assert "captured by 1 DP rank(s): resume it with --dp-size 1" in capsys.readouterr().err
+    for r in range(2):
+        (out / f"manifest.r{r:05d}.json").write_text("{}")
+    assert main(["generate", "--backend", "sglang", "--out", str(out), "--resume"]) == 2
+    assert "captured by 2 DP rank(s): resume it with --dp-size 2" in capsys.readouterr().err
 
 
 def post(url: str, body: dict) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -127,8 +128,15 @@ def _sglang_session(args, dataset: str, layer_ids):
 
     if args.world_size != 1:
         raise InvalidArgumentError("--backend sglang runs one engine: use --dp-size / --tp-size, not --world-size")
-    if not args.resume and os.path.isdir(args.out) and any(n.startswith("manifest") for n in os.listdir(args.out)):
+    names = os.listdir(args.out) if os.path.isdir(args.out) else []
+    if not args.resume and any(n.startswith("manifest") for n in names):
         raise InvalidArgumentError(f"{args.out} already holds a capture: pass --resume to continue it")
+    ranks = len([n for n in names if re.fullmatch(r"manifest\.r\d{5}\.json", n)])
+    if args.resume and (ranks or "manifest.json" in names) and ranks != (args.dp_size if args.dp_size > 1 else 0):
+        raise InvalidArgumentError(
+            f"{args.out} was captured by {ranks or 1} DP rank(s): resume it with --dp-size {ranks or 1} (each rank "
+            "resumes its own manifest)"
+        )
     path, tokenizer, info = target_checkpoint(args.model)
     print(f"target    {info['model_id']} through SGLang ({path}): tp {args.tp_size}, dp {args.dp_size}")
     options = capture_options(

@@ -95,6 +95,15 @@ def sample_params(sample: Any) -> dict[str, Any]:
     return params
 
 
+def _read_token(stop_file: str) -> Any:
+    """The token of a stop file, or None when there is none (or it is being written)."""
+    try:
+        with open(stop_file, encoding="utf-8") as f:
+            return json.load(f).get("token")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _ack_path(out_dir: str, dp_rank: int) -> str:
     return os.path.join(out_dir, f"{STOP_FILE}.r{dp_rank:05d}.json")
 
@@ -140,6 +149,7 @@ class _SchedulerCapture:
         self.lock = threading.Lock()
         self.counts = dict.fromkeys(("written", "already_done", "dropped", "nonfinite_skipped", "after_stop"), 0)
         self.sink: RingSink | None = None
+        self.stopped = False
         self.done: set[int] = set()
         if not self.writes:
             return
@@ -174,8 +184,9 @@ class _SchedulerCapture:
             ring_bytes=int(options.get("ring_bytes", 256 << 20)),
             timeout_s=float(options.get("timeout_s", 600.0)),
         )
-        self.started = time.time()
-        threading.Thread(target=self._watch_stop, name="eagle-io-capture-stop", daemon=True).start()
+        # A stop file present now asks an earlier run to stop: only another token stops this one.
+        self.stale_token = _read_token(os.path.join(out_dir, STOP_FILE))
+        self.outcome: dict[str, Any] = {"error": None}
 
     def on_forward(self, batch: Any, result: Any) -> None:
         reqs = compat.batch_requests(batch)
@@ -197,7 +208,9 @@ class _SchedulerCapture:
             lo, offset = offset, offset + n
             if SAMPLE_PARAM not in params:
                 continue
-            sid = int(params[SAMPLE_PARAM])
+            sid = params[SAMPLE_PARAM]
+            if type(sid) is not int or not 0 <= sid < 1 << 64:
+                raise CaptureRefusedError(f"custom_params[{SAMPLE_PARAM!r}] is {sid!r}, not an integer in [0, 2**64)")
             if r["prefix_len"] != 0 or n != len(r["input_ids"]):
                 raise CaptureRefusedError(
                     f"sample {sid}: forward covers tokens {r['prefix_len']}..{r['prefix_len'] + n} of "
@@ -225,9 +238,9 @@ class _SchedulerCapture:
             "hidden_states": final.to(self.state_dtype),
         }
         with self.lock:
-            if self.sink is None:
+            if self.stopped:
                 self.counts["after_stop"] += 1
-                logger.warning("eagle-io capture: sample %d arrived after the stop; not written", sid)
+                logger.warning("eagle-io capture: sample %d arrived after the capture stopped; not written", sid)
             elif sid in self.done:
                 self.counts["already_done"] += 1
             elif self.sink.put(sid, tensors, key=str(params.get(KEY_PARAM, ""))):
@@ -237,35 +250,28 @@ class _SchedulerCapture:
                 self.counts["dropped"] += 1
 
     def _watch_stop(self) -> None:
-        path = os.path.join(self.out_dir, STOP_FILE)
-        while True:
+        """Stops on the first new stop token, then answers every later token (a retried or repeated stop) with
+        the same outcome, until another capture starts in this process."""
+        path, answered = os.path.join(self.out_dir, STOP_FILE), self.stale_token
+        while _ACTIVE is self:
             time.sleep(_POLL_S)
-            try:
-                if os.stat(path).st_mtime < self.started - 1:
-                    continue  # left over from an earlier run
-                with open(path, encoding="utf-8") as f:
-                    token = json.load(f).get("token")
-            except (OSError, ValueError, AttributeError):
-                continue
-            self.stop(token)
-            return
+            token = _read_token(path)
+            if token is not None and token != answered:
+                self.stop(token)
+                answered = token
 
     def stop(self, token: Any) -> dict[str, Any]:
-        """Drains the ring, commits the manifest and writes this rank's answer; returns it."""
-        global _ACTIVE
-        answer: dict[str, Any] = {"token": token, "dp_rank": self.dp_rank, "error": None}
+        """Drains the ring and commits the manifest (the first time), then writes this rank's answer for
+        ``token``: the outcome, the counts so far and the writer's statistics. Returns it."""
         with self.lock:
-            sink, self.sink = self.sink, None
+            sink, self.sink, self.stopped = self.sink, None, True
             if sink is not None:
                 try:
                     sink.close()
-                    answer["stats"] = sink.stats()
+                    self.outcome = {"error": None, "stats": sink.stats()}
                 except Exception as e:  # reported to the client through the answer file
-                    answer["error"] = f"{type(e).__name__}: {e}"
-            answer["counts"] = dict(self.counts)
-        with _LOCK:
-            if _ACTIVE is self:
-                _ACTIVE = None
+                    self.outcome = {"error": f"{type(e).__name__}: {e}"}
+            answer = {"token": token, "dp_rank": self.dp_rank, **self.outcome, "counts": dict(self.counts)}
         tmp = _ack_path(self.out_dir, self.dp_rank) + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(answer, f, default=str)
@@ -289,12 +295,15 @@ def _forward_hook(result: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def _start(self: Any, out_dir: str, **options: Any) -> None:
-    """``Scheduler.eagle_io_capture_start`` (through ``Engine.collective_rpc``, or at startup by environment)."""
+    """``Scheduler.eagle_io_capture_start`` (through ``Engine.collective_rpc``, or at startup by environment). A
+    stopped capture stays active until the next start, so that requests reaching it are counted (``after_stop``)."""
     global _ACTIVE
     with _LOCK:
-        if _ACTIVE is not None:
+        if _ACTIVE is not None and _ACTIVE.writes and not _ACTIVE.stopped:
             raise InvalidArgumentError("an eagle-io capture is already running in this scheduler")
         _ACTIVE = _SchedulerCapture(self, out_dir, options)
+        if _ACTIVE.writes:
+            threading.Thread(target=_ACTIVE._watch_stop, name="eagle-io-capture-stop", daemon=True).start()
 
 
 def _start_from_env(scheduler: Any, *args: Any, **kwargs: Any) -> None:
@@ -461,7 +470,13 @@ class SGLangCaptureSession:
 
     def submit(self, samples: Sequence[Any]) -> None:
         """Each sample has ``index`` (sample id), ``input_ids [L]``, ``loss_mask [L]`` and optionally ``id`` (the
-        key), e.g. :class:`eagle_io.data.TokenizedSample`. Already committed samples are skipped and counted."""
+        key), e.g. :class:`eagle_io.data.TokenizedSample`. Already committed samples are skipped and counted.
+
+        Raises:
+            InvalidArgumentError: the session is closed (the schedulers would count the samples, not write them).
+        """
+        if self.manifest is not None:
+            raise InvalidArgumentError(f"the SGLang capture into {self.out_dir} is closed; start a new session")
         self.counts["submitted"] += len(samples)
         todo = [s for s in samples if int(s.index) not in self.done]
         self.counts["already_done"] += len(samples) - len(todo)
