@@ -185,6 +185,7 @@ class TrainResult:
     seconds: float = 0.0
     teacher_seconds: float = 0.0
     skipped_records: int = 0
+    empty_steps: int = 0
 
     def summary(self) -> dict[str, Any]:
         first = [h["loss"] for h in self.history[:10]]
@@ -201,6 +202,7 @@ class TrainResult:
             "seconds": round(self.seconds, 2),
             "teacher_argmax_seconds": round(self.teacher_seconds, 2),
             "skipped_corrupt_records": self.skipped_records,
+            "steps_without_samples": self.empty_steps,
         }
 
 
@@ -283,8 +285,10 @@ def evaluate(
     model.eval()
     tot = {"loss_sum": 0.0, "n_train": 0.0, "n_mask": 0.0, "n_agree": 0.0, "n_agree_in_vocab": 0.0}
     for i in range(0, len(positions), batch_size):
-        batch = teacher.add_target_ids(make_batch(dataset, positions[i : i + batch_size]))
-        _, st = _losses(model, batch, head_draft)
+        batch = make_batch(dataset, positions[i : i + batch_size])
+        if not batch["positions"]:
+            continue  # every sample of this chunk was a skipped corrupt record
+        _, st = _losses(model, teacher.add_target_ids(batch), head_draft)
         for k in tot:
             tot[k] += st[k]
     model.train()
@@ -359,7 +363,8 @@ def train_draft(
     Args:
         dataset: a path (or list of paths) or an :class:`eagle_io.feed.ShardDataset` (EAGLE-3 schema; metadata
             ``hidden_size``, ``aux_layer_ids``); paths are opened with ``max_length=config.max_length``. A
-            ``ShardDataset(..., on_corrupt="skip")`` trains past bad records; ``skipped_records`` counts them.
+            ``ShardDataset(..., on_corrupt="skip")`` trains past bad records; ``skipped_records`` counts them
+            (distinct sample ids) and ``empty_steps`` the steps whose every sample was one (no update).
         head: the target's frozen head (:func:`load_target_head` / :meth:`TargetHead.from_model`).
         mapping: :class:`eagle_io.vocab.VocabMapping` whose ``target_vocab_size`` is the head's vocabulary.
         config: :class:`TrainConfig`.
@@ -407,7 +412,7 @@ def train_draft(
     rng = random.Random(cfg.seed + 1)
     order: list[int] = []
     history: list[dict[str, float]] = []
-    tokens = 0
+    tokens = empty_steps = 0
     t_train = time.perf_counter()
     model.train()
     for step in range(cfg.steps):
@@ -416,7 +421,11 @@ def train_draft(
             rng.shuffle(more)
             order += more
         picked, order = order[: cfg.batch_size], order[cfg.batch_size :]
-        batch = teacher.add_target_ids(make_batch(ds, picked))
+        batch = make_batch(ds, picked)
+        if not batch["positions"]:
+            empty_steps += 1  # every sample was a skipped corrupt record: no update
+            continue
+        batch = teacher.add_target_ids(batch)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         loss, st = _losses(model, batch, head_draft)
@@ -451,7 +460,8 @@ def train_draft(
         train_tokens=tokens,
         seconds=seconds,
         teacher_seconds=teacher.seconds,
-        skipped_records=len(ds.skipped),
+        skipped_records=len({s.sample_id for s in ds.skipped}),
+        empty_steps=empty_steps,
     )
 
 
