@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -242,3 +243,37 @@ def test_standalone_without_native(small: Path) -> None:
         "assert not [m for m in sys.modules if m.startswith(('eagle_io', 'torch'))]\n"
     )
     subprocess.run([sys.executable, "-I", "-c", code], check=True, cwd=small)
+
+
+def _sealed(text: str) -> bytes:
+    """``text`` (JSON with a ``"crc32:00000000"`` checksum) sealed as FORMAT.md section 2 says."""
+    data = text.encode()
+    return data.replace(b"crc32:00000000", f"crc32:{zlib.crc32(data):08x}".encode())
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["NaN", "Infinity", "lone surrogate", "128 levels", "parent dir", "absolute", "leading dot", "missing shard"],
+)
+def test_both_readers_refuse_what_section_2_forbids_even_when_sealed(small: Path, case: str) -> None:
+    """Crafted manifests with a valid checksum: the Rust reader and the reference reader agree (both refuse)."""
+    m = json.loads((small / "manifest.json").read_text()) | {"checksum": "crc32:00000000"}
+    shard = m["shards"][0]["file"]
+    deep: object = 0
+    for _ in range(126):  # + the manifest object and the metadata object: 128 levels
+        deep = [deep]
+    edits = {
+        "NaN": lambda: json.dumps(m).replace('"metadata": {', '"metadata": {"x": NaN, ', 1),
+        "Infinity": lambda: json.dumps(m).replace('"metadata": {', '"metadata": {"x": -Infinity, ', 1),
+        "lone surrogate": lambda: json.dumps(m).replace('"metadata": {', '"metadata": {"x": "\\ud800", ', 1),
+        "128 levels": lambda: json.dumps(m | {"metadata": {"x": deep}}),
+        "parent dir": lambda: json.dumps(m).replace(shard, f"../{small.name}/{shard}"),
+        "absolute": lambda: json.dumps(m).replace(shard, str(small / shard)),
+        "leading dot": lambda: json.dumps(m).replace(shard, f"./{shard}"),
+        "missing shard": lambda: json.dumps(m).replace(shard, "shards/gone.eio"),
+    }
+    (small / "manifest.json").write_bytes(_sealed(edits[case]()))
+    with pytest.raises(eagle_io.EagleIOError):
+        eagle_io.Dataset(small)
+    with pytest.raises(R.ReferenceFormatError):
+        R.open_dataset(small)

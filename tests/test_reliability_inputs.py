@@ -186,6 +186,16 @@ def test_a_shard_from_another_dataset_is_refused_naming_it(tmp_path):
         eagle_io.ShardWriter(tmp_path / "a", eagle_io.eagle3_schema(HIDDEN), {"target_model": "tiny"}, resume=True)
 
 
+def test_writer_refuses_metadata_its_manifest_could_not_be_read_back_with(tmp_path):
+    """Metadata nested past the JSON reader's depth limit would make a manifest no reader (and no resume) loads."""
+    deep = 0
+    for _ in range(126):
+        deep = [deep]
+    with pytest.raises(eagle_io.InvalidArgumentError, match="recursion limit"):
+        eagle_io.ShardWriter(tmp_path / "a", eagle_io.eagle3_schema(HIDDEN), {"deep": deep})
+    assert not (tmp_path / "a").exists(), "refused before anything is written"
+
+
 def test_resuming_a_dataset_of_a_newer_format_is_refused(tmp_path):
     write(tmp_path)
     m = json.loads((tmp_path / "manifest.json").read_text())

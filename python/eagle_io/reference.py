@@ -62,6 +62,21 @@ def _check_version(version: object, path: str, offset: int | None) -> None:
         raise ReferenceVersionError(f"format_version {version} is newer than {FORMAT_VERSION}", path, None, offset)
 
 
+MAX_JSON_DEPTH = 127  # section 2: objects and arrays, the manifest's own object counting 1
+
+
+def _not_json(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _depth(v: object) -> int:
+    if isinstance(v, dict):
+        return 1 + max(map(_depth, v.values()), default=0)
+    if isinstance(v, list):
+        return 1 + max(map(_depth, v), default=0)
+    return 0
+
+
 def _check_seal(data: bytes, checksum: object, path: str) -> None:
     """Section 2: ``checksum`` is the CRC-32 of the file with its 8 hex digits read as zeros."""
     digits = checksum[6:] if isinstance(checksum, str) and checksum.startswith("crc32:") else ""
@@ -147,7 +162,11 @@ class _Shard:
         def fail(msg: str, offset: int | None) -> None:
             raise ReferenceFormatError(msg, path, None, offset)
 
-        with open(path, "rb") as f:
+        try:
+            f = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+        except OSError as e:
+            raise ReferenceFormatError(f"listed shard cannot be opened: {e.strerror or e}", path) from None
+        with f:
             size = os.fstat(f.fileno()).st_size
             if size != listed["bytes"]:
                 fail(f"file is {size} bytes, the manifest lists {listed['bytes']}", None)
@@ -225,10 +244,13 @@ class ReferenceDataset:
         try:
             with open(manifest_path, "rb") as f:
                 data = f.read()
-            self.manifest: dict = json.loads(data.decode("utf-8"))
+            self.manifest: dict = json.loads(data.decode("utf-8"), parse_constant=_not_json)
             assert isinstance(self.manifest, dict)
+            json.dumps(self.manifest, ensure_ascii=False).encode("utf-8")  # a lone surrogate escape is no text
         except (ValueError, AssertionError) as e:
             raise ReferenceFormatError(f"manifest is not a JSON object: {e}", manifest_path) from None
+        if _depth(self.manifest) > MAX_JSON_DEPTH:
+            raise ReferenceFormatError(f"manifest nests deeper than {MAX_JSON_DEPTH} levels", manifest_path)
         m = self.manifest
         if m.get("format") != "eagle-io/dataset":
             raise ReferenceFormatError(f"unknown format {m.get('format')!r}", manifest_path)
@@ -241,6 +263,11 @@ class ReferenceDataset:
         for listed in m.get("shards") if isinstance(m.get("shards"), list) else [None]:
             if not isinstance(listed, dict) or any(type(listed.get(k)) is not t for k, t in fields.items()):
                 raise ReferenceFormatError(f"invalid shards entry {listed!r}", manifest_path)
+            parts = listed["file"].split("/")
+            if listed["file"].startswith("/") or parts[0] == "." or ".." in parts:
+                raise ReferenceFormatError(
+                    f"shard path {listed['file']!r} is not relative to the dataset", manifest_path
+                )
             shard = _Shard(os.path.join(base, listed["file"]), listed, self.schema)
             for i, e in enumerate(shard.entries):
                 if self._positions.setdefault(e[0], len(self._entries)) != len(self._entries):

@@ -174,10 +174,6 @@ impl DatasetWriter {
                 "queue_depth and chunk_bytes must be positive".into(),
             ));
         }
-        let shard_dir = root.join("shards");
-        std::fs::create_dir_all(&shard_dir).map_err(|e| Error::io(&shard_dir, e))?;
-        let lock = lock_root(root, &opts.manifest_name)?;
-        let manifest_path = root.join(&opts.manifest_name);
         let fresh = Manifest {
             format: MANIFEST_FORMAT.into(),
             format_version: FORMAT_VERSION,
@@ -191,6 +187,16 @@ impl DatasetWriter {
             shards: Vec::new(),
             complete: false,
         };
+        // Never write a manifest no reader can load (e.g. metadata nested past serde_json's 128 levels).
+        if let Err(e) = serde_json::from_slice::<Manifest>(&fresh.to_sealed_bytes()) {
+            return Err(Error::InvalidArgument(format!(
+                "metadata cannot be stored in a manifest that reads back: {e}"
+            )));
+        }
+        let shard_dir = root.join("shards");
+        std::fs::create_dir_all(&shard_dir).map_err(|e| Error::io(&shard_dir, e))?;
+        let lock = lock_root(root, &opts.manifest_name)?;
+        let manifest_path = root.join(&opts.manifest_name);
         let state = resume::prepare(root, &manifest_path, &opts, fresh)?;
         state.manifest.store(&manifest_path)?;
         let counters = Arc::new(Counters::default());
