@@ -676,7 +676,7 @@ def test_capture_refuses_partial_requests():
     from eagle_io.serving.sglang_capture import CaptureRefusedError, _SchedulerCapture
 
     cap = object.__new__(_SchedulerCapture)
-    cap.writes, cap.sink = False, None
+    cap.writes, cap.sink, cap.max_length = False, None, None
     mode = SimpleNamespace(is_extend=lambda: True)
 
     def req(rid, params, prefix=4, n=3):
@@ -743,6 +743,7 @@ def _writing_capture(out: Path, sink: _SlowSink):
 
     cap = object.__new__(sc._SchedulerCapture)
     cap.out_dir, cap.dp_rank, cap.writes, cap.nonfinite, cap.state_dtype = str(out), 0, True, "raise", torch.bfloat16
+    cap.max_length = 4
     cap.lock, cap.sink, cap.stopped, cap.done = threading.Lock(), sink, False, set()
     cap.counts = dict.fromkeys(("written", "already_done", "dropped", "nonfinite_skipped", "after_stop"), 0)
     cap.stale_token, cap.outcome = sc._read_token(str(out / sc.STOP_FILE)), {"error": None}
@@ -781,6 +782,18 @@ def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samp
         assert again["counts"]["after_stop"] == 1 and again["stats"] == first["stats"]
         assert sink.put_ids == [7] and sink.closed == 1, "closed once; the late sample was not written"
         assert not list(tmp_path.glob(".eagle-io-stop*")), "the protocol's files are removed"
+    finally:
+        sc._ACTIVE = None
+
+
+def test_a_sample_longer_than_the_capture_max_length_is_refused(tmp_path):
+    from eagle_io.serving import sglang_capture as sc
+
+    cap = _writing_capture(tmp_path, _SlowSink(0))  # max_length 4
+    try:
+        cap.on_forward(*_prefill(1, n=4))
+        with pytest.raises(sc.CaptureRefusedError, match="sample 2: 5 tokens, more than this capture's max_length"):
+            cap.on_forward(*_prefill(2, n=5))
     finally:
         sc._ACTIVE = None
 

@@ -144,7 +144,7 @@ class _SchedulerCapture:
         self.nonfinite = str(options.get("nonfinite", "raise"))
         if self.nonfinite not in ("raise", "skip"):
             raise InvalidArgumentError(f"nonfinite must be 'raise' or 'skip', not {self.nonfinite!r}")
-        self.out_dir, self.dp_rank = out_dir, t["dp_rank"]
+        self.out_dir, self.dp_rank, self.max_length = out_dir, t["dp_rank"], options.get("max_length")
         self.writes = t["tp_rank"] == 0
         self.lock = threading.Lock()
         self.counts = dict.fromkeys(("written", "already_done", "dropped", "nonfinite_skipped", "after_stop"), 0)
@@ -219,6 +219,8 @@ class _SchedulerCapture:
             mask = params.get(MASK_PARAM)
             if not isinstance(mask, list) or len(mask) != n or any(m not in (0, 1) for m in mask):
                 raise CaptureRefusedError(f"sample {sid}: custom_params[{MASK_PARAM!r}] is not {n} values of 0/1")
+            if self.max_length is not None and n > self.max_length:
+                raise CaptureRefusedError(f"sample {sid}: {n} tokens, more than this capture's max_length")
             if self.writes:
                 self._store(sid, r["input_ids"], mask, aux[lo:offset], final[lo:offset], finite, params)
 
