@@ -99,6 +99,7 @@ def test_two_dp_ranks_write_their_own_shards_merged_bit_identical_to_one_rank(ru
     per_rank = [ids(two / f"manifest.r{r:05d}.json") for r in range(2)]
     assert all(per_rank) and not set(per_rank[0]) & set(per_rank[1]), "both ranks wrote, disjoint samples"
     assert dp2["manifest"] == str(two / "manifest.json") and dp2["merge_warnings"] == []
+    assert dp2["samples_written"] == len(ids(one)) and dp2["ring_high_water_bytes"] <= 256 << 20  # one rank's ring
     assert ids(two) == sorted(per_rank[0] + per_rank[1]) == ids(one)
     a, b = eagle_io.Dataset(one), eagle_io.Dataset(two)
     for sid in ids(one):

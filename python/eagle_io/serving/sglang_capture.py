@@ -491,12 +491,15 @@ class SGLangCaptureSession:
         self.done.update(int(s.index) for s in todo)
 
     def stats(self) -> dict[str, Any]:
-        """``counts``; after :meth:`close`, plus the writers' and rings' counters summed over the DP ranks (the
-        schedulers' ``written``, ``dropped``, ``nonfinite_skipped``, ``already_done``, ``after_stop`` included)."""
+        """``counts``; after :meth:`close`, plus the writers' and rings' counters over the DP ranks: summed, except
+        sizes and times per rank (``ring_capacity``, ``ring_high_water_bytes``, ``elapsed_seconds``: the largest);
+        the schedulers' ``written``, ``dropped``, ``nonfinite_skipped``, ``already_done``, ``after_stop`` as
+        ``scheduler_*``."""
         out: dict[str, Any] = dict(self.counts)
+        per_rank = ("ring_capacity", "ring_high_water_bytes", "elapsed_seconds")
         for a in self.answers:
             for k, v in {**a.get("stats", {}), **{f"scheduler_{k}": v for k, v in a["counts"].items()}}.items():
-                out[k] = out.get(k, 0) + v if isinstance(v, (int, float)) else v
+                out[k] = max(out.get(k, 0), v) if k in per_rank else out.get(k, 0) + v
         return out
 
     def close(self, timeout_s: float = 600.0) -> dict[str, Any]:
