@@ -225,6 +225,25 @@ def test_cli_train_draft(synthetic, tmp_path, monkeypatch, capsys):
     assert "dataset_sha256: mapping has" in capsys.readouterr().err
 
 
+def test_cli_train_draft_past_a_corrupt_record_only_when_asked(synthetic, tmp_path, monkeypatch, capsys):
+    import eagle_io.draft as draft_mod
+    from eagle_io import cli as cli_mod
+
+    root, head = synthetic
+    damage_record(root, 5)
+    monkeypatch.setitem(cli_mod.COMMANDS, "train-draft", train_draft_cmd)
+    monkeypatch.setattr(draft_mod, "load_target_head", lambda model=None: head)
+    args = ["train-draft", str(root), "--draft-vocab-size", "32", "--steps", "6", "--eval-samples", "4"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 2
+    assert "sample id 5" in capsys.readouterr().err, "the default names the bad record and stops"
+    assert main([*args, "--out", str(tmp_path / "b"), "--on-corrupt", "skip"]) == 0
+    summary = json.loads((tmp_path / "b" / "train_summary.json").read_text())
+    assert summary["skipped_corrupt_records"] == 1
+    with safe_open(tmp_path / "b" / "vocab_map.safetensors", framework="pt") as f:
+        key = json.loads(f.metadata()["eagle_io_vocab_map"])
+    assert key["skipped_corrupt_sample_ids"] == [5] and key["dataset_samples"] == 23
+
+
 # --- slow: the real target, real ShareGPT ----------------------------------------------------------------
 
 REAL_SAMPLES, REAL_STEPS, REAL_MAX_LENGTH = 48, 100, 192

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,9 @@ from typing import Any
 
 import torch
 
-from .errors import IncompatibleDatasetError, InvalidArgumentError
+from .errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError
+
+logger = logging.getLogger("eagle_io.vocab")
 
 __all__ = [
     "VOCAB_MAP_FORMAT",
@@ -86,20 +89,28 @@ def count_loss_masked_tokens(
     target_vocab_size: int,
     *,
     progress: Callable[[int, int], None] | None = None,
+    on_corrupt: str = "raise",
+    skipped: list[int] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Counts ``input_ids[t]`` over positions with ``loss_mask[t] == 1`` (SpecForge's ``loss_mask == 1``).
 
     Args:
         datasets: :class:`eagle_io.Dataset` objects or paths (one or a list).
         target_vocab_size: length of the count vector.
+        on_corrupt: ``"raise"`` (default) or ``"skip"``: leave a record that fails its checks out of the counts,
+            log it and append its sample id to ``skipped``.
 
     Returns:
-        ``(counts [target_vocab_size] int64, samples_read)``.
+        ``(counts [target_vocab_size] int64, samples_read)`` (skipped records are not read).
 
     Raises:
         InvalidArgumentError: a masked token id outside ``[0, target_vocab_size)``, naming the sample.
+        CorruptRecordError: a bad record, unless ``on_corrupt="skip"``.
     """
     from .reader import Dataset
+
+    if on_corrupt not in ("raise", "skip"):
+        raise InvalidArgumentError(f"on_corrupt must be 'raise' or 'skip', got {on_corrupt!r}")
 
     items = [datasets] if isinstance(datasets, (str, os.PathLike, Dataset)) else list(datasets)
     dss = [d if isinstance(d, Dataset) else Dataset(d) for d in items]
@@ -108,7 +119,15 @@ def count_loss_masked_tokens(
     done = 0
     for ds in dss:
         for pos in range(len(ds)):
-            item = ds[pos]
+            try:
+                item = ds[pos]
+            except CorruptRecordError as e:
+                if on_corrupt == "raise":
+                    raise
+                logger.warning("on_corrupt='skip': sample id %d left out of the token counts: %s", e.sample_id, e)
+                if skipped is not None:
+                    skipped.append(ds.entry(pos).sample_id)
+                continue
             ids = item["input_ids"][item["loss_mask"] == 1]
             if ids.numel():
                 lo, hi = int(ids.min()), int(ids.max())
@@ -308,6 +327,7 @@ def build_vocab_mapping(
     *,
     target_vocab_size: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    on_corrupt: str = "raise",
 ) -> VocabMapping:
     """Counts loss-masked tokens over the dataset(s) at ``paths`` and builds the keyed mapping.
 
@@ -315,21 +335,27 @@ def build_vocab_mapping(
         paths: one dataset (directory or manifest) or several (e.g. per-rank outputs), in a fixed order.
         draft_vocab_size: size of the draft vocabulary (SpecForge's default is 32000).
         target_vocab_size: the target's vocabulary size; default the datasets' ``metadata["vocab_size"]``.
+        on_corrupt: ``"skip"`` leaves bad records out of the counts (see :func:`count_loss_masked_tokens`); the
+            key then lists them in ``skipped_corrupt_sample_ids``.
 
     Raises:
         InvalidArgumentError: sizes unknown or inconsistent, or a token id out of range (names the sample).
+        CorruptRecordError: a bad record, unless ``on_corrupt="skip"``.
     """
     from .reader import Dataset
 
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     dss = [Dataset(p) for p in items]
     vocab = _target_vocab_size(dss, target_vocab_size)
-    counts, samples = count_loss_masked_tokens(dss, vocab, progress=progress)
-    key = {
+    skipped: list[int] = []
+    counts, samples = count_loss_masked_tokens(dss, vocab, progress=progress, on_corrupt=on_corrupt, skipped=skipped)
+    key: dict[str, Any] = {
         "dataset_sha256": dataset_fingerprint(items),
         "dataset_samples": samples,
         "count_rule": "input_ids where loss_mask == 1 (SpecForge generate_vocab_mapping_file)",
     }
+    if skipped:
+        key["skipped_corrupt_sample_ids"] = sorted(skipped)
     return mapping_from_counts(counts, draft_vocab_size, key=key)
 
 

@@ -23,10 +23,17 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--intermediate-size", type=int, help="draft MLP width (default: the target's)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--on-corrupt",
+        default="raise",
+        choices=["raise", "skip"],
+        help="bad records: fail (default), or leave them out of the vocabulary counts and batches and count them",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from ..draft import TrainConfig, load_target_head, save_draft, train_draft
+    from ..feed import ShardDataset
     from ..reader import Dataset
     from ..vocab import build_vocab_mapping, dataset_fingerprint, load_vocab_mapping
 
@@ -36,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
     if args.vocab_map:
         mapping = load_vocab_mapping(args.vocab_map, dataset=args.path, target_vocab_size=vocab)
     else:
-        mapping = build_vocab_mapping(args.path, args.draft_vocab_size, target_vocab_size=vocab)
+        mapping = build_vocab_mapping(
+            args.path, args.draft_vocab_size, target_vocab_size=vocab, on_corrupt=args.on_corrupt
+        )
         os.makedirs(args.out, exist_ok=True)
         mapping.save(os.path.join(args.out, "vocab_map.safetensors"))
     print(
@@ -55,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         threads=args.threads,
         intermediate_size=args.intermediate_size,
     )
-    result = train_draft(args.path, head, mapping, cfg)
+    data = ShardDataset(args.path, max_length=args.max_length, on_corrupt=args.on_corrupt)
+    result = train_draft(data, head, mapping, cfg)
     aux_ids = ds.metadata.get("aux_layer_ids")
     if not aux_ids:
         raise SystemExit("the dataset metadata has no aux_layer_ids: cannot write eagle_config for SGLang")

@@ -10,6 +10,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="eagle-io dataset(s) (e.g. one per rank), in order")
     p.add_argument("--draft-vocab-size", type=int, required=True, help="draft vocabulary size (SpecForge: 32000)")
     p.add_argument("--target-vocab-size", type=int, help="default: the datasets' metadata vocab_size")
+    p.add_argument("--on-corrupt", default="raise", choices=["raise", "skip"], help="bad records: fail, or skip+count")
     p.add_argument(
         "--out",
         required=True,
@@ -20,7 +21,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..vocab import build_vocab_mapping
 
-    m = build_vocab_mapping(args.paths, args.draft_vocab_size, target_vocab_size=args.target_vocab_size)
+    m = build_vocab_mapping(
+        args.paths, args.draft_vocab_size, target_vocab_size=args.target_vocab_size, on_corrupt=args.on_corrupt
+    )
     m.save(args.out)
     print(json.dumps({"out": args.out, **dict(m.key)}, indent=2))
     if m.key["padded"]:
