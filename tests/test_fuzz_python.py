@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.checks import layout
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -49,20 +50,6 @@ def write(root: Path, lengths: dict[int, int], shard_bytes: int = 1 << 30, hidde
         for sid, s in samples.items():
             w.write(sid, s, key=f"conv-{sid}")
     return samples
-
-
-def layout(shard: Path) -> dict:
-    """Byte regions of a shard, from its footer and index (FORMAT.md 4)."""
-    data = shard.read_bytes()
-    schema_len = int.from_bytes(data[12:16], "little")
-    index_offset = int.from_bytes(data[-40:-32], "little")
-    n = int.from_bytes(data[-24:-16], "little")
-    records = []
-    for i in range(n):
-        e = data[index_offset + 40 * i : index_offset + 40 * (i + 1)]
-        sid, off, length = (int.from_bytes(e[k : k + 8], "little") for k in (0, 8, 16))
-        records.append((sid, off, length))
-    return {"data": data, "data_start": 32 + schema_len, "index_offset": index_offset, "records": records}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -98,17 +98,29 @@ def check_samples(root: Path, expected_ids: list[int], long_from: int | None = N
             assert same(got[name], t), (sid, name)
 
 
+def layout(shard: Path) -> dict:
+    """Byte regions of a shard, from its footer and index (FORMAT.md 4)."""
+    data = shard.read_bytes()
+    schema_len = int.from_bytes(data[12:16], "little")
+    index_offset = int.from_bytes(data[-40:-32], "little")
+    n = int.from_bytes(data[-24:-16], "little")
+    records = []
+    for i in range(n):
+        e = data[index_offset + 40 * i : index_offset + 40 * (i + 1)]
+        sid, off, length = (int.from_bytes(e[k : k + 8], "little") for k in (0, 8, 16))
+        records.append((sid, off, length))
+    return {"data": data, "data_start": 32 + schema_len, "index_offset": index_offset, "records": records}
+
+
 def damage_record(root: Path, sample_id: int) -> tuple[str, int, int]:
     """Flips a byte in the middle of ``sample_id``'s record (found through the shard indexes, FORMAT.md 4.3),
     leaving its index entry intact. Returns ``(shard path, record offset, record length)``."""
     for s in json.loads((root / "manifest.json").read_text())["shards"]:
         shard = root / s["file"]
-        data = bytearray(shard.read_bytes())
-        index_offset, n = int.from_bytes(data[-40:-32], "little"), int.from_bytes(data[-24:-16], "little")
-        for i in range(n):
-            e = data[index_offset + 40 * i : index_offset + 40 * (i + 1)]
-            sid, off, length = (int.from_bytes(e[k : k + 8], "little") for k in (0, 8, 16))
+        lay = layout(shard)
+        for sid, off, length in lay["records"]:
             if sid == sample_id:
+                data = bytearray(lay["data"])
                 data[off + length // 2] ^= 0x5A
                 shard.write_bytes(bytes(data))
                 return str(shard), off, length

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import InvalidArgumentError
-from .sglang_capture import ENV_CAPTURE_DIR, ENV_CAPTURE_OPTIONS, STOP_FILE
+from .sglang_capture import ENV_CAPTURE_DIR, ENV_CAPTURE_OPTIONS
 
 #: The engine arguments of SGLang 0.5.23's capture-only mode as eagle-io's capture needs it: aux states captured
 #: without a draft, every prompt in one forward, no cached prefixes, token ids in (no tokenizer in the engine).
@@ -50,9 +50,7 @@ def launch_capture_engine(
     if clash:
         raise InvalidArgumentError(f"engine arguments {clash} contradict eagle-io's capture-only mode")
     out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    if os.path.exists(os.path.join(out_dir, STOP_FILE)):
-        os.remove(os.path.join(out_dir, STOP_FILE))  # left by an interrupted stop
+    os.makedirs(out_dir, exist_ok=True)  # a stop file left here by an interrupted stop is ignored (its token)
     saved = {k: os.environ.get(k) for k in (ENV_CAPTURE_DIR, ENV_CAPTURE_OPTIONS)}
     os.environ[ENV_CAPTURE_DIR], os.environ[ENV_CAPTURE_OPTIONS] = out_dir, json.dumps(dict(options))
     try:  # the scheduler processes are spawned here and keep this environment
