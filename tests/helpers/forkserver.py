@@ -163,8 +163,12 @@ def _child(job: dict[str, Any], lib: Any) -> int:
         resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
     if lib is not None:
         lib.eio_fault_arm(b"")
-    with open(job["result"], "w") as f:
+    # Written under a temp name and renamed: a kill landing while the result is written (the job
+    # had finished) must read as "died first", not as a torn result file.
+    tmp = job["result"] + ".part"
+    with open(tmp, "w") as f:
         json.dump(out, f)
+    os.replace(tmp, job["result"])
     return 0
 
 
