@@ -13,7 +13,20 @@ export CARGO_TERM_COLOR = never
 
 .PHONY: venv wheel install dev lint fmt test test-rust test-python stubtest fuzz-short generate bench clean
 
+# PyPI's only torch is the CUDA build: pip unpacks ~4 GiB of wheels under $$TMPDIR and installs ~7 GiB into .venv.
+# Check the room first, so a full disk stops here with the figures instead of half way through with pip's ENOSPC.
+define DISK_CHECK
+import shutil, sys, tempfile
+need = 12 * 2**30
+for where in sorted({".", tempfile.gettempdir()}):
+    free = shutil.disk_usage(where).free
+    if free < need:
+        sys.exit(f"make venv: only {free / 2**30:.1f} GiB free at {where}; installing needs about {need // 2**30} GiB")
+endef
+export DISK_CHECK
+
 $(VENV)/.installed: requirements/dev.txt requirements/embedded.txt requirements/sglang.txt
+	@$(PY) -c "$$DISK_CHECK"
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r requirements/dev.txt
