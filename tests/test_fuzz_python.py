@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 import eagle_io
 from conftest import make_sample
 from eagle_io.cli import main
-from eagle_io.manifest import manifest_bytes, read_manifest
+from eagle_io.store.manifest import manifest_bytes, read_manifest
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 

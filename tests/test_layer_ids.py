@@ -1,8 +1,8 @@
-"""Layer-id rules and conventions (eagle_io.layers); pure Python, no torch needed."""
+"""Layer-id rules and conventions (eagle_io.capturing.layers); pure Python, no torch needed."""
 
 import pytest
 
-from eagle_io.layers import (
+from eagle_io.capturing.layers import (
     AUX_LAYER_CONVENTION,
     default_aux_layer_ids,
     from_sglang_deepseek_explicit,

@@ -1,5 +1,5 @@
 """Many writers (issue 6, item 7): ranks sharing one root never collide (see also
-test_writer_reader.py::test_ranks_share_a_root_without_colliding), and `eagle_io.merge.merge_ranks` /
+test_writer_reader.py::test_ranks_share_a_root_without_colliding), and `eagle_io.store.merge.merge_ranks` /
 `eagle-io merge` build one manifest over every rank and audit duplicate and missing sample ids,
 against an id range or the source dataset itself."""
 
@@ -19,7 +19,7 @@ from helpers.tiny_model import FIXTURE
 import eagle_io
 from conftest import make_sample
 from eagle_io.cli import merge_cmd
-from eagle_io.merge import expected_from_source, merge_ranks
+from eagle_io.store.merge import expected_from_source, merge_ranks
 
 HIDDEN = 8
 

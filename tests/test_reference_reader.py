@@ -1,4 +1,4 @@
-"""The pure-Python reference reader (eagle_io.reference, written from docs/FORMAT.md alone) returns
+"""The pure-Python reference reader (eagle_io.store.reference, written from docs/FORMAT.md alone) returns
 bit-identical tensors, entries and keys to the Rust reader on data the Rust writer produced, and
 rejects corrupted data naming the file, sample and offset."""
 
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import eagle_io
-from eagle_io import reference as R
+from eagle_io.store import reference as R
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32"]
 INT_RANGE = {"uint8": (0, 256), "int8": (-128, 128), "int16": (-(2**15), 2**15), "int32": (-(2**31), 2**31),

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import checks
 from helpers.checks import check_samples, on_disk, shard_entry
 from helpers.forkserver import ForkServer, shared
 
@@ -183,8 +184,7 @@ def resume_generate_and_compare(server, argv, reference: dict, out: Path, commit
         assert torch.equal(got["input_ids"], want["input_ids"]) and torch.equal(got["loss_mask"], want["loss_mask"])
         for name in ("aux_hidden_states", "hidden_states"):
             # Other batch-mates pad differently after a resume: at most one bf16 ulp apart, never another sample.
-            a, b = got[name].float(), want[name].float()
-            assert a.shape == b.shape and torch.all((a - b).abs() <= b.abs() * 2**-7 + 1e-6), (sid, name)
+            assert checks.within_one_bf16_ulp(got[name], want[name]), (sid, name)
 
 
 def committed_after_kill(out: Path, reference: dict) -> list[int]:

@@ -7,7 +7,7 @@ import torch
 
 import eagle_io
 from conftest import make_sample
-from eagle_io.ring import RingSink
+from eagle_io.capturing.ring import RingSink
 
 
 def test_ring_roundtrip_in_order(tmp_path):

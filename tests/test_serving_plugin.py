@@ -35,6 +35,7 @@ from test_serving_preflight import H, eagle3_draft, kimi_k25, llama_target
 
 from eagle_io.serving import plugin
 from eagle_io.serving import sglang_compat as compat
+from eagle_io.serving import sglang_probe as probe
 from eagle_io.serving.checkpoint import read_draft
 
 try:
@@ -49,7 +50,7 @@ except Exception as e:  # ImportError, or a dependency failing at import
 needs_sglang = pytest.mark.skipif(bool(SGLANG_SKIP), reason=SGLANG_SKIP or "sglang present")
 
 
-def facts(**kw) -> compat.StartupFacts:
+def facts(**kw) -> probe.StartupFacts:
     base = dict(
         algorithm="EAGLE3",
         is_eagle3=True,
@@ -66,7 +67,7 @@ def facts(**kw) -> compat.StartupFacts:
         draft_embed_width=64,
     )
     base.update(kw)
-    return compat.StartupFacts(**base)
+    return probe.StartupFacts(**base)
 
 
 # ---------------------------------------------------------------------------------------------- pure logic
@@ -272,7 +273,7 @@ def test_guard_aborts_eagle3_draft_under_eagle(tmp_path, hooks, algorithm):
     t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
     sched, calls = real_scheduler(t, d, algorithm)
     assert sched.spec_algorithm.name == "EAGLE" and not sched.spec_algorithm.is_eagle3()  # NEXTN resolved
-    f = compat.startup_facts(sched)
+    f = probe.startup_facts(sched)
     assert f.capture_enabled is False and f.layers_to_capture == () and f.spec_aux_enabled is False
     assert f.fc_in_width == 192 and f.target_hidden_size == H and f.draft_config["draft_vocab_size"] == 500
     with pytest.raises(plugin.ServingGuardError, match="Relaunch with --speculative-algorithm EAGLE3") as e:
@@ -289,7 +290,7 @@ def test_guard_passes_eagle3_and_installs_runtime_checks(tmp_path, hooks, monkey
     monkeypatch.setenv(plugin.ENV_ACCEPT_WINDOW, "8")
     t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
     sched, calls = real_scheduler(t, d, "EAGLE3")
-    f = compat.startup_facts(sched)
+    f = probe.startup_facts(sched)
     assert f.layers_to_capture == (2, 4, 5)  # SGLang's Llama setter: eagle_config [1, 3, 4] + 1
     assert f.capture_enabled and f.spec_aux_enabled and f.is_eagle3
     Scheduler.init_all_cuda_graphs(sched)
@@ -343,7 +344,7 @@ def test_guard_layer_ids_past_the_last_layer(tmp_path, hooks):
 
     t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 4, 7])  # Llama +1 -> [2, 5, 8], N = 8
     sched, calls = real_scheduler(t, d, "EAGLE3")
-    assert compat.startup_facts(sched).layers_to_capture == (2, 5, 8)
+    assert probe.startup_facts(sched).layers_to_capture == (2, 5, 8)
     with pytest.raises(plugin.ServingGuardError, match=r"ids outside 1\.\.7") as e:
         Scheduler.init_all_cuda_graphs(sched)
     assert "only 2 of 3 states" in str(e.value) and calls == []
@@ -367,7 +368,7 @@ def test_guard_kimi_k25_wrapper(tmp_path, hooks):
 
     t, d = kimi_k25(tmp_path, algo_ids=[1, 29, 57])
     sched, calls = real_scheduler(t, d, "EAGLE3")
-    f = compat.startup_facts(sched)
+    f = probe.startup_facts(sched)
     assert (f.target_architecture, f.target_hidden_size, f.target_num_layers) == (
         "KimiK25ForConditionalGeneration",
         7168,
@@ -478,9 +479,9 @@ def test_entry_point_loads_through_load_plugins(tmp_path):
     assert default["hooks"] == {
         compat.STARTUP_HOOK: [  # the guard first, then the capture's start by environment
             ["before", "eagle_io.serving.plugin", "eagle_io"],
-            ["before", "eagle_io.serving.sglang_capture", "eagle_io"],
+            ["before", "eagle_io.capturing.sglang.scheduler", "eagle_io"],
         ],
-        compat.TP_FORWARD_HOOK: [["after", "eagle_io.serving.sglang_capture", "eagle_io"]],
+        compat.TP_FORWARD_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
     }
     assert {compat.STARTUP_HOOK, compat.TP_FORWARD_HOOK} <= set(default["patched"]) and default["wrapped"]
     assert off["hooks"] == {} and not off["wrapped"]
@@ -567,7 +568,7 @@ _CAPTURE_SCRIPT = textwrap.dedent(
     import torch
     import sglang
     import eagle_io
-    from eagle_io.serving.sglang_capture import SGLangCaptureSession, is_sglang_engine
+    from eagle_io.capturing.sglang.client import SGLangCaptureSession, is_sglang_engine
 
     if __name__ == "__main__":
         work = sys.argv[1]
@@ -673,7 +674,8 @@ def test_sglang_capture_matches_the_hf_reference(tmp_path):
 
 def test_capture_refuses_partial_requests():
     """Chunked prefill or a cached prefix would store fewer tokens than the input: refused, nothing written."""
-    from eagle_io.serving.sglang_capture import CaptureRefusedError, _SchedulerCapture
+    from eagle_io.capturing.sglang.protocol import CaptureRefusedError
+    from eagle_io.capturing.sglang.scheduler import _SchedulerCapture
 
     cap = object.__new__(_SchedulerCapture)
     cap.writes, cap.sink, cap.max_length = False, None, None
@@ -739,14 +741,15 @@ def _writing_capture(out: Path, sink: _SlowSink):
     active capture of this process with its stop watcher running, as ``_start`` does."""
     import threading
 
-    from eagle_io.serving import sglang_capture as sc
+    from eagle_io.capturing.sglang import protocol
+    from eagle_io.capturing.sglang import scheduler as sc
 
     cap = object.__new__(sc._SchedulerCapture)
     cap.out_dir, cap.dp_rank, cap.writes, cap.nonfinite, cap.state_dtype = str(out), 0, True, "raise", torch.bfloat16
     cap.max_length = 4
     cap.lock, cap.sink, cap.stopped, cap.done = threading.Lock(), sink, False, set()
     cap.counts = dict.fromkeys(("written", "already_done", "dropped", "nonfinite_skipped", "after_stop"), 0)
-    cap.stale_token, cap.outcome = sc._read_token(str(out / sc.STOP_FILE)), {"error": None}
+    cap.stale_token, cap.outcome = protocol.read_token(str(out / protocol.STOP_FILE)), {"error": None}
     sc._ACTIVE = cap
     threading.Thread(target=cap._watch_stop, daemon=True).start()
     return cap
@@ -764,9 +767,10 @@ def _prefill(sample_id, n=3):
 def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samples(tmp_path):
     """A stop file left by an earlier run does not stop a new capture; a stop that timed out can be retried and a
     repeated stop is answered with the same outcome; samples reaching a stopped capture are counted, not written."""
-    from eagle_io.serving import sglang_capture as sc
+    from eagle_io.capturing.sglang import client, protocol
+    from eagle_io.capturing.sglang import scheduler as sc
 
-    (tmp_path / sc.STOP_FILE).write_text(json.dumps({"token": "from-an-earlier-run"}))
+    (tmp_path / protocol.STOP_FILE).write_text(json.dumps({"token": "from-an-earlier-run"}))
     sink = _SlowSink(delay=1.5)
     cap = _writing_capture(tmp_path, sink)
     try:
@@ -774,11 +778,11 @@ def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samp
         assert not cap.stopped, "a stop file present at start belongs to an earlier run"
         cap.on_forward(*_prefill(7))
         with pytest.raises(TimeoutError, match=r"DP ranks \[0\] did not stop"):
-            sc.stop_capture(tmp_path, timeout_s=0.5)  # the close takes 1.5 s
-        (first,) = sc.stop_capture(tmp_path, timeout_s=10)  # retried: answered once the close is done
+            client.stop_capture(tmp_path, timeout_s=0.5)  # the close takes 1.5 s
+        (first,) = client.stop_capture(tmp_path, timeout_s=10)  # retried: answered once the close is done
         assert first["error"] is None and first["counts"]["written"] == 1 and first["stats"] == {"samples": 1}
         cap.on_forward(*_prefill(8))
-        (again,) = sc.stop_capture(tmp_path, timeout_s=10)
+        (again,) = client.stop_capture(tmp_path, timeout_s=10)
         assert again["counts"]["after_stop"] == 1 and again["stats"] == first["stats"]
         assert sink.put_ids == [7] and sink.closed == 1, "closed once; the late sample was not written"
         assert not list(tmp_path.glob(".eagle-io-stop*")), "the protocol's files are removed"
@@ -787,12 +791,15 @@ def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samp
 
 
 def test_a_sample_longer_than_the_capture_max_length_is_refused(tmp_path):
-    from eagle_io.serving import sglang_capture as sc
+    from eagle_io.capturing.sglang import protocol
+    from eagle_io.capturing.sglang import scheduler as sc
 
     cap = _writing_capture(tmp_path, _SlowSink(0))  # max_length 4
     try:
         cap.on_forward(*_prefill(1, n=4))
-        with pytest.raises(sc.CaptureRefusedError, match="sample 2: 5 tokens, more than this capture's max_length"):
+        with pytest.raises(
+            protocol.CaptureRefusedError, match="sample 2: 5 tokens, more than this capture's max_length"
+        ):
             cap.on_forward(*_prefill(2, n=5))
     finally:
         sc._ACTIVE = None
@@ -800,11 +807,12 @@ def test_a_sample_longer_than_the_capture_max_length_is_refused(tmp_path):
 
 @pytest.mark.parametrize("bad", [7.9, "12", True, -1, 1 << 64, None])
 def test_a_sample_id_that_is_not_a_u64_integer_is_refused(tmp_path, bad):
-    from eagle_io.serving import sglang_capture as sc
+    from eagle_io.capturing.sglang import protocol
+    from eagle_io.capturing.sglang import scheduler as sc
 
     cap = _writing_capture(tmp_path, _SlowSink(0))
     try:
-        with pytest.raises(sc.CaptureRefusedError, match="not an integer in"):
+        with pytest.raises(protocol.CaptureRefusedError, match="not an integer in"):
             cap.on_forward(*_prefill(bad))
     finally:
         sc._ACTIVE = None

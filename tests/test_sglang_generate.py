@@ -187,8 +187,8 @@ def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs
     """``python -m sglang.launch_server`` with ``EAGLE_IO_CAPTURE_DIR`` set: samples sent to ``/generate`` with
     eagle-io's ``custom_params`` are captured; other requests are not; ``stop_capture`` commits; the states are the
     engine run's, bit for bit."""
-    from eagle_io.serving.sglang_capture import sample_params, stop_capture
-    from eagle_io.serving.sglang_launch import CAPTURE_ENGINE_ARGS
+    from eagle_io.capturing.sglang.client import sample_params, stop_capture
+    from eagle_io.capturing.sglang.launch import CAPTURE_ENGINE_ARGS
 
     tmp, *_ = runs
     out, port = tmp / "server", free_port()

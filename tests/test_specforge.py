@@ -20,7 +20,7 @@ import torch
 import eagle_io
 from conftest import make_sample
 from eagle_io.cli import main, specforge_cmd
-from eagle_io.specforge import (
+from eagle_io.interop.specforge import (
     SPECFORGE_KEYS,
     SpecForgeDataset,
     SpecForgeFileError,

@@ -18,7 +18,7 @@ import eagle_io
 from eagle_io.cli import main, train_draft_cmd
 from eagle_io.draft import TargetHead, TrainConfig, load_draft, make_batch, save_draft, train_draft
 from eagle_io.feed import ShardDataset
-from eagle_io.vocab import build_vocab_mapping
+from eagle_io.interop.vocab import build_vocab_mapping
 
 V, H, K = 256, 32, 3
 
@@ -253,6 +253,7 @@ REAL_SAMPLES, REAL_STEPS, REAL_MAX_LENGTH = 48, 100, 192
 def test_draft_trained_on_real_smollm2_states_agrees_far_more(tmp_path):
     """Capture SmolLM2 states for the first 48 usable ShareGPT conversations (192 tokens), train 100 steps, and
     measure held-out top-1 agreement with the target (the measured numbers are in docs/TRAINING.md)."""
+    from eagle_io.capturing.models import load_target
     from eagle_io.data import (
         SkipStats,
         chat_template_identity,
@@ -260,7 +261,6 @@ def test_draft_trained_on_real_smollm2_states_agrees_far_more(tmp_path):
         iter_conversations,
         iter_tokenized,
     )
-    from eagle_io.models import load_target
 
     t0 = time.perf_counter()
     model, tok, info = load_target()

@@ -14,7 +14,7 @@ import torch
 
 import eagle_io
 from eagle_io.cli import main, vocab_cmd
-from eagle_io.vocab import (
+from eagle_io.interop.vocab import (
     VocabMappingMismatchError,
     build_vocab_mapping,
     count_loss_masked_tokens,

@@ -6,6 +6,7 @@ The shard format is specified in docs/FORMAT.md.
 """
 
 from ._native import FORMAT_VERSION, __version__
+from .capturing.session import CaptureSession, NonFiniteStatesError, capture
 from .errors import (
     CorruptRecordError,
     EagleIOError,
@@ -18,10 +19,9 @@ from .errors import (
     StorageError,
 )
 from .feed import LengthGroupedBatchSampler, PackingCollator, PaddingCollator, RankSampler, ShardDataset, shift_targets
-from .reader import Dataset, SampleInfo
-from .schema import TensorSpec, eagle3_schema
-from .session import CaptureSession, NonFiniteStatesError, capture
-from .writer import ShardWriter
+from .store.reader import Dataset, SampleInfo
+from .store.schema import TensorSpec, eagle3_schema
+from .store.writer import ShardWriter
 
 __all__ = [
     "FORMAT_VERSION",

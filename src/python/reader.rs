@@ -1,5 +1,5 @@
 //! `eagle_io._native.Reader`: random access into a dataset. The Python wrapper
-//! (`eagle_io.reader.Dataset`) allocates the output tensors and passes their buffers.
+//! (`eagle_io.store.reader.Dataset`) allocates the output tensors and passes their buffers.
 
 use std::path::PathBuf;
 

@@ -1,5 +1,5 @@
 //! `eagle_io._native.Writer`: the dataset writer. The Python wrapper
-//! (`eagle_io.writer.ShardWriter`) turns tensors into `(dtype, shape, buffer)` triples.
+//! (`eagle_io.store.writer.ShardWriter`) turns tensors into `(dtype, shape, buffer)` triples.
 
 use std::path::PathBuf;
 

@@ -181,10 +181,6 @@ def serve(preload_generate: bool) -> None:
         import transformers  # noqa: F401
         from transformers import LlamaForCausalLM  # noqa: F401
 
-        import eagle_io.cli.generate_cmd
-        import eagle_io.data
-        import eagle_io.models
-        import eagle_io.session  # noqa: F401
     lib = ctypes.CDLL(None)
     lib = lib if hasattr(lib, "eio_fault_arm") else None
     tasks = len(os.listdir("/proc/self/task"))

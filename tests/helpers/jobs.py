@@ -117,7 +117,7 @@ def _after_error(w: eagle_io.ShardWriter, root: str, hidden: int, metadata, rank
 def ring_until_error(root: str, n: int, shard_bytes: int, ring_bytes: int) -> dict[str, Any]:
     """Feeds samples through a capture ring until ``put`` raises (the sink's writer failed);
     returns what ``put`` and ``close`` raised."""
-    from eagle_io.ring import RingSink
+    from eagle_io.capturing.ring import RingSink
 
     w = eagle_io.ShardWriter(root, eagle_io.eagle3_schema(HIDDEN), METADATA, shard_bytes=shard_bytes, threads=1)
     sink = RingSink(w, ring_bytes=ring_bytes, batch=1, timeout_s=30)
@@ -160,7 +160,7 @@ def ring_push(root: str, ring_bytes: int, total_bytes: int, sample_tokens: int, 
     growth of peak RSS (ru_maxrss) over the baseline taken after every input tensor exists."""
     import resource
 
-    from eagle_io.ring import RingSink
+    from eagle_io.capturing.ring import RingSink
 
     g = torch.Generator().manual_seed(0)
     s = {

@@ -95,9 +95,9 @@ def _engine_args(pairs: list[str]) -> dict:
 def _hf_session(args, dataset: str, layer_ids):
     import torch
 
+    from ..capturing.models import load_target
+    from ..capturing.session import capture
     from ..data import chat_template_identity
-    from ..models import load_target
-    from ..session import capture
 
     model, tokenizer, info = load_target(args.model, dtype=getattr(torch, args.dtype))
     print(f"target    {info['model_id']}: {info['num_layers']} layers, hidden {info['hidden_size']}, {args.dtype}")
@@ -121,10 +121,10 @@ def _hf_session(args, dataset: str, layer_ids):
 
 
 def _sglang_session(args, dataset: str, layer_ids):
+    from ..capturing.models import target_checkpoint
+    from ..capturing.sglang.client import SGLangCaptureSession, capture_options
+    from ..capturing.sglang.launch import launch_capture_engine
     from ..data import chat_template_identity
-    from ..models import target_checkpoint
-    from ..serving.sglang_capture import SGLangCaptureSession, capture_options
-    from ..serving.sglang_launch import launch_capture_engine
 
     if args.world_size != 1:
         raise InvalidArgumentError("--backend sglang runs one engine: use --dp-size / --tp-size, not --world-size")
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         shutdown()
     if args.backend == "sglang" and args.dp_size > 1:
-        from ..merge import merge_ranks
+        from ..store.merge import merge_ranks
 
         merged = merge_ranks(args.out)
         summary["manifest"], summary["merge_warnings"] = merged.manifest, merged.warnings

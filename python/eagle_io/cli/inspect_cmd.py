@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..reader import Dataset
+from ..store.reader import Dataset
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:

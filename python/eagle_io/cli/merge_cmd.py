@@ -9,8 +9,8 @@ import sys
 from typing import Any
 
 from ..errors import EagleIOError
-from ..manifest import read_manifest
-from ..merge import MergeReport, expected_from_source, merge_ranks
+from ..store.manifest import read_manifest
+from ..store.merge import MergeReport, expected_from_source, merge_ranks
 
 SHOW = 20  # ids listed per problem before "..."
 

@@ -28,8 +28,8 @@ def _import_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _import_run(args: argparse.Namespace) -> int:
-    from ..layers import from_specforge
-    from ..specforge import import_specforge
+    from ..capturing.layers import from_specforge
+    from ..interop.specforge import import_specforge
 
     meta: dict = {}
     if args.target_model:
@@ -69,7 +69,7 @@ def _export_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _export_run(args: argparse.Namespace) -> int:
-    from ..specforge import export_specforge
+    from ..interop.specforge import export_specforge
 
     res = export_specforge(args.path, args.out, gzip=args.gzip, overwrite=args.overwrite)
     print(json.dumps(res, indent=2))

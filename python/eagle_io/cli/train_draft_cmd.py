@@ -34,8 +34,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..draft import TrainConfig, load_target_head, save_draft, train_draft
     from ..feed import ShardDataset
-    from ..reader import Dataset
-    from ..vocab import build_vocab_mapping, dataset_fingerprint, load_vocab_mapping
+    from ..interop.vocab import build_vocab_mapping, dataset_fingerprint, load_vocab_mapping
+    from ..store.reader import Dataset
 
     ds = Dataset(args.path)
     head = load_target_head(args.target_model)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..reader import Dataset
+from ..store.reader import Dataset
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..vocab import build_vocab_mapping
+    from ..interop.vocab import build_vocab_mapping
 
     m = build_vocab_mapping(
         args.paths, args.draft_vocab_size, target_vocab_size=args.target_vocab_size, on_corrupt=args.on_corrupt

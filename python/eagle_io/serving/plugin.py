@@ -30,9 +30,9 @@ Environment switches (read when the plugin loads and at startup):
 ``EAGLE_IO_DRAFT_WIDTH_CHECK``  ``raise``    ``warn``: log instead of raising; ``0``: not installed.
 ``EAGLE_IO_ACCEPT_WATCHDOG``    ``1``        ``0``: not installed.
 ``EAGLE_IO_ACCEPT_WINDOW``      ``256``      request steps per watchdog window.
-``EAGLE_IO_SGLANG_CAPTURE``     ``1``        ``0``: no capture hook / RPC method (:mod:`.sglang_capture`).
+``EAGLE_IO_SGLANG_CAPTURE``     ``1``        ``0``: no capture hook / RPC method (``capturing.sglang.scheduler``).
 ``EAGLE_IO_CAPTURE_DIR``        unset        a directory: each scheduler starts capturing into it at startup.
-``EAGLE_IO_CAPTURE_OPTIONS``    ``{}``       JSON options of that capture (:func:`.sglang_capture.capture_options`).
+``EAGLE_IO_CAPTURE_OPTIONS``    ``{}``       JSON options of that capture (``client.capture_options``).
 ``EAGLE_IO_GUARD_REPORT``       unset        a file path: each scheduler process appends one JSON line with
                                              the startup guard's facts and verdict (for health checks).
 ==============================  ===========  ===============================================================
@@ -51,7 +51,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import DraftWidthError, ServingGuardError
 from . import sglang_compat as compat
+from . import sglang_probe as probe
 
 __all__ = [
     "ENV_ACCEPT_WATCHDOG",
@@ -86,18 +88,10 @@ def _enabled(name: str) -> bool:
     return os.environ.get(name, "1").strip().lower() not in _OFF
 
 
-class ServingGuardError(RuntimeError):
-    """Startup aborted: an EAGLE-3 draft would be served without (or with the wrong) aux-state capture."""
-
-
-class DraftWidthError(RuntimeError):
-    """A draft extend received states whose width is not the draft ``fc`` input width."""
-
-
 # ------------------------------------------------------------------------------------------------ decisions
 
 
-def draft_is_eagle3(facts: compat.StartupFacts) -> list[str]:
+def draft_is_eagle3(facts: probe.StartupFacts) -> list[str]:
     """Evidence that the loaded draft is EAGLE-3-style (empty list = not): its config's ``eagle_config`` layer ids,
     ``draft_vocab_size``, ``target_hidden_size``, or an ``fc`` whose input is ``k >= 3`` target hidden states.
     Not the architecture name alone (some EAGLE-3 drafts declare a plain one)."""
@@ -115,7 +109,7 @@ def draft_is_eagle3(facts: compat.StartupFacts) -> list[str]:
     return sig
 
 
-def startup_decision(facts: compat.StartupFacts) -> str | None:
+def startup_decision(facts: probe.StartupFacts) -> str | None:
     """The startup guard's verdict: None = fine, else the error message (what is wrong, how to launch).
 
     Applies only when a draft is loaded here and it is EAGLE-3-style (:func:`draft_is_eagle3`).
@@ -246,7 +240,7 @@ def _check_width(hook: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> No
     expected = _RUNTIME.fc_in_width
     if expected is None:
         return
-    width = compat.draft_extend_width(hook, args, kwargs)
+    width = probe.draft_extend_width(hook, args, kwargs)
     if width is None:
         return
     _RUNTIME.width_checks += 1
@@ -292,7 +286,7 @@ def _register(target: str, fn: Callable[..., Any], hook_type_name: str) -> None:
     _REGISTERED.add(target)
 
 
-def install_runtime_hooks(facts: compat.StartupFacts, *, eagle3_draft: bool) -> list[str]:
+def install_runtime_hooks(facts: probe.StartupFacts, *, eagle3_draft: bool) -> list[str]:
     """Registers the runtime hooks through ``HookRegistry`` and applies them (``HookRegistry.apply_hooks`` is
     idempotent: targets already patched are skipped). Returns the targets newly registered here."""
     from sglang.srt.plugins.hook_registry import HookRegistry
@@ -343,7 +337,7 @@ def _startup_guard(scheduler: Any, *args: Any, **kwargs: Any) -> None:
         # Not speculative (or not EAGLE-family): nothing to guard.
         _report({"algorithm": str(getattr(algo, "name", algo)), "guarded": False})
         return None
-    facts = compat.startup_facts(scheduler)
+    facts = probe.startup_facts(scheduler)
     signals = draft_is_eagle3(facts) if facts.draft_present else []
     entry: dict[str, Any] = {
         "algorithm": facts.algorithm,
@@ -392,7 +386,7 @@ def register() -> None:
     if compat.STARTUP_HOOK.rsplit(".", 2)[0] in sys.modules:
         _register(compat.STARTUP_HOOK, _startup_guard, "BEFORE")
         if _enabled(ENV_CAPTURE) and compat.TP_FORWARD_HOOK not in _REGISTERED:
-            from . import sglang_capture
+            from ..capturing.sglang import scheduler as sglang_scheduler
 
-            sglang_capture.install()
+            sglang_scheduler.install()
             _REGISTERED.add(compat.TP_FORWARD_HOOK)

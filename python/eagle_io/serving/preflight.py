@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..capturing.layers import AUX_LAYER_CONVENTION
 from ..errors import EagleIOError
-from ..layers import AUX_LAYER_CONVENTION
-from ..manifest import read_manifest
+from ..store.manifest import read_manifest
 from .checkpoint import CheckpointError, DraftInfo, read_checkpoint, read_draft
 from .sglang_compat import (
     capturable_range,
@@ -140,7 +140,7 @@ def check_serving(
         algorithm: ``--speculative-algorithm`` (``EAGLE``, ``EAGLE3``, ``NEXTN`` = ``EAGLE``, ...); None = from
             ``server_args``.
         layer_ids: the aux layer ids the draft was trained on, in eagle-io's convention
-            (:data:`eagle_io.layers.AUX_LAYER_CONVENTION`: input of 0-based decoder layer i).
+            (:data:`eagle_io.capturing.layers.AUX_LAYER_CONVENTION`: input of 0-based decoder layer i).
         dataset_manifest: an eagle-io dataset directory or manifest the draft was trained on; its
             ``aux_layer_ids`` / ``aux_layer_convention`` / ``hidden_size`` are checked against the launch.
         server_args: raw SGLang launch arguments (list of strings), a ``ServerArgs`` or a mapping of its fields;

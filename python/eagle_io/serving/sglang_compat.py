@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import SGLangCompatError
+
 __all__ = [
     "ACCEPT_HOOK",
     "CAPTURE_MIN_SGLANG",
@@ -34,9 +36,7 @@ __all__ = [
     "TESTED_SGLANG",
     "LaunchArgs",
     "SGLangCompatError",
-    "StartupFacts",
     "capture_supported",
-    "draft_extend_width",
     "draft_num_aux_layers",
     "explicit_ids_for",
     "launch_args",
@@ -44,7 +44,6 @@ __all__ = [
     "served_aux_layer_ids",
     "setter_rule",
     "sglang_version",
-    "startup_facts",
     "version_supported",
 ]
 
@@ -52,10 +51,6 @@ SUPPORTED_SGLANG = ">=0.5.14,<0.6"
 TESTED_SGLANG = "0.5.23"
 CAPTURE_MIN_SGLANG = "0.5.23"
 _MIN, _MAX_EXCL = (0, 5, 14), (0, 6, 0)
-
-
-class SGLangCompatError(RuntimeError):
-    """An SGLang object lacks an attribute this module expects: an SGLang version outside the supported range."""
 
 
 def sglang_version() -> str | None:
@@ -275,7 +270,7 @@ def launch_args(server_args: Any) -> LaunchArgs:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Live objects in the scheduler process (the startup guard and runtime checks)
+# Hook targets (the startup guard, runtime checks and capture; the live-object probes are in sglang_probe.py)
 # --------------------------------------------------------------------------------------------------------------
 
 STARTUP_HOOK = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs"
@@ -298,221 +293,8 @@ ACCEPT_HOOK = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.on_verify_co
 ``batch_result_processor._resolve_spec_v2_tokens`` with counts already on the CPU; accept length of a request
 step = correct drafts + 1 (the bonus token)."""
 
-
-@dataclass(frozen=True)
-class StartupFacts:
-    """What the startup guard decides on, read from a scheduler after attention-backend setup."""
-
-    algorithm: str  # SpeculativeAlgorithm name, e.g. "EAGLE"
-    is_eagle3: bool  # scheduler.spec_algorithm.is_eagle3()
-    target_architecture: str
-    target_hidden_size: int
-    target_num_layers: int | None
-    capture_enabled: bool  # capture_aux_hidden_states on the model that runs the layers
-    layers_to_capture: tuple[int, ...]
-    spec_aux_enabled: bool | None  # runner.spec_aux_config.eagle_use_aux_hidden_state (None if unknown)
-    draft_present: bool  # False on non-last PP ranks (EAGLEWorkerV2._draft_worker is None)
-    draft_architecture: str | None
-    draft_config: dict[str, Any]  # the draft hf_config as a dict
-    fc_in_width: int | None
-    draft_embed_width: int | None
-
-
-def _attr(obj: Any, *names: str) -> Any:
-    """First present attribute among ``names`` (each may be dotted); raises SGLangCompatError if none is."""
-    for name in names:
-        cur = obj
-        try:
-            for part in name.split("."):
-                cur = getattr(cur, part)
-        except AttributeError:
-            continue
-        return cur
-    raise SGLangCompatError(
-        f"{type(obj).__name__} has none of {', '.join(names)} (SGLang {sglang_version()}; "
-        f"eagle-io supports {SUPPORTED_SGLANG})"
-    )
-
-
-def _capture_model(model: Any) -> Any:
-    """The module that owns ``capture_aux_hidden_states``: the model itself, or its ``language_model`` for
-    wrappers (``KimiK25ForConditionalGeneration``, ``Mistral3``/``Llama4`` VLMs delegate the setter there)."""
-    if hasattr(model, "capture_aux_hidden_states"):
-        return model
-    inner = getattr(model, "language_model", None)
-    if inner is not None and hasattr(inner, "capture_aux_hidden_states"):
-        return inner
-    return model
-
-
-def _hf_config_dict(cfg: Any) -> dict[str, Any]:
-    if cfg is None:
-        return {}
-    if isinstance(cfg, Mapping):
-        return dict(cfg)
-    to_dict = getattr(cfg, "to_dict", None)
-    return dict(to_dict()) if callable(to_dict) else dict(vars(cfg))
-
-
-def _fc_in_width(draft_model: Any) -> int | None:
-    """``model.fc.in_features`` (``llama_eagle3``: ``nn.Linear``) or ``model.fc.input_size``
-    (``kimi_k25_eagle3``: ``ColumnParallelLinear``)."""
-    inner = getattr(draft_model, "model", draft_model)
-    fc = getattr(inner, "fc", None)
-    if fc is None:
-        return None
-    for name in ("in_features", "input_size"):
-        v = getattr(fc, name, None)
-        if isinstance(v, int):
-            return v
-    w = getattr(fc, "weight", None)
-    return int(w.shape[1]) if w is not None and getattr(w, "dim", lambda: 0)() == 2 else None
-
-
-def _embed_width(draft_model: Any) -> int | None:
-    inner = getattr(draft_model, "model", draft_model)
-    emb = getattr(inner, "embed_tokens", None)
-    dim = getattr(emb, "embedding_dim", None)
-    if isinstance(dim, int):
-        return dim
-    w = getattr(emb, "weight", None)
-    return int(w.shape[-1]) if w is not None else None
-
-
-def startup_facts(scheduler: Any) -> StartupFacts:
-    """Reads :class:`StartupFacts` from a ``Scheduler`` (``srt/managers/scheduler.py``).
-
-    Paths: ``scheduler.spec_algorithm``; target ``scheduler.tp_worker.model_runner`` (``.model``,
-    ``.model_config.hf_text_config``, ``.spec_aux_config`` (0.5.23) or the runner's own
-    ``eagle_use_aux_hidden_state`` (0.5.14)); draft ``scheduler.draft_worker._draft_worker.draft_runner``
-    (``EAGLEWorkerV2`` -> ``EagleDraftWorker``; ``_draft_worker`` is None on non-last PP ranks) with
-    ``.model`` and ``.model_config.hf_config``.
-    """
-    algo = _attr(scheduler, "spec_algorithm")
-    runner = _attr(scheduler, "tp_worker.model_runner", "tp_worker.worker.model_runner")
-    model = _attr(runner, "model")
-    cap = _capture_model(model)
-    layer_owner = getattr(cap, "model", cap)
-    layers = tuple(int(i) for i in (getattr(layer_owner, "layers_to_capture", None) or ()))
-    text_cfg = _attr(runner, "model_config.hf_text_config", "model_config.hf_config")
-    spec_aux = getattr(runner, "spec_aux_config", None)
-    spec_aux_enabled = getattr(spec_aux, "eagle_use_aux_hidden_state", None) if spec_aux is not None else None
-    if spec_aux_enabled is None:
-        spec_aux_enabled = getattr(runner, "eagle_use_aux_hidden_state", None)
-    dw = getattr(scheduler, "draft_worker", None)
-    inner = getattr(dw, "_draft_worker", dw) if dw is not None else None
-    draft_runner = getattr(inner, "draft_runner", None) if inner is not None else None
-    draft_model = getattr(draft_runner, "model", None)
-    draft_cfg = getattr(getattr(draft_runner, "model_config", None), "hf_config", None)
-    draft_dict = _hf_config_dict(draft_cfg)
-    archs = draft_dict.get("architectures") or []
-    return StartupFacts(
-        algorithm=str(getattr(algo, "name", algo)),
-        is_eagle3=bool(algo.is_eagle3()),
-        target_architecture=type(model).__name__,
-        target_hidden_size=int(_attr(text_cfg, "hidden_size")),
-        target_num_layers=getattr(text_cfg, "num_hidden_layers", None),
-        capture_enabled=bool(getattr(cap, "capture_aux_hidden_states", False)),
-        layers_to_capture=layers,
-        spec_aux_enabled=None if spec_aux_enabled is None else bool(spec_aux_enabled),
-        draft_present=draft_model is not None,
-        draft_architecture=(archs[0] if archs else type(draft_model).__name__) if draft_model is not None else None,
-        draft_config=draft_dict,
-        fc_in_width=_fc_in_width(draft_model) if draft_model is not None else None,
-        draft_embed_width=_embed_width(draft_model) if draft_model is not None else None,
-    )
-
-
-def draft_extend_width(hook: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
-    """Width of the states entering a draft extend, from the hooked call's arguments (host metadata only:
-    ``Tensor.shape`` never synchronises the device). None when absent (idle batches)."""
-    if hook == DRAFT_EXTEND_PREFILL_HOOK:
-        states = kwargs.get("target_hidden_states", args[2] if len(args) > 2 else None)
-    elif hook == DRAFT_EXTEND_DECODE_HOOK:
-        result = kwargs.get("batch_result", args[2] if len(args) > 2 else None)
-        states = getattr(getattr(result, "logits_output", None), "hidden_states", None)
-    else:
-        raise ValueError(hook)
-    shape = getattr(states, "shape", None)
-    return int(shape[-1]) if shape is not None and len(shape) >= 1 else None
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Capture (eagle_io.serving.sglang_capture)
-# --------------------------------------------------------------------------------------------------------------
-
 TP_FORWARD_HOOK = "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation"
 """``(self, batch: ScheduleBatch, forward_batch=None, ...) -> GenerationBatchResult``: its ``logits_output`` holds
 ``hidden_states`` (capture-only / EAGLE3 FULL mode: ``pack_aux_hidden_states``, ``[T, k*H]``) and
 ``last_hidden_states`` (post-norm final states, ``[T, H]``; ``LogitsProcessor._get_last_hidden_states_to_store``
 keeps them when ``aux_hidden_state_capture`` is set)."""
-
-
-def _parallel(name: str, default: int) -> int:
-    try:
-        from sglang.srt.runtime_context import get_parallel
-
-        v = getattr(get_parallel(), name)
-        return int(v) if v is not None else default
-    except (ImportError, AttributeError, RuntimeError, ValueError):
-        return default
-
-
-def capture_target(scheduler: Any) -> dict[str, Any]:
-    """Facts the SGLang capture needs from a scheduler: the target's sizes and capture layers (eagle-io ids: SGLang's
-    ``layers_to_capture`` mean the input of layer i), ranks, and the chunked-prefill / radix-cache settings."""
-    runner = _attr(scheduler, "tp_worker.model_runner", "tp_worker.worker.model_runner")
-    model = _attr(runner, "model")
-    cap = _capture_model(model)
-    owner = getattr(cap, "model", cap)
-    text = _attr(runner, "model_config.hf_text_config", "model_config.hf_config")
-    sa = _attr(scheduler, "server_args")
-    view = sa
-    if getattr(sa, "_resolution_finished", False):
-        from sglang.srt.arg_groups.overrides import resolved_view
-
-        view = resolved_view(sa)
-    dp_size = int(getattr(view, "dp_size", 1) or 1)
-    return {
-        "architecture": type(model).__name__,
-        "hidden_size": int(_attr(text, "hidden_size")),
-        "num_layers": int(_attr(text, "num_hidden_layers")),
-        "vocab_size": int(_attr(text, "vocab_size")),
-        "capture_enabled": bool(getattr(cap, "capture_aux_hidden_states", False)),
-        "layers": [int(i) for i in (getattr(owner, "layers_to_capture", None) or ())],
-        "chunked_prefill_size": getattr(view, "chunked_prefill_size", None),
-        "radix_cache_disabled": bool(getattr(view, "disable_radix_cache", False)),
-        "tp_rank": _parallel("attn_tp_rank", _parallel("tp_rank", 0)),
-        "dp_rank": _parallel("dp_rank", 0) if dp_size > 1 else 0,
-        "dp_size": dp_size,
-    }
-
-
-def is_prefill(batch: Any) -> bool:
-    """``ScheduleBatch.forward_mode.is_extend()`` (a prefill; decode and idle batches are not captured)."""
-    mode = getattr(batch, "forward_mode", None)
-    return bool(mode is not None and mode.is_extend())
-
-
-def batch_requests(batch: Any) -> list[dict[str, Any]]:
-    """Per request of a ``ScheduleBatch``, in forward order: ``rid``, ``prefix_len`` (tokens served from cache or
-    earlier chunks), ``extend_len`` (tokens in this forward: ``batch.extend_lens``), ``input_ids``
-    (``Req.origin_input_ids``), ``custom_params`` (``Req.sampling_params.custom_params``, ``{}`` when unset)."""
-    reqs = list(getattr(batch, "reqs", None) or ())
-    lens = getattr(batch, "extend_lens", None) or [r.extend_len for r in reqs]
-    return [
-        {
-            "rid": str(r.rid),
-            "prefix_len": int(getattr(r, "prefix_len", 0)),
-            "extend_len": int(n),
-            "input_ids": [int(t) for t in r.origin_input_ids],
-            "custom_params": getattr(getattr(r, "sampling_params", None), "custom_params", None) or {},
-        }
-        for r, n in zip(reqs, lens, strict=True)
-    ]
-
-
-def forward_states(result: Any) -> tuple[Any, Any]:
-    """``(aux [T, k*H], final [T, H])`` from a ``GenerationBatchResult`` (either may be None)."""
-    lo = getattr(result, "logits_output", None)
-    return getattr(lo, "hidden_states", None), getattr(lo, "last_hidden_states", None)

@@ -40,9 +40,18 @@ DTYPES = {  # 3: schema dtype -> numpy dtype of the returned array (bfloat16: ra
 }  # fmt: skip
 
 
-class ReferenceFormatError(ValueError):
-    """The data violates docs/FORMAT.md. ``path``: the file; ``sample_id``: the record's id or None;
-    ``offset``: byte offset of the offending structure in that file (None for manifest fields)."""
+try:  # inside the package: under eagle_io's error hierarchy
+    from ..errors import EagleIOError as _EagleIOError
+
+    _BASES: tuple[type, ...] = (_EagleIOError, ValueError)
+except ImportError:  # loaded as a standalone file (no parent package): nothing of eagle_io is imported
+    _BASES = (ValueError,)
+
+
+class ReferenceFormatError(*_BASES):  # type: ignore[misc]
+    """The data violates docs/FORMAT.md, as the pure-Python reference reader sees it. ``path``: the file;
+    ``sample_id``: the record's id or None; ``offset``: byte offset of the offending structure in that file (None
+    for manifest fields)."""
 
     def __init__(self, message: str, path: str, sample_id: int | None = None, offset: int | None = None):
         self.path, self.sample_id, self.offset = path, sample_id, offset
@@ -52,7 +61,7 @@ class ReferenceFormatError(ValueError):
 
 
 class ReferenceVersionError(ReferenceFormatError):
-    """A format_version newer than this reader's (section 6)."""
+    """A format_version newer than the reference reader's (docs/FORMAT.md section 6)."""
 
 
 def _check_version(version: object, path: str, offset: int | None) -> None:

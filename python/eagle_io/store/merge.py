@@ -22,8 +22,8 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
-from . import FORMAT_VERSION, __version__
-from .errors import IncompatibleDatasetError, InvalidArgumentError, StorageError
+from .. import FORMAT_VERSION, __version__
+from ..errors import IncompatibleDatasetError, InvalidArgumentError, StorageError
 from .manifest import manifest_bytes
 from .reader import Dataset
 
@@ -334,7 +334,7 @@ def expected_from_source(
     Raises:
         DatasetFormatError: the file is unreadable past some point (as ``generate`` would fail).
     """
-    from .data import SkipStats, iter_conversations, iter_tokenized
+    from ..data import SkipStats, iter_conversations, iter_tokenized
 
     stats = SkipStats(max_examples=1 << 62)
     convs = iter_conversations(os.fspath(dataset), on_error="skip", stats=stats)

@@ -1,6 +1,6 @@
 """Reference EAGLE-3 capture path on Hugging Face transformers models, through forward hooks.
 
-What is captured, per token (ids in eagle-io's convention, see :mod:`eagle_io.layers`):
+What is captured, per token (ids in eagle-io's convention, see :mod:`eagle_io.capturing.layers`):
 
 * aux states: the residual stream at the *input* of each requested decoder layer ``i`` (= HF
   ``output_hidden_states[i]``; the same value SGLang's ``LlamaModel.forward`` appends for
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..layers import default_aux_layer_ids, validate_aux_layer_ids
+from .layers import default_aux_layer_ids, validate_aux_layer_ids
 
 __all__ = ["CapturedBatch", "HFCapture", "find_decoder"]
 

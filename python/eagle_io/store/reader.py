@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from . import _native
+from .. import _native
 from ._tensors import empty, writable_bytes
 from .schema import TensorSpec, from_json
 

@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from .errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError
+from ..errors import CorruptRecordError, InvalidArgumentError, VocabMappingMismatchError
 
-logger = logging.getLogger("eagle_io.vocab")
+logger = logging.getLogger("eagle_io.interop.vocab")
 
 __all__ = [
     "VOCAB_MAP_FORMAT",
@@ -57,10 +57,6 @@ VOCAB_MAP_VERSION = 1
 _META_KEY = "eagle_io_vocab_map"
 
 
-class VocabMappingMismatchError(IncompatibleDatasetError):
-    """A stored vocabulary mapping was built for another dataset or other vocabulary sizes."""
-
-
 def dataset_fingerprint(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> str:
     """SHA-256 (hex) identifying the data of one or several datasets, from their manifests alone.
 
@@ -69,7 +65,7 @@ def dataset_fingerprint(paths: str | os.PathLike[str] | Sequence[str | os.PathLi
     writer version and codec settings are left out: a copied or re-compressed dataset keeps its fingerprint;
     any changed sample, added shard or different target does not.
     """
-    from .reader import Dataset
+    from ..store.reader import Dataset
 
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     h = hashlib.sha256()
@@ -107,7 +103,7 @@ def count_loss_masked_tokens(
         InvalidArgumentError: a masked token id outside ``[0, target_vocab_size)``, naming the sample.
         CorruptRecordError: a bad record, unless ``on_corrupt="skip"``.
     """
-    from .reader import Dataset
+    from ..store.reader import Dataset
 
     if on_corrupt not in ("raise", "skip"):
         raise InvalidArgumentError(f"on_corrupt must be 'raise' or 'skip', got {on_corrupt!r}")
@@ -342,7 +338,7 @@ def build_vocab_mapping(
         InvalidArgumentError: sizes unknown or inconsistent, or a token id out of range (names the sample).
         CorruptRecordError: a bad record, unless ``on_corrupt="skip"``.
     """
-    from .reader import Dataset
+    from ..store.reader import Dataset
 
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     dss = [Dataset(p) for p in items]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import __version__
-from .layers import AUX_LAYER_CONVENTION
+from .. import __version__
+from ..capturing.layers import AUX_LAYER_CONVENTION
 
 
 def eagle3_metadata(
@@ -23,7 +23,8 @@ def eagle3_metadata(
     Args:
         target_info: ``load_target``'s info (``model_id``, ``files``, ``architecture``, ``num_layers``,
             ``hidden_size``, ``vocab_size``); machine-specific paths are left out so a run resumes elsewhere.
-        aux_layer_ids: captured layers in eagle-io's convention (:data:`eagle_io.layers.AUX_LAYER_CONVENTION`).
+        aux_layer_ids: captured layers in eagle-io's convention
+            (:data:`eagle_io.capturing.layers.AUX_LAYER_CONVENTION`).
         dtype: stored dtype of the states (e.g. ``"bfloat16"``).
         tokenizer_identity: :func:`eagle_io.data.chat_template_identity` of the tokenizer, if any.
         max_length: truncation length of the samples.

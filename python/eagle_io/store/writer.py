@@ -7,9 +7,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import _native
+from .. import _native
+from ..errors import SchemaError
 from ._tensors import as_native
-from .errors import SchemaError
 from .schema import TensorSpec, to_json
 
 
@@ -25,7 +25,7 @@ class ShardWriter:
 
     Args:
         root: dataset directory (created if missing).
-        schema: the tensors of every sample (see :func:`eagle_io.schema.eagle3_schema`).
+        schema: the tensors of every sample (see :func:`eagle_io.store.schema.eagle3_schema`).
         metadata: JSON-serialisable facts every consumer needs (target model, layer ids and
             their convention, tokenizer...); stored in the manifest; must match on resume.
         shard_bytes: shard size at which a shard is committed (bytes).

@@ -17,9 +17,9 @@ from contextlib import nullcontext
 
 import torch
 
-from . import _native
-from .errors import SchemaError
-from .writer import ShardWriter
+from .. import _native
+from ..errors import SchemaError
+from ..store.writer import ShardWriter
 
 
 class RingSink:

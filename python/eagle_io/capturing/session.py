@@ -10,16 +10,12 @@ from typing import Any
 
 import torch
 
-from .errors import InvalidArgumentError, SchemaError
-from .metadata import eagle3_metadata
+from ..errors import InvalidArgumentError, NonFiniteStatesError, SchemaError
+from ..store.metadata import eagle3_metadata
+from ..store.schema import eagle3_schema
+from ..store.writer import ShardWriter
+from .hf import HFCapture
 from .ring import RingSink
-from .schema import eagle3_schema
-from .targets.hf import HFCapture
-from .writer import ShardWriter
-
-
-class NonFiniteStatesError(InvalidArgumentError):
-    """A captured state holds NaN or Inf (policy ``nonfinite="raise"``). Attributes: ``sample_id``, ``row``."""
 
 
 class CaptureSession:
@@ -200,8 +196,8 @@ def capture(
 ) -> CaptureSession:
     """Starts capturing EAGLE-3 training data from ``target`` into ``out_dir``.
 
-    ``target`` is a Hugging Face Llama-like model (the reference path, :mod:`eagle_io.targets.hf`), or an
-    ``sglang.Engine`` launched in capture-only mode (:mod:`eagle_io.serving.sglang_capture`, docs/SERVING.md). Each
+    ``target`` is a Hugging Face Llama-like model (the reference path, :mod:`eagle_io.capturing.hf`), or an
+    ``sglang.Engine`` launched in capture-only mode (:mod:`eagle_io.capturing.sglang`, docs/SERVING.md). Each
     :meth:`CaptureSession.submit` runs one batched forward and stores, per sample, ``input_ids [L]`` int64,
     ``loss_mask [L]`` uint8, ``aux_hidden_states [L, k*H]`` and ``hidden_states [L, H]`` (post-norm) in
     ``state_dtype``; padding is never stored. On exit (also on an exception) the ring is drained and the
@@ -213,14 +209,14 @@ def capture(
         aux_layer_ids: eagle-io ids (input of decoder layer i); None = SGLang's default ``[2, N//2, N-3]``.
         state_dtype: stored dtype (float32 forwards are rounded to nearest-even).
         nonfinite: ``"raise"`` (default) or ``"skip"`` (counted) for samples with NaN/Inf states.
-        ring_bytes, timeout_s, drop_when_full: the capture ring (:class:`eagle_io.ring.RingSink`).
+        ring_bytes, timeout_s, drop_when_full: the capture ring (:class:`eagle_io.capturing.ring.RingSink`).
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
             ``world_size``, ``resume``, ...).
     """
-    from .serving import sglang_capture
+    from .sglang import client as sglang_client
 
-    if sglang_capture.is_sglang_engine(target):
-        return sglang_capture.SGLangCaptureSession(
+    if sglang_client.is_sglang_engine(target):
+        return sglang_client.SGLangCaptureSession(
             target,
             out_dir,
             state_dtype=str(state_dtype).removeprefix("torch."),

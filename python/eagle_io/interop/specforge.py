@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, SpecForgeFileError
 
 __all__ = [
     "FILE_GROUP_SIZE",
@@ -63,15 +63,6 @@ GZIP_LEVEL = 6
 
 _NAME = re.compile(r"^data_(0|[1-9][0-9]*)\.ckpt(\.gz)?$")
 _FLOAT_DTYPES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-
-
-class SpecForgeFileError(InvalidArgumentError):
-    """A SpecForge ``.ckpt`` / ``.ckpt.gz`` file that cannot be read or is inconsistent. ``path`` names it."""
-
-    def __init__(self, path: str, message: str) -> None:
-        super().__init__(f"{path}: {message}")
-        self.path = path
-        self.reason = message
 
 
 # --- the sample dict SpecForge's trainer consumes ------------------------------------------------------
@@ -149,7 +140,7 @@ class SpecForgeDataset(torch.utils.data.Dataset):
         max_len: int = 2048,
         transform: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
     ) -> None:
-        from .reader import Dataset
+        from ..store.reader import Dataset
 
         self.dataset = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
         self.max_len = max_len
@@ -367,9 +358,9 @@ def import_specforge(
         SpecForgeFileError: (without ``skip_bad``) the first bad file, by path; duplicate indexes always.
         InvalidArgumentError: ``src`` holds no importable file.
     """
-    from .layers import AUX_LAYER_CONVENTION
-    from .schema import eagle3_schema
-    from .writer import ShardWriter
+    from ..capturing.layers import AUX_LAYER_CONVENTION
+    from ..store.schema import eagle3_schema
+    from ..store.writer import ShardWriter
 
     src = os.fspath(src)
     files, unnamed = list_specforge_files(src)
@@ -485,7 +476,7 @@ def export_specforge(
     Raises:
         InvalidArgumentError: an output file exists and ``overwrite`` is False.
     """
-    from .reader import Dataset
+    from ..store.reader import Dataset
 
     ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
     out = os.fspath(out)

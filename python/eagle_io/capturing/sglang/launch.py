@@ -9,8 +9,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import InvalidArgumentError
-from .sglang_capture import ENV_CAPTURE_DIR, ENV_CAPTURE_OPTIONS
+from ...errors import InvalidArgumentError
+from .protocol import ENV_CAPTURE_DIR, ENV_CAPTURE_OPTIONS
 
 #: The engine arguments of SGLang 0.5.23's capture-only mode as eagle-io's capture needs it: aux states captured
 #: without a draft, every prompt in one forward, no cached prefixes, token ids in (no tokenizer in the engine).
@@ -32,7 +32,7 @@ def launch_capture_engine(
     """Starts an ``sglang.Engine`` over the HF checkpoint ``model_path`` whose schedulers capture into ``out_dir``.
 
     Args:
-        options: the capture options (:func:`eagle_io.serving.sglang_capture.capture_options`), handed to every
+        options: the capture options (:func:`eagle_io.capturing.sglang.client.capture_options`), handed to every
             scheduler through ``EAGLE_IO_CAPTURE_OPTIONS``.
         engine_args: further ``sglang.Engine`` arguments (``tp_size``, ``dp_size``, ``device``,
             ``attention_backend``, ``mem_fraction_static``...); they may not contradict

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from . import _native
+from .. import _native
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -1,0 +1,246 @@
+"""The client side of the SGLang capture: drive an ``sglang.Engine`` whose schedulers capture (see
+:mod:`.scheduler`), with :class:`eagle_io.CaptureSession`'s interface, and stop it through the stop file
+(:mod:`.protocol`)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...errors import InvalidArgumentError, StorageError
+from ...store.manifest import read_manifest
+from .protocol import (
+    ENV_CAPTURE_DIR,
+    ENV_CAPTURE_OPTIONS,
+    KEY_PARAM,
+    MASK_PARAM,
+    POLL_S,
+    SAMPLE_PARAM,
+    STOP_FILE,
+    ack_path,
+)
+
+logger = logging.getLogger("eagle_io.serving")
+
+
+def sample_params(sample: Any) -> dict[str, Any]:
+    """The ``custom_params`` that make a request the sample ``sample`` (``index``, ``loss_mask [L]``, optional
+    ``id`` stored as the key); put them in the request's ``sampling_params``."""
+    params: dict[str, Any] = {SAMPLE_PARAM: int(sample.index), MASK_PARAM: [int(v) for v in sample.loss_mask.tolist()]}
+    if getattr(sample, "id", None):
+        params[KEY_PARAM] = str(sample.id)
+    return params
+
+
+def _manifests(out_dir: str, dp_size: int) -> list[str]:
+    if dp_size == 1:
+        return [os.path.join(out_dir, "manifest.json")]
+    return [os.path.join(out_dir, f"manifest.r{r:05d}.json") for r in range(dp_size)]
+
+
+def committed_ids(out_dir: str | os.PathLike[str], dp_size: int = 1) -> set[int]:
+    """Sample ids the writers of a capture into ``out_dir`` have committed (all DP ranks)."""
+    from ...store.reader import Dataset
+
+    ids: set[int] = set()
+    for m in _manifests(os.fspath(out_dir), dp_size):
+        if os.path.exists(m):
+            ds = Dataset(m, threads=1)
+            ids.update(ds.entry(p).sample_id for p in range(len(ds)))
+    return ids
+
+
+def stop_capture(out_dir: str | os.PathLike[str], dp_size: int = 1, timeout_s: float = 600.0) -> list[dict[str, Any]]:
+    """Asks every writing scheduler of the capture into ``out_dir`` to drain, commit and answer (see the module
+    docstring); waits for the ``dp_size`` answers and returns them, in DP rank order.
+
+    Raises:
+        StorageError: a writer failed while closing (the answer's error, naming the rank).
+        TimeoutError: not every rank answered within ``timeout_s`` (a scheduler died, or no capture runs).
+    """
+    out_dir = os.fspath(out_dir)
+    token = uuid.uuid4().hex
+    for old in glob.glob(os.path.join(glob.escape(out_dir), f"{STOP_FILE}.r*.json")):
+        os.remove(old)
+    stop = os.path.join(out_dir, STOP_FILE)
+    with open(stop + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"token": token}, f)
+    os.replace(stop + ".tmp", stop)
+    deadline = time.monotonic() + timeout_s
+    answers: dict[int, dict[str, Any]] = {}
+    try:
+        while len(answers) < dp_size:
+            for r in range(dp_size):
+                try:
+                    with open(ack_path(out_dir, r), encoding="utf-8") as f:
+                        a = json.load(f)
+                except (OSError, ValueError):
+                    continue
+                if a.get("token") == token:
+                    answers[r] = a
+            if len(answers) < dp_size:
+                if time.monotonic() > deadline:
+                    missing = [r for r in range(dp_size) if r not in answers]
+                    raise TimeoutError(f"{out_dir}: DP ranks {missing} did not stop their capture in {timeout_s:.0f} s")
+                time.sleep(POLL_S)
+    finally:
+        os.remove(stop)
+        for r in answers:
+            os.remove(ack_path(out_dir, r))
+    bad = [f"DP rank {r}: {a['error']}" for r, a in sorted(answers.items()) if a.get("error")]
+    if bad:
+        raise StorageError(f"{out_dir}: the capture failed while closing: " + "; ".join(bad))
+    return [answers[r] for r in range(dp_size)]
+
+
+class SGLangCaptureSession:
+    """A capture through an ``sglang.Engine``, with :class:`eagle_io.CaptureSession`'s interface (``submit``,
+    ``close``, context manager, ``done``, ``counts``, ``stats``, ``manifest``), so ``eagle_io.capture`` can hand it
+    out for an engine. ``aux_layer_ids`` are the captured layers, from the writers' manifests.
+
+    With ``started=False`` (default) it starts the scheduler-side capture through
+    ``Engine.collective_rpc("eagle_io_capture_start", ...)`` (``dp_size`` 1 only); with ``started=True`` it attaches
+    to a capture the engine started at launch by environment (``EAGLE_IO_CAPTURE_DIR``; the options then come from
+    ``EAGLE_IO_CAPTURE_OPTIONS``, not from these arguments). Each :meth:`submit` runs one prefill per sample
+    (``max_new_tokens=1``) whose ``custom_params`` carry the sample id and loss mask; :meth:`close` stops every
+    writing scheduler and waits for their manifests (:func:`stop_capture`).
+
+    Args:
+        engine: an ``sglang.Engine`` in capture-only mode.
+        aux_layer_ids: when given, must equal the layers the target captures (SGLang sets them at launch).
+        nonfinite: ``"raise"`` or ``"skip"`` (counted) for samples with NaN/Inf states, as :func:`eagle_io.capture`.
+        resume: continue the dataset in ``out_dir``: ``done`` lists what is committed, :meth:`submit` skips it.
+        writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``...).
+
+    Raises:
+        InvalidArgumentError: ``started=False`` with ``dp_size > 1``; or, from the schedulers, a launch that is not
+            capture-only mode, chunked prefill or the radix cache on, other aux layers than ``aux_layer_ids``.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        out_dir: str | os.PathLike[str],
+        *,
+        started: bool = False,
+        state_dtype: str = "bfloat16",
+        metadata: Mapping[str, Any] | None = None,
+        target_info: Mapping[str, Any] | None = None,
+        tokenizer_identity: Mapping[str, Any] | None = None,
+        aux_layer_ids: Sequence[int] | None = None,
+        max_length: int | None = None,
+        nonfinite: str = "raise",
+        ring_bytes: int = 256 << 20,
+        timeout_s: float = 600.0,
+        **writer_options: Any,
+    ) -> None:
+        self.engine = engine
+        self.out_dir = os.fspath(out_dir)
+        self.dp_size = int(getattr(engine.server_args, "dp_size", 1) or 1)
+        self.manifest_path = _manifests(self.out_dir, self.dp_size)[0] if self.dp_size == 1 else self.out_dir
+        self.counts = dict.fromkeys(("submitted", "already_done"), 0)
+        self.answers: list[dict[str, Any]] = []
+        self.manifest: dict[str, Any] | None = None
+        if not started:
+            if self.dp_size > 1:
+                raise InvalidArgumentError(
+                    f"dp_size={self.dp_size}: SGLang's collective_rpc does not reach DP schedulers; start the capture "
+                    f"at launch by environment ({ENV_CAPTURE_DIR}, {ENV_CAPTURE_OPTIONS}) and pass started=True"
+                )
+            engine.collective_rpc(
+                "eagle_io_capture_start",
+                out_dir=self.out_dir,
+                **capture_options(
+                    state_dtype=state_dtype,
+                    metadata=metadata,
+                    target_info=target_info,
+                    tokenizer_identity=tokenizer_identity,
+                    aux_layer_ids=aux_layer_ids,
+                    max_length=max_length,
+                    nonfinite=nonfinite,
+                    ring_bytes=ring_bytes,
+                    timeout_s=timeout_s,
+                    writer_options=writer_options,
+                ),
+            )
+        self.done = committed_ids(self.out_dir, self.dp_size)
+        first = _manifests(self.out_dir, self.dp_size)[0]
+        self.aux_layer_ids = list(read_manifest(first)["metadata"]["aux_layer_ids"]) if os.path.exists(first) else []
+
+    def submit(self, samples: Sequence[Any]) -> None:
+        """Each sample has ``index`` (sample id), ``input_ids [L]``, ``loss_mask [L]`` and optionally ``id`` (the
+        key), e.g. :class:`eagle_io.data.TokenizedSample`. Already committed samples are skipped and counted.
+
+        Raises:
+            InvalidArgumentError: the session is closed (the schedulers would count the samples, not write them).
+        """
+        if self.manifest is not None:
+            raise InvalidArgumentError(f"the SGLang capture into {self.out_dir} is closed; start a new session")
+        self.counts["submitted"] += len(samples)
+        todo = [s for s in samples if int(s.index) not in self.done]
+        self.counts["already_done"] += len(samples) - len(todo)
+        if not todo:
+            return
+        self.engine.generate(
+            input_ids=[[int(t) for t in s.input_ids.tolist()] for s in todo],
+            sampling_params=[{"max_new_tokens": 1, "temperature": 0, "custom_params": sample_params(s)} for s in todo],
+        )
+        self.done.update(int(s.index) for s in todo)
+
+    def stats(self) -> dict[str, Any]:
+        """``counts``; after :meth:`close`, plus the writers' and rings' counters over the DP ranks: summed, except
+        sizes and times per rank (``ring_capacity``, ``ring_high_water_bytes``, ``elapsed_seconds``: the largest);
+        the schedulers' ``written``, ``dropped``, ``nonfinite_skipped``, ``already_done``, ``after_stop`` as
+        ``scheduler_*``."""
+        out: dict[str, Any] = dict(self.counts)
+        per_rank = ("ring_capacity", "ring_high_water_bytes", "elapsed_seconds")
+        for a in self.answers:
+            for k, v in {**a.get("stats", {}), **{f"scheduler_{k}": v for k, v in a["counts"].items()}}.items():
+                out[k] = max(out.get(k, 0), v) if k in per_rank else out.get(k, 0) + v
+        return out
+
+    def close(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Stops the capture in every writing scheduler (waiting up to ``timeout_s`` for them to commit); returns
+        ``manifest.json`` (``{}`` when several DP ranks each wrote their ``manifest.rNNNNN.json``)."""
+        if self.manifest is None:
+            self.answers = stop_capture(self.out_dir, self.dp_size, timeout_s)
+            path = os.path.join(self.out_dir, "manifest.json")
+            self.manifest = read_manifest(path) if self.dp_size == 1 else {}
+        return self.manifest
+
+    def __enter__(self) -> SGLangCaptureSession:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:  # commit what the schedulers hold, without hiding the error (a dead engine never answers)
+            self.close(timeout_s=120.0)
+        except Exception as e:
+            logger.error("eagle-io: could not stop the SGLang capture after %s: %s", exc_type.__name__, e)
+
+
+def capture_options(*, writer_options: Mapping[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+    """The scheduler-side options (``eagle_io_capture_start``'s keyword arguments, ``EAGLE_IO_CAPTURE_OPTIONS``'s
+    JSON): ``state_dtype``, ``metadata``, ``target_info``, ``tokenizer_identity``, ``aux_layer_ids``,
+    ``max_length``, ``nonfinite``, ``ring_bytes``, ``timeout_s``, ``writer_options``; None values are left out."""
+    out = {k: v for k, v in options.items() if v is not None}
+    if "state_dtype" in out:
+        out["state_dtype"] = str(out["state_dtype"]).removeprefix("torch.")
+    for k in ("metadata", "target_info", "tokenizer_identity"):
+        if k in out:
+            out[k] = dict(out[k])
+    out["writer_options"] = dict(writer_options or {})
+    return out
+
+
+def is_sglang_engine(obj: Any) -> bool:
+    """Whether ``obj`` is an ``sglang.Engine`` (checked by module, without importing SGLang)."""
+    return any(c.__module__.startswith("sglang.") and c.__name__ == "Engine" for c in type(obj).__mro__)
