@@ -2,13 +2,13 @@
 
 import pytest
 
+import eagle_io
 from eagle_io.capturing.layers import (
     AUX_LAYER_CONVENTION,
     default_aux_layer_ids,
-    from_sglang_deepseek_explicit,
-    from_sglang_llama_explicit,
+    explicit_ids_for,
     from_specforge,
-    to_sglang_llama_explicit,
+    served_aux_layer_ids,
     validate_aux_layer_ids,
 )
 
@@ -40,14 +40,20 @@ def test_specforge_ids_map_to_default(n):
 
 
 def test_sglang_llama_explicit_adds_one_and_inverts():
-    assert from_sglang_llama_explicit([1, 14, 26]) == [2, 15, 27]
-    assert to_sglang_llama_explicit([2, 15, 27]) == [1, 14, 26]
-    assert from_sglang_llama_explicit(to_sglang_llama_explicit([3, 9, 20])) == [3, 9, 20]
+    assert served_aux_layer_ids("LlamaForCausalLM", None, [1, 14, 26]) == [2, 15, 27]
+    assert explicit_ids_for("LlamaForCausalLM", None, [2, 15, 27]) == [1, 14, 26]
+    there = explicit_ids_for("LlamaForCausalLM", None, [3, 9, 20])
+    assert served_aux_layer_ids("LlamaForCausalLM", None, there) == [3, 9, 20]
 
 
 def test_sglang_deepseek_explicit_adds_one_only_when_first_is_one():
-    assert from_sglang_deepseek_explicit([1, 29, 57]) == [2, 30, 58]
-    assert from_sglang_deepseek_explicit([2, 30, 58]) == [2, 30, 58]
+    assert served_aux_layer_ids("DeepseekV3ForCausalLM", 61, [1, 29, 57]) == [2, 30, 58]
+    assert served_aux_layer_ids("DeepseekV3ForCausalLM", 61, [2, 30, 58]) == [2, 30, 58]
+
+
+def test_the_default_needs_the_layer_count():
+    with pytest.raises(eagle_io.InvalidArgumentError, match="need the target's layer count"):
+        served_aux_layer_ids("LlamaForCausalLM", None, None)
 
 
 def test_validate_accepts_range_edges_and_returns_ints():

@@ -20,16 +20,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import eagle_io
+from eagle_io.capturing.layers import explicit_ids_for, served_aux_layer_ids
 from eagle_io.cli import COMMANDS, check_serving_cmd
 from eagle_io.serving import check_serving, format_findings, read_draft, read_safetensors_header
 from eagle_io.serving.checkpoint import CheckpointError
-from eagle_io.serving.sglang_compat import (
-    draft_num_aux_layers,
-    explicit_ids_for,
-    launch_args,
-    resolve_algorithm,
-    served_aux_layer_ids,
-)
+from eagle_io.serving.sglang_compat import draft_num_aux_layers, launch_args, resolve_algorithm
 from eagle_io.store.metadata import eagle3_metadata
 
 H, N, V = 64, 8, 1000  # tiny Llama target: hidden, layers, vocab

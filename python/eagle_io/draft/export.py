@@ -9,7 +9,7 @@ What SGLang reads (``sglang/srt/models/llama_eagle3.py`` and
   ``lm_head`` its embedding).
 * ``eagle_config.eagle_aux_hidden_state_layer_ids``: ids handed to the target's
   ``set_eagle3_layers_to_capture``. SGLang's Llama setter adds +1 to explicit ids, so they are eagle-io's ids
-  minus one (:func:`eagle_io.capturing.layers.to_sglang_llama_explicit`): SmolLM2's ``[2, 15, 27]`` is written
+  minus one (:func:`eagle_io.capturing.layers.explicit_ids_for`): SmolLM2's ``[2, 15, 27]`` is written
   ``[1, 14, 26]``.
   ``eagle_config.use_aux_hidden_state: true``.
 * Weights: ``fc.weight``, ``midlayer.self_attn.{q,k,v,o}_proj.weight`` (q/k/v stacked into ``qkv_proj`` by the
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..capturing.layers import to_sglang_llama_explicit
+from ..capturing.layers import explicit_ids_for
 from .model import Eagle3Draft, Eagle3DraftConfig
 
 __all__ = ["draft_config_json", "load_draft", "save_draft"]
@@ -68,7 +68,7 @@ def draft_config_json(
         "eos_token_id": eos_token_id,
         "torch_dtype": dtype,
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": to_sglang_llama_explicit(aux_layer_ids),
+            "eagle_aux_hidden_state_layer_ids": explicit_ids_for("LlamaForCausalLM", None, aux_layer_ids),
             "use_aux_hidden_state": True,
         },
         "eagle_io": {

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..capturing.layers import capturable_range, setter_rule
 from ..errors import DraftWidthError, ServingGuardError
 from . import sglang_compat as compat
 from . import sglang_probe as probe
@@ -146,14 +147,14 @@ def startup_decision(facts: probe.StartupFacts) -> str | None:
         n = facts.target_num_layers
         layers = list(facts.layers_to_capture)
         if n is not None:
-            lo, hi = compat.capturable_range(facts.target_architecture, int(n))
+            lo, hi = capturable_range(facts.target_architecture, int(n))
             captured = [i for i in layers if lo <= i <= hi]
             if len(captured) != len(layers):
                 problems.append(
                     f"layers_to_capture {layers} has ids outside {lo}..{hi} for a {n}-layer target: only "
                     f"{len(captured)} of {len(layers)} states would be captured. Fix "
                     "eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json "
-                    f"({compat.setter_rule(facts.target_architecture)}); `eagle-io check-serving` computes the ids"
+                    f"({setter_rule(facts.target_architecture)}); `eagle-io check-serving` computes the ids"
                 )
             layers = captured
         if facts.capture_enabled and w is not None and len(layers) * h != w:

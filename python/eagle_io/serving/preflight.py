@@ -15,19 +15,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..capturing.layers import AUX_LAYER_CONVENTION
-from ..errors import EagleIOError
-from ..store.manifest import read_manifest
-from .checkpoint import CheckpointError, DraftInfo, read_checkpoint, read_draft
-from .sglang_compat import (
+from ..capturing.layers import (
+    AUX_LAYER_CONVENTION,
     capturable_range,
-    draft_num_aux_layers,
     explicit_ids_for,
-    launch_args,
-    resolve_algorithm,
     served_aux_layer_ids,
     setter_rule,
 )
+from ..errors import EagleIOError
+from ..store.manifest import read_manifest
+from .checkpoint import CheckpointError, DraftInfo, read_checkpoint, read_draft
+from .sglang_compat import draft_num_aux_layers, launch_args, resolve_algorithm
 
 __all__ = ["ERROR", "INFO", "WARNING", "Finding", "check_serving", "eagle3_signals", "format_findings"]
 

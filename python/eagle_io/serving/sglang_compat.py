@@ -11,14 +11,15 @@ capture (:data:`CAPTURE_MIN_SGLANG`) needs 0.5.23: its capture-only mode and ``l
 Outside the range the plugin logs a warning and still runs its lookups, each of which fails loudly
 (:class:`SGLangCompatError`) instead of silently skipping a check.
 
-Nothing here imports SGLang at module import time: the pure rules (algorithm aliases, layer-id setters, draft
-``fc`` sizing, launch-argument parsing) work without it, so ``eagle-io check-serving`` needs no SGLang install.
+Nothing here imports SGLang at module import time: the pure rules (algorithm aliases, draft
+``fc`` sizing, launch-argument parsing; SGLang's layer-id setters are in :mod:`eagle_io.capturing.layers`) work
+without it, so ``eagle-io check-serving`` needs no SGLang install.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +28,8 @@ from ..errors import SGLangCompatError
 __all__ = [
     "ACCEPT_HOOK",
     "CAPTURE_MIN_SGLANG",
-    "DEEPSEEK_STYLE_SETTERS",
     "DRAFT_EXTEND_DECODE_HOOK",
     "DRAFT_EXTEND_PREFILL_HOOK",
-    "FINAL_BOUNDARY_SETTERS",
     "STARTUP_HOOK",
     "SUPPORTED_SGLANG",
     "TESTED_SGLANG",
@@ -38,11 +37,8 @@ __all__ = [
     "SGLangCompatError",
     "capture_supported",
     "draft_num_aux_layers",
-    "explicit_ids_for",
     "launch_args",
     "resolve_algorithm",
-    "served_aux_layer_ids",
-    "setter_rule",
     "sglang_version",
     "version_supported",
 ]
@@ -103,76 +99,6 @@ def resolve_algorithm(name: str | None) -> str | None:
         return None
     up = str(name).strip().upper()
     return _ALIASES.get(up, up)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Target-side aux layer ids: what each model's ``set_eagle3_layers_to_capture`` stores in ``layers_to_capture``
-# --------------------------------------------------------------------------------------------------------------
-
-DEEPSEEK_STYLE_SETTERS = frozenset(
-    {
-        "DeepseekV2ForCausalLM",
-        "DeepseekV3ForCausalLM",
-        "DeepseekV32ForCausalLM",
-        "KimiK25ForConditionalGeneration",
-        "Glm4MoeLiteForCausalLM",
-    }
-)
-"""Targets whose setter adds +1 only when ``layer_ids[0] == 1`` (``srt/models/deepseek_v2.py``,
-``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture``; ``kimi_k25.py`` delegates to its DeepSeek
-``language_model``; ``glm4_moe_lite.py`` copies the rule)."""
-
-FINAL_BOUNDARY_SETTERS = frozenset({"GptOssForCausalLM"})
-"""``srt/models/gpt_oss.py``: ids are kept as given when ``max(ids) == num_layers`` (the final boundary),
-else +1 each."""
-
-
-def served_aux_layer_ids(architecture: str, num_layers: int, explicit_ids: Sequence[int] | None) -> list[int]:
-    """The ids SGLang puts in ``layers_to_capture`` (eagle-io convention: input of 0-based layer i).
-
-    ``explicit_ids`` is what SGLang passes to ``set_eagle3_layers_to_capture``: the draft config's
-    ``eagle_config["eagle_aux_hidden_state_layer_ids"]`` (``spec_aux_hidden_state.py``,
-    ``_resolve_eagle_aux_hidden_state``), None when absent. Rules per setter:
-
-    * None: ``[2, N//2, N-3]`` for every model (e.g. ``srt/models/llama.py``).
-    * Llama and most models: ``[i + 1 for i in ids]`` (explicit ids mean "output of layer i").
-    * :data:`DEEPSEEK_STYLE_SETTERS`: ``+1`` only if ``ids[0] == 1`` (SpecForge-style ids), else unchanged.
-    * :data:`FINAL_BOUNDARY_SETTERS`: unchanged if ``max(ids) == N``, else ``+1``.
-    """
-    if explicit_ids is None:
-        return [2, num_layers // 2, num_layers - 3]
-    ids = [int(i) for i in explicit_ids]
-    if architecture in DEEPSEEK_STYLE_SETTERS:
-        return [i + 1 for i in ids] if ids and ids[0] == 1 else ids
-    if architecture in FINAL_BOUNDARY_SETTERS:
-        return ids if ids and max(ids) == num_layers else [i + 1 for i in ids]
-    return [i + 1 for i in ids]
-
-
-def setter_rule(architecture: str) -> str:
-    """One line describing how ``architecture``'s SGLang setter maps explicit ids to captured (eagle-io) ids."""
-    if architecture in DEEPSEEK_STYLE_SETTERS:
-        return f"SGLang's {architecture} setter adds +1 to every id only when the first id is 1"
-    if architecture in FINAL_BOUNDARY_SETTERS:
-        return f"SGLang's {architecture} setter keeps the ids when the largest is num_layers, else adds +1"
-    return f"SGLang's {architecture} setter adds +1 to every explicit id"
-
-
-def explicit_ids_for(architecture: str, num_layers: int, wanted: Sequence[int]) -> list[int] | None:
-    """The ``eagle_aux_hidden_state_layer_ids`` to write into the draft config so SGLang captures ``wanted``
-    (eagle-io ids) on this target, or None if the target's setter cannot express them."""
-    wanted = [int(i) for i in wanted]
-    for cand in ([i - 1 for i in wanted], wanted):
-        if served_aux_layer_ids(architecture, num_layers, cand) == wanted:
-            return cand
-    return None
-
-
-def capturable_range(architecture: str, num_layers: int) -> tuple[int, int]:
-    """Inclusive range of ids SGLang's forward loop can capture: ``1..N-1`` (``LlamaModel.forward`` checks
-    ``i in layers_to_capture`` for ``i`` in ``range(start_layer, end_layer)``; id 0 has no residual yet), and
-    ``1..N`` for :data:`FINAL_BOUNDARY_SETTERS` (gpt-oss also captures the final boundary)."""
-    return 1, num_layers if architecture in FINAL_BOUNDARY_SETTERS else num_layers - 1
 
 
 # --------------------------------------------------------------------------------------------------------------
