@@ -43,6 +43,7 @@ pub struct CountingAlloc;
 // SAFETY: forwards to the system allocator; only counts.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's `layout` contract is `GlobalAlloc::alloc`'s, passed on unchanged.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
             let now = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
@@ -51,6 +52,7 @@ unsafe impl GlobalAlloc for CountingAlloc {
         p
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as in `alloc`.
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() {
             let now = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
@@ -59,10 +61,12 @@ unsafe impl GlobalAlloc for CountingAlloc {
         p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator (hence from `System`) with `layout`, per the caller's contract.
         unsafe { System.dealloc(ptr, layout) };
         LIVE.fetch_sub(layout.size(), Relaxed);
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as in `dealloc`, with the caller's `new_size` contract passed on unchanged.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
             if new_size >= layout.size() {

@@ -40,6 +40,10 @@ pub enum Error {
     /// The ring buffer stayed full for longer than the producer's timeout.
     #[error("{0}")]
     Timeout(String),
+    /// A bug in eagle-io rather than in the caller's input: a worker thread panicked or could
+    /// not start, or a thread's channel closed unexpectedly.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 fn sample_note(sample_id: &Option<u64>) -> String {
@@ -88,6 +92,7 @@ impl Error {
             Error::NotFound(m) => Error::NotFound(m.clone()),
             Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
             Error::Timeout(m) => Error::Timeout(m.clone()),
+            Error::Internal(m) => Error::Internal(m.clone()),
         }
     }
 

@@ -7,7 +7,7 @@ pub mod dataset;
 pub mod dtype;
 pub mod error;
 pub mod format;
-mod fsutil;
+pub mod layout;
 pub mod pool;
 pub mod ring;
 pub mod schema;

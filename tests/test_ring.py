@@ -44,7 +44,7 @@ def test_full_ring_times_out_or_drops_and_counts(tmp_path):
     assert dropper.put(3, sample) is False
     stats = sink.stats()
     assert stats["dropped_samples"] == 1 and stats["producer_stall_seconds"] >= 0.2
-    sink._sink.commit(held[0], 0, "", 0, cancelled=True)
+    sink._sink.commit(held, 0, "", 0, cancelled=True)
     manifest = sink.close()
     assert sum(s["samples"] for s in manifest["shards"]) == 1
 
@@ -61,3 +61,28 @@ def test_ring_refuses_bad_samples(tmp_path):
     with pytest.raises(eagle_io.InvalidArgumentError, match="capture sink"):
         w.write(3, make_sample(3, 2))
     assert sink.close()["shards"] == []
+
+
+def test_a_slot_exports_only_its_own_bytes_and_none_after_commit(tmp_path):
+    """Python writes the ring through one reserved slot at a time: the view is exactly the slot's bytes, the
+    arena itself exports nothing, and a handed-back slot gives no new view and cannot be committed twice."""
+    w = eagle_io.ShardWriter(tmp_path, [eagle_io.TensorSpec("x", "uint8")], {}, threads=1)
+    sink = RingSink(w, ring_bytes=8192)
+    with pytest.raises(TypeError):
+        memoryview(sink._sink)  # no whole-arena export
+    a, b = sink._sink.reserve(100, 1.0, False), sink._sink.reserve(300, 1.0, False)
+    va, vb = memoryview(a), memoryview(b)
+    assert (len(a), va.nbytes, va.readonly, vb.nbytes) == (100, 100, False, 300)
+    torch.frombuffer(a, dtype=torch.uint8).fill_(7)
+    torch.frombuffer(b, dtype=torch.uint8).fill_(9)
+    assert set(va.tobytes()) == {7} and set(vb.tobytes()) == {9}, "slots are disjoint"
+    del va, vb
+    sink._sink.commit(a, 5, "", 100)
+    with pytest.raises(BufferError, match="was committed"):
+        memoryview(a)
+    with pytest.raises(eagle_io.InvalidArgumentError, match="already committed"):
+        sink._sink.commit(a, 5, "", 100)
+    sink._sink.commit(b, 6, "", 300)
+    sink.close()
+    ds = eagle_io.Dataset(tmp_path)
+    assert [ds[p]["x"].unique().tolist() for p in range(2)] == [[7], [9]]

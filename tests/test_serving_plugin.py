@@ -33,6 +33,8 @@ import pytest
 import torch
 from test_serving_preflight import H, eagle3_draft, kimi_k25, llama_target
 
+import eagle_io
+import eagle_io.errors
 from eagle_io.serving import plugin
 from eagle_io.serving import sglang_compat as compat
 from eagle_io.serving import sglang_probe as probe
@@ -678,7 +680,7 @@ def test_capture_refuses_partial_requests():
     from eagle_io.capturing.sglang.scheduler import _SchedulerCapture
 
     cap = object.__new__(_SchedulerCapture)
-    cap.writes, cap.sink, cap.max_length = False, None, None
+    cap.writes, cap.store, cap.max_length, cap.vocab_size = False, None, None, 100
     mode = SimpleNamespace(is_extend=lambda: True)
 
     def req(rid, params, prefix=4, n=3):
@@ -695,13 +697,21 @@ def test_capture_refuses_partial_requests():
         cap.on_forward(SimpleNamespace(forward_mode=mode, reqs=[req("a", ours)], extend_lens=[3]), result)
     for params in (None, {"thinking_budget": 5}):  # not ours: ignored
         cap.on_forward(SimpleNamespace(forward_mode=mode, reqs=[req("user", params)], extend_lens=[3]), result)
+    one_prefill = SimpleNamespace(
+        logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6), last_hidden_states=torch.zeros(3, 2))
+    )
+    not_a_list = {"eagle_io_sample_id": 8, "eagle_io_loss_mask": "110"}
+    with pytest.raises(CaptureRefusedError, match=r"sample 8: custom_params\['eagle_io_loss_mask'\] is not a list"):
+        cap.on_forward(
+            SimpleNamespace(forward_mode=mode, reqs=[req("b", not_a_list, prefix=0, n=3)], extend_lens=[3]),
+            one_prefill,
+        )
+    # A sample the capture cannot store is the capture core's SchemaError, as on the HF path.
     bad_mask = {"eagle_io_sample_id": 8, "eagle_io_loss_mask": [1, 2, 0]}
-    with pytest.raises(CaptureRefusedError, match=r"sample 8: custom_params\['eagle_io_loss_mask'\] is not 3 values"):
+    with pytest.raises(eagle_io.SchemaError, match=r"sample 8: its loss_mask holds 2; values must be 0 or 1"):
         cap.on_forward(
             SimpleNamespace(forward_mode=mode, reqs=[req("b", bad_mask, prefix=0, n=3)], extend_lens=[3]),
-            SimpleNamespace(
-                logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6), last_hidden_states=torch.zeros(3, 2))
-            ),
+            one_prefill,
         )
 
 
@@ -731,25 +741,26 @@ class _SlowSink:
     def close(self):
         time.sleep(self.delay)
         self.closed += 1
+        return {}
 
     def stats(self):
         return {"samples": len(self.put_ids)}
 
 
 def _writing_capture(out: Path, sink: _SlowSink):
-    """A writing ``_SchedulerCapture`` around ``sink`` (no scheduler: the fields ``__init__`` would set), made the
-    active capture of this process with its stop watcher running, as ``_start`` does."""
+    """A writing ``_SchedulerCapture`` whose capture core writes to ``sink`` (no scheduler: the fields ``__init__``
+    would set), made the active capture of this process with its stop watcher running, as ``_start`` does."""
     import threading
 
     from eagle_io.capturing.sglang import protocol
     from eagle_io.capturing.sglang import scheduler as sc
+    from eagle_io.capturing.store import SampleStore
 
     cap = object.__new__(sc._SchedulerCapture)
-    cap.out_dir, cap.dp_rank, cap.writes, cap.nonfinite, cap.state_dtype = str(out), 0, True, "raise", torch.bfloat16
-    cap.max_length = 4
-    cap.lock, cap.sink, cap.stopped, cap.done = threading.Lock(), sink, False, set()
-    cap.counts = dict.fromkeys(("written", "already_done", "dropped", "nonfinite_skipped", "after_stop"), 0)
-    cap.stale_token, cap.outcome = protocol.read_token(str(out / protocol.STOP_FILE)), {"error": None}
+    cap.out_dir, cap.dp_rank, cap.writes, cap.max_length, cap.vocab_size = str(out), 0, True, 4, 100
+    cap.store = SampleStore(sink, state_dtype=torch.bfloat16, max_length=4, vocab_size=100)
+    cap.stale_token, cap.outcome = protocol.read_token(str(out / protocol.STOP_FILE)), None
+    cap.answer_lock = threading.Lock()
     sc._ACTIVE = cap
     threading.Thread(target=cap._watch_stop, daemon=True).start()
     return cap
@@ -777,7 +788,7 @@ def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samp
         time.sleep(0.6)
         assert not cap.stopped, "a stop file present at start belongs to an earlier run"
         cap.on_forward(*_prefill(7))
-        with pytest.raises(TimeoutError, match=r"DP ranks \[0\] did not stop"):
+        with pytest.raises(eagle_io.errors.CaptureStopTimeoutError, match=r"DP ranks \[0\] did not stop"):
             client.stop_capture(tmp_path, timeout_s=0.5)  # the close takes 1.5 s
         (first,) = client.stop_capture(tmp_path, timeout_s=10)  # retried: answered once the close is done
         assert first["error"] is None and first["counts"]["written"] == 1 and first["stats"] == {"samples": 1}
@@ -791,15 +802,12 @@ def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samp
 
 
 def test_a_sample_longer_than_the_capture_max_length_is_refused(tmp_path):
-    from eagle_io.capturing.sglang import protocol
     from eagle_io.capturing.sglang import scheduler as sc
 
     cap = _writing_capture(tmp_path, _SlowSink(0))  # max_length 4
     try:
         cap.on_forward(*_prefill(1, n=4))
-        with pytest.raises(
-            protocol.CaptureRefusedError, match="sample 2: 5 tokens, more than this capture's max_length"
-        ):
+        with pytest.raises(eagle_io.SchemaError, match="sample 2: it has 5 tokens, more than this run's max_length 4"):
             cap.on_forward(*_prefill(2, n=5))
     finally:
         sc._ACTIVE = None
@@ -807,12 +815,11 @@ def test_a_sample_longer_than_the_capture_max_length_is_refused(tmp_path):
 
 @pytest.mark.parametrize("bad", [7.9, "12", True, -1, 1 << 64, None])
 def test_a_sample_id_that_is_not_a_u64_integer_is_refused(tmp_path, bad):
-    from eagle_io.capturing.sglang import protocol
     from eagle_io.capturing.sglang import scheduler as sc
 
     cap = _writing_capture(tmp_path, _SlowSink(0))
     try:
-        with pytest.raises(protocol.CaptureRefusedError, match="not an integer in"):
+        with pytest.raises(eagle_io.SchemaError, match=r"sample ids are integers in \[0, 2\*\*64\)"):
             cap.on_forward(*_prefill(bad))
     finally:
         sc._ACTIVE = None

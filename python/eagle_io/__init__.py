@@ -6,13 +6,14 @@ The shard format is specified in docs/FORMAT.md.
 """
 
 from ._native import FORMAT_VERSION, __version__
-from .capturing.session import CaptureSession, NonFiniteStatesError, capture
+from .capturing.session import CaptureSession, capture
 from .errors import (
     CorruptRecordError,
     EagleIOError,
     FormatVersionError,
     IncompatibleDatasetError,
     InvalidArgumentError,
+    NonFiniteStatesError,
     RingTimeoutError,
     SampleNotFoundError,
     SchemaError,

@@ -4,16 +4,39 @@ from collections.abc import Sequence
 from os import PathLike
 from typing import Any, final
 
-__all__ = ["FORMAT_VERSION", "CaptureSink", "Reader", "Writer", "__version__", "load_manifest", "seal_manifest"]
+__all__ = [
+    "DEFAULTS",
+    "FORMAT_VERSION",
+    "LAYOUT",
+    "CaptureSink",
+    "Reader",
+    "RingSlot",
+    "RootLock",
+    "Writer",
+    "__version__",
+    "load_manifest",
+    "manifest_name",
+    "seal_manifest",
+    "shard_prefix",
+]
 
 __version__: str
 FORMAT_VERSION: int
+DEFAULTS: dict[str, Any]
+LAYOUT: dict[str, Any]
 
 _Tensor = tuple[str, Sequence[int], Any]  # (dtype name, shape, buffer)
 _Sample = tuple[int, str, Sequence[_Tensor]]  # (sample_id, key, tensors in schema order)
 
 def load_manifest(path: str | PathLike[str]) -> str: ...
 def seal_manifest(json: str) -> bytes: ...
+def manifest_name(rank: int, world_size: int) -> str: ...
+def shard_prefix(rank: int) -> str: ...
+
+@final
+class RootLock:
+    def __new__(cls, root: str | PathLike[str], manifest_name: str) -> RootLock: ...
+    def release(self) -> None: ...
 
 @final
 class Writer:
@@ -41,11 +64,16 @@ class Writer:
 @final
 class CaptureSink:
     def __new__(cls, writer: Writer, ring_bytes: int, batch: int) -> CaptureSink: ...
-    def reserve(self, nbytes: int, timeout_s: float, drop_when_full: bool) -> tuple[int, int] | None: ...
-    def commit(self, slot_id: int, sample_id: int, key: str, n_tokens: int, cancelled: bool = False) -> None: ...
+    def reserve(self, nbytes: int, timeout_s: float, drop_when_full: bool) -> RingSlot | None: ...
+    def commit(self, slot: RingSlot, sample_id: int, key: str, n_tokens: int, cancelled: bool = False) -> None: ...
+    def arena_span(self) -> tuple[int, int]: ...
     def stats(self) -> dict[str, Any]: ...
     def close(self) -> str: ...
-    # Also exports the ring's arena through the buffer protocol (C level; no __buffer__ method).
+
+@final
+class RingSlot:
+    def __len__(self) -> int: ...
+    # Also exports the slot's bytes through the buffer protocol (C level; no __buffer__ method).
 
 @final
 class Reader:

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::FORMAT_VERSION;
-use crate::fsutil;
+use crate::layout;
 use crate::schema::Schema;
 use crate::shard::ShardSummary;
 
@@ -107,7 +107,7 @@ impl Manifest {
 
     /// Writes the sealed manifest atomically (temp name, fsync, rename, directory fsync).
     pub fn store(&self, path: &Path) -> Result<()> {
-        fsutil::write_atomic(path, &self.to_sealed_bytes())
+        layout::write_atomic(path, &self.to_sealed_bytes())
     }
 
     /// Resolves a shard's path relative to the manifest's directory.

@@ -3,10 +3,12 @@
 
 mod decode;
 mod manifest;
+mod options;
 mod reader;
 mod resume;
 mod writer;
 
 pub use manifest::{seal as seal_manifest, Manifest, MANIFEST_FORMAT, UNSEALED_CHECKSUM};
+pub use options::WriterOptions;
 pub use reader::{BadRecord, Dataset, Entry};
-pub use writer::{DatasetWriter, SampleRef, StatsHandle, WriterOptions, WriterStats};
+pub use writer::{DatasetWriter, SampleRef, StatsHandle, WriterStats};

@@ -7,8 +7,9 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use super::manifest::Manifest;
-use super::writer::WriterOptions;
+use super::options::WriterOptions;
 use crate::error::{Error, Result};
+use crate::layout;
 use crate::shard::{ShardFile, ShardSummary};
 
 pub struct Prepared {
@@ -19,21 +20,16 @@ pub struct Prepared {
     pub adopted_shards: u64,
 }
 
-/// Sequence number of a committed shard called `{prefix}NNNNNN.eio`.
-fn shard_seq(name: &str, prefix: &str) -> Option<u64> {
-    name.strip_prefix(prefix)?.strip_suffix(".eio")?.parse().ok()
-}
-
 pub fn prepare(root: &Path, manifest_path: &Path, opts: &WriterOptions, fresh: Manifest) -> Result<Prepared> {
-    let shard_dir = root.join("shards");
+    let shard_dir = root.join(layout::SHARD_DIR);
     let mut temps = Vec::new();
     let mut committed = Vec::new();
     for entry in std::fs::read_dir(&shard_dir).map_err(|e| Error::io(&shard_dir, e))? {
         let entry = entry.map_err(|e| Error::io(&shard_dir, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(seq) = shard_seq(&name, &opts.shard_prefix) {
+        if let Some(seq) = layout::shard_seq(&name, &opts.shard_prefix) {
             committed.push((seq, name));
-        } else if name.starts_with(&format!(".{}", opts.shard_prefix)) && name.ends_with(".eio.tmp") {
+        } else if layout::is_shard_temp(&name, &opts.shard_prefix) {
             temps.push(entry.path());
         }
     }
@@ -87,7 +83,7 @@ pub fn prepare(root: &Path, manifest_path: &Path, opts: &WriterOptions, fresh: M
     let listed: HashSet<&str> = manifest.shards.iter().map(|s| s.file.as_str()).collect();
     let mut orphans: Vec<(u64, String)> = committed
         .iter()
-        .filter(|(_, name)| !listed.contains(format!("shards/{name}").as_str()))
+        .filter(|(_, name)| !listed.contains(format!("{}/{name}", layout::SHARD_DIR).as_str()))
         .cloned()
         .collect();
     orphans.sort();
@@ -106,7 +102,9 @@ pub fn prepare(root: &Path, manifest_path: &Path, opts: &WriterOptions, fresh: M
             shard.read_record(i, &mut buf)?;
         }
         add_ids(&shard, &mut seen)?;
-        manifest.shards.push(summary_of(&shard, &format!("shards/{name}")));
+        manifest
+            .shards
+            .push(summary_of(&shard, &format!("{}/{name}", layout::SHARD_DIR)));
     }
     for t in &temps {
         std::fs::remove_file(t).map_err(|e| Error::io(t, e))?;

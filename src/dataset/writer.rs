@@ -7,7 +7,6 @@
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -18,49 +17,15 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use super::manifest::{CodecInfo, Manifest, MANIFEST_FORMAT};
+use super::options::WriterOptions;
 use super::resume;
-use crate::codec::{encode_chunk, CodecOptions, EncodedChunk};
+use crate::codec::{encode_chunk, EncodedChunk};
 use crate::error::{Error, Result};
 use crate::format::{record, FORMAT_VERSION, MAX_KEY_BYTES};
+use crate::layout;
 use crate::pool;
 use crate::schema::Schema;
 use crate::shard::ShardBuilder;
-
-/// Writer settings. `Default` gives 1 GiB shards of 1 MiB chunks, zstd level 1, one
-/// encoding thread per CPU and 64 records in flight.
-#[derive(Debug, Clone)]
-pub struct WriterOptions {
-    /// A shard is committed once it reaches this many bytes.
-    pub shard_bytes: u64,
-    /// Target decoded bytes per chunk (whole rows; at least one row).
-    pub chunk_bytes: u64,
-    /// Encoding threads (0 = one per CPU).
-    pub threads: usize,
-    pub codec: CodecOptions,
-    /// Encoded records waiting for the I/O thread before `write_batch` blocks.
-    pub queue_depth: usize,
-    /// Shard file names are `shards/{prefix}{seq:06}.eio` (e.g. prefix `r00003-` for rank 3).
-    pub shard_prefix: String,
-    /// Manifest file name in the root (one per writer when several share a root).
-    pub manifest_name: String,
-    /// Continue an existing dataset instead of refusing to touch it.
-    pub resume: bool,
-}
-
-impl Default for WriterOptions {
-    fn default() -> Self {
-        WriterOptions {
-            shard_bytes: 1 << 30,
-            chunk_bytes: 1 << 20,
-            threads: 0,
-            codec: CodecOptions::default(),
-            queue_depth: 64,
-            shard_prefix: "r00000-".into(),
-            manifest_name: "manifest.json".into(),
-            resume: false,
-        }
-    }
-}
 
 /// One sample handed to the writer: its tensors' bytes in schema order, borrowed from the
 /// caller (no copy is made before encoding).
@@ -193,9 +158,9 @@ impl DatasetWriter {
                 "metadata cannot be stored in a manifest that reads back: {e}"
             )));
         }
-        let shard_dir = root.join("shards");
+        let shard_dir = root.join(layout::SHARD_DIR);
         std::fs::create_dir_all(&shard_dir).map_err(|e| Error::io(&shard_dir, e))?;
-        let lock = lock_root(root, &opts.manifest_name)?;
+        let lock = layout::lock_root(root, &opts.manifest_name)?;
         let manifest_path = root.join(&opts.manifest_name);
         let state = resume::prepare(root, &manifest_path, &opts, fresh)?;
         state.manifest.store(&manifest_path)?;
@@ -291,7 +256,7 @@ impl DatasetWriter {
                 let err = self
                     .join_io()
                     .err()
-                    .unwrap_or_else(|| Error::InvalidArgument("shard I/O thread stopped".into()));
+                    .unwrap_or_else(|| Error::Internal("shard I/O thread stopped".into()));
                 self.failed = Some(err.to_string());
                 return Err(err);
             }
@@ -408,7 +373,7 @@ impl DatasetWriter {
         match self.io.take() {
             Some(h) => h
                 .join()
-                .map_err(|_| Error::InvalidArgument("shard I/O thread panicked".into()))?,
+                .map_err(|_| Error::Internal("shard I/O thread panicked".into()))?,
             None => Err(Error::InvalidArgument("the writer is closed".into())),
         }
     }
@@ -435,22 +400,6 @@ impl Drop for DatasetWriter {
     }
 }
 
-/// Takes an exclusive advisory lock on `.{manifest_name}.lock` in `root`; the kernel
-/// releases it when the process ends, so a crashed writer never blocks a resume.
-fn lock_root(root: &Path, manifest_name: &str) -> Result<File> {
-    let path = root.join(format!(".{manifest_name}.lock"));
-    let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
-    // SAFETY: `file` is an open descriptor for the duration of the call; flock only reads it.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        return Err(Error::InvalidArgument(format!(
-            "{}: another writer is writing {manifest_name} in this directory (use a distinct rank / manifest name)",
-            root.display()
-        )));
-    }
-    Ok(file)
-}
-
 struct IoThread {
     root: PathBuf,
     manifest_path: PathBuf,
@@ -474,10 +423,10 @@ impl IoThread {
 
     fn append(&mut self, rec: Record) -> Result<()> {
         if self.builder.is_none() {
-            let name = format!("{}{:06}.eio", self.opts.shard_prefix, self.next_seq);
+            let name = layout::shard_name(&self.opts.shard_prefix, self.next_seq);
             self.next_seq += 1;
             self.builder = Some(ShardBuilder::create(
-                &self.root.join("shards").join(name),
+                &self.root.join(layout::SHARD_DIR).join(name),
                 &self.manifest.schema,
             )?);
         }

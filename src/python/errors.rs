@@ -40,6 +40,7 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
         Error::NotFound(_) => "SampleNotFoundError",
         Error::InvalidArgument(_) => "InvalidArgumentError",
         Error::Timeout(_) => "RingTimeoutError",
+        Error::Internal(_) => "InternalError",
     };
     let exc = py
         .import("eagle_io.errors")?

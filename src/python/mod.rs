@@ -2,12 +2,18 @@
 //! around every heavy call, and error mapping. All logic lives in the core.
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::dataset::WriterOptions;
+use crate::ring::{DEFAULT_RESERVE_TIMEOUT_S, DEFAULT_RING_BATCH, DEFAULT_RING_BYTES};
 
 mod buffers;
 mod errors;
+mod layout;
 mod manifest;
 mod reader;
 mod sink;
+mod slot;
 mod writer;
 
 #[pymodule]
@@ -15,9 +21,31 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::Writer>()?;
     m.add_class::<reader::Reader>()?;
     m.add_class::<sink::CaptureSink>()?;
+    m.add_class::<slot::RingSlot>()?;
+    m.add_class::<layout::RootLock>()?;
+    m.add_function(wrap_pyfunction!(layout::manifest_name, m)?)?;
+    m.add_function(wrap_pyfunction!(layout::shard_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::load_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::seal_manifest, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", crate::format::FORMAT_VERSION)?;
+    m.add("DEFAULTS", defaults(m.py())?)?;
+    m.add("LAYOUT", layout::constants(m.py())?)?;
     Ok(())
+}
+
+/// Every tunable's default, defined once in the core (`WriterOptions::default`, `src/ring/mod.rs`);
+/// `eagle_io.defaults` reads them from here.
+fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let w = WriterOptions::default();
+    let d = PyDict::new(py);
+    d.set_item("shard_bytes", w.shard_bytes)?;
+    d.set_item("chunk_bytes", w.chunk_bytes)?;
+    d.set_item("threads", w.threads)?;
+    d.set_item("zstd_level", w.codec.zstd_level)?;
+    d.set_item("queue_depth", w.queue_depth)?;
+    d.set_item("ring_bytes", DEFAULT_RING_BYTES)?;
+    d.set_item("ring_batch", DEFAULT_RING_BATCH)?;
+    d.set_item("ring_timeout_s", DEFAULT_RESERVE_TIMEOUT_S)?;
+    Ok(d)
 }

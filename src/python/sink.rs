@@ -1,16 +1,14 @@
-//! `eagle_io._native.CaptureSink`: the capture ring plus its writer thread. It exports the
-//! ring's arena through the buffer protocol, so Python views it as one uint8 tensor and
-//! copies each sample's states into the slot `reserve` returned.
+//! `eagle_io._native.CaptureSink`: the capture ring plus its writer thread. `reserve` hands
+//! out one slot at a time (`RingSlot`, a buffer of exactly the slot's bytes); Python copies a
+//! sample's states into it and commits it. The arena itself is never exported.
 
-use std::ffi::c_int;
 use std::time::Duration;
 
-use pyo3::exceptions::PyBufferError;
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::errors::py_err;
+use super::slot::RingSlot;
 use super::writer::{stats_dict, Writer};
 use crate::ring::CaptureSink as CoreSink;
 
@@ -29,38 +27,49 @@ impl CaptureSink {
         Ok(CaptureSink { inner })
     }
 
-    /// Reserves `nbytes`; returns `(slot_id, offset)` into the arena, or `None` when the ring is
-    /// full and `drop_when_full`. Waits (GIL released) up to `timeout_s` otherwise.
+    /// Reserves `nbytes`; returns the slot, or `None` when the ring is full and
+    /// `drop_when_full`. Waits (GIL released) up to `timeout_s` otherwise.
     fn reserve(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         nbytes: usize,
         timeout_s: f64,
         drop_when_full: bool,
-    ) -> PyResult<Option<(u64, usize)>> {
+    ) -> PyResult<Option<RingSlot>> {
+        let py = slf.py();
         let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
-        let inner = &self.inner;
+        let me = slf.borrow();
+        let ring = me.inner.ring();
         let r = py
-            .detach(|| inner.ring().reserve(nbytes, timeout, drop_when_full))
+            .detach(|| ring.reserve(nbytes, timeout, drop_when_full))
             .map_err(py_err(py))?;
-        Ok(r.map(|s| (s.id, s.offset)))
+        let base = ring.arena.as_ptr() as usize;
+        Ok(r.map(|s| RingSlot::new(slf.clone().unbind(), s.id, base + s.offset, nbytes)))
     }
 
-    /// Hands slot `slot_id` (its bytes fully written) to the writer, or abandons it with `cancelled`.
-    #[pyo3(signature = (slot_id, sample_id, key, n_tokens, cancelled = false))]
+    /// Hands `slot` (its bytes fully written, no view of it written again) to the writer, or
+    /// abandons it with `cancelled`. A slot is handed back once.
+    #[pyo3(signature = (slot, sample_id, key, n_tokens, cancelled = false))]
     fn commit(
         &self,
         py: Python<'_>,
-        slot_id: u64,
+        slot: &RingSlot,
         sample_id: u64,
         key: String,
         n_tokens: u64,
         cancelled: bool,
     ) -> PyResult<()> {
+        slot.hand_over().map_err(py_err(py))?;
         self.inner
             .ring()
-            .commit(slot_id, sample_id, key, n_tokens, cancelled)
+            .commit(slot.id(), sample_id, key, n_tokens, cancelled)
             .map_err(py_err(py))
+    }
+
+    /// `(address, nbytes)` of the whole arena, for registering it as pinned memory with CUDA
+    /// (`cudaHostRegister`); write through `reserve`'s slots only.
+    fn arena_span(&self) -> (usize, usize) {
+        let arena = &self.inner.ring().arena;
+        (arena.as_ptr() as usize, arena.capacity())
     }
 
     /// Ring counters merged with the writer's.
@@ -84,25 +93,4 @@ impl CaptureSink {
         let manifest = py.detach(|| inner.close()).map_err(py_err(py))?;
         Ok(serde_json::to_string(&manifest).expect("a manifest always serialises"))
     }
-
-    /// Exports the arena as a writable 1-D byte buffer.
-    ///
-    /// # Safety
-    /// Called by CPython with a valid `view` to fill.
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        let (ptr, len) = {
-            let me = slf.borrow();
-            let arena = &me.inner.ring().arena;
-            (arena.as_ptr(), arena.capacity())
-        };
-        // SAFETY: `view` is valid per CPython's contract; the arena outlives the export because
-        // the view holds a reference to `slf` (its `obj`), and the arena never moves or shrinks.
-        let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr.cast(), len as ffi::Py_ssize_t, 0, flags) };
-        if rc != 0 {
-            return Err(PyBufferError::new_err("cannot export the capture ring"));
-        }
-        Ok(())
-    }
-
-    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
 }

@@ -11,3 +11,11 @@ mod slots;
 pub use arena::Arena;
 pub use sink::{CaptureSink, SinkStats};
 pub use slots::{Reserved, Ring, RingStats};
+
+/// Default arena size: room for many prefill batches of a 7B-70B target's states, small enough to pin
+/// on every DP rank of a node.
+pub const DEFAULT_RING_BYTES: usize = 256 << 20;
+/// Default number of committed samples the sink thread hands the writer's encode pool at once.
+pub const DEFAULT_RING_BATCH: usize = 16;
+/// Default time a producer waits on a full ring before `Error::Timeout` (seconds).
+pub const DEFAULT_RESERVE_TIMEOUT_S: f64 = 600.0;

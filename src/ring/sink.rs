@@ -81,7 +81,7 @@ impl CaptureSink {
         let thread = std::thread::Builder::new()
             .name("eagle-io-capture-sink".into())
             .spawn(move || pump(&r, writer, batch.max(1)))
-            .map_err(|e| Error::InvalidArgument(format!("cannot start the capture sink thread: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot start the capture sink thread: {e}")))?;
         Ok(CaptureSink {
             ring,
             writer_stats,
@@ -107,7 +107,7 @@ impl CaptureSink {
         match self.thread.take() {
             Some(t) => t
                 .join()
-                .map_err(|_| Error::InvalidArgument("capture sink thread panicked".into()))?,
+                .map_err(|_| Error::Internal("capture sink thread panicked".into()))?,
             None => Err(Error::InvalidArgument("the capture sink is closed".into())),
         }
     }

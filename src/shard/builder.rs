@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::format::{Footer, Header, IndexEntry, FORMAT_VERSION, HEADER_BYTES};
-use crate::fsutil;
+use crate::layout;
 use crate::schema::Schema;
 
 /// What a committed shard holds; the manifest lists one per shard.
@@ -39,7 +39,7 @@ pub struct ShardBuilder {
 impl ShardBuilder {
     /// Creates `path`'s temporary file and writes the header and schema.
     pub fn create(path: &Path, schema: &Schema) -> Result<ShardBuilder> {
-        let tmp = fsutil::temp_path(path);
+        let tmp = layout::temp_path(path);
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let schema_json = schema.to_json();
         let header = Header {
@@ -126,7 +126,7 @@ impl ShardBuilder {
             .map_err(|e| Error::io(&self.tmp, e.into_error()))?;
         file.sync_all().map_err(|e| Error::io(&self.tmp, e))?;
         drop(file);
-        fsutil::commit_rename(&self.tmp, &self.path)?;
+        layout::commit_rename(&self.tmp, &self.path)?;
         let rel = self.path.strip_prefix(root).unwrap_or(&self.path);
         Ok(ShardSummary {
             file: rel.to_string_lossy().into_owned(),

@@ -1,5 +1,6 @@
-"""The capture ring as seen from the target's forward: copy a sample's states into a slot of
-host memory owned by the Rust core, commit it, and move on; Rust threads compress and write it.
+"""The capture ring as seen from the target's forward: reserve a slot of host memory owned by the Rust core
+(``_native.RingSlot``, a buffer of exactly that slot), copy a sample's states into it, commit it, and move on;
+Rust threads compress and write it. Python never sees the rest of the arena.
 
 On CUDA the arena is registered as pinned memory (``cudaHostRegister``) and each copy is a
 ``non_blocking`` device-to-host copy on a side stream; a completion thread waits on the copy's
@@ -14,10 +15,11 @@ import queue
 import threading
 from collections.abc import Mapping
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 
-from .. import _native
+from .. import _native, defaults
 from ..errors import SchemaError
 from ..store.writer import ShardWriter
 
@@ -37,14 +39,13 @@ class RingSink:
         self,
         writer: ShardWriter,
         *,
-        ring_bytes: int = 1 << 30,
-        batch: int = 16,
-        timeout_s: float = 600.0,
+        ring_bytes: int = defaults.RING_BYTES,
+        batch: int = defaults.RING_BATCH,
+        timeout_s: float = defaults.RING_TIMEOUT_S,
         drop_when_full: bool = False,
     ) -> None:
         self.schema = writer.schema
         self._sink = _native.CaptureSink(writer._native, ring_bytes, batch)
-        self._arena = torch.frombuffer(self._sink, dtype=torch.uint8)
         self._timeout_s = timeout_s
         self._drop = drop_when_full
         self._row_bytes = [
@@ -56,7 +57,8 @@ class RingSink:
         self._completer: threading.Thread | None = None
         self._error: BaseException | None = None
         if torch.cuda.is_available():
-            rc = torch.cuda.cudart().cudaHostRegister(self._arena.data_ptr(), self._arena.numel(), 0)
+            self._span = self._sink.arena_span()
+            rc = torch.cuda.cudart().cudaHostRegister(*self._span, 0)
             self.pinned = int(rc) == 0
             self._stream = torch.cuda.Stream()
             self._done = queue.Queue()
@@ -95,32 +97,43 @@ class RingSink:
                     f"tensor {spec.name!r} is {t.dtype} {tuple(t.shape)}; the schema needs {spec.dtype} {want}",
                 )
         sizes = [n * rb for rb in self._row_bytes]
-        reserved = self._sink.reserve(sum(sizes), self._timeout_s, self._drop)
-        if reserved is None:
+        slot = self._sink.reserve(sum(sizes), self._timeout_s, self._drop)
+        if slot is None:
             return False
-        slot, offset = reserved
+        on_gpu = self._stream is not None and any(t.is_cuda for t in ts)
         try:
-            on_gpu = self._stream is not None and any(t.is_cuda for t in ts)
-            if on_gpu:
-                self._stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._stream) if on_gpu else nullcontext():
-                for t, size in zip(ts, sizes, strict=True):
-                    if size:
-                        src = t.contiguous().reshape(-1).view(torch.uint8)
-                        self._arena[offset : offset + size].copy_(src, non_blocking=on_gpu)
-                        if on_gpu and src.is_cuda:
-                            src.record_stream(self._stream)
-                    offset += size
-            if on_gpu:
-                event = torch.cuda.Event()
-                event.record(self._stream)
-                self._done.put((event, slot, sample_id, key, n))
-            else:
-                self._sink.commit(slot, sample_id, key, n)
+            event = self._copy_into(slot, ts, sizes, on_gpu)
         except BaseException:
+            if on_gpu:  # no copy may still land in a slot the ring hands out again
+                self._stream.synchronize()
             self._sink.commit(slot, sample_id, key, n, cancelled=True)
             raise
+        if event is None:
+            self._sink.commit(slot, sample_id, key, n)
+        else:
+            self._done.put((event, slot, sample_id, key, n))
         return True
+
+    def _copy_into(self, slot: Any, ts: list[torch.Tensor], sizes: list[int], on_gpu: bool) -> Any:
+        """Copies ``ts`` back to back into ``slot``; on the GPU asynchronously, returning the copy's CUDA event.
+        The slot's tensor view dies with this call, before the slot is committed (the ring's contract)."""
+        dst = torch.frombuffer(slot, dtype=torch.uint8) if len(slot) else torch.empty(0, dtype=torch.uint8)
+        if on_gpu:
+            self._stream.wait_stream(torch.cuda.current_stream())
+        offset = 0
+        with torch.cuda.stream(self._stream) if on_gpu else nullcontext():
+            for t, size in zip(ts, sizes, strict=True):
+                if size:
+                    src = t.contiguous().reshape(-1).view(torch.uint8)
+                    dst[offset : offset + size].copy_(src, non_blocking=on_gpu)
+                    if on_gpu and src.is_cuda:
+                        src.record_stream(self._stream)
+                offset += size
+            if not on_gpu:
+                return None
+            event = torch.cuda.Event()
+            event.record(self._stream)
+            return event
 
     def stats(self) -> dict[str, float]:
         """Writer counters plus ring counters: ring_capacity, ring_bytes_in_use, ring_slots_in_use,
@@ -134,7 +147,7 @@ class RingSink:
             self._completer.join()
         manifest = json.loads(self._sink.close())
         if self.pinned:
-            torch.cuda.cudart().cudaHostUnregister(self._arena.data_ptr())
+            torch.cuda.cudart().cudaHostUnregister(self._span[0])
             self.pinned = False
         if self._error is not None:
             raise self._error

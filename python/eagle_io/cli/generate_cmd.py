@@ -10,14 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import time
 from collections.abc import Iterator
 from itertools import chain, islice, takewhile
 
+from .. import defaults
 from ..errors import InvalidArgumentError
+from ..store import layout
 
 ESTIMATED_RATIO = 1.35  # expected compression of bf16 states (benches/README.md), for the disk check
 
@@ -31,9 +32,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, help="use only the first N source records")
     p.add_argument("--aux-layer-ids", help="comma-separated eagle-io ids (default SGLang's [2, N//2, N-3])")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="forward dtype")
-    p.add_argument("--shard-bytes", type=int, default=1 << 30)
-    p.add_argument("--threads", type=int, default=0, help="encoding threads (0 = one per CPU)")
-    p.add_argument("--ring-bytes", type=int, default=256 << 20, help="capture ring size")
+    p.add_argument("--shard-bytes", type=int, default=defaults.SHARD_BYTES, help="shard size (bytes)")
+    p.add_argument("--threads", type=int, default=defaults.THREADS, help="encoding threads (0 = one per CPU)")
+    p.add_argument("--ring-bytes", type=int, default=defaults.RING_BYTES, help="capture ring size (bytes)")
     p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)))
     p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
     p.add_argument("--resume", action="store_true", help="continue a run: regenerate only what is not committed")
@@ -128,11 +129,11 @@ def _sglang_session(args, dataset: str, layer_ids):
 
     if args.world_size != 1:
         raise InvalidArgumentError("--backend sglang runs one engine: use --dp-size / --tp-size, not --world-size")
-    names = os.listdir(args.out) if os.path.isdir(args.out) else []
-    if not args.resume and any(n.startswith("manifest") for n in names):
+    held = layout.dataset_manifests(args.out)
+    if not args.resume and held:
         raise InvalidArgumentError(f"{args.out} already holds a capture: pass --resume to continue it")
-    ranks = len([n for n in names if re.fullmatch(r"manifest\.r\d{5}\.json", n)])
-    if args.resume and (ranks or "manifest.json" in names) and ranks != (args.dp_size if args.dp_size > 1 else 0):
+    ranks = len(layout.rank_manifests(args.out))
+    if args.resume and held and ranks != (args.dp_size if args.dp_size > 1 else 0):
         raise InvalidArgumentError(
             f"{args.out} was captured by {ranks or 1} DP rank(s): resume it with --dp-size {ranks or 1} (each rank "
             "resumes its own manifest)"

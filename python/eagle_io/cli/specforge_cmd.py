@@ -9,6 +9,8 @@ import json
 import sys
 from types import SimpleNamespace
 
+from .. import defaults
+
 
 def _import_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", help="SpecForge offline output directory (rows_*/data_{idx}.ckpt[.gz])")
@@ -22,8 +24,8 @@ def _import_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--target-model", help="target model name, recorded in the metadata")
     p.add_argument("--vocab-size", type=int, help="target vocabulary size, recorded in the metadata")
-    p.add_argument("--shard-bytes", type=int, default=1 << 30)
-    p.add_argument("--threads", type=int, default=0, help="encoding threads (0 = one per CPU)")
+    p.add_argument("--shard-bytes", type=int, default=defaults.SHARD_BYTES, help="shard size (bytes)")
+    p.add_argument("--threads", type=int, default=defaults.THREADS, help="encoding threads (0 = one per CPU)")
     p.add_argument("--summary-json", help="also write the summary here")
 
 

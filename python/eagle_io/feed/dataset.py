@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -13,6 +12,7 @@ import numpy as np
 import torch
 
 from ..errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError
+from ..store import layout
 from ..store.reader import Dataset, SampleInfo
 
 #: Metadata keys (docs/FORMAT.md, section 2.1) that must be equal in every dataset a ``ShardDataset`` mixes.
@@ -69,17 +69,16 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         paths = [paths]
     out: list[str] = []
     for p in map(os.fspath, paths):
-        if os.path.isdir(p) and not os.path.exists(os.path.join(p, "manifest.json")):
-            per_rank = sorted(glob.glob(os.path.join(glob.escape(p), "manifest.r[0-9]*.json")))
-            if per_rank:
-                out.extend(per_rank)
-                continue
-        out.append(p)
+        found = layout.dataset_manifests(p)
+        if os.path.isdir(p) and found and found[0].name != layout.MANIFEST:
+            out.extend(map(os.fspath, found))  # an unmerged multi-writer root: its rank manifests
+        else:
+            out.append(p)
     if not out:
         raise InvalidArgumentError("ShardDataset needs at least one dataset path")
     seen: dict[str, str] = {}
     for p in out:
-        real = os.path.realpath(os.path.join(p, "manifest.json") if os.path.isdir(p) else p)
+        real = os.path.realpath(os.path.join(p, layout.MANIFEST) if os.path.isdir(p) else p)
         if real in seen:
             raise InvalidArgumentError(f"manifest {real} is listed twice (as {seen[real]!r} and {p!r})")
         seen[real] = p

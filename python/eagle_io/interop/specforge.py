@@ -29,14 +29,15 @@ import gzip
 import io
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .. import defaults
 from ..errors import InvalidArgumentError, SpecForgeFileError
+from ..store import layout
 
 __all__ = [
     "FILE_GROUP_SIZE",
@@ -328,9 +329,9 @@ def import_specforge(
     *,
     metadata: Mapping[str, Any] | None = None,
     skip_bad: bool = False,
-    shard_bytes: int = 1 << 30,
-    threads: int = 0,
-    zstd_level: int = 1,
+    shard_bytes: int = defaults.SHARD_BYTES,
+    threads: int = defaults.THREADS,
+    zstd_level: int = defaults.ZSTD_LEVEL,
     progress: Callable[[int, int], None] | None = None,
 ) -> ImportSummary:
     """Imports a SpecForge offline EAGLE-3 directory (``.ckpt`` / ``.ckpt.gz``) into eagle-io shards.
@@ -348,7 +349,7 @@ def import_specforge(
             ``hidden_size``, ``num_aux_layers``, ``dtype``, ``hidden_states_post_norm`` and ``source_format``.
         skip_bad: count and list unreadable/inconsistent files (and files named without an index) in
             ``ImportSummary.skipped`` instead of raising.
-        shard_bytes, threads, zstd_level: :class:`eagle_io.ShardWriter` options.
+        shard_bytes, threads, zstd_level: :class:`eagle_io.ShardWriter` options (defaults: :mod:`eagle_io.defaults`).
         progress: called as ``progress(done, total)`` after each file.
 
     Returns:
@@ -425,24 +426,14 @@ def import_specforge(
 
 
 def _save(record: Mapping[str, torch.Tensor], path: str, use_gzip: bool, level: int) -> int:
-    """Writes one record atomically (temporary file, fsync, rename); returns its size in bytes."""
-    d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if use_gzip:
-                # mtime=0: the same sample always gives the same bytes.
-                with gzip.GzipFile(filename="", mode="wb", fileobj=f, compresslevel=level, mtime=0) as gz:
-                    torch.save(dict(record), gz)
-            else:
-                torch.save(dict(record), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Writes one record atomically (:func:`eagle_io.store.layout.atomic_file`); returns its size in bytes."""
+    with layout.atomic_file(path) as f:
+        if use_gzip:
+            # mtime=0: the same sample always gives the same bytes.
+            with gzip.GzipFile(filename="", mode="wb", fileobj=f, compresslevel=level, mtime=0) as gz:
+                torch.save(dict(record), gz)
+        else:
+            torch.save(dict(record), f)
     return os.path.getsize(path)
 
 

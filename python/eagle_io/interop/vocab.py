@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from ..errors import CorruptRecordError, InvalidArgumentError, VocabMappingMismatchError
+from ..store import layout
 
 logger = logging.getLogger("eagle_io.interop.vocab")
 
@@ -234,22 +235,14 @@ class VocabMapping:
         """
         path = os.fspath(path)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:
+        with layout.atomic_file(path) as f:
             if path.endswith(".safetensors"):
-                from safetensors.torch import save_file
+                from safetensors.torch import save
 
-                save_file(
-                    {"d2t": self.d2t.contiguous(), "t2d": self.t2d.contiguous()},
-                    tmp,
-                    metadata={_META_KEY: json.dumps(dict(self.key), sort_keys=True)},
-                )
+                meta = {_META_KEY: json.dumps(dict(self.key), sort_keys=True)}
+                f.write(save({"d2t": self.d2t.contiguous(), "t2d": self.t2d.contiguous()}, metadata=meta))
             else:
-                torch.save({"d2t": self.d2t, "t2d": self.t2d, "eagle_io_key": dict(self.key)}, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+                torch.save({"d2t": self.d2t, "t2d": self.t2d, "eagle_io_key": dict(self.key)}, f)
 
 
 def mapping_from_counts(

@@ -23,6 +23,7 @@ from ..capturing.layers import (
     setter_rule,
 )
 from ..errors import EagleIOError
+from ..store import layout
 from ..store.manifest import read_manifest
 from .checkpoint import CheckpointError, DraftInfo, read_checkpoint, read_draft
 from .sglang_compat import draft_num_aux_layers, launch_args, resolve_algorithm
@@ -102,8 +103,7 @@ def eagle3_signals(draft: DraftInfo, target_hidden: int | None) -> list[str]:
 def _read_manifest_metadata(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     p = Path(path)
     if p.is_dir():
-        cands = [p / "manifest.json", *sorted(p.glob("manifest.r*.json"))]
-        found = [c for c in cands if c.is_file()]
+        found = layout.dataset_manifests(p)
         if not found:
             raise CheckpointError(f"{p}: no manifest.json (or manifest.rNNNNN.json): not an eagle-io dataset", p)
         p = found[0]

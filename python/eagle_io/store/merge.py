@@ -12,10 +12,8 @@ that holds a sample id twice: a reader would refuse it.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from itertools import takewhile
@@ -23,13 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import FORMAT_VERSION, __version__
-from ..errors import IncompatibleDatasetError, InvalidArgumentError, StorageError
+from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from . import layout
 from .manifest import manifest_bytes
 from .reader import Dataset
-
-RANK_MANIFEST = re.compile(r"^manifest\.r(\d{5})\.json$")
-SHARD_FILE = re.compile(r"^r\d{5}-\d{6}\.eio$")
-MERGED = "manifest.json"
 
 
 @dataclass
@@ -105,73 +100,15 @@ def _schema_difference(a: dict, b: dict) -> str:
     return "differs"
 
 
-class _Locks:
-    """Takes the writers' advisory locks (``.{manifest}.lock``, flock) for the merge's duration, so
-    no rank writer runs while its manifest is read and no writer of ``manifest.json`` is live."""
-
-    def __init__(self, root: Path, manifests: Iterable[str]) -> None:
-        self.files: list[int] = []
-        try:
-            for name in manifests:
-                path = root / f".{name}.lock"
-                try:
-                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                except OSError as e:
-                    raise _storage_error(path, e) from e
-                self.files.append(fd)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    raise InvalidArgumentError(
-                        f"{root}: a writer is still writing {name}; merge once every rank has finished"
-                    ) from None
-        except BaseException:
-            self.release()
-            raise
-
-    def release(self) -> None:
-        for fd in self.files:
-            os.close(fd)  # closing the descriptor releases its flock
-        self.files = []
-
-
-def _storage_error(path: Path, e: OSError) -> StorageError:
-    err = StorageError(f"{path}: {e.strerror or e}")
-    err.path, err.errno = str(path), e.errno
-    return err
-
-
-def _store_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(manifest_bytes(data))
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as e:
-        raise _storage_error(tmp, e) from e
-    # Check it opens (shard paths are relative to the manifest's directory: the same for the temp).
-    Dataset(tmp, threads=1)
-    try:
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError as e:
-        raise _storage_error(path, e) from e
-
-
 def _scan_shards(root: Path, listed: set[str], report: MergeReport) -> None:
-    shard_dir = root / "shards"
+    shard_dir = root / layout.SHARD_DIR
     if not shard_dir.is_dir():
         return
     for p in sorted(shard_dir.iterdir()):
-        rel = f"shards/{p.name}"
-        if SHARD_FILE.match(p.name) and rel not in listed:
+        rel = f"{layout.SHARD_DIR}/{p.name}"
+        if layout.SHARD_FILE.match(p.name) and rel not in listed:
             report.unlisted_shards.append(rel)
-        elif p.name.startswith(".") and p.name.endswith(".eio.tmp"):
+        elif layout.is_shard_temp(p.name):
             report.temp_files.append(rel)
 
 
@@ -207,19 +144,18 @@ def merge_ranks(
     report = MergeReport(root=str(root))
     if not root.is_dir():
         raise InvalidArgumentError(f"{root} is not a directory")
-    ranks = sorted((int(m.group(1)), p.name) for p in root.iterdir() if (m := RANK_MANIFEST.match(p.name)))
-    merged_path = root / MERGED
+    ranks = [p.name for p in layout.rank_manifests(root)]
+    merged_path = root / layout.MANIFEST
     if not ranks:
         if not merged_path.exists():
             raise InvalidArgumentError(f"{root} holds no manifest.json and no rank manifest (manifest.rNNNNN.json)")
-        names = [MERGED]  # a single writer's dataset: audit it
+        names = [layout.MANIFEST]  # a single writer's dataset: audit it
     else:
-        names = [name for _, name in ranks]
-    locks = _Locks(root, names + ([MERGED] if ranks else []))
-    try:
+        names = ranks
+    # The writers' own locks: no rank writer runs while its manifest is read, no writer of manifest.json is live.
+    locked = names + ([layout.MANIFEST] if ranks else [])
+    with layout.lock_writers(root, locked, busy="merge once every rank has finished"):
         return _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report)
-    finally:
-        locks.release()
 
 
 def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report: MergeReport) -> MergeReport:
@@ -261,7 +197,7 @@ def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report
             shards.append(s)
         assert pos == len(ds)
         world = m["metadata"].get("world_size") if isinstance(m["metadata"], dict) else None
-        rank_no = int(RANK_MANIFEST.match(name).group(1)) if ranks else None
+        rank_no = int(layout.RANK_MANIFEST.match(name).group(1)) if ranks else None
         if isinstance(world, int) and world > 1 and rank_no is not None:
             misplaced = [ds.entry(p).sample_id for p in range(len(ds)) if ds.entry(p).sample_id % world != rank_no]
             if misplaced:
@@ -308,7 +244,8 @@ def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report
             "shards": shards,
             "complete": report.complete,
         }
-        _store_atomic(merged_path, merged)
+        # Written only once it opens (shard paths are relative to the manifest's directory: the same for the temp).
+        layout.write_atomic(merged_path, manifest_bytes(merged), check=lambda tmp: Dataset(tmp, threads=1))
         report.manifest = str(merged_path)
         report.written = True
     return report

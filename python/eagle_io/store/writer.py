@@ -7,8 +7,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import _native
+from .. import _native, defaults
 from ..errors import SchemaError
+from . import layout
 from ._tensors import as_native
 from .schema import TensorSpec, to_json
 
@@ -32,7 +33,8 @@ class ShardWriter:
         chunk_bytes: decoded bytes per codec chunk (whole rows).
         threads: encoding threads (0 = one per CPU).
         zstd_level: zstd level of the byte planes of floating tensors (literals always Huffman-coded; the
-            default -1000 is order-0 entropy coding at high speed, see benches/README.md).
+            default, :data:`eagle_io.defaults.ZSTD_LEVEL`, is order-0 entropy coding at high speed, see
+            benches/README.md). Every default comes from :mod:`eagle_io.defaults`.
         queue_depth: encoded records in flight before ``write`` blocks (backpressure).
         rank: writer rank; shard names start ``r{rank:05}-`` and, for ``world_size > 1``, the
             manifest is ``manifest.r{rank:05}.json`` so ranks sharing a root never collide.
@@ -51,18 +53,18 @@ class ShardWriter:
         schema: Sequence[TensorSpec],
         metadata: Mapping[str, Any],
         *,
-        shard_bytes: int = 1 << 30,
-        chunk_bytes: int = 1 << 20,
-        threads: int = 0,
-        zstd_level: int = -1000,
-        queue_depth: int = 64,
+        shard_bytes: int = defaults.SHARD_BYTES,
+        chunk_bytes: int = defaults.CHUNK_BYTES,
+        threads: int = defaults.THREADS,
+        zstd_level: int = defaults.ZSTD_LEVEL,
+        queue_depth: int = defaults.QUEUE_DEPTH,
         rank: int = 0,
         world_size: int = 1,
         resume: bool = False,
     ) -> None:
         self.schema = list(schema)
         self.root = os.fspath(root)
-        manifest_name = "manifest.json" if world_size == 1 else f"manifest.r{rank:05d}.json"
+        manifest_name = layout.manifest_name(rank, world_size)
         self._native = _native.Writer(
             self.root,
             to_json(self.schema),
@@ -72,7 +74,7 @@ class ShardWriter:
             threads=threads,
             zstd_level=zstd_level,
             queue_depth=queue_depth,
-            shard_prefix=f"r{rank:05d}-",
+            shard_prefix=layout.shard_prefix(rank),
             manifest_name=manifest_name,
             resume=resume,
         )

@@ -13,7 +13,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...errors import InvalidArgumentError, StorageError
+from ... import defaults
+from ...errors import CaptureStopTimeoutError, InvalidArgumentError, StorageError
+from ...store import layout
 from ...store.manifest import read_manifest
 from .protocol import (
     ENV_CAPTURE_DIR,
@@ -39,9 +41,7 @@ def sample_params(sample: Any) -> dict[str, Any]:
 
 
 def _manifests(out_dir: str, dp_size: int) -> list[str]:
-    if dp_size == 1:
-        return [os.path.join(out_dir, "manifest.json")]
-    return [os.path.join(out_dir, f"manifest.r{r:05d}.json") for r in range(dp_size)]
+    return [os.path.join(out_dir, layout.manifest_name(r, dp_size)) for r in range(dp_size)]
 
 
 def committed_ids(out_dir: str | os.PathLike[str], dp_size: int = 1) -> set[int]:
@@ -62,16 +62,15 @@ def stop_capture(out_dir: str | os.PathLike[str], dp_size: int = 1, timeout_s: f
 
     Raises:
         StorageError: a writer failed while closing (the answer's error, naming the rank).
-        TimeoutError: not every rank answered within ``timeout_s`` (a scheduler died, or no capture runs).
+        CaptureStopTimeoutError: not every rank answered within ``timeout_s`` (a scheduler died, or no capture
+            runs; a ``TimeoutError``).
     """
     out_dir = os.fspath(out_dir)
     token = uuid.uuid4().hex
     for old in glob.glob(os.path.join(glob.escape(out_dir), f"{STOP_FILE}.r*.json")):
         os.remove(old)
     stop = os.path.join(out_dir, STOP_FILE)
-    with open(stop + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({"token": token}, f)
-    os.replace(stop + ".tmp", stop)
+    layout.write_atomic(stop, json.dumps({"token": token}).encode())
     deadline = time.monotonic() + timeout_s
     answers: dict[int, dict[str, Any]] = {}
     try:
@@ -87,7 +86,9 @@ def stop_capture(out_dir: str | os.PathLike[str], dp_size: int = 1, timeout_s: f
             if len(answers) < dp_size:
                 if time.monotonic() > deadline:
                     missing = [r for r in range(dp_size) if r not in answers]
-                    raise TimeoutError(f"{out_dir}: DP ranks {missing} did not stop their capture in {timeout_s:.0f} s")
+                    raise CaptureStopTimeoutError(
+                        f"{out_dir}: DP ranks {missing} did not stop their capture in {timeout_s:.0f} s"
+                    )
                 time.sleep(POLL_S)
     finally:
         os.remove(stop)
@@ -136,8 +137,8 @@ class SGLangCaptureSession:
         aux_layer_ids: Sequence[int] | None = None,
         max_length: int | None = None,
         nonfinite: str = "raise",
-        ring_bytes: int = 256 << 20,
-        timeout_s: float = 600.0,
+        ring_bytes: int = defaults.RING_BYTES,
+        timeout_s: float = defaults.RING_TIMEOUT_S,
         **writer_options: Any,
     ) -> None:
         self.engine = engine
@@ -210,8 +211,7 @@ class SGLangCaptureSession:
         ``manifest.json`` (``{}`` when several DP ranks each wrote their ``manifest.rNNNNN.json``)."""
         if self.manifest is None:
             self.answers = stop_capture(self.out_dir, self.dp_size, timeout_s)
-            path = os.path.join(self.out_dir, "manifest.json")
-            self.manifest = read_manifest(path) if self.dp_size == 1 else {}
+            self.manifest = read_manifest(self.manifest_path) if self.dp_size == 1 else {}
         return self.manifest
 
     def __enter__(self) -> SGLangCaptureSession:

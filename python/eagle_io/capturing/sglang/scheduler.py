@@ -20,15 +20,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
+from ... import defaults
 from ...errors import InvalidArgumentError
 from ...serving import sglang_compat as compat
 from ...serving import sglang_probe as probe
-from ...store.metadata import eagle3_metadata
-from ...store.schema import eagle3_schema
-from ...store.writer import ShardWriter
-from ..ring import RingSink
+from ...store import layout
+from ..store import SampleStore, check_sample
 from .protocol import (
     ENV_CAPTURE_DIR,
     ENV_CAPTURE_OPTIONS,
@@ -75,19 +72,13 @@ class _SchedulerCapture:
             raise InvalidArgumentError(
                 "the radix cache is on: shared prefixes would not be recomputed; launch with disable_radix_cache=True"
             )
-        self.nonfinite = str(options.get("nonfinite", "raise"))
-        if self.nonfinite not in ("raise", "skip"):
-            raise InvalidArgumentError(f"nonfinite must be 'raise' or 'skip', not {self.nonfinite!r}")
         self.out_dir, self.dp_rank, self.max_length = out_dir, t["dp_rank"], options.get("max_length")
+        self.vocab_size = int(t["vocab_size"])
         self.writes = t["tp_rank"] == 0
-        self.lock = threading.Lock()
-        self.counts = dict.fromkeys(("written", "already_done", "dropped", "nonfinite_skipped", "after_stop"), 0)
-        self.sink: RingSink | None = None
-        self.stopped = False
-        self.done: set[int] = set()
+        self.store: SampleStore | None = None
+        self.outcome: dict[str, Any] | None = None
         if not self.writes:
             return
-        dtype = str(options.get("state_dtype", "bfloat16"))
         info = {
             "num_layers": t["num_layers"],
             "hidden_size": t["hidden_size"],
@@ -95,32 +86,24 @@ class _SchedulerCapture:
             "architecture": t["architecture"],
             **dict(options.get("target_info") or {}),
         }
-        meta = eagle3_metadata(
+        self.store = SampleStore.create(
+            out_dir,
             target_info=info,
             aux_layer_ids=list(t["layers"]),
-            dtype=dtype,
+            state_dtype=str(options.get("state_dtype", "bfloat16")),
             tokenizer_identity=options.get("tokenizer_identity"),
-            max_length=options.get("max_length"),
-            extra={"capture_backend": f"sglang {v}", "dp_size": t["dp_size"], **dict(options.get("metadata") or {})},
-        )
-        self.state_dtype = getattr(torch, dtype)
-        writer = ShardWriter(
-            out_dir,
-            eagle3_schema(t["hidden_size"], len(t["layers"]), dtype),
-            meta,
+            max_length=self.max_length,
+            metadata={"capture_backend": f"sglang {v}", "dp_size": t["dp_size"], **dict(options.get("metadata") or {})},
+            nonfinite=str(options.get("nonfinite", "raise")),
+            ring_bytes=int(options.get("ring_bytes", defaults.RING_BYTES)),
+            timeout_s=float(options.get("timeout_s", defaults.RING_TIMEOUT_S)),
             rank=t["dp_rank"],
             world_size=t["dp_size"],
             **dict(options.get("writer_options") or {}),
         )
-        self.done = set(writer.sample_ids())
-        self.sink = RingSink(
-            writer,
-            ring_bytes=int(options.get("ring_bytes", 256 << 20)),
-            timeout_s=float(options.get("timeout_s", 600.0)),
-        )
         # A stop file present now asks an earlier run to stop: only another token stops this one.
         self.stale_token = read_token(os.path.join(out_dir, STOP_FILE))
-        self.outcome: dict[str, Any] = {"error": None}
+        self.answer_lock = threading.Lock()
 
     def on_forward(self, batch: Any, result: Any) -> None:
         reqs = probe.batch_requests(batch)
@@ -135,55 +118,26 @@ class _SchedulerCapture:
         if total != aux.shape[0]:
             raise CaptureRefusedError(f"forward has {aux.shape[0]} state rows for {total} extend tokens")
         # One host sync per prefill forward (not per request): the NaN/Inf policy needs to know before writing.
-        finite = not self.writes or bool(torch.isfinite(aux).all() and torch.isfinite(final).all())
+        finite = self.store is None or SampleStore.all_finite(aux, final)
         offset = 0
         for r in reqs:
             n, params = r["extend_len"], r["custom_params"]
             lo, offset = offset, offset + n
             if SAMPLE_PARAM not in params:
                 continue
-            sid = params[SAMPLE_PARAM]
-            if type(sid) is not int or not 0 <= sid < 1 << 64:
-                raise CaptureRefusedError(f"custom_params[{SAMPLE_PARAM!r}] is {sid!r}, not an integer in [0, 2**64)")
+            sid, mask = params[SAMPLE_PARAM], params.get(MASK_PARAM)
             if r["prefix_len"] != 0 or n != len(r["input_ids"]):
                 raise CaptureRefusedError(
                     f"sample {sid}: forward covers tokens {r['prefix_len']}..{r['prefix_len'] + n} of "
                     f"{len(r['input_ids'])} (chunked prefill or a cached prefix); nothing of it was written"
                 )
-            mask = params.get(MASK_PARAM)
-            if not isinstance(mask, list) or len(mask) != n or any(m not in (0, 1) for m in mask):
-                raise CaptureRefusedError(f"sample {sid}: custom_params[{MASK_PARAM!r}] is not {n} values of 0/1")
-            if self.max_length is not None and n > self.max_length:
-                raise CaptureRefusedError(f"sample {sid}: {n} tokens, more than this capture's max_length")
-            if self.writes:
-                self._store(sid, r["input_ids"], mask, aux[lo:offset], final[lo:offset], finite, params)
-
-    def _store(self, sid: int, ids: list[int], mask: list[int], aux, final, finite: bool, params) -> None:
-        if not finite:
-            bad = ~(torch.isfinite(aux).all(dim=-1) & torch.isfinite(final).all(dim=-1))
-            if bool(bad.any()):
-                if self.nonfinite == "raise":
-                    row = int(bad.nonzero()[0, 0])
-                    raise CaptureRefusedError(f"sample {sid}: NaN/Inf in captured states at token row {row}")
-                self.counts["nonfinite_skipped"] += 1
-                return
-        tensors = {
-            "input_ids": torch.tensor(ids, dtype=torch.int64),
-            "loss_mask": torch.tensor(mask, dtype=torch.uint8),
-            "aux_hidden_states": aux.to(self.state_dtype),
-            "hidden_states": final.to(self.state_dtype),
-        }
-        with self.lock:
-            if self.stopped:
-                self.counts["after_stop"] += 1
-                logger.warning("eagle-io capture: sample %d arrived after the capture stopped; not written", sid)
-            elif sid in self.done:
-                self.counts["already_done"] += 1
-            elif self.sink.put(sid, tensors, key=str(params.get(KEY_PARAM, ""))):
-                self.done.add(sid)
-                self.counts["written"] += 1
-            else:
-                self.counts["dropped"] += 1
+            if not isinstance(mask, list):
+                raise CaptureRefusedError(f"sample {sid}: custom_params[{MASK_PARAM!r}] is not a list of 0/1")
+            check_sample(sid, r["input_ids"], mask, max_length=self.max_length, vocab_size=self.vocab_size)
+            if self.store is not None:
+                key = str(params.get(KEY_PARAM, ""))
+                states = aux[lo:offset], final[lo:offset]
+                self.store.put(sid, r["input_ids"], mask, *states, key=key, known_finite=finite)
 
     def _watch_stop(self) -> None:
         """Stops on the first new stop token, then answers every later token (a retried or repeated stop) with
@@ -196,22 +150,24 @@ class _SchedulerCapture:
                 self.stop(token)
                 answered = token
 
+    @property
+    def stopped(self) -> bool:
+        """Whether a stop reached this capture (samples reaching it later are counted, not written)."""
+        return self.outcome is not None
+
     def stop(self, token: Any) -> dict[str, Any]:
         """Drains the ring and commits the manifest (the first time), then writes this rank's answer for
-        ``token``: the outcome, the counts so far and the writer's statistics. Returns it."""
-        with self.lock:
-            sink, self.sink, self.stopped = self.sink, None, True
-            if sink is not None:
+        ``token``: the outcome, the store's counts and the writer's statistics. Returns it."""
+        assert self.store is not None, "only the writing rank stops"
+        with self.answer_lock:
+            if self.outcome is None:
                 try:
-                    sink.close()
-                    self.outcome = {"error": None, "stats": sink.stats()}
+                    self.store.close()
+                    self.outcome = {"error": None, "stats": self.store.ring_stats()}
                 except Exception as e:  # reported to the client through the answer file
                     self.outcome = {"error": f"{type(e).__name__}: {e}"}
-            answer = {"token": token, "dp_rank": self.dp_rank, **self.outcome, "counts": dict(self.counts)}
-        tmp = ack_path(self.out_dir, self.dp_rank) + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(answer, f, default=str)
-        os.replace(tmp, ack_path(self.out_dir, self.dp_rank))
+            answer = {"token": token, "dp_rank": self.dp_rank, **self.outcome, "counts": dict(self.store.counts)}
+        layout.write_atomic(ack_path(self.out_dir, self.dp_rank), json.dumps(answer, default=str).encode())
         return answer
 
 

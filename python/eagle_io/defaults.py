@@ -1,0 +1,26 @@
+"""Every tunable's default, defined once: in the Rust core (``WriterOptions::default`` in
+``src/dataset/writer.rs``, ``CodecOptions::default`` in ``src/codec/mod.rs``, the ring's constants in
+``src/ring/mod.rs``), exported as ``eagle_io._native.DEFAULTS``. The writer, the capture ring, ``eagle_io.capture``,
+the SGLang capture, ``import-specforge`` and the command line all take their defaults from here.
+"""
+
+from __future__ import annotations
+
+from ._native import DEFAULTS as _CORE
+
+SHARD_BYTES: int = _CORE["shard_bytes"]
+"""A shard is committed once it reaches this many bytes."""
+CHUNK_BYTES: int = _CORE["chunk_bytes"]
+"""Decoded bytes per codec chunk (whole rows)."""
+THREADS: int = _CORE["threads"]
+"""Encoding threads; 0 = one per CPU."""
+ZSTD_LEVEL: int = _CORE["zstd_level"]
+"""zstd level of the byte planes (Huffman literals always on; -1000 = fast order-0 coding, benches/README.md)."""
+QUEUE_DEPTH: int = _CORE["queue_depth"]
+"""Encoded records in flight before the writer blocks its caller."""
+RING_BYTES: int = _CORE["ring_bytes"]
+"""Capture ring (arena) size in bytes, per writing process."""
+RING_BATCH: int = _CORE["ring_batch"]
+"""Committed samples the sink thread encodes together."""
+RING_TIMEOUT_S: float = _CORE["ring_timeout_s"]
+"""Seconds a producer waits on a full ring before ``RingTimeoutError``."""

@@ -1,0 +1,176 @@
+"""Where a dataset's files live and how they are written (docs/FORMAT.md section 1), for every Python caller: the
+file names and the writer lock come from the Rust core (``src/layout.rs``, exported as ``_native.LAYOUT``,
+``manifest_name``, ``shard_prefix``, ``RootLock``), so both languages agree; :func:`atomic_file` is the one
+temp-file-then-rename write of the package (fsync of the file, then of its directory).
+
+A dataset root holds ``manifest.json`` (one writer) or ``manifest.rNNNNN.json`` per rank (several writers sharing
+the root, joined by ``eagle-io merge``), and ``shards/rNNNNN-NNNNNN.eio``. (The pure-Python reference reader,
+:mod:`eagle_io.store.reference`, spells the default manifest name itself: it runs without this package.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from .. import _native
+from ..errors import InvalidArgumentError, StorageError
+
+__all__ = [
+    "MANIFEST",
+    "RANK_MANIFEST",
+    "SHARD_DIR",
+    "SHARD_FILE",
+    "atomic_file",
+    "dataset_manifests",
+    "is_shard_temp",
+    "lock_writers",
+    "manifest_name",
+    "rank_manifests",
+    "shard_prefix",
+    "storage_error",
+    "temp_path",
+    "write_atomic",
+]
+
+_L = _native.LAYOUT
+MANIFEST: str = _L["manifest"]
+"""The manifest of a dataset written by one writer (``manifest.json``)."""
+SHARD_DIR: str = _L["shard_dir"]
+"""Folder of the shard files, relative to the root (``shards``)."""
+RANK_MANIFEST = re.compile(rf"^manifest\.r(\d{{{_L['rank_digits']}}})\.json$")
+"""Names of per-rank manifests (``manifest.r00003.json``); group 1 is the rank."""
+SHARD_FILE = re.compile(rf"^r\d{{{_L['rank_digits']}}}-\d{{{_L['seq_digits']}}}{re.escape(_L['shard_suffix'])}$")
+"""Names of committed shard files (``r00003-000012.eio``)."""
+
+
+def manifest_name(rank: int, world_size: int) -> str:
+    """The manifest of writer ``rank`` of ``world_size``: ``manifest.json`` alone, else ``manifest.rNNNNN.json``."""
+    return _native.manifest_name(rank, world_size)
+
+
+def shard_prefix(rank: int) -> str:
+    """``rNNNNN-``: the start of the names of writer ``rank``'s shards."""
+    return _native.shard_prefix(rank)
+
+
+def rank_manifests(root: str | os.PathLike[str]) -> list[Path]:
+    """The per-rank manifests in ``root`` (``manifest.rNNNNN.json``), in rank order; [] when there are none."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if RANK_MANIFEST.match(p.name))
+
+
+def dataset_manifests(path: str | os.PathLike[str]) -> list[Path]:
+    """The manifests a dataset path stands for: a manifest file itself; a root's ``manifest.json``; else the root's
+    per-rank manifests in rank order (a multi-writer root not merged yet); [] when there is none."""
+    p = Path(path)
+    if not p.is_dir():
+        return [p] if p.is_file() else []
+    if (p / MANIFEST).is_file():
+        return [p / MANIFEST]
+    return rank_manifests(p)
+
+
+def temp_path(path: str | os.PathLike[str]) -> Path:
+    """The name ``path`` is written under before its atomic rename: ``.NAME.tmp`` in the same directory."""
+    p = Path(path)
+    return p.with_name(f"{_L['temp_prefix']}{p.name}{_L['temp_suffix']}")
+
+
+def is_shard_temp(name: str) -> bool:
+    """Whether ``name`` is the temporary name of a shard being written (``.rNNNNN-NNNNNN.eio.tmp``)."""
+    return (
+        name.startswith(_L["temp_prefix"])
+        and name.endswith(_L["temp_suffix"])
+        and bool(SHARD_FILE.match(name[len(_L["temp_prefix"]) : -len(_L["temp_suffix"])]))
+    )
+
+
+def storage_error(path: str | os.PathLike[str], e: OSError) -> StorageError:
+    """A :class:`~eagle_io.errors.StorageError` naming ``path`` for the OS error ``e`` (``errno`` kept)."""
+    err = StorageError(f"{path}: {e.strerror or e}")
+    err.path, err.errno = str(path), e.errno
+    return err
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str], *, check: Callable[[Path], object] | None = None) -> Iterator[IO[bytes]]:
+    """Writes ``path`` atomically: yields a binary file open on :func:`temp_path`; on a clean exit fsyncs and
+    closes it, runs ``check(temp_path)`` if given (e.g. open the written manifest), renames it over ``path`` and
+    fsyncs the directory, so a crash leaves the old file or the new one, never a torn one. On an exception (in the
+    block or from ``check``) the temp file is removed and ``path`` is untouched.
+
+    Raises:
+        StorageError: an OS error, naming the file.
+    """
+    target = Path(path)
+    tmp = temp_path(target)
+    try:
+        f = open(tmp, "wb")  # noqa: SIM115 - closed by the `with f` below, before the rename
+    except OSError as e:
+        raise storage_error(tmp, e) from e
+    try:
+        with f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        if check is not None:
+            check(tmp)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if isinstance(e, OSError) and not isinstance(e, StorageError):
+            raise storage_error(tmp, e) from e
+        raise
+    try:
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    except OSError as e:
+        raise storage_error(target, e) from e
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes, *, check: Callable[[Path], object] | None = None) -> None:
+    """Writes ``data`` to ``path`` with :func:`atomic_file` (and its ``check``).
+
+    Raises:
+        StorageError: an OS error, naming the file.
+    """
+    with atomic_file(path, check=check) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def lock_writers(root: str | os.PathLike[str], manifest_names: Iterable[str], *, busy: str) -> Iterator[None]:
+    """Holds the writer locks of ``manifest_names`` in ``root`` (the ones each live :class:`eagle_io.ShardWriter`
+    holds; ``_native.RootLock``) for the block's duration: no writer of those manifests runs meanwhile.
+
+    Raises:
+        InvalidArgumentError: a live writer holds one of them: ``"{root}: a writer is still writing {name};
+            {busy}"``.
+        StorageError: a lock file cannot be created.
+    """
+    locks = []
+    try:
+        for name in manifest_names:
+            try:
+                locks.append(_native.RootLock(os.fspath(root), name))
+            except InvalidArgumentError:
+                raise InvalidArgumentError(f"{root}: a writer is still writing {name}; {busy}") from None
+        yield
+    finally:
+        for lock in locks:
+            lock.release()

@@ -1,0 +1,42 @@
+//! The writer's options and their defaults, on their own so the writer and resume both depend
+//! on them rather than on each other.
+
+use crate::codec::CodecOptions;
+use crate::layout;
+
+/// Writer settings. `Default` gives 1 GiB shards of 1 MiB chunks, the codec's default (zstd
+/// level -1000 with Huffman literals), one encoding thread per CPU and 64 records in flight:
+/// the defaults of every eagle-io entry point (exported to Python as `_native.DEFAULTS`).
+#[derive(Debug, Clone)]
+pub struct WriterOptions {
+    /// A shard is committed once it reaches this many bytes.
+    pub shard_bytes: u64,
+    /// Target decoded bytes per chunk (whole rows; at least one row).
+    pub chunk_bytes: u64,
+    /// Encoding threads (0 = one per CPU).
+    pub threads: usize,
+    pub codec: CodecOptions,
+    /// Encoded records waiting for the I/O thread before `write_batch` blocks.
+    pub queue_depth: usize,
+    /// Shard file names are `shards/{prefix}{seq:06}.eio` (e.g. prefix `r00003-` for rank 3).
+    pub shard_prefix: String,
+    /// Manifest file name in the root (one per writer when several share a root).
+    pub manifest_name: String,
+    /// Continue an existing dataset instead of refusing to touch it.
+    pub resume: bool,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            shard_bytes: 1 << 30,
+            chunk_bytes: 1 << 20,
+            threads: 0,
+            codec: CodecOptions::default(),
+            queue_depth: 64,
+            shard_prefix: layout::shard_prefix(0),
+            manifest_name: layout::MANIFEST_NAME.into(),
+            resume: false,
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! Where a dataset's files live and how they are written (docs/FORMAT.md section 1): the file
+//! names, the writer's lock, and durable writes. Every commit is "write a temp name, fsync,
+//! rename, fsync the directory", so a crash leaves either the old file or the new one, never a
+//! torn one. The Python package takes the same names from here (`_native.LAYOUT`, read by
+//! `eagle_io.store.layout`).
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// The manifest of a dataset written by one writer.
+pub const MANIFEST_NAME: &str = "manifest.json";
+/// Folder of the shard files, relative to the dataset root.
+pub const SHARD_DIR: &str = "shards";
+/// Extension of a committed shard file.
+pub const SHARD_SUFFIX: &str = ".eio";
+/// Digits of a rank in file names (`r00003-`, `manifest.r00003.json`).
+pub const RANK_DIGITS: usize = 5;
+/// Digits of a shard's sequence number (`r00003-000012.eio`).
+pub const SEQ_DIGITS: usize = 6;
+
+/// The manifest name of writer `rank` of `world_size`: `manifest.json` alone, else
+/// `manifest.rNNNNN.json`, so ranks sharing a root never collide.
+pub fn manifest_name(rank: u32, world_size: u32) -> String {
+    if world_size <= 1 {
+        MANIFEST_NAME.to_owned()
+    } else {
+        format!("manifest.r{rank:0RANK_DIGITS$}.json")
+    }
+}
+
+/// The shard-name prefix of writer `rank`: `rNNNNN-`.
+pub fn shard_prefix(rank: u32) -> String {
+    format!("r{rank:0RANK_DIGITS$}-")
+}
+
+/// A shard's file name: `{prefix}{seq:06}.eio`.
+pub fn shard_name(prefix: &str, seq: u64) -> String {
+    format!("{prefix}{seq:0SEQ_DIGITS$}{SHARD_SUFFIX}")
+}
+
+/// The sequence number of a committed shard named `{prefix}NNNNNN.eio`.
+pub fn shard_seq(name: &str, prefix: &str) -> Option<u64> {
+    name.strip_prefix(prefix)?.strip_suffix(SHARD_SUFFIX)?.parse().ok()
+}
+
+/// Whether `name` is the temporary name of a shard of `prefix` being written (`.{prefix}NNNNNN.eio.tmp`).
+pub fn is_shard_temp(name: &str, prefix: &str) -> bool {
+    name.strip_prefix(TEMP_PREFIX)
+        .and_then(|n| n.strip_suffix(TEMP_SUFFIX))
+        .is_some_and(|n| n.starts_with(prefix) && n.ends_with(SHARD_SUFFIX))
+}
+
+/// The writer lock of the manifest `manifest_name`: `.{manifest_name}.lock` in the root.
+pub fn lock_name(manifest_name: &str) -> String {
+    format!(".{manifest_name}.lock")
+}
+
+/// Takes the exclusive advisory lock (flock) of the writer of `manifest_name` in `root`; the
+/// kernel releases it when the returned file is closed or the process ends, so a crashed writer
+/// never blocks a resume.
+pub fn lock_root(root: &Path, manifest_name: &str) -> Result<File> {
+    let path = root.join(lock_name(manifest_name));
+    let file = File::create(&path).map_err(|e| Error::io(&path, e))?;
+    // SAFETY: `file` is an open descriptor for the duration of the call; flock only reads it.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{}: another writer is writing {manifest_name} in this directory (use a distinct rank / manifest name)",
+            root.display()
+        )));
+    }
+    Ok(file)
+}
+
+/// A file being written is named `{TEMP_PREFIX}{name}{TEMP_SUFFIX}` until its atomic rename.
+pub const TEMP_PREFIX: &str = ".";
+/// See [`TEMP_PREFIX`].
+pub const TEMP_SUFFIX: &str = ".tmp";
+
+/// The temporary name a file is written under before its atomic rename: `.NAME.tmp` in
+/// the same directory (same filesystem, so the rename is atomic).
+pub fn temp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+    path.with_file_name(format!("{TEMP_PREFIX}{name}{TEMP_SUFFIX}"))
+}
+
+/// fsyncs a directory so a rename inside it survives a crash.
+pub fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+/// Renames the fsynced `tmp` over `path` and fsyncs the directory.
+pub fn commit_rename(tmp: &Path, path: &Path) -> Result<()> {
+    fs::rename(tmp, path).map_err(|e| Error::io(path, e))?;
+    fsync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+/// Writes `bytes` to `path` atomically.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = temp_path(path);
+    let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    f.write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| Error::io(&tmp, e))?;
+    commit_rename(&tmp, path)
+}

@@ -1,0 +1,60 @@
+//! `eagle_io._native.LAYOUT`, `manifest_name`, `shard_prefix` and `RootLock`: the core's file
+//! names and writer lock (`src/layout.rs`) for `eagle_io.store.layout`, so both languages name
+//! and lock files the same way.
+
+use std::fs::File;
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::errors::py_err;
+use crate::layout;
+
+/// The layout's constants as a dict.
+pub fn constants(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("manifest", layout::MANIFEST_NAME)?;
+    d.set_item("shard_dir", layout::SHARD_DIR)?;
+    d.set_item("shard_suffix", layout::SHARD_SUFFIX)?;
+    d.set_item("temp_prefix", layout::TEMP_PREFIX)?;
+    d.set_item("temp_suffix", layout::TEMP_SUFFIX)?;
+    d.set_item("rank_digits", layout::RANK_DIGITS)?;
+    d.set_item("seq_digits", layout::SEQ_DIGITS)?;
+    Ok(d)
+}
+
+/// The manifest name of writer `rank` of `world_size`.
+#[pyfunction]
+pub fn manifest_name(rank: u32, world_size: u32) -> String {
+    layout::manifest_name(rank, world_size)
+}
+
+/// The shard-name prefix of writer `rank`.
+#[pyfunction]
+pub fn shard_prefix(rank: u32) -> String {
+    layout::shard_prefix(rank)
+}
+
+/// The writer lock of one manifest in a dataset root, held until `release` (or until the
+/// object is collected, or the process ends).
+#[pyclass(module = "eagle_io._native")]
+pub struct RootLock {
+    file: Option<File>,
+}
+
+#[pymethods]
+impl RootLock {
+    /// Takes the lock the writer of `manifest_name` in `root` holds; fails at once (an
+    /// `InvalidArgumentError` naming the manifest) when a live writer holds it.
+    #[new]
+    fn new(py: Python<'_>, root: PathBuf, manifest_name: &str) -> PyResult<RootLock> {
+        let file = layout::lock_root(&root, manifest_name).map_err(py_err(py))?;
+        Ok(RootLock { file: Some(file) })
+    }
+
+    /// Releases the lock (closing its file); later calls do nothing.
+    fn release(&mut self) {
+        self.file = None;
+    }
+}
