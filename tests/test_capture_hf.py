@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import eagle_io
 from eagle_io.capturing.hf import HFCapture, find_decoder
 from eagle_io.capturing.layers import default_aux_layer_ids
 
@@ -191,7 +192,7 @@ def test_hooks_removed_on_exit_and_on_exception():
         cap.forward(rand_seqs([3])[0])
         raise KeyError("boom")
     assert hook_counts(model) == before
-    with pytest.raises(RuntimeError, match="outside its `with` block"):
+    with pytest.raises(eagle_io.InvalidArgumentError, match="outside its `with` block"):  # a call-order mistake
         cap.forward(rand_seqs([3])[0])
 
 

@@ -24,6 +24,7 @@ every ``raise`` in the package raises one of these.
     │   ├── SpecForgeFileError                   an unreadable SpecForge file: path
     │   └── CheckpointError                      an unreadable checkpoint or config: path
     ├── DatasetFormatError (ValueError)          a source record that is not a conversation
+    ├── SampleRejected                           a conversation that yields no trainable sample: reason
     ├── ReferenceFormatError (ValueError)        the pure-Python reader's format error (defined in
     │   └── ReferenceVersionError                eagle_io.store.reference, which also runs as a lone file)
     ├── MissingDataPackageError (ImportError)    a package that ships model or data files is missing
@@ -164,6 +165,21 @@ class DatasetFormatError(EagleIOError, ValueError):
         self.detail = detail
 
 
+class SampleRejected(EagleIOError):
+    """A conversation that yields no trainable sample; count it by ``reason``.
+
+    Attributes:
+        reason: one of :data:`eagle_io.data.chat.REJECT_REASONS`.
+        index: the conversation's record number.
+        id: the conversation's id, or ``None``.
+        detail: human-readable explanation.
+    """
+
+    def __init__(self, reason: str, detail: str, index: int = -1, id: str | None = None) -> None:
+        super().__init__(f"sample {index} (id {id}): {detail} [{reason}]")
+        self.reason, self.detail, self.index, self.id = reason, detail, index, id
+
+
 class MissingDataPackageError(EagleIOError, ImportError):
     """A package that ships model or data files is not installed, or lacks its file.
 
@@ -218,6 +234,7 @@ __all__ = [
     "RingTimeoutError",
     "SGLangCompatError",
     "SampleNotFoundError",
+    "SampleRejected",
     "SchemaError",
     "ServingGuardError",
     "SpecForgeFileError",

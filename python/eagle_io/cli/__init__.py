@@ -6,7 +6,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ..data.sources import DatasetFormatError
 from ..errors import EagleIOError
 from . import check_serving_cmd, generate_cmd, inspect_cmd, merge_cmd, train_draft_cmd, verify_cmd, vocab_cmd
 from .specforge_cmd import export_cmd, import_cmd
@@ -33,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
-    except (EagleIOError, DatasetFormatError) as e:
+    except EagleIOError as e:
         print(f"eagle-io {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
 

@@ -6,6 +6,8 @@ import argparse
 import json
 import os
 
+from ..errors import IncompatibleDatasetError
+
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="eagle-io dataset from `eagle-io generate` (EAGLE-3 schema)")
@@ -68,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     result = train_draft(data, head, mapping, cfg)
     aux_ids = ds.metadata.get("aux_layer_ids")
     if not aux_ids:
-        raise SystemExit("the dataset metadata has no aux_layer_ids: cannot write eagle_config for SGLang")
+        raise IncompatibleDatasetError(
+            f"{args.path}: the dataset metadata has no aux_layer_ids: cannot write eagle_config for SGLang"
+        )
     provenance = {
         "dataset_sha256": dataset_fingerprint(args.path),
         "target_model": head.config.get("model_id"),

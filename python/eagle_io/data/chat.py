@@ -40,6 +40,8 @@ from eagle_io.data.sources import Conversation
 from eagle_io.data.stats import SkipStats
 from eagle_io.data.turns import prepare_turns
 
+from ..errors import InvalidArgumentError, SampleRejected
+
 LOSS_MASK_METHOD = "prefix-render-segmented-v1"
 REJECT_REASONS = frozenset({"no_assistant_turn", "empty_loss_mask", "template_error", "template_not_prefix_stable"})
 _SENTINEL = "\ue000eagle-io-sentinel\ue001"
@@ -64,27 +66,12 @@ class TokenizedSample:
     truncated: bool = False
 
 
-class SampleRejected(Exception):
-    """A conversation that yields no trainable sample; count it by ``reason``.
-
-    Attributes:
-        reason: one of :data:`REJECT_REASONS`.
-        index: the conversation's record number.
-        id: the conversation's id, or ``None``.
-        detail: human-readable explanation.
-    """
-
-    def __init__(self, reason: str, detail: str, index: int = -1, id: str | None = None) -> None:
-        super().__init__(f"sample {index} (id {id}): {detail} [{reason}]")
-        self.reason, self.detail, self.index, self.id = reason, detail, index, id
-
-
 def _chat_template(tokenizer: Any) -> str:
     template = tokenizer.chat_template
     if isinstance(template, dict):
         template = template.get("default")
     if not isinstance(template, str) or not template:
-        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no (default) chat template")
+        raise InvalidArgumentError(f"tokenizer {tokenizer.name_or_path!r} has no (default) chat template")
     return template
 
 
@@ -217,7 +204,7 @@ def tokenize_conversation(
         ValueError: ``max_length < 1`` or the tokenizer has no chat template.
     """
     if max_length is not None and max_length < 1:
-        raise ValueError(f"max_length must be >= 1, not {max_length}")
+        raise InvalidArgumentError(f"max_length must be >= 1, not {max_length}")
     _chat_template(tokenizer)
     index, sample_id = conversation.index, conversation.id
     try:

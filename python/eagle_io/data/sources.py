@@ -23,7 +23,7 @@ from typing import Any, Literal
 from eagle_io.data.json_stream import iter_raw_records
 from eagle_io.data.stats import SkipStats
 
-from ..errors import DatasetFormatError
+from ..errors import DatasetFormatError, InvalidArgumentError
 
 # ShareGPT V3 (unfiltered, cleaned, split) uses human/gpt for >99.9% of turns. The rest, seen in
 # the shipped file: "system" (41 turns, always first: share-tool banners from ChatHub and
@@ -146,9 +146,9 @@ def iter_conversations(
         ValueError: ``on_error`` not in ``{"raise", "skip"}``, or ``"skip"`` without ``stats``.
     """
     if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        raise InvalidArgumentError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
     if on_error == "skip" and stats is None:
-        raise ValueError("on_error='skip' needs a SkipStats to count skipped records")
+        raise InvalidArgumentError("on_error='skip' needs a SkipStats to count skipped records")
     if isinstance(source, (str, os.PathLike)):
         yield from _iter_file(os.fspath(source), on_error, stats, role_map, chunk_size)
         return

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from ..capturing.layers import explicit_ids_for
+from ..errors import InvalidArgumentError
 from .model import Eagle3Draft, Eagle3DraftConfig
 
 __all__ = ["draft_config_json", "load_draft", "save_draft"]
@@ -103,7 +104,9 @@ def save_draft(
 
     cfg = model.config
     if len(aux_layer_ids) != cfg.num_aux_layers:
-        raise ValueError(f"{len(aux_layer_ids)} aux layer ids for a draft trained on {cfg.num_aux_layers} aux states")
+        raise InvalidArgumentError(
+            f"{len(aux_layer_ids)} aux layer ids for a draft trained on {cfg.num_aux_layers} aux states"
+        )
     validate_mapping(model.d2t, model.t2d, cfg.draft_vocab_size, cfg.vocab_size)
     os.makedirs(out_dir, exist_ok=True)
     tensors = {}

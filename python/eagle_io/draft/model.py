@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import InvalidArgumentError
+
 __all__ = ["Eagle3Draft", "Eagle3DraftConfig"]
 
 
@@ -162,7 +164,7 @@ class Eagle3Draft(nn.Module):
     def set_vocab_mapping(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         """Installs ``d2t [draft_vocab]`` int64 offsets and ``t2d [vocab]`` bool (shapes checked)."""
         if tuple(d2t.shape) != tuple(self.d2t.shape) or tuple(t2d.shape) != tuple(self.t2d.shape):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"vocab mapping d2t {list(d2t.shape)} / t2d {list(t2d.shape)} does not fit the draft "
                 f"(draft_vocab_size {self.config.draft_vocab_size}, vocab_size {self.config.vocab_size})"
             )
@@ -178,7 +180,7 @@ class Eagle3Draft(nn.Module):
     ) -> torch.Tensor:
         b, n, width = aux.shape
         if width != self.fc.in_features:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"aux width {width} != fc input {self.fc.in_features} "
                 f"({self.config.num_aux_layers} x target_hidden_size {self.config.target_hidden_size})"
             )

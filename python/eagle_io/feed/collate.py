@@ -14,6 +14,7 @@ Collators do not shift; :func:`shift_targets` does, for both batch layouts, on a
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -67,13 +68,13 @@ def _check_items(items: Sequence[Mapping[str, Any]]) -> list[int]:
     return lengths
 
 
-class _Collator:
+class _Collator(abc.ABC):
     """Allocates the batch (``_allocate``), then fills each item's rows: from item tensors (``__call__``) or by
     decoding straight into them (``collate_from``, used automatically for ``ShardDataset`` batches)."""
 
+    @abc.abstractmethod
     def _allocate(self, lengths: list[int], states: dict[str, tuple[tuple[int, ...], torch.dtype]]):
         """-> (batch dict, [(row, start)] per item)."""
-        raise NotImplementedError
 
     def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if isinstance(items, LazyItems):

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError
+from ..errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError, SampleNotFoundError
 from ..store import layout
 from ..store.reader import Dataset, SampleInfo
 
@@ -276,7 +276,7 @@ class ShardDataset(torch.utils.data.Dataset):
     def _index(self, i: int) -> int:
         n = len(self)
         if not -n <= i < n:
-            raise IndexError(f"item {i} out of range for a ShardDataset of {n} items")
+            raise SampleNotFoundError(f"item {i} out of range for a ShardDataset of {n} items")
         return i % n
 
     def locate(self, i: int) -> tuple[int, int]:

@@ -17,6 +17,7 @@ Uneven splits (``uneven=``), when the epoch's batches (or samples, for :class:`R
 
 from __future__ import annotations
 
+import abc
 import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -76,14 +77,15 @@ def _split(units: list, world_size: int, uneven: str) -> tuple[list, int, int]:
     return units + [units[i % len(units)] for i in range(need)], need, 0
 
 
-class _Resumable:
+class _Resumable(abc.ABC):
     """``set_epoch(epoch, start)`` / ``state_dict(consumed)`` / ``load_state_dict`` shared by the samplers."""
 
     epoch: int
     start: int
 
+    @abc.abstractmethod
     def _identity(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """What must match for a saved state to load: the sampler's kind and settings."""
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Selects the epoch (its order) and the step to start at; both hold until the next ``set_epoch``."""

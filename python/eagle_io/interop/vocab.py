@@ -149,23 +149,23 @@ def validate_mapping(d2t: torch.Tensor, t2d: torch.Tensor, draft_vocab_size: int
         ValueError: naming the first invariant that fails and the values found.
     """
     if d2t.dtype != torch.int64 or d2t.dim() != 1:
-        raise ValueError(f"d2t must be a 1-D int64 tensor, got {d2t.dtype} {list(d2t.shape)}")
+        raise InvalidArgumentError(f"d2t must be a 1-D int64 tensor, got {d2t.dtype} {list(d2t.shape)}")
     if t2d.dtype != torch.bool or t2d.dim() != 1:
-        raise ValueError(f"t2d must be a 1-D bool tensor, got {t2d.dtype} {list(t2d.shape)}")
+        raise InvalidArgumentError(f"t2d must be a 1-D bool tensor, got {t2d.dtype} {list(t2d.shape)}")
     if t2d.shape[0] != target_vocab_size:
-        raise ValueError(f"t2d has {t2d.shape[0]} entries, target_vocab_size is {target_vocab_size}")
+        raise InvalidArgumentError(f"t2d has {t2d.shape[0]} entries, target_vocab_size is {target_vocab_size}")
     n_true = int(t2d.sum())
     if not (n_true == d2t.shape[0] == draft_vocab_size):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"t2d.sum() = {n_true}, len(d2t) = {d2t.shape[0]}, draft_vocab_size = {draft_vocab_size}: must be equal"
         )
     target_ids = d2t + torch.arange(draft_vocab_size)
     if draft_vocab_size and (int(target_ids.min()) < 0 or int(target_ids.max()) >= target_vocab_size):
-        raise ValueError(f"d2t maps draft ids outside the target vocabulary [0, {target_vocab_size})")
+        raise InvalidArgumentError(f"d2t maps draft ids outside the target vocabulary [0, {target_vocab_size})")
     if draft_vocab_size > 1 and not bool((target_ids[1:] > target_ids[:-1]).all()):
-        raise ValueError("d2t + arange is not strictly ascending (SpecForge's d2t lists target ids sorted)")
+        raise InvalidArgumentError("d2t + arange is not strictly ascending (SpecForge's d2t lists target ids sorted)")
     if not bool(t2d[target_ids].all()):
-        raise ValueError("t2d is False at some target id that d2t maps to")
+        raise InvalidArgumentError("t2d is False at some target id that d2t maps to")
 
 
 @dataclass(frozen=True)

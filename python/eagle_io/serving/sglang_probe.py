@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import SGLangCompatError
+from ..errors import InternalError, SGLangCompatError
 from .sglang_compat import DRAFT_EXTEND_DECODE_HOOK, DRAFT_EXTEND_PREFILL_HOOK, SUPPORTED_SGLANG, sglang_version
 
 
@@ -149,7 +149,7 @@ def draft_extend_width(hook: str, args: Sequence[Any], kwargs: Mapping[str, Any]
         result = kwargs.get("batch_result", args[2] if len(args) > 2 else None)
         states = getattr(getattr(result, "logits_output", None), "hidden_states", None)
     else:
-        raise ValueError(hook)
+        raise InternalError(hook)
     shape = getattr(states, "shape", None)
     return int(shape[-1]) if shape is not None and len(shape) >= 1 else None
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import ArgumentTypeError, InvalidArgumentError
 from .schema import TensorSpec
 
 _MEMORYVIEW_DTYPES = {
@@ -32,22 +33,22 @@ def as_native(name: str, x: Any) -> tuple[str, list[int], Any]:
     """
     if isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
-            raise ValueError(f"tensor {name!r} is on {x.device}; copy it to the CPU first")
+            raise InvalidArgumentError(f"tensor {name!r} is on {x.device}; copy it to the CPU first")
         if not x.is_contiguous():
-            raise ValueError(f"tensor {name!r} is not contiguous; call .contiguous() first")
+            raise InvalidArgumentError(f"tensor {name!r} is not contiguous; call .contiguous() first")
         x = x.detach()
         buf = x.reshape(-1).view(torch.uint8).numpy() if x.numel() else np.empty(0, np.uint8)
         return str(x.dtype).removeprefix("torch."), list(x.shape), buf
     if isinstance(x, np.ndarray):
         if not x.flags.c_contiguous:
-            raise ValueError(f"array {name!r} is not C-contiguous; use np.ascontiguousarray first")
+            raise InvalidArgumentError(f"array {name!r} is not C-contiguous; use np.ascontiguousarray first")
         return x.dtype.name, list(x.shape), x.reshape(-1).view(np.uint8)
     if isinstance(x, (bytes, bytearray, memoryview)):
         mv = memoryview(x)
         if mv.format not in _MEMORYVIEW_DTYPES:
-            raise ValueError(f"buffer {name!r} has format {mv.format!r}, which maps to no schema dtype")
+            raise InvalidArgumentError(f"buffer {name!r} has format {mv.format!r}, which maps to no schema dtype")
         return _MEMORYVIEW_DTYPES[mv.format], list(mv.shape or ()), mv
-    raise TypeError(f"tensor {name!r}: expected a torch.Tensor, numpy array or buffer, got {type(x).__name__}")
+    raise ArgumentTypeError(f"tensor {name!r}: expected a torch.Tensor, numpy array or buffer, got {type(x).__name__}")
 
 
 def empty(spec: TensorSpec, n_tokens: int, pin_memory: bool = False) -> torch.Tensor:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .. import _native
+from ..errors import InvalidArgumentError, SampleNotFoundError
 from ._tensors import empty, writable_bytes
 from .schema import TensorSpec, from_json
 
@@ -90,12 +91,12 @@ class Dataset:
         for s in self.schema:
             t = out[s.name]
             if t.dtype != getattr(torch, s.dtype) or not t.is_contiguous() or t.device.type != "cpu":
-                raise ValueError(f"output {s.name!r} must be a contiguous CPU tensor of dtype {s.dtype}")
+                raise InvalidArgumentError(f"output {s.name!r} must be a contiguous CPU tensor of dtype {s.dtype}")
         self._native.read_into(pos, [writable_bytes(out[s.name]) for s in self.schema])
 
     def __getitem__(self, pos: int) -> dict[str, Any]:
         if not -len(self) <= pos < len(self):
-            raise IndexError(f"position {pos} out of range for a dataset of {len(self)} samples")
+            raise SampleNotFoundError(f"position {pos} out of range for a dataset of {len(self)} samples")
         return self.read(pos % len(self))
 
     @staticmethod

@@ -43,12 +43,21 @@ DTYPES = {  # 3: schema dtype -> numpy dtype of the returned array (bfloat16: ra
 try:  # inside the package: under eagle_io's error hierarchy
     from ..errors import EagleIOError as _EagleIOError
 
-    _BASES: tuple[type, ...] = (_EagleIOError, ValueError)
+    _EAGLE_IO: tuple[type, ...] = (_EagleIOError,)
 except ImportError:  # loaded as a standalone file (no parent package): nothing of eagle_io is imported
-    _BASES = (ValueError,)
+    _EAGLE_IO = ()
 
 
-class ReferenceFormatError(*_BASES):  # type: ignore[misc]
+class _Malformed(ValueError):
+    """Internal: a chunk or frame that breaks the spec; caught below and raised as :class:`ReferenceFormatError`
+    with the file, sample and offset."""
+
+
+class ReferenceIndexError(*_EAGLE_IO, IndexError):  # type: ignore[misc]
+    """A position past the end of the dataset."""
+
+
+class ReferenceFormatError(*_EAGLE_IO, ValueError):  # type: ignore[misc]
     """The data violates docs/FORMAT.md, as the pure-Python reference reader sees it. ``path``: the file;
     ``sample_id``: the record's id or None; ``offset``: byte offset of the offending structure in that file (None
     for manifest fields)."""
@@ -75,7 +84,7 @@ MAX_JSON_DEPTH = 127  # section 2: objects and arrays, the manifest's own object
 
 
 def _not_json(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
+    raise _Malformed(f"{name} is not JSON")
 
 
 def _depth(v: object) -> int:
@@ -117,10 +126,10 @@ def _unzstd(frame: bytes, size: int) -> bytes:
     """One complete zstd frame decoding to exactly ``size`` bytes (checked before allocating)."""
     declared = zstandard.get_frame_parameters(frame).content_size
     if declared not in (size, zstandard.CONTENTSIZE_UNKNOWN):
-        raise ValueError(f"zstd frame declares {declared} bytes, expected {size}")
+        raise _Malformed(f"zstd frame declares {declared} bytes, expected {size}")
     out = zstandard.ZstdDecompressor().decompress(frame, max_output_size=max(size, 1), allow_extra_data=False)
     if len(out) != size:
-        raise ValueError(f"zstd frame decoded to {len(out)} bytes, expected {size}")
+        raise _Malformed(f"zstd frame decoded to {len(out)} bytes, expected {size}")
     return out
 
 
@@ -129,22 +138,22 @@ def _decode_chunk(desc: tuple, payload: bytes, size: int, elem: int) -> bytes:
     codec, planes, plane_zstd, layout, rows, *stored = desc
     if codec in (RAW, ZSTD):
         if planes != 1 or plane_zstd or layout or any(stored[1:]):
-            raise ValueError(f"codec {codec} needs planes 1, plane_zstd 0, layout 0, stored[1:] 0")
+            raise _Malformed(f"codec {codec} needs planes 1, plane_zstd 0, layout 0, stored[1:] 0")
         if codec == ZSTD:
             return _unzstd(payload, size)
         if len(payload) != size:
-            raise ValueError(f"RAW chunk of {len(payload)} bytes, expected {size}")
+            raise _Malformed(f"RAW chunk of {len(payload)} bytes, expected {size}")
         return payload
     if codec != PLANES:
-        raise ValueError(f"unknown codec {codec}")
+        raise _Malformed(f"unknown codec {codec}")
     if planes not in (2, 4) or planes != elem or plane_zstd >> planes or any(stored[planes:]) or layout > 1:
-        raise ValueError(
+        raise _Malformed(
             f"PLANES chunk with planes={planes}, plane_zstd={plane_zstd:#x}, layout={layout}, stored={stored}"
         )
     if rows == 0 and size == 0 == len(payload):
         return b""
     if rows == 0 or size % (planes * rows):
-        raise ValueError(f"{size} bytes do not split into {planes} planes of {rows} whole rows")
+        raise _Malformed(f"{size} bytes do not split into {planes} planes of {rows} whole rows")
     out, start = np.empty((size // planes, planes), np.uint8), 0
     for p in range(planes):
         plane = payload[start : start + stored[p]]
@@ -157,7 +166,7 @@ def _decode_chunk(desc: tuple, payload: bytes, size: int, elem: int) -> bytes:
         elif zstd:
             plane = _unzstd(plane, size // planes)
         if len(plane) != size // planes:
-            raise ValueError(f"plane {p} of {len(plane)} bytes, expected {size // planes}")
+            raise _Malformed(f"plane {p} of {len(plane)} bytes, expected {size // planes}")
         out[:, p] = np.frombuffer(plane, np.uint8)  # decoded[i x n + p] = plane_p[i]
     return out.tobytes()
 
@@ -289,7 +298,7 @@ class ReferenceDataset:
 
     def _at(self, pos: int) -> tuple[_Shard, tuple]:
         if not 0 <= pos < len(self._entries):
-            raise IndexError(f"position {pos} out of range for {len(self._entries)} samples")
+            raise ReferenceIndexError(f"position {pos} out of range for {len(self._entries)} samples")
         shard, i = self._entries[pos]
         return shard, shard.entries[i]
 
@@ -340,7 +349,7 @@ class ReferenceDataset:
                     buf[row * row_bytes : (row + rows) * row_bytes] = _decode_chunk(
                         desc, rec[at : at + stored], rows * row_bytes, dtype.itemsize
                     )
-                except (ValueError, zstandard.ZstdError) as e:
+                except (ValueError, zstandard.ZstdError) as e:  # _Malformed, and numpy's size errors
                     fail(f"tensor {name!r}: chunk at record byte {at}: {e}")
                 row, at = row + rows, at + stored
             if row != n_tokens:

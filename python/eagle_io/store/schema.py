@@ -6,6 +6,8 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..errors import InvalidArgumentError
+
 #: dtype names a schema may use (torch's names: ``torch.bfloat16`` -> ``"bfloat16"``).
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32")
 
@@ -21,7 +23,7 @@ class TensorSpec:
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
-            raise ValueError(f"tensor {self.name!r}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+            raise InvalidArgumentError(f"tensor {self.name!r}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
 
 
 def eagle3_schema(hidden_size: int, num_aux_layers: int = 3, dtype: str = "bfloat16") -> list[TensorSpec]:
