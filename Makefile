@@ -3,6 +3,7 @@
 #   make generate   the main job: `eagle-io generate` on the embedded SmolLM2 + ShareGPT
 #   make bench      the benchmarks (benches/README.md holds the results)
 #   make dev        editable build into .venv for quick iteration
+#   make test-fast  the Python tests without the slow ones, against the editable build
 
 PY      ?= python3
 VENV    := .venv
@@ -11,7 +12,7 @@ CARGO   ?= cargo
 PYTEST_ARGS ?=
 export CARGO_TERM_COLOR = never
 
-.PHONY: venv wheel install dev lint fmt test test-rust test-python stubtest fuzz-short generate bench clean
+.PHONY: venv wheel install dev lint fmt test test-fast test-rust test-python stubtest fuzz-short generate bench clean
 
 # PyPI's only torch is the CUDA build: .venv takes 6.3 GiB, and a clean `make test` (wheels unpacked under $$TMPDIR,
 # .venv, target/, pytest's temp files) peaked at 8.6 GiB of disk. Check the room first, so a full disk stops here
@@ -73,6 +74,11 @@ test-python: install
 	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) .
 
 test: lint test-rust stubtest test-python
+
+# Quick iteration: the Python tests without the `slow` ones (the real model, full ShareGPT, SGLang engines), against
+# an editable build. CI runs everything (`make test`).
+test-fast: dev
+	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS) .
 
 generate: install
 	$(VENV)/bin/eagle-io generate --out runs/smollm2-sharegpt --limit 100 --skip-bad-records --resume $(ARGS)

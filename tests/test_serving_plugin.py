@@ -440,16 +440,6 @@ _LOAD_SCRIPT = textwrap.dedent(
 )
 
 
-def _entry_point_dist(root: Path) -> Path:
-    """A TEST-ONLY distribution declaring exactly the entry point the eagle-io wheel ships, on its own path entry
-    (the development install's metadata may predate the pyproject entry)."""
-    dist = root / "eagle_io_entrypoint_test-0.0.0.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: eagle-io-entrypoint-test\nVersion: 0.0.0\n")
-    (dist / "entry_points.txt").write_text("[sglang.srt.plugins]\neagle_io = eagle_io.serving.plugin:register\n")
-    return root
-
-
 def _installed_declares_entry_point() -> bool:
     from importlib.metadata import entry_points
 
@@ -460,9 +450,8 @@ def _installed_declares_entry_point() -> bool:
 
 
 def _load_plugins(tmp_path: Path, scenarios: list[dict[str, str]]) -> list[dict]:
-    path = [str(_entry_point_dist(tmp_path / "ep"))] if not _installed_declares_entry_point() else []
     e = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_IO_", "SGLANG_PLUGINS"))}
-    e["PYTHONPATH"] = os.pathsep.join(path + [p for p in sys.path if p])
+    e["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     cmd = [sys.executable, "-c", _LOAD_SCRIPT, json.dumps(scenarios)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -513,13 +502,11 @@ _ENGINE_SCRIPT = textwrap.dedent(
 STAND_INS = Path(__file__).parent / "fixtures" / "serving" / "stand_ins"
 
 
-def cpu_engine_env(tmp: Path, **extra: str) -> dict[str, str]:
-    """The environment of a process running a CPU SGLang engine: the test-only ``sgl_kernel`` stand-in and (when
-    the installed eagle-io does not declare it) the entry point on ``PYTHONPATH``, ``SGLANG_USE_CPU_ENGINE=1``, no
-    inherited ``EAGLE_IO_*`` / ``SGLANG_PLUGINS`` switches, then ``extra``."""
+def cpu_engine_env(**extra: str) -> dict[str, str]:
+    """The environment of a process running a CPU SGLang engine: the test-only ``sgl_kernel`` stand-in on
+    ``PYTHONPATH``, ``SGLANG_USE_CPU_ENGINE=1``, no inherited ``EAGLE_IO_*`` / ``SGLANG_PLUGINS`` switches, then
+    ``extra``."""
     path = [str(STAND_INS)]
-    if not _installed_declares_entry_point():
-        path.append(str(_entry_point_dist(tmp / "ep")))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_IO_", "SGLANG_PLUGINS"))}
     env.update(PYTHONPATH=os.pathsep.join(path + [p for p in sys.path if p]), SGLANG_USE_CPU_ENGINE="1", **extra)
     return env
@@ -548,7 +535,7 @@ def test_startup_hook_runs_in_a_real_scheduler_process(tmp_path):
     script = tmp_path / "engine.py"
     script.write_text(_ENGINE_SCRIPT)
     report = tmp_path / "guard.jsonl"
-    env = cpu_engine_env(tmp_path, EAGLE_IO_GUARD_REPORT=str(report))
+    env = cpu_engine_env(EAGLE_IO_GUARD_REPORT=str(report))
     r = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "target")], capture_output=True, text=True, env=env, timeout=900
     )
@@ -632,7 +619,7 @@ def test_sglang_capture_matches_the_hf_reference(tmp_path):
     }
     torch.save(samples, tmp_path / "samples.pt")
     (tmp_path / "capture.py").write_text(_CAPTURE_SCRIPT)
-    env = cpu_engine_env(tmp_path)
+    env = cpu_engine_env()
     r = subprocess.run(
         [sys.executable, str(tmp_path / "capture.py"), str(tmp_path)],
         capture_output=True,
@@ -717,11 +704,7 @@ def test_capture_refuses_partial_requests():
 
 @needs_sglang
 def test_installed_wheel_declares_the_entry_point():
-    if not _installed_declares_entry_point():
-        pytest.skip(
-            'the installed eagle-io does not declare [project.entry-points."sglang.srt.plugins"] yet '
-            "(pyproject.toml; see docs/SERVING.md)"
-        )
+    assert _installed_declares_entry_point(), 'pyproject.toml declares [project.entry-points."sglang.srt.plugins"]'
     from importlib.metadata import entry_points
 
     (ep,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "eagle_io"]

@@ -493,8 +493,7 @@ def test_cli_reads_sglang_launch_args_after_dashdash(tmp_path, capsys):
 
 
 def test_cli_registered_console_script(tmp_path):
-    if "check-serving" not in COMMANDS:
-        pytest.skip("check-serving is not registered in eagle_io.cli.COMMANDS yet")
+    assert COMMANDS["check-serving"] is check_serving_cmd
     t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
     r = subprocess.run(
         [

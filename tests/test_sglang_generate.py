@@ -38,8 +38,8 @@ CPU_ENGINE = [
 ]
 
 
-def sglang_env(tmp: Path) -> dict[str, str]:
-    return cpu_engine_env(tmp, SGLANG_CPU_OMP_THREADS_BIND="0|1")  # two DP ranks on a one-NUMA-node machine
+def sglang_env() -> dict[str, str]:
+    return cpu_engine_env(SGLANG_CPU_OMP_THREADS_BIND="0|1")  # two DP ranks on a one-NUMA-node machine
 
 
 def generate(tmp: Path, out: Path, *extra: str) -> dict:
@@ -49,7 +49,7 @@ def generate(tmp: Path, out: Path, *extra: str) -> dict:
     args += ["--batch-size", "3", "--threads", "1", "--backend", "sglang", "--summary-json", str(summary)]
     args += [a for kv in CPU_ENGINE for a in ("--sglang-arg", kv)]
     cmd = [sys.executable, "-m", "eagle_io.cli", "generate", *args, *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=sglang_env(tmp), timeout=900)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=sglang_env(), timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return json.loads(summary.read_text())
 
@@ -135,7 +135,7 @@ def test_the_embedded_real_model_through_sglang_matches_the_hf_backend(tmp_path)
     Q4_1 weights computed in float32) on the first ShareGPT records: same samples, tokens and masks; measured on 30
     samples: aux within 0.52% and final states within 2.9% of the max |reference|, per-token cosine >= 0.9967."""
     common = ["--limit", "12", "--max-length", "256", "--batch-size", "4", "--skip-bad-records", "--threads", "1"]
-    env = sglang_env(tmp_path) | {"EAGLE_IO_CACHE": str(tmp_path / "cache")}
+    env = sglang_env() | {"EAGLE_IO_CACHE": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "eagle_io.cli", "generate", "--backend", "sglang", "--out", str(tmp_path / "sg")]
     cmd += common + [a for kv in CPU_ENGINE for a in ("--sglang-arg", kv)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -192,7 +192,7 @@ def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs
 
     tmp, *_ = runs
     out, port = tmp / "server", free_port()
-    env = sglang_env(tmp)
+    env = sglang_env()
     env.update(EAGLE_IO_CAPTURE_DIR=str(out), EAGLE_IO_CAPTURE_OPTIONS=json.dumps({"metadata": {"via": "server"}}))
     flags = [f"--{k.replace('_', '-')}" for k, v in CAPTURE_ENGINE_ARGS.items() if v is True]
     flags += ["--speculative-algorithm", "EAGLE3", "--chunked-prefill-size", "-1"]

@@ -19,6 +19,7 @@ import torch
 
 import eagle_io
 from conftest import make_sample
+from eagle_io import defaults
 from eagle_io.cli import main, specforge_cmd
 from eagle_io.interop.specforge import (
     SPECFORGE_KEYS,
@@ -332,3 +333,21 @@ def test_cli_import_reports_bad_files(tmp_path, cli, capsys):
     assert cli(["import-specforge", str(sf), "--out", str(tmp_path / "b"), "--skip-bad"]) == 1
     err = capsys.readouterr().err
     assert all(str(p) in err for p in bad.values())
+
+
+def test_import_and_the_writer_share_their_defaults_byte_for_byte(tmp_path):
+    """One definition of the codec and shard defaults (eagle_io.defaults): the same samples written by
+    import-specforge and by a ShardWriter left at its defaults give byte-identical shards."""
+    sf = _good_dir(tmp_path, n=4)
+    import_specforge(sf, tmp_path / "imported")
+    ds = eagle_io.Dataset(tmp_path / "imported")
+    with eagle_io.ShardWriter(tmp_path / "written", ds.schema, ds.metadata) as w:
+        for p in range(len(ds)):
+            e = ds.entry(p)
+            item = ds[p]
+            w.write(e.sample_id, {s.name: item[s.name] for s in ds.schema}, key=e.key)
+    shards = sorted((tmp_path / "imported" / "shards").iterdir())
+    assert [s.name for s in shards] == [s.name for s in sorted((tmp_path / "written" / "shards").iterdir())]
+    for s in shards:
+        assert s.read_bytes() == (tmp_path / "written" / "shards" / s.name).read_bytes(), s.name
+    assert ds.manifest["codec"]["zstd_level"] == defaults.ZSTD_LEVEL == -1000
