@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from helpers.shard_bytes import layout
+
 from eagle_io.cli import main
 
 
@@ -28,9 +30,9 @@ def test_verify_ok_then_lists_every_bad_record(small_dataset, capsys):
     manifest = json.loads((root / "manifest.json").read_text())
     shards = [root / s["file"] for s in manifest["shards"]]
     for shard in shards[:2]:  # corrupt the first record of two shards
-        data = bytearray(shard.read_bytes())
-        schema_len = int.from_bytes(data[12:16], "little")
-        data[32 + schema_len + 30] ^= 0xFF
+        lay = layout(shard)
+        data = bytearray(lay["data"])
+        data[lay["data_start"] + 30] ^= 0xFF
         shard.write_bytes(bytes(data))
     # Through the installed console script, as a user runs it.
     r = subprocess.run([sys.executable, "-m", "eagle_io.cli", "verify", str(root)], capture_output=True, text=True)

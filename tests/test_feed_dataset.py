@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 import torch
+from helpers.shard_bytes import layout
 
 import eagle_io
 from conftest import make_sample
@@ -174,9 +175,9 @@ def test_opening_reads_no_payload(tmp_path):
     samples = write(tmp_path / "a", [(1, 20), (2, 20)])
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     shard = tmp_path / "a" / manifest["shards"][0]["file"]
-    data = bytearray(shard.read_bytes())
-    schema_len = int.from_bytes(data[12:16], "little")
-    data[32 + schema_len + 200] ^= 0xFF  # inside record 0's chunk payloads, not its index entry
+    lay = layout(shard)
+    data = bytearray(lay["data"])
+    data[lay["data_start"] + 200] ^= 0xFF  # inside record 0's chunk payloads, not its index entry
     shard.write_bytes(bytes(data))
     ds = ShardDataset(tmp_path / "a")
     assert ds.lengths() == [20, 20]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.checks import layout
+from helpers.shard_bytes import entry_for, layout
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -325,50 +325,12 @@ def test_arbitrary_bytes_as_a_manifest_raise_only_eagle_io_errors(tmp_path_facto
     open_and_read_all(root)  # anything but an EagleIOError fails the test
 
 
-SIZES = {
-    "bool": 1,
-    "uint8": 1,
-    "int8": 1,
-    "int16": 2,
-    "int32": 4,
-    "int64": 8,
-    "float16": 2,
-    "bfloat16": 2,
-    "float32": 4,
-}
-
-
 def put_manifest(root: Path, m: dict) -> None:
     """Writes ``m`` sealed, or as plain JSON when its values do not fit a manifest (a count past u64)."""
     try:
         (root / "manifest.json").write_bytes(manifest_bytes(m))
     except eagle_io.InvalidArgumentError:
         (root / "manifest.json").write_text(json.dumps(m))
-
-
-def entry_for(shard: bytes, file: str) -> dict:
-    """The manifest entry that matches a shard's footer and index as far as they parse (FORMAT.md 2,
-    4.2, 4.3), so that a reader goes past the manifest checks into the shard itself."""
-    footer = shard[-40:] if len(shard) >= 40 else bytes(40)
-    index_offset, n = int.from_bytes(footer[0:8], "little"), int.from_bytes(footer[16:24], "little")
-    tokens = raw = 0
-    try:
-        schema = json.loads(shard[32 : 32 + int.from_bytes(shard[12:16], "little")])
-        token_bytes = sum((t["width"] or 1) * SIZES[t["dtype"]] for t in schema["tensors"])
-        if 40 * n <= len(shard):
-            at = [index_offset + 40 * i + 24 for i in range(n)]
-            tokens = sum(int.from_bytes(shard[a : a + 8], "little") for a in at)
-            raw = tokens * token_bytes
-    except (ValueError, KeyError, TypeError, AttributeError):
-        pass
-    return {
-        "file": file,
-        "samples": n,
-        "tokens": tokens,
-        "bytes": len(shard),
-        "raw_bytes": raw,
-        "index_crc32": int.from_bytes(footer[24:28], "little"),
-    }
 
 
 @FUZZ
@@ -427,13 +389,10 @@ def test_corrupted_shards_never_yield_another_sample(valid, tmp_path_factory, fl
 def test_crc_of_the_shard_index_is_what_the_manifest_lists(valid):
     """The helpers above read the footer as FORMAT.md 4.2 says; checked against the writer's manifest."""
     _, _, m, good = valid
-    lay = layout_from_bytes(good)
+    lay = layout(good)
     assert entry_for(good, m["shards"][0]["file"]) == m["shards"][0]
-    assert zlib.crc32(good[lay[0] : lay[0] + lay[1]]) == m["shards"][0]["index_crc32"]
-
-
-def layout_from_bytes(data: bytes) -> tuple[int, int]:
-    return int.from_bytes(data[-40:-32], "little"), int.from_bytes(data[-32:-24], "little")
+    index = good[lay["index_offset"] : lay["index_offset"] + lay["index_len"]]
+    assert zlib.crc32(index) == lay["index_crc32"] == m["shards"][0]["index_crc32"]
 
 
 def test_a_chunk_error_offset_lies_inside_its_record(tmp_path):
@@ -450,7 +409,7 @@ def test_a_chunk_error_offset_lies_inside_its_record(tmp_path):
     assert data[off + 32] == 0, "RAW"
     data[off + 32] = 1  # ZSTD, with no frame
     # Consistent checksums (a crafted file, or a writer bug): record CRC, index CRC, manifest entry.
-    index_offset, index_len = layout_from_bytes(bytes(data))
+    index_offset, index_len = lay["index_offset"], lay["index_len"]
     data[index_offset + 32 : index_offset + 36] = zlib.crc32(data[off : off + length]).to_bytes(4, "little")
     crc = zlib.crc32(data[index_offset : index_offset + index_len])
     data[-16:-12] = crc.to_bytes(4, "little")

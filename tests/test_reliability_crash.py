@@ -32,8 +32,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import checks
-from helpers.checks import check_samples, on_disk, shard_entry
+from helpers.checks import check_samples, on_disk
 from helpers.forkserver import ForkServer, shared
+from helpers.shard_bytes import layout, shard_entry
 
 import eagle_io
 
@@ -245,6 +246,6 @@ def test_shard_entry_helper_matches_the_writer(tmp_path, server):
         assert {k: e[k] for k in ("file", "samples", "bytes", "index_crc32")} == {
             k: s[k] for k in ("file", "samples", "bytes", "index_crc32")
         }
-        data = (tmp_path / s["file"]).read_bytes()
-        index_offset, index_len = int.from_bytes(data[-40:-32], "little"), int.from_bytes(data[-32:-24], "little")
-        assert zlib.crc32(data[index_offset : index_offset + index_len]) == e["index_crc32"]
+        lay = layout(tmp_path / s["file"])
+        index = lay["data"][lay["index_offset"] : lay["index_offset"] + lay["index_len"]]
+        assert zlib.crc32(index) == e["index_crc32"]

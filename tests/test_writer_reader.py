@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.shard_bytes import layout
 
 import eagle_io
 from conftest import make_sample
@@ -85,9 +86,9 @@ def test_corruption_raises_with_path_sample_and_offset(small_dataset):
     shard = root / ds.manifest["shards"][0]["file"]
     last_of_shard0 = ds.entry(ds.manifest["shards"][0]["samples"] - 1)
     # The last record of shard 0 ends where its index starts (footer field 0): flip a byte 10 before.
-    data = bytearray(shard.read_bytes())
-    index_offset = int.from_bytes(data[-40:-32], "little")
-    data[index_offset - 10] ^= 0x01
+    lay = layout(shard)
+    data = bytearray(lay["data"])
+    data[lay["index_offset"] - 10] ^= 0x01
     shard.write_bytes(bytes(data))
     bad = eagle_io.Dataset.verify(root)
     assert len(bad) == 1

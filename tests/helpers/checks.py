@@ -11,29 +11,7 @@ import torch
 import eagle_io
 from eagle_io.store.manifest import manifest_bytes
 from helpers import jobs
-
-
-def shard_entry(path: Path) -> dict:
-    """A manifest entry for a committed shard, from its footer (FORMAT.md 2 and 4.2)."""
-    data = path.read_bytes()
-    footer = data[-40:]
-    assert footer[32:] == b"EIOINDX\0", f"{path} has no footer: not a committed shard"
-    index_offset, n = int.from_bytes(footer[0:8], "little"), int.from_bytes(footer[16:24], "little")
-    tokens = sum(
-        int.from_bytes(data[index_offset + 40 * i + 24 : index_offset + 40 * i + 32], "little") for i in range(n)
-    )
-    schema = json.loads(data[32 : 32 + int.from_bytes(data[12:16], "little")])
-    token_bytes = sum(
-        (t["width"] or 1) * torch.empty(0, dtype=getattr(torch, t["dtype"])).element_size() for t in schema["tensors"]
-    )
-    return {
-        "file": f"shards/{path.name}",
-        "samples": n,
-        "tokens": tokens,
-        "bytes": len(data),
-        "raw_bytes": tokens * token_bytes,
-        "index_crc32": int.from_bytes(footer[24:28], "little"),
-    }
+from helpers.shard_bytes import layout, shard_entry
 
 
 def read_ids(manifest: Path) -> list[int]:
@@ -103,20 +81,6 @@ def check_samples(root: Path, expected_ids: list[int], long_from: int | None = N
         assert got["sample_id"] == sid and ds.entry(p).key == f"conv-{sid}"
         for name, t in want.items():
             assert same(got[name], t), (sid, name)
-
-
-def layout(shard: Path) -> dict:
-    """Byte regions of a shard, from its footer and index (FORMAT.md 4)."""
-    data = shard.read_bytes()
-    schema_len = int.from_bytes(data[12:16], "little")
-    index_offset = int.from_bytes(data[-40:-32], "little")
-    n = int.from_bytes(data[-24:-16], "little")
-    records = []
-    for i in range(n):
-        e = data[index_offset + 40 * i : index_offset + 40 * (i + 1)]
-        sid, off, length = (int.from_bytes(e[k : k + 8], "little") for k in (0, 8, 16))
-        records.append((sid, off, length))
-    return {"data": data, "data_start": 32 + schema_len, "index_offset": index_offset, "records": records}
 
 
 def damage_record(root: Path, sample_id: int) -> tuple[str, int, int]:
