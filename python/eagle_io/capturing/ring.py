@@ -137,8 +137,9 @@ class RingSink:
 
     def stats(self) -> dict[str, float]:
         """Writer counters plus ring counters: ring_capacity, ring_bytes_in_use, ring_slots_in_use,
-        ring_high_water_bytes, producer_stall_seconds, dropped_samples, abandoned_slots, committed_bytes."""
-        return self._sink.stats()
+        ring_high_water_bytes, producer_stall_seconds, dropped_samples, abandoned_slots, committed_bytes, and
+        ring_pinned (whether CUDA registered the arena as pinned memory)."""
+        return {**self._sink.stats(), "ring_pinned": self.pinned}
 
     def close(self) -> dict:
         """Waits for pending copies, drains the ring, commits the last shard; returns the manifest."""
