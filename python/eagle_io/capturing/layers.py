@@ -14,7 +14,7 @@ records the final boundary:
   still ``None`` before layer 0, so ``hidden_states + residual`` fails), and it carries no context.
 * ``N`` is the boundary after the last layer: the final *pre-norm* residual stream (the input of the final
   norm). gpt-oss EAGLE-3 drafts and vLLM's ``[.., N]`` ids use it. The HF capture records it
-  (:mod:`eagle_io.capturing.hf`); SGLang only for :data:`FINAL_BOUNDARY_SETTERS` (``srt/models/gpt_oss.py``,
+  (:mod:`eagle_io.capturing.hf`); SGLang only for :data:`FINAL_BOUNDARY_SETTERS` (e.g. ``srt/models/gpt_oss.py``,
   ``GptOssModel.forward`` captures ``end_layer`` through ``residual_batch.final_norm(..., capture=...)``); every
   other SGLang model's loop stops at layer ``N - 1`` and would silently return one state fewer. The final state
   eagle-io stores separately (``hidden_states``) is the *post-norm* one; a dataset whose last aux id is ``N``
@@ -183,12 +183,19 @@ _DEEPSEEK = SetterRule(
 _GPT_OSS = SetterRule(
     "keep if max is N", 0, True, "srt/models/gpt_oss.py: GptOssForCausalLM.set_eagle3_layers_to_capture"
 )
+_LLAMA_FINAL = SetterRule(
+    "+1",
+    0,
+    True,
+    "srt/models/gemma3_causal.py, gemma4_causal.py, minimax_m3.py: Llama's +1 setter; the model's forward also "
+    "appends a state for id N after its layer loop",
+)
 _MINIMAX_M3_VL = SetterRule(
     "+1",
     1,
-    False,
+    True,
     "srt/models/minimax_m3_vl.py: MiniMaxM3SparseForConditionalGeneration.set_eagle3_layers_to_capture "
-    "(adds +1 to the default ids too)",
+    "(adds +1 to the default ids too; MiniMaxM3Model.forward captures end_layer)",
 )
 
 SETTER_RULES: dict[str, SetterRule] = {
@@ -200,6 +207,11 @@ SETTER_RULES: dict[str, SetterRule] = {
     "KimiK25ForConditionalGeneration": _DEEPSEEK,  # srt/models/kimi_k25.py delegates to its DeepSeek-V3 model
     "Glm4MoeLiteForCausalLM": _DEEPSEEK,  # srt/models/glm4_moe_lite.py copies DeepSeek's rule
     "GptOssForCausalLM": _GPT_OSS,
+    "Gemma3ForCausalLM": _LLAMA_FINAL,
+    "Gemma3ForConditionalGeneration": _LLAMA_FINAL,  # gemma3_mm.py delegates to its Gemma3ForCausalLM
+    "Gemma4ForCausalLM": _LLAMA_FINAL,
+    "Gemma4ForConditionalGeneration": _LLAMA_FINAL,  # gemma4_mm.py: +1 on its Gemma4TextModel
+    "MiniMaxM3SparseForCausalLM": _LLAMA_FINAL,
     "MiniMaxM3SparseForConditionalGeneration": _MINIMAX_M3_VL,
 }
 """Target architecture -> its setter's rule; every architecture not listed uses Llama's (``[i + 1 for i in
@@ -212,8 +224,11 @@ DEEPSEEK_STYLE_SETTERS = frozenset(a for a, r in SETTER_RULES.items() if r is _D
 ``language_model``; ``glm4_moe_lite.py`` copies the rule)."""
 
 FINAL_BOUNDARY_SETTERS = frozenset(a for a, r in SETTER_RULES.items() if r.final_boundary)
-"""``srt/models/gpt_oss.py``: ids are kept as given when ``max(ids) == num_layers`` (the final boundary),
-else +1 each; ``GptOssModel.forward`` captures id ``N`` at the final norm."""
+"""Targets whose forward also captures id ``N`` after the layer loop: gpt-oss (``srt/models/gpt_oss.py``: ids kept
+as given when ``max(ids) == num_layers``, else +1; ``GptOssModel.forward`` captures ``end_layer`` at the final
+norm), Gemma-3/4 and MiniMax-M3 (Llama's +1 setter; ``if num_layers in self.layers_to_capture`` after the loop).
+What each appends there is that model's final-boundary state; eagle-io's HF capture records the input of the
+final norm."""
 
 
 def setter_for(architecture: str) -> SetterRule:
