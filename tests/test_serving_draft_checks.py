@@ -142,3 +142,11 @@ def test_a_correct_draft_of_each_size_is_clean(tmp_path):
         t = llama_target(tmp_path / str(n), layers=n)
         d = eagle3_draft(tmp_path / str(n), eagle_ids=eagle_ids, vocab=V)
         assert issues(check_serving(t, d, algorithm="EAGLE3")) == {}
+
+
+def test_a_draft_without_safetensors_is_not_reported_missing_everything(tmp_path):
+    t = llama_target(tmp_path)
+    d = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    (d / "model.safetensors").rename(d / "pytorch_model.bin")  # not read: only safetensors headers are
+    fs = check_serving(t, d, algorithm="EAGLE3")
+    assert issues(fs) == {"fc-unknown": "warning"} and "pytorch_model.bin" in by_code(fs, "fc-unknown").message

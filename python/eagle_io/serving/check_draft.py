@@ -77,7 +77,10 @@ def check_tensors(out: Findings, draft: DraftInfo, build: DraftBuild) -> None:
     """Every tensor of the draft's safetensors headers against the draft SGLang builds from its config.
 
     ``fc.weight`` input width and ``lm_head.weight`` rows have their own findings (``fc-width``,
-    ``lm-head-size``); any other difference of those two is reported here."""
+    ``lm-head-size``); any other difference of those two is reported here. Nothing is checked when the draft has
+    no safetensors file (``.bin`` weights are not read: ``fc-unknown`` says so)."""
+    if not draft.weight_files:
+        return
     for p in tensor_problems(build, draft.tensors):
         if p.kind == "shape" and p.expected and p.found and len(p.expected) == len(p.found) == 2:
             if p.canonical == "fc.weight" and p.found[1] != p.expected[1]:
@@ -133,7 +136,7 @@ def check_vocab(out: Findings, draft: DraftInfo, target: CheckpointInfo) -> None
             f'set "draft_vocab_size": {draft.lm_head.shape[0]} in the draft config.json',
         )
     v = target.vocab_size
-    if draft.d2t is None and dvs is not None and v is not None and dvs < v:
+    if draft.d2t is None and draft.weight_files and dvs is not None and v is not None and dvs < v:
         out.add(
             ERROR,
             "d2t-missing",
