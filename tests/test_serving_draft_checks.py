@@ -81,6 +81,8 @@ def test_config_switches_on_the_eagle3_path(tmp_path):
     off = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4], "use_aux_hidden_state": False}}
     d = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], extra_config=off)
     assert issues(check_serving(t, d, algorithm="EAGLE3")) == {"aux-capture-disabled": "error"}
+    gelu = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], extra_config={"hidden_act": "gelu"}, name="gelu")
+    assert issues(check_serving(t, gelu, algorithm="EAGLE3")) == {"draft-activation": "error"}
     tied = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], extra_config={"tie_word_embeddings": True}, name="tied")
     f = by_code(check_serving(t, tied, algorithm="EAGLE3"), "draft-tensor-ignored")
     assert "lm_head.weight [500, 64]" in f.message and "tie_word_embeddings: false" in f.message

@@ -59,6 +59,15 @@ def check_draft_build(out: Findings, draft: DraftInfo, build: DraftBuild, h_t: i
             f"{build.num_aux} x {build.hidden_size}) and gives the draft the target's {h_t}-wide embedding",
             f'add "target_hidden_size": {h_t} to the draft\'s config.json',
         )
+    act = draft.config.get("hidden_act", "silu")
+    if build.family == "llama_eagle3" and act != "silu":
+        out.add(
+            ERROR,
+            "draft-activation",
+            f"the draft config has hidden_act = {act!r}: SGLang's LlamaMLP (srt/models/llama.py) supports only silu "
+            "and refuses to build the draft",
+            'set "hidden_act": "silu" if the draft was trained with it; SGLang cannot serve another activation here',
+        )
     n_layers = draft.config.get("num_hidden_layers")
     if build.family == "mla_eagle3" and n_layers not in (None, 1):
         out.add(

@@ -177,10 +177,10 @@ def check_fc_width(
     fc_in = build.fc_in if build.family is not None else None
     hin = build.hidden_size_in
     if fc_in is not None and width != fc_in:
-        hin_text = (
-            f"target hidden {hin}" if build.hidden_size_in_source == "target_hidden_size" else
-            f"{build.hidden_size_in_source} {hin}"
-        )  # fmt: skip
+        if build.hidden_size_in_source == "target_hidden_size":
+            hin_text = f"target hidden {hin}" if hin == h_t else f"target_hidden_size {hin}"
+        else:
+            hin_text = f"{build.hidden_size_in_source} {hin}"
         if width % h_t == 0 and build.hidden_size_in_source != "target_hidden_size" and hin != h_t:
             fix = (
                 f'add "target_hidden_size": {h_t} to the draft\'s config.json: without it SGLang sizes fc (and shares '
