@@ -204,6 +204,23 @@ def test_hooks_removed_when_forward_fails():
     assert hook_counts(model) == before
 
 
+def test_final_prenorm_boundary_id_n_is_the_input_of_the_final_norm():
+    """Id N = the residual stream after the last layer, before the final norm (gpt-oss drafts, vLLM's [.., N])."""
+    model = tiny_llama()
+    x = rand_seqs([9])[0]
+    with torch.inference_mode():
+        ref = model(input_ids=x[None], output_hidden_states=True).hidden_states
+    with HFCapture(model, aux_layer_ids=[2, 5, 8]) as cap:
+        out = cap.forward(x)
+    assert out.aux_layer_ids == (2, 5, 8) and out.aux(0).shape == (9, 3 * H)
+    assert torch.equal(out.aux(0)[:, :H], ref[2][0]) and torch.equal(out.aux(0)[:, H : 2 * H], ref[5][0])
+    prenorm = out.aux(0)[:, 2 * H :]
+    with torch.inference_mode():
+        assert torch.equal(model.model.norm(prenorm), out.hidden(0))  # its norm is the stored post-norm state
+    assert not torch.allclose(prenorm, out.hidden(0), atol=1e-2)  # and it is not that state itself
+    assert hook_counts(model)[-1] == 0  # the norm pre-hook is removed on exit
+
+
 @pytest.mark.parametrize(
     "mask",
     [torch.tensor([[1, 0, 1, 1]]), torch.tensor([[0, 0, 0, 0]]), torch.tensor([[1, 2, 1, 1]])],
@@ -218,8 +235,10 @@ def test_model_errors():
         HFCapture(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match=r"default aux layer ids .* num_layers=4"):
         HFCapture(tiny_llama(num_layers=4))
-    with pytest.raises(ValueError, match="aux layer id 4 out of range"):
-        HFCapture(tiny_llama(num_layers=4), aux_layer_ids=[1, 4])
+    with pytest.raises(ValueError, match="aux layer id 5 out of range"):
+        HFCapture(tiny_llama(num_layers=4), aux_layer_ids=[1, 5])
+    with pytest.raises(ValueError, match="aux layer id -1 out of range"):
+        HFCapture(tiny_llama(num_layers=4), aux_layer_ids=[-1, 2])
     with HFCapture(tiny_llama(num_layers=4), aux_layer_ids=[1, 2, 3]) as cap:
         assert cap.forward(torch.tensor([5, 6])).aux(0).shape == (2, 3 * H)
 
@@ -291,3 +310,23 @@ def test_smollm2_capture_exact_and_batched(smollm2):
         for got, want in ((out.aux(b), singles[b].aux(0)), (out.hidden(b), singles[b].hidden(0))):
             diff, ref_norm = (got - want).unflatten(-1, (-1, 576)), want.unflatten(-1, (-1, 576)).norm(dim=-1)
             assert (diff.norm(dim=-1) / ref_norm).max().item() <= PAD_TOL
+
+
+def test_capture_of_the_final_boundary_is_recorded_in_the_metadata(tmp_path):
+    """A capture whose last id is N writes final_state_is_prenorm: true; the default ids write false."""
+    from test_capture_session import samples, stored, tiny_target
+
+    import eagle_io
+
+    model, info = tiny_target()
+    with eagle_io.capture(model, tmp_path / "n", target_info=info, aux_layer_ids=[2, 8], threads=1) as cap:
+        cap.submit(samples([5]))
+    with eagle_io.capture(model, tmp_path / "d", target_info=info, threads=1) as cap:
+        cap.submit(samples([5]))
+    meta_n, meta_d = eagle_io.Dataset(tmp_path / "n").metadata, eagle_io.Dataset(tmp_path / "d").metadata
+    assert meta_n["aux_layer_ids"] == [2, 8] and meta_n["final_state_is_prenorm"] is True
+    assert meta_d["aux_layer_ids"] == [2, 4, 5] and meta_d["final_state_is_prenorm"] is False
+    item = stored(tmp_path / "n")[0]
+    assert item["aux_hidden_states"].shape == (5, 2 * 64)
+    # the last block is pre-norm: not equal to the stored post-norm final state
+    assert not torch.equal(item["aux_hidden_states"][:, 64:], item["hidden_states"])

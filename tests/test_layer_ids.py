@@ -5,7 +5,11 @@ import pytest
 import eagle_io
 from eagle_io.capturing.layers import (
     AUX_LAYER_CONVENTION,
+    aux_id_problems,
+    capturable_range,
+    captured_ids,
     default_aux_layer_ids,
+    default_capture_ids,
     explicit_ids_for,
     from_specforge,
     served_aux_layer_ids,
@@ -93,3 +97,62 @@ def test_convention_string_is_stable():
     assert AUX_LAYER_CONVENTION == (
         "input of 0-based decoder layer i = HF output_hidden_states[i] (index 0 = embedding output)"
     )
+
+
+def test_final_boundary_is_allowed_only_where_the_path_captures_it():
+    assert validate_aux_layer_ids([2, 15, 30], 30, final_boundary=True) == [2, 15, 30]
+    with pytest.raises(ValueError, match=r"aux layer id 30 out of range.*final pre-norm output"):
+        validate_aux_layer_ids([2, 15, 30], 30)
+    with pytest.raises(ValueError, match=r"aux layer id 31 out of range.*1 <= id <= num_layers = 30"):
+        validate_aux_layer_ids([2, 31], 30, final_boundary=True)
+    # SGLang: only gpt-oss's forward captures the boundary after the last layer (srt/models/gpt_oss.py).
+    assert capturable_range("GptOssForCausalLM", 24) == (1, 24)
+    assert capturable_range("LlamaForCausalLM", 24) == (1, 23)
+    assert capturable_range("DeepseekV3ForCausalLM", 61) == (1, 60)
+
+
+def test_every_problem_is_named_at_once():
+    probs = aux_id_problems([-1, 5, 5, 40], 36)
+    assert len(probs) == 3
+    assert "aux layer id -1 out of range" in probs[0] and "negative ids are not counted from the end" in probs[0]
+    assert "aux layer id 5 is duplicated" in probs[1] and "aux layer id 40 out of range" in probs[2]
+    assert aux_id_problems([3, 7], None) == [] and "out of range" in aux_id_problems([0, 7], None)[0]
+
+
+@pytest.mark.parametrize("wanted", [[-1, 5, 9], [0, 5, 9], [5, 5, 9], [9, 5], [2, 5, 40]])
+def test_explicit_ids_are_never_computed_for_invalid_ids(wanted):
+    """A negative id once produced the 'fix' [-2, 4, 8]; every invalid id list is refused instead."""
+    with pytest.raises(eagle_io.InvalidArgumentError, match="aux layer id"):
+        explicit_ids_for("LlamaForCausalLM", 36, wanted)
+    if min(wanted) < 1:
+        with pytest.raises(eagle_io.InvalidArgumentError, match="out of range"):
+            explicit_ids_for("LlamaForCausalLM", None, wanted)
+
+
+@pytest.mark.parametrize(
+    ("arch", "n", "explicit", "served"),
+    [
+        ("LlamaForCausalLM", 80, None, [2, 40, 77]),
+        ("Qwen3ForCausalLM", 36, [1, 17, 32], [2, 18, 33]),
+        ("DeepseekV3ForCausalLM", 61, [3, 5, 7], [3, 5, 7]),  # first id is not 1: unchanged
+        ("Glm4MoeLiteForCausalLM", 47, [1, 22, 43], [2, 23, 44]),  # first id is 1: +1
+        ("GlmMoeDsaForCausalLM", 78, [3, 5, 7], [3, 5, 7]),  # subclass of DeepseekV2ForCausalLM
+        ("MistralLarge3ForCausalLM", 61, [3, 5, 7], [3, 5, 7]),  # subclass of DeepseekV3ForCausalLM
+        ("GptOssForCausalLM", 36, [17, 35, 36], [17, 35, 36]),  # reaches N: unchanged
+        ("MiniMaxM3SparseForConditionalGeneration", 62, None, [3, 32, 60]),  # +1 on the default too
+    ],
+)
+def test_setter_table(arch, n, explicit, served):
+    assert served_aux_layer_ids(arch, n, explicit) == served
+    if explicit is None:
+        assert default_capture_ids(n, arch) == served
+    else:  # the inverse finds ids that the same setter turns into the same layers
+        assert served_aux_layer_ids(arch, n, explicit_ids_for(arch, n, served)) == served
+
+
+def test_captured_ids_are_what_the_forward_records():
+    """Duplicates are captured once, out-of-range ids never: [3, 3, 7] through Llama's +1 is two states."""
+    assert captured_ids("LlamaForCausalLM", 36, served_aux_layer_ids("LlamaForCausalLM", 36, [3, 3, 7])) == [4, 8]
+    assert captured_ids("LlamaForCausalLM", 36, served_aux_layer_ids("LlamaForCausalLM", 36, [1, 1, 1])) == [2]
+    assert captured_ids("LlamaForCausalLM", 8, [2, 5, 8]) == [2, 5]
+    assert captured_ids("GptOssForCausalLM", 8, [8, 2, 5]) == [2, 5, 8]

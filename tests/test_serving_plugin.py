@@ -806,3 +806,138 @@ def test_a_sample_id_that_is_not_a_u64_integer_is_refused(tmp_path, bad):
             cap.on_forward(*_prefill(bad))
     finally:
         sc._ACTIVE = None
+
+
+# ---------------------------------------------------------------------------------------------- captured states
+
+
+def test_startup_decision_counts_captured_states_not_ids():
+    """eagle_config [3, 3, 7] / [1, 1, 1] through Llama's +1: the forward captures each layer once."""
+    msg = plugin.startup_decision(facts(target_num_layers=36, layers_to_capture=(4, 4, 8)))
+    assert msg is not None and "names layer 4 more than once" in msg and "2 states arrive, not 3" in msg
+    assert "captures 2 aux states" in msg and "= 128 wide, but the draft's fc expects 192" in msg
+    msg = plugin.startup_decision(facts(target_num_layers=36, layers_to_capture=(2, 2, 2)))
+    assert msg is not None and "1 states arrive, not 3" in msg
+    assert plugin.startup_decision(facts(target_num_layers=36, layers_to_capture=(4, 5, 8))) is None
+
+
+@needs_sglang
+@pytest.mark.parametrize("ids", [[3, 3, 7], [1, 1, 1]])
+def test_guard_duplicate_eagle_config_ids(tmp_path, hooks, ids):
+    from sglang.srt.managers.scheduler import Scheduler
+
+    t, d = llama_target(tmp_path, layers=36), eagle3_draft(tmp_path, eagle_ids=ids)
+    sched, calls = real_scheduler(t, d, "EAGLE3")
+    assert probe.startup_facts(sched).layers_to_capture == tuple(i + 1 for i in ids)  # SGLang's real setter
+    with pytest.raises(plugin.ServingGuardError, match="more than once"):
+        Scheduler.init_all_cuda_graphs(sched)
+    assert calls == []
+
+
+class _FlagBackbone(torch.nn.Module):
+    """TEST-ONLY: a text backbone whose forward captures the layers *flagged* ``_is_layer_to_capture`` (the rule of
+    SGLang's Qwen3.5 / Qwen3-Next / MiniMax-M3 backbones), with their setter."""
+
+    def __init__(self, n: int = 8) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Identity() for _ in range(n))
+        self.layers_to_capture: list[int] = []
+
+    def set_eagle3_layers_to_capture(self, layers_to_capture):
+        self.layers_to_capture = layers_to_capture
+        for i in layers_to_capture:
+            self.layers[i]._is_layer_to_capture = True
+
+    def forward(self, x):
+        aux = []
+        for layer in self.layers:
+            if getattr(layer, "_is_layer_to_capture", False):
+                aux.append(x)
+            x = layer(x)
+        return x, aux
+
+
+class _VLWrapper(torch.nn.Module):
+    """TEST-ONLY: a Qwen3.5-VL-style wrapper; ``delegates=False`` sets the flags and assigns ``layers_to_capture``
+    without calling the backbone's setter (so the flags the backbone's forward reads stay unset)."""
+
+    def __init__(self, text: torch.nn.Module, delegates: bool) -> None:
+        super().__init__()
+        self.model, self.delegates = text, delegates
+        self.capture_aux_hidden_states = False
+
+    def set_eagle3_layers_to_capture(self, layer_ids):
+        self.capture_aux_hidden_states = True
+        self.model.capture_aux_hidden_states = True
+        ids = [i + 1 for i in layer_ids]
+        if self.delegates:
+            self.model.set_eagle3_layers_to_capture(ids)
+        else:
+            self.model.layers_to_capture = ids
+
+
+def test_wiring_probe_catches_a_wrapper_that_records_nothing():
+    good, bad = _VLWrapper(_FlagBackbone(), True), _VLWrapper(_FlagBackbone(), False)
+    for w in (good, bad):
+        w.set_eagle3_layers_to_capture([1, 3, 4])
+        assert w.capture_aux_hidden_states and w.model.layers_to_capture == [2, 4, 5]
+    x = torch.zeros(1, 4)
+    assert len(good.model(x)[1]) == 3 and len(bad.model(x)[1]) == 0  # what a one-token forward would show
+    assert probe.capture_wiring_problems(good) == ()
+    (p,) = probe.capture_wiring_problems(bad)
+    assert "_FlagBackbone.forward captures the layers flagged _is_layer_to_capture ([])" in p
+    assert "layers_to_capture ([2, 4, 5])" in p and "0 aux states arrive instead of 3" in p
+    msg = plugin.startup_decision(facts(wiring_problems=probe.capture_wiring_problems(bad)))
+    assert msg is not None and "the target's capture is not wired" in msg
+    # A wrapper whose flag is on while its language model's is off: the language model returns no aux states.
+    lm = _VLWrapper(_FlagBackbone(), True)
+    lm.set_eagle3_layers_to_capture([1, 3, 4])
+    lm.capture_aux_hidden_states = False
+    top = torch.nn.Module()
+    top.language_model, top.capture_aux_hidden_states = lm, True
+    (p,) = probe.capture_wiring_problems(top)
+    assert "on for Module, _FlagBackbone but off for _VLWrapper" in p
+    # Nothing to check on a model without decoder layers (the stand-ins above): no finding.
+    assert probe.capture_wiring_problems(torch.nn.Linear(2, 2)) == ()
+
+
+@needs_sglang
+def test_wiring_probe_on_sglangs_qwen3_vl_setter_and_qwen35_backbone(tmp_path, hooks):
+    """SGLang's real Qwen3VLForConditionalGeneration.set_eagle3_layers_to_capture on SGLang's real Qwen3.5 backbone
+    class (its forward reads _is_layer_to_capture): wired. The same backbone given only a layers_to_capture list:
+    the startup guard aborts before CUDA graphs."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.models.qwen3_5 import Qwen3_5ForCausalLM
+    from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
+
+    def backbone():
+        m = Qwen3_5ForCausalLM.__new__(Qwen3_5ForCausalLM)  # SGLang's class, without its distributed init
+        torch.nn.Module.__init__(m)
+        m.layers = torch.nn.ModuleList(torch.nn.Identity() for _ in range(8))
+        m.layers_to_capture = []
+        return m
+
+    def wrapper(text):
+        w = _named("Qwen3_5ForConditionalGeneration", torch.nn.Module)()
+        w.model, w.capture_aux_hidden_states = text, False
+        w.config, w.pp_group = SimpleNamespace(num_hidden_layers=8), SimpleNamespace(is_last_rank=True)
+        return w
+
+    good = wrapper(backbone())
+    Qwen3VLForConditionalGeneration.set_eagle3_layers_to_capture(good, [1, 3, 4])
+    assert good.model.layers_to_capture == [2, 4, 5] and probe.capture_wiring_problems(good) == ()
+    bad = wrapper(backbone())
+    bad.capture_aux_hidden_states = bad.model.capture_aux_hidden_states = True
+    bad.model.layers_to_capture = [2, 4, 5]  # assigned, not set through Qwen3_5ForCausalLM's setter
+    (p,) = probe.capture_wiring_problems(bad)
+    assert "Qwen3_5ForCausalLM.forward captures the layers flagged _is_layer_to_capture ([])" in p
+
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    sched, calls = real_scheduler(t, d, "EAGLE3")
+    sched.tp_worker.model_runner.model = bad
+    with pytest.raises(plugin.ServingGuardError, match="the target's capture is not wired"):
+        Scheduler.init_all_cuda_graphs(sched)
+    assert calls == []
+    sched.tp_worker.model_runner.model = good
+    Scheduler.init_all_cuda_graphs(sched)
+    assert calls == ["target graphs", "draft"]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.sparse_safetensors import write_safetensors
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -66,18 +67,26 @@ def eagle3_draft(
     max_pos: int = 4096,
     name: str = "draft",
     fc_rows: int | None = None,
+    extra_config: dict | None = None,
+    extra_tensors: dict | None = None,
+    drop: tuple[str, ...] = (),
+    d2t_values: torch.Tensor | None = None,
 ) -> Path:
-    """An EAGLE-3 draft directory in SpecForge's layout (fc, midlayer, d2t/t2d, lm_head)."""
+    """An EAGLE-3 draft directory in SpecForge's layout: every tensor SGLang's LlamaForCausalLMEagle3 loads
+    (fc, midlayer attention/MLP/norms, norm, lm_head) with real shapes (sparse: large tensors cost no disk), and a
+    consistent vocab map (d2t = 0: draft id i -> target id i; t2d True there)."""
     d = root / name
     d.mkdir(parents=True)
+    heads, kv = 4, 2
+    hd, inter = hidden // heads, 2 * hidden
     cfg: dict = {
         "architectures": [arch],
         "model_type": "llama",
         "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
+        "intermediate_size": inter,
         "num_hidden_layers": 1,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
         "vocab_size": vocab,
         "max_position_embeddings": max_pos,
         "rms_norm_eps": 1e-5,
@@ -91,18 +100,41 @@ def eagle3_draft(
         cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": eagle_ids, "use_aux_hidden_state": True}
     if top_level_ids is not None:
         cfg["eagle_aux_hidden_state_layer_ids"] = top_level_ids
+    cfg.update(extra_config or {})
     (d / "config.json").write_text(json.dumps(cfg))
-    rows = fc_rows if fc_rows is not None else hidden
-    t = {"midlayer.input_layernorm.weight": torch.ones(min(hidden, 64), dtype=torch.bfloat16)}
+    bf = "BF16"
+    t: dict = {
+        "midlayer.self_attn.q_proj.weight": (bf, (heads * hd, 2 * hidden)),
+        "midlayer.self_attn.k_proj.weight": (bf, (kv * hd, 2 * hidden)),
+        "midlayer.self_attn.v_proj.weight": (bf, (kv * hd, 2 * hidden)),
+        "midlayer.self_attn.o_proj.weight": (bf, (hidden, heads * hd)),
+        "midlayer.mlp.gate_proj.weight": (bf, (inter, hidden)),
+        "midlayer.mlp.up_proj.weight": (bf, (inter, hidden)),
+        "midlayer.mlp.down_proj.weight": (bf, (hidden, inter)),
+        "midlayer.input_layernorm.weight": (bf, (hidden,)),
+        "midlayer.hidden_norm.weight": (bf, (hidden,)),
+        "midlayer.post_attention_layernorm.weight": (bf, (hidden,)),
+        "norm.weight": (bf, (hidden,)),
+    }
     if fc_in is not None:
-        t["fc.weight"] = torch.zeros(rows, fc_in, dtype=torch.bfloat16)
+        t["fc.weight"] = (bf, (fc_rows if fc_rows is not None else hidden, fc_in))
     if d2t is not None:
-        t["d2t"] = torch.zeros(d2t, dtype=torch.int64)
-        t["t2d"] = torch.zeros(vocab, dtype=torch.bool)
+        t["d2t"] = d2t_values if d2t_values is not None else torch.zeros(d2t, dtype=torch.int64)
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[: min(d2t, vocab)] = True
+        t["t2d"] = t2d
     if lm_head_rows is not None:
-        t["lm_head.weight"] = torch.zeros(lm_head_rows, min(hidden, 8), dtype=torch.bfloat16)
-    save_file(t, str(d / "model.safetensors"))
+        t["lm_head.weight"] = (bf, (lm_head_rows, hidden))
+    t.update(extra_tensors or {})
+    for k in drop:
+        t.pop(k)
+    write_safetensors(d / "model.safetensors", t)
     return d
+
+
+def issues(findings) -> dict[str, str]:
+    """Codes of the errors and warnings (info findings left out)."""
+    return {f.code: f.severity for f in findings if f.severity != "info"}
 
 
 def eagle1_draft(root: Path) -> Path:
@@ -140,7 +172,8 @@ def test_header_reader_matches_safetensors_library(tmp_path):
         keys = set(f.keys())
         shapes = {k: tuple(f.get_slice(k).get_shape()) for k in keys}
         dtypes = {k: f.get_slice(k).get_dtype() for k in keys}
-    assert set(ours) == keys == {"fc.weight", "d2t", "t2d", "lm_head.weight", "midlayer.input_layernorm.weight"}
+    assert set(ours) == keys and len(keys) == 15
+    assert {"fc.weight", "d2t", "t2d", "lm_head.weight", "midlayer.input_layernorm.weight"} <= keys
     assert {k: v.shape for k, v in ours.items()} == shapes
     assert {k: v.dtype for k, v in ours.items()} == dtypes
     assert ours["fc.weight"].shape == (64, 192) and ours["fc.weight"].dtype == "BF16"
@@ -269,7 +302,11 @@ def test_eagle3_detected_from_fc_width_alone(tmp_path):
     f = by_code(check_serving(t, d, algorithm="EAGLE"), "eagle3-draft-wrong-algorithm")
     assert "fc.weight input width 192 = 3 x target hidden 64" in f.message
     assert "architecture" not in f.message  # not detected through the name
-    assert check_serving(t, d, algorithm="EAGLE3") == []
+    # Under EAGLE3, SGLang 0.5.23 builds architectures[0] = a plain LlamaForCausalLM: no fc, aux states unused.
+    fs = check_serving(t, d, algorithm="EAGLE3")
+    assert issues(fs) == {"draft-architecture": "error"}
+    assert "'LlamaForCausalLM'" in by_code(fs, "draft-architecture").message
+    assert "LlamaForCausalLMEagle3" in by_code(fs, "draft-architecture").fix
 
 
 def test_eagle1_draft(tmp_path):
@@ -339,7 +376,8 @@ def test_layer_mismatch_with_default_ids(tmp_path):
     f = by_code(check_serving(t, d, algorithm="EAGLE3", layer_ids=[3, 10, 20]), "layer-ids-mismatch")
     assert "[2, 16, 29]" in f.message and "default [2, N//2, N-3]" in f.message
     assert '"eagle_aux_hidden_state_layer_ids": [2, 9, 19]' in f.fix
-    assert check_serving(t, d, algorithm="EAGLE3", layer_ids=[2, 16, 29]) == []
+    (info,) = check_serving(t, d, algorithm="EAGLE3", layer_ids=[2, 16, 29])
+    assert info.code == "layer-ids-default" and info.severity == "info" and "[2, 16, 29]" in info.message
 
 
 def test_layer_ids_out_of_range(tmp_path):
@@ -355,7 +393,7 @@ def test_top_level_layer_ids_are_ignored_by_sglang(tmp_path):
     f = by_code(check_serving(t, d, algorithm="EAGLE3"), "layer-ids-top-level-ignored")
     assert f.severity == "error" and "default [2, 16, 29]" in f.message and "eagle_config" in f.fix
     d2 = eagle3_draft(tmp_path, top_level_ids=[1, 15, 28], name="d2")  # same layers as the default: a warning
-    assert codes(check_serving(t, d2, algorithm="EAGLE3")) == {"layer-ids-top-level-ignored": "warning"}
+    assert issues(check_serving(t, d2, algorithm="EAGLE3")) == {"layer-ids-top-level-ignored": "warning"}
 
 
 def test_vocab_map_disagreements(tmp_path):
@@ -376,9 +414,11 @@ def test_draft_max_positions(tmp_path):
     t = llama_target(tmp_path, max_pos=131072)
     d = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], max_pos=2048)
     f = by_code(check_serving(t, d, algorithm="EAGLE3"), "draft-max-positions")
-    assert f.severity == "warning" and "--context-length 2048" in f.fix
+    # SGLang gives the draft the target's context length and refuses a longer one than the draft's own
+    # (ModelConfig._derive_context_length) unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1: an error.
+    assert f.severity == "error" and "--context-length 2048" in f.fix and "131072" in f.message
     assert check_serving(t, d, algorithm="EAGLE3", server_args=["--context-length", "2048"]) == []
-    d2 = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], max_pos=65536, name="d2")  # half: not "far below"
+    d2 = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], max_pos=131072, name="d2")
     assert check_serving(t, d2, algorithm="EAGLE3") == []
 
 
@@ -408,11 +448,10 @@ def kimi_k25(root: Path, *, algo_ids: list[int] | None = None) -> tuple[Path, Pa
         root,
         fc_in=21504,
         hidden=7168,
-        fc_rows=8,
         vocab=163840,
         draft_vocab=32000,
         d2t=32000,
-        lm_head_rows=None,
+        lm_head_rows=32000,
         target_hidden=7168,
         eagle_ids=algo_ids,
         max_pos=262144,

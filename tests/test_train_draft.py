@@ -189,8 +189,13 @@ def test_export_passes_the_serving_preflight(synthetic, tmp_path):
     root, head = synthetic
     r = train_draft(root, head, build_vocab_mapping(root, 64), TrainConfig(steps=1, eval_samples=4), log=None)
     save_draft(r.model, tmp_path / "draft", [1, 2, 3])
-    LlamaConfig(
-        vocab_size=V, hidden_size=H, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2
+    LlamaConfig(  # the draft inherits the target head's 512 positions: serve a 512-position target
+        vocab_size=V,
+        hidden_size=H,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
     ).save_pretrained(tmp_path / "target")
     ok = check_serving(tmp_path / "target", tmp_path / "draft", algorithm="EAGLE3", layer_ids=[1, 2, 3])
     assert [f for f in ok if f.severity == ERROR] == []

@@ -13,7 +13,10 @@ What is captured, per token (ids in eagle-io's convention, see :mod:`eagle_io.ca
 
 How: a forward pre-hook (``with_kwargs=True``) on each requested ``model.model.layers[i]`` copies its
 ``hidden_states`` input into one preallocated ``[B, T, k*H]`` buffer (one copy per aux layer, no later
-concatenation), and a forward hook on ``model.model.norm`` keeps its output (no copy).
+concatenation), and a forward hook on ``model.model.norm`` keeps its output (no copy). Id ``N`` (the boundary after
+the last layer, :mod:`eagle_io.capturing.layers`) is the *input* of ``model.model.norm``: the final pre-norm
+residual stream, what SGLang's gpt-oss capture and vLLM's ``[.., N]`` ids record; a forward pre-hook on the norm
+copies it into the last aux slot.
 ``output_hidden_states`` stays off, so the other layers' states are never kept. By default the base model
 ``model.model`` is called instead of the CausalLM, so the LM head (``[T, H] x [H, V]``) is never computed
 (SmolLM2-135M on CPU: ~17-24% less time per forward).
@@ -130,8 +133,10 @@ class HFCapture:
 
     Args:
         model: a ``*ForCausalLM`` (or base model) with the layout :func:`find_decoder` accepts, in eval mode.
-        aux_layer_ids: eagle-io ids (input of 0-based decoder layer i), ascending; validated against
-            ``config.num_hidden_layers``. ``None`` means SGLang's default ``[2, N//2, N-3]``.
+        aux_layer_ids: eagle-io ids (input of 0-based decoder layer i), ascending, ``1 <= id <= N``
+            (``N`` = the final pre-norm boundary); validated against ``config.num_hidden_layers``
+            (:func:`eagle_io.capturing.layers.validate_aux_layer_ids`). ``None`` means SGLang's default
+            ``[2, N//2, N-3]``.
         skip_lm_head: call the base model (``model.model``) so no logits are computed (default). ``False``
             calls the full model and discards its logits (kept only to measure the saving).
         state_dtype: dtype of the returned states; ``None`` keeps the model's dtype. E.g. a float32 forward
@@ -160,7 +165,8 @@ class HFCapture:
         if aux_layer_ids is None:
             self.aux_layer_ids = tuple(default_aux_layer_ids(self.num_layers))
         else:
-            self.aux_layer_ids = tuple(validate_aux_layer_ids(list(aux_layer_ids), self.num_layers))
+            ids = validate_aux_layer_ids(list(aux_layer_ids), self.num_layers, final_boundary=True)
+            self.aux_layer_ids = tuple(ids)
         self.skip_lm_head = skip_lm_head
         self.state_dtype = state_dtype
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -176,9 +182,9 @@ class HFCapture:
             raise InvalidArgumentError("HFCapture is already entered")
         try:
             for j, i in enumerate(self.aux_layer_ids):
-                self._handles.append(
-                    self.layers[i].register_forward_pre_hook(self._make_pre_hook(j, i), with_kwargs=True)
-                )
+                # id N: the input of the final norm (pre-norm boundary after the last layer)
+                module = self.norm if i == self.num_layers else self.layers[i]
+                self._handles.append(module.register_forward_pre_hook(self._make_pre_hook(j, i), with_kwargs=True))
             self._handles.append(self.norm.register_forward_hook(self._norm_hook))
         except BaseException:
             self.close()

@@ -7,17 +7,26 @@ of decoder layer ``k - 1``). SGLang's Llama capture uses the same meaning for th
 ``LlamaModel.layers_to_capture``: ``sglang/srt/models/llama.py``, ``LlamaModel.forward`` appends
 ``hidden_states + residual`` *before* running layer ``i`` when ``i in self.layers_to_capture``.
 
-Valid ids are ``1 <= i <= N - 1`` for a target with ``N`` decoder layers:
+Valid ids for a target with ``N`` decoder layers are ``1 <= i <= N - 1``, plus ``N`` where the capture path
+records the final boundary:
 
 * ``0`` (the embedding output) is rejected: SGLang's ``LlamaModel.forward`` cannot capture it (``residual`` is
   still ``None`` before layer 0, so ``hidden_states + residual`` fails), and it carries no context.
-* ``N`` (the final *pre-norm* output) is rejected: SGLang's capture loop stops at layer ``N - 1`` and would
-  silently return one state fewer. The final state eagle-io stores is the *post-norm* one, kept separately.
+* ``N`` is the boundary after the last layer: the final *pre-norm* residual stream (the input of the final
+  norm). gpt-oss EAGLE-3 drafts and vLLM's ``[.., N]`` ids use it. The HF capture records it
+  (:mod:`eagle_io.capturing.hf`); SGLang only for :data:`FINAL_BOUNDARY_SETTERS` (e.g. ``srt/models/gpt_oss.py``,
+  ``GptOssModel.forward`` captures ``end_layer`` through ``residual_batch.final_norm(..., capture=...)``); every
+  other SGLang model's loop stops at layer ``N - 1`` and would silently return one state fewer. The final state
+  eagle-io stores separately (``hidden_states``) is the *post-norm* one; a dataset whose last aux id is ``N``
+  records ``final_state_is_prenorm: true`` (:func:`eagle_io.store.metadata.eagle3_metadata`).
+
+Negative ids are never counted from the end: ``-1`` is an error, not ``N - 1``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..errors import ArgumentTypeError, InvalidArgumentError
 
@@ -25,12 +34,17 @@ __all__ = [
     "AUX_LAYER_CONVENTION",
     "DEEPSEEK_STYLE_SETTERS",
     "FINAL_BOUNDARY_SETTERS",
+    "SETTER_RULES",
+    "SetterRule",
+    "aux_id_problems",
     "capturable_range",
+    "captured_ids",
     "default_aux_layer_ids",
     "default_capture_ids",
     "explicit_ids_for",
     "from_specforge",
     "served_aux_layer_ids",
+    "setter_for",
     "setter_rule",
     "validate_aux_layer_ids",
 ]
@@ -38,41 +52,73 @@ __all__ = [
 AUX_LAYER_CONVENTION = "input of 0-based decoder layer i = HF output_hidden_states[i] (index 0 = embedding output)"
 
 
-def validate_aux_layer_ids(ids: Sequence[int], num_layers: int) -> list[int]:
-    """Check aux-layer ids (eagle-io convention, see module docstring) and return them as a list of ``int``.
+# --------------------------------------------------------------------------------------------------------------
+# The one id validator
+# --------------------------------------------------------------------------------------------------------------
 
-    Rules: at least one id; each an ``int`` with ``1 <= id <= num_layers - 1``; strictly ascending (hence
-    distinct).
-    Ascending order is required, not repaired: the stored ``[L, k*H]`` concatenation follows layer-execution
-    order (as SGLang's ``pack_aux_hidden_states`` does), so a caller giving another order would be surprised.
 
-    Raises:
-        InvalidArgumentError: naming the offending id and the rule it breaks, or if ``num_layers < 2``
-            (a ``ValueError``).
-        ArgumentTypeError: if an id is not an integer (``bool`` included; a ``TypeError``).
+def aux_id_problems(ids: Sequence[object], num_layers: int | None, *, final_boundary: bool = False) -> list[str]:
+    """Every problem of a list of aux-layer ids (eagle-io convention), one sentence each; empty = valid.
+
+    Rules: at least one id; each an ``int`` (``bool`` is not); ``1 <= id <= N - 1``, or ``<= N`` with
+    ``final_boundary`` (the capture path records the final pre-norm boundary, see the module docstring); only
+    ``id >= 1`` when ``num_layers`` is None (unknown); strictly ascending (hence distinct): the stored
+    ``[L, k*H]`` concatenation follows layer-execution order (as SGLang's ``pack_aux_hidden_states`` does), so
+    another order is refused, not repaired.
     """
-    if num_layers < 2:
-        raise InvalidArgumentError(f"num_layers must be >= 2 to have any valid aux layer id, got {num_layers}")
-    out: list[int] = []
+    if num_layers is not None and num_layers < 2:
+        return [f"num_layers must be >= 2 to have any valid aux layer id, got {num_layers}"]
     if len(ids) == 0:
-        raise InvalidArgumentError("aux layer ids must not be empty")
+        return ["aux layer ids must not be empty"]
+    hi = None if num_layers is None else (num_layers if final_boundary else num_layers - 1)
+    problems: list[str] = []
+    prev: int | None = None
     for pos, i in enumerate(ids):
         if isinstance(i, bool) or not isinstance(i, int):
-            raise ArgumentTypeError(f"aux layer id at position {pos} is {i!r} ({type(i).__name__}), expected int")
-        if not 1 <= i <= num_layers - 1:
-            raise InvalidArgumentError(
-                f"aux layer id {i} out of range: ids must satisfy 1 <= id <= num_layers-1 = {num_layers - 1} "
-                f"(id = input of 0-based decoder layer id; 0 = embedding output and {num_layers} = final "
-                "pre-norm output are not capturable)"
+            problems.append(f"aux layer id at position {pos} is {i!r} ({type(i).__name__}), expected int")
+            continue
+        if i < 1 or (hi is not None and i > hi):
+            if num_layers is None:
+                where, final = "1 <= id", ""
+            elif final_boundary:
+                where = f"1 <= id <= num_layers = {num_layers} (id {num_layers} = the final pre-norm boundary)"
+                final = ""
+            else:
+                where = f"1 <= id <= num_layers-1 = {num_layers - 1}"
+                final = f", nor is {num_layers} = the final pre-norm output on this capture path"
+            problems.append(
+                f"aux layer id {i} out of range: ids must satisfy {where} (id = input of 0-based decoder layer id; "
+                f"0 = embedding output is not capturable{final}; negative ids are not counted from the end)"
             )
-        if out and i == out[-1]:
-            raise InvalidArgumentError(f"aux layer id {i} is duplicated in {list(ids)}: ids must be distinct")
-        if out and i < out[-1]:
-            raise InvalidArgumentError(
-                f"aux layer id {i} follows {out[-1]} in {list(ids)}: ids must be sorted ascending"
-            )
-        out.append(int(i))
-    return out
+        if prev is not None and i == prev:
+            problems.append(f"aux layer id {i} is duplicated in {list(ids)}: ids must be distinct")
+        elif prev is not None and i < prev:
+            problems.append(f"aux layer id {i} follows {prev} in {list(ids)}: ids must be sorted ascending")
+        prev = i
+    return problems
+
+
+def validate_aux_layer_ids(ids: Sequence[int], num_layers: int | None, *, final_boundary: bool = False) -> list[int]:
+    """Check aux-layer ids (:func:`aux_id_problems`' rules) and return them as a list of ``int``.
+
+    Args:
+        ids: eagle-io ids (input of 0-based decoder layer i).
+        num_layers: the target's decoder layers ``N`` (None: unknown, only ``id >= 1`` is checked).
+        final_boundary: whether id ``N`` (final pre-norm boundary) is capturable on this path: True for the HF
+            capture, :func:`capturable_range` for an SGLang target.
+
+    Raises:
+        ArgumentTypeError: an id is not an integer (``bool`` included; a ``TypeError``).
+        InvalidArgumentError: naming every offending id and the rule it breaks, or ``num_layers < 2``
+            (a ``ValueError``).
+    """
+    problems = aux_id_problems(ids, num_layers, final_boundary=final_boundary)
+    types = [p for p in problems if p.endswith("expected int")]
+    if types:
+        raise ArgumentTypeError("; ".join(types))
+    if problems:
+        raise InvalidArgumentError("; ".join(problems))
+    return [int(i) for i in ids]
 
 
 def default_aux_layer_ids(num_layers: int) -> list[int]:
@@ -112,31 +158,92 @@ def from_specforge(
 # --------------------------------------------------------------------------------------------------------------
 
 
-DEEPSEEK_STYLE_SETTERS = frozenset(
-    {
-        "DeepseekV2ForCausalLM",
-        "DeepseekV3ForCausalLM",
-        "DeepseekV32ForCausalLM",
-        "KimiK25ForConditionalGeneration",
-        "Glm4MoeLiteForCausalLM",
-    }
+@dataclass(frozen=True)
+class SetterRule:
+    """How one family of SGLang targets turns ``eagle_aux_hidden_state_layer_ids`` into ``layers_to_capture``.
+
+    Attributes:
+        explicit: ``"+1"`` (every id shifted), ``"+1 if first is 1"`` (DeepSeek-style), ``"keep if max is N"``
+            (gpt-oss: kept when the largest id is ``N``, else +1).
+        default_shift: added to SGLang's default ``[2, N//2, N-3]`` (1 only for MiniMax-M3-VL).
+        final_boundary: the forward also captures id ``N`` (the final pre-norm boundary).
+        source: the SGLang function the rule is read from.
+    """
+
+    explicit: str
+    default_shift: int
+    final_boundary: bool
+    source: str
+
+
+_LLAMA = SetterRule("+1", 0, False, "srt/models/llama.py: LlamaForCausalLM.set_eagle3_layers_to_capture")
+_DEEPSEEK = SetterRule(
+    "+1 if first is 1", 0, False, "srt/models/deepseek_v2.py: DeepseekV2ForCausalLM.set_eagle3_layers_to_capture"
 )
+_GPT_OSS = SetterRule(
+    "keep if max is N", 0, True, "srt/models/gpt_oss.py: GptOssForCausalLM.set_eagle3_layers_to_capture"
+)
+_LLAMA_FINAL = SetterRule(
+    "+1",
+    0,
+    True,
+    "srt/models/gemma3_causal.py, gemma4_causal.py, minimax_m3.py: Llama's +1 setter; the model's forward also "
+    "appends a state for id N after its layer loop",
+)
+_MINIMAX_M3_VL = SetterRule(
+    "+1",
+    1,
+    True,
+    "srt/models/minimax_m3_vl.py: MiniMaxM3SparseForConditionalGeneration.set_eagle3_layers_to_capture "
+    "(adds +1 to the default ids too; MiniMaxM3Model.forward captures end_layer)",
+)
+
+SETTER_RULES: dict[str, SetterRule] = {
+    "DeepseekV2ForCausalLM": _DEEPSEEK,
+    "DeepseekV3ForCausalLM": _DEEPSEEK,  # subclass of DeepseekV2ForCausalLM
+    "DeepseekV32ForCausalLM": _DEEPSEEK,  # subclass
+    "GlmMoeDsaForCausalLM": _DEEPSEEK,  # srt/models/glm4_moe.py: subclass of DeepseekV2ForCausalLM
+    "MistralLarge3ForCausalLM": _DEEPSEEK,  # srt/models/mistral_large_3.py: subclass of DeepseekV3ForCausalLM
+    "KimiK25ForConditionalGeneration": _DEEPSEEK,  # srt/models/kimi_k25.py delegates to its DeepSeek-V3 model
+    "Glm4MoeLiteForCausalLM": _DEEPSEEK,  # srt/models/glm4_moe_lite.py copies DeepSeek's rule
+    "GptOssForCausalLM": _GPT_OSS,
+    "Gemma3ForCausalLM": _LLAMA_FINAL,
+    "Gemma3ForConditionalGeneration": _LLAMA_FINAL,  # gemma3_mm.py delegates to its Gemma3ForCausalLM
+    "Gemma4ForCausalLM": _LLAMA_FINAL,
+    "Gemma4ForConditionalGeneration": _LLAMA_FINAL,  # gemma4_mm.py: +1 on its Gemma4TextModel
+    "MiniMaxM3SparseForCausalLM": _LLAMA_FINAL,
+    "MiniMaxM3SparseForConditionalGeneration": _MINIMAX_M3_VL,
+}
+"""Target architecture -> its setter's rule; every architecture not listed uses Llama's (``[i + 1 for i in
+layer_ids]``: Llama, Qwen2/3, Qwen3-MoE/Next/VL, Qwen3.5, GLM-4-MoE, Gemma, MiniMax-M2/M3, ... in SGLang 0.5.23;
+wrappers such as Gemma3/Llama4 VLMs delegate to a Llama-rule language model)."""
+
+DEEPSEEK_STYLE_SETTERS = frozenset(a for a, r in SETTER_RULES.items() if r is _DEEPSEEK)
 """Targets whose setter adds +1 only when ``layer_ids[0] == 1`` (``srt/models/deepseek_v2.py``,
 ``DeepseekV2ForCausalLM.set_eagle3_layers_to_capture``; ``kimi_k25.py`` delegates to its DeepSeek
 ``language_model``; ``glm4_moe_lite.py`` copies the rule)."""
 
+FINAL_BOUNDARY_SETTERS = frozenset(a for a, r in SETTER_RULES.items() if r.final_boundary)
+"""Targets whose forward also captures id ``N`` after the layer loop: gpt-oss (``srt/models/gpt_oss.py``: ids kept
+as given when ``max(ids) == num_layers``, else +1; ``GptOssModel.forward`` captures ``end_layer`` at the final
+norm), Gemma-3/4 and MiniMax-M3 (Llama's +1 setter; ``if num_layers in self.layers_to_capture`` after the loop).
+What each appends there is that model's final-boundary state; eagle-io's HF capture records the input of the
+final norm."""
 
-FINAL_BOUNDARY_SETTERS = frozenset({"GptOssForCausalLM"})
-"""``srt/models/gpt_oss.py``: ids are kept as given when ``max(ids) == num_layers`` (the final boundary),
-else +1 each."""
+
+def setter_for(architecture: str) -> SetterRule:
+    """The :class:`SetterRule` of a target architecture (Llama's for any architecture not in
+    :data:`SETTER_RULES`)."""
+    return SETTER_RULES.get(architecture, _LLAMA)
 
 
-def default_capture_ids(num_layers: int) -> list[int]:
+def default_capture_ids(num_layers: int, architecture: str | None = None) -> list[int]:
     """SGLang's default EAGLE-3 aux layers ``[2, N//2, N-3]``, what every model's ``set_eagle3_layers_to_capture``
     stores when the draft config names no ids (``srt/models/llama.py``: ``layer_ids=None`` branch; the Qwen3,
-    DeepSeek-V2/V3 and other setters use the same list). Not validated (see
-    :func:`eagle_io.capturing.layers.default_aux_layer_ids`)."""
-    return [2, num_layers // 2, num_layers - 3]
+    DeepSeek-V2/V3 and other setters use the same list; MiniMax-M3-VL's adds +1, see :data:`SETTER_RULES`).
+    Not validated (see :func:`eagle_io.capturing.layers.default_aux_layer_ids`)."""
+    shift = setter_for(architecture).default_shift if architecture else 0
+    return [i + shift for i in (2, num_layers // 2, num_layers - 3)]
 
 
 def served_aux_layer_ids(architecture: str, num_layers: int | None, explicit_ids: Sequence[int] | None) -> list[int]:
@@ -144,49 +251,74 @@ def served_aux_layer_ids(architecture: str, num_layers: int | None, explicit_ids
 
     ``explicit_ids`` is what SGLang passes to ``set_eagle3_layers_to_capture``: the draft config's
     ``eagle_config["eagle_aux_hidden_state_layer_ids"]`` (``spec_aux_hidden_state.py``,
-    ``_resolve_eagle_aux_hidden_state``), None when absent. Rules per setter:
+    ``_resolve_eagle_aux_hidden_state``), None when absent. Rules per setter (:data:`SETTER_RULES`):
 
-    * None: :func:`default_capture_ids` for every model (needs ``num_layers``).
+    * None: :func:`default_capture_ids` (needs ``num_layers``).
     * Llama and most models: ``[i + 1 for i in ids]`` (explicit ids mean "output of layer i").
     * :data:`DEEPSEEK_STYLE_SETTERS`: ``+1`` only if ``ids[0] == 1`` (SpecForge-style ids), else unchanged.
     * :data:`FINAL_BOUNDARY_SETTERS`: unchanged if ``max(ids) == N``, else ``+1``.
 
+    Duplicates and out-of-range ids are passed through as SGLang does (see :func:`captured_ids`).
+
     Raises:
         InvalidArgumentError: ``explicit_ids`` is None and ``num_layers`` is unknown (None).
     """
+    rule = setter_for(architecture)
     if explicit_ids is None:
         if num_layers is None:
             raise InvalidArgumentError("SGLang's default aux layers [2, N//2, N-3] need the target's layer count")
-        return default_capture_ids(num_layers)
+        return default_capture_ids(num_layers, architecture)
     ids = [int(i) for i in explicit_ids]
-    if architecture in DEEPSEEK_STYLE_SETTERS:
+    if rule.explicit == "+1 if first is 1":
         return [i + 1 for i in ids] if ids and ids[0] == 1 else ids
-    if architecture in FINAL_BOUNDARY_SETTERS:
+    if rule.explicit == "keep if max is N":
         return ids if ids and max(ids) == num_layers else [i + 1 for i in ids]
     return [i + 1 for i in ids]
 
 
 def setter_rule(architecture: str) -> str:
     """One line describing how ``architecture``'s SGLang setter maps explicit ids to captured (eagle-io) ids."""
-    if architecture in DEEPSEEK_STYLE_SETTERS:
+    rule = setter_for(architecture)
+    if rule.explicit == "+1 if first is 1":
         return f"SGLang's {architecture} setter adds +1 to every id only when the first id is 1"
-    if architecture in FINAL_BOUNDARY_SETTERS:
+    if rule.explicit == "keep if max is N":
         return f"SGLang's {architecture} setter keeps the ids when the largest is num_layers, else adds +1"
     return f"SGLang's {architecture} setter adds +1 to every explicit id"
-
-
-def explicit_ids_for(architecture: str, num_layers: int | None, wanted: Sequence[int]) -> list[int] | None:
-    """The ``eagle_aux_hidden_state_layer_ids`` to write into the draft config so SGLang captures ``wanted``
-    (eagle-io ids) on this target, or None if the target's setter cannot express them."""
-    wanted = [int(i) for i in wanted]
-    for cand in ([i - 1 for i in wanted], wanted):
-        if served_aux_layer_ids(architecture, num_layers, cand) == wanted:
-            return cand
-    return None
 
 
 def capturable_range(architecture: str, num_layers: int) -> tuple[int, int]:
     """Inclusive range of ids SGLang's forward loop can capture: ``1..N-1`` (``LlamaModel.forward`` checks
     ``i in layers_to_capture`` for ``i`` in ``range(start_layer, end_layer)``; id 0 has no residual yet), and
     ``1..N`` for :data:`FINAL_BOUNDARY_SETTERS` (gpt-oss also captures the final boundary)."""
-    return 1, num_layers if architecture in FINAL_BOUNDARY_SETTERS else num_layers - 1
+    return 1, num_layers if setter_for(architecture).final_boundary else num_layers - 1
+
+
+def captured_ids(architecture: str, num_layers: int, layers_to_capture: Sequence[int]) -> list[int]:
+    """The states an SGLang target actually records for ``layers_to_capture``, in the order they arrive.
+
+    The forward loops once over the layers and captures layer ``i`` when ``i in layers_to_capture``
+    (``LlamaModel.forward``; the per-layer ``_is_layer_to_capture`` flags of Qwen3.5/Qwen3-Next/MiniMax-M3 are set
+    from the same list), so a duplicated id is captured once, ids outside :func:`capturable_range` never, and the
+    order is execution order: ``sorted(set(ids) & range)``. ``len()`` of this is the number of aux states the
+    draft receives (width ``len * target_hidden``).
+    """
+    lo, hi = capturable_range(architecture, num_layers)
+    return sorted({int(i) for i in layers_to_capture if lo <= int(i) <= hi})
+
+
+def explicit_ids_for(architecture: str, num_layers: int | None, wanted: Sequence[int]) -> list[int] | None:
+    """The ``eagle_aux_hidden_state_layer_ids`` to write into the draft config so SGLang's setter for
+    ``architecture`` captures ``wanted`` (eagle-io ids) on this target, or None if that setter cannot express
+    them with non-negative ids.
+
+    Raises:
+        ArgumentTypeError / InvalidArgumentError: ``wanted`` breaks :func:`validate_aux_layer_ids` (with the
+            target's :func:`capturable_range` when ``num_layers`` is known, else only ``id >= 1``, distinct,
+            ascending), so a negative or out-of-range id never turns into a "fix".
+    """
+    final = num_layers is not None and capturable_range(architecture, num_layers)[1] == num_layers
+    wanted = validate_aux_layer_ids(list(wanted), num_layers, final_boundary=final)
+    for cand in ([i - 1 for i in wanted], wanted):
+        if min(cand) >= 0 and served_aux_layer_ids(architecture, num_layers, cand) == wanted:
+            return cand
+    return None

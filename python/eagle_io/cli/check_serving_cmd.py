@@ -8,13 +8,7 @@ import argparse
 import json
 
 from ..serving.preflight import ERROR, check_serving, format_findings
-
-
-def _ids(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+from .layer_ids_arg import layer_ids_arg
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -29,8 +23,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--trained-layer-ids",
-        type=_ids,
-        help="aux layer ids the draft was trained on, eagle-io convention (input of 0-based decoder layer i)",
+        type=layer_ids_arg,
+        help="aux layer ids the draft was trained on, eagle-io convention (input of 0-based decoder layer i), "
+        "1..N of the target (N = the final pre-norm boundary); e.g. --trained-layer-ids=2,15,27",
     )
     p.add_argument("--dataset", help="eagle-io dataset (directory or manifest) the draft was trained on")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")

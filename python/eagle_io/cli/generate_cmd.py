@@ -19,6 +19,7 @@ from itertools import chain, islice, takewhile
 from .. import defaults
 from ..errors import InvalidArgumentError
 from ..store import layout
+from .layer_ids_arg import layer_ids_arg
 
 ESTIMATED_RATIO = 1.35  # expected compression of bf16 states (benches/README.md), for the disk check
 
@@ -30,7 +31,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=int, default=2048, help="truncate samples to this many tokens")
     p.add_argument("--batch-size", type=int, default=4, help="samples per forward (padding is never stored)")
     p.add_argument("--limit", type=int, help="use only the first N source records")
-    p.add_argument("--aux-layer-ids", help="comma-separated eagle-io ids (default SGLang's [2, N//2, N-3])")
+    p.add_argument(
+        "--aux-layer-ids",
+        type=layer_ids_arg,
+        help="comma-separated eagle-io ids, 1..N of the target (N: the final pre-norm boundary; on --backend sglang "
+        "only where the target's SGLang forward captures it); default SGLang's [2, N//2, N-3]",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="forward dtype")
     p.add_argument("--shard-bytes", type=int, default=defaults.SHARD_BYTES, help="shard size (bytes)")
     p.add_argument("--threads", type=int, default=defaults.THREADS, help="encoding threads (0 = one per CPU)")
@@ -172,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     records = iter_conversations(dataset, on_error="skip" if args.skip_bad_records else "raise", stats=stats)
     if args.limit is not None:
         records = takewhile(lambda c: c.index < args.limit, records)
-    layer_ids = [int(x) for x in args.aux_layer_ids.split(",")] if args.aux_layer_ids else None
+    layer_ids = args.aux_layer_ids  # checked against the target where it is known (HFCapture / the SGLang launch)
     opener = _sglang_session if args.backend == "sglang" else _hf_session
     session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
     try:

@@ -10,6 +10,7 @@ import sys
 from types import SimpleNamespace
 
 from .. import defaults
+from .layer_ids_arg import layer_ids_arg
 
 
 def _import_parser(p: argparse.ArgumentParser) -> None:
@@ -19,8 +20,14 @@ def _import_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-layers", type=int, help="target decoder layers N (records SpecForge's default aux layers)")
     p.add_argument(
         "--specforge-aux-layer-ids",
-        help="comma-separated ids as given to SpecForge/SGLang's Llama setter (default [1, N//2-1, N-4]); "
-        "stored +1 in eagle-io's convention",
+        type=layer_ids_arg,
+        help="comma-separated ids as given to SpecForge (SGLang's set_eagle3_layers_to_capture; default "
+        "[1, N//2-1, N-4]); stored as the eagle-io ids the target's setter captures (Llama: +1); needs --num-layers",
+    )
+    p.add_argument(
+        "--target-architecture",
+        help="the target's architecture, whose SGLang setter rule maps SpecForge's ids (default: LlamaForCausalLM's "
+        "rule, which most models share); recorded in the metadata when given",
     )
     p.add_argument("--target-model", help="target model name, recorded in the metadata")
     p.add_argument("--vocab-size", type=int, help="target vocabulary size, recorded in the metadata")
@@ -30,7 +37,8 @@ def _import_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _import_run(args: argparse.Namespace) -> int:
-    from ..capturing.layers import from_specforge
+    from ..capturing.layers import capturable_range, from_specforge, validate_aux_layer_ids
+    from ..errors import InvalidArgumentError
     from ..interop.specforge import import_specforge
 
     meta: dict = {}
@@ -40,16 +48,29 @@ def _import_run(args: argparse.Namespace) -> int:
         meta["vocab_size"] = args.vocab_size
     if args.num_layers:
         meta["num_layers"] = args.num_layers
+    n = args.num_layers
+    if args.specforge_aux_layer_ids and not n:
+        raise InvalidArgumentError("--specforge-aux-layer-ids needs --num-layers (the target's decoder layers)")
     if args.specforge_aux_layer_ids:
-        sf_ids = [int(x) for x in args.specforge_aux_layer_ids.split(",")]
-    elif args.num_layers:
-        n = args.num_layers
-        sf_ids = [1, n // 2 - 1, n - 4]
+        sf_ids, what = args.specforge_aux_layer_ids, "--specforge-aux-layer-ids"
+    elif n:
+        sf_ids, what = [1, n // 2 - 1, n - 4], f"SpecForge's default [1, N//2-1, N-4] for N = {n}"
     else:
         sf_ids = None
     if sf_ids is not None:
-        meta["aux_layer_ids"] = from_specforge(sf_ids)
+        arch = args.target_architecture or "LlamaForCausalLM"
+        ids = from_specforge(sf_ids, arch, n)
+        try:  # the layers SGLang's setter captured for SpecForge must be layers of the target
+            validate_aux_layer_ids(ids, n, final_boundary=capturable_range(arch, n)[1] == n)
+        except InvalidArgumentError as e:
+            raise InvalidArgumentError(
+                f"{what} = {sf_ids} are captured by SGLang's {arch} setter as eagle-io ids {ids}, which a {n}-layer "
+                f"target cannot provide: {e}"
+            ) from e
+        meta["aux_layer_ids"] = ids
         meta["specforge_aux_layer_ids"] = sf_ids
+        if args.target_architecture:
+            meta["target_model"] = {**meta.get("target_model", {}), "architecture": arch}
     summary = import_specforge(
         args.dir, args.out, metadata=meta, skip_bad=args.skip_bad, shard_bytes=args.shard_bytes, threads=args.threads
     )

@@ -35,11 +35,20 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..draft import TrainConfig, load_target_head, save_draft, train_draft
+    from ..draft.export import eagle_config_ids
     from ..feed import ShardDataset
     from ..interop.vocab import build_vocab_mapping, dataset_fingerprint, load_vocab_mapping
     from ..store.reader import Dataset
 
     ds = Dataset(args.path)
+    meta = ds.metadata
+    aux_ids = meta.get("aux_layer_ids")
+    # The target the data came from: its architecture picks SGLang's setter rule for the eagle_config ids.
+    tm = meta.get("target_model") if isinstance(meta.get("target_model"), dict) else {}
+    target = {k: tm[k] for k in ("model_id", "architecture") if tm.get(k)}
+    target |= {k: meta[k] for k in ("num_layers", "hidden_size") if isinstance(meta.get(k), int)}
+    if aux_ids:
+        eagle_config_ids(aux_ids, target)  # refuse ids SGLang cannot capture on this target before training
     head = load_target_head(args.target_model)
     vocab = head.config["vocab_size"]
     if args.vocab_map:
@@ -68,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
     )
     data = ShardDataset(args.path, max_length=args.max_length, on_corrupt=args.on_corrupt)
     result = train_draft(data, head, mapping, cfg)
-    aux_ids = ds.metadata.get("aux_layer_ids")
     if not aux_ids:
         raise IncompatibleDatasetError(
             f"{args.path}: the dataset metadata has no aux_layer_ids: cannot write eagle_config for SGLang"
@@ -85,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         bos_token_id=head.config.get("bos_token_id"),
         eos_token_id=head.config.get("eos_token_id"),
         provenance=provenance,
+        target=target,
     )
     summary = {**result.summary(), **paths, "history": result.history}
     with open(os.path.join(args.out, "train_summary.json"), "w") as f:

@@ -8,10 +8,15 @@ What SGLang reads (``sglang/srt/models/llama_eagle3.py`` and
   ``3 * target_hidden_size``), ``num_hidden_layers: 1``, ``tie_word_embeddings: false`` (true would make the draft's
   ``lm_head`` its embedding).
 * ``eagle_config.eagle_aux_hidden_state_layer_ids``: ids handed to the target's
-  ``set_eagle3_layers_to_capture``. SGLang's Llama setter adds +1 to explicit ids, so they are eagle-io's ids
-  minus one (:func:`eagle_io.capturing.layers.explicit_ids_for`): SmolLM2's ``[2, 15, 27]`` is written
-  ``[1, 14, 26]``.
+  ``set_eagle3_layers_to_capture``, whose rule depends on the target's architecture
+  (:data:`eagle_io.capturing.layers.SETTER_RULES`): the ids written are those that *that* setter turns into the
+  trained eagle-io ids (:func:`eagle_io.capturing.layers.explicit_ids_for`). Llama's adds +1, so SmolLM2's
+  ``[2, 15, 27]`` is written ``[1, 14, 26]``; DeepSeek-V3 / Kimi-K2.5 / GLM-4-MoE-Lite add +1 only when the first
+  id is 1, so ``[3, 5, 7]`` is written ``[3, 5, 7]``; gpt-oss keeps ids reaching ``N``.
   ``eagle_config.use_aux_hidden_state: true``.
+* ``eagle_io``: eagle-io's record of the training: ``aux_layer_ids`` (eagle-io ids), ``target`` (``model_id``,
+  ``architecture``, ``num_layers``, ``hidden_size`` of the target the data came from), provenance. ``eagle-io
+  check-serving`` compares it with the target it is served on.
 * Weights: ``fc.weight``, ``midlayer.self_attn.{q,k,v,o}_proj.weight`` (q/k/v stacked into ``qkv_proj`` by the
   loader), ``midlayer.mlp.{gate,up,down}_proj.weight``, ``midlayer.{input_layernorm,hidden_norm,
   post_attention_layernorm}.weight``, ``norm.weight``, ``lm_head.weight`` (``[draft_vocab, H]``), ``d2t`` (int64,
@@ -28,11 +33,32 @@ from typing import Any
 
 import torch
 
-from ..capturing.layers import explicit_ids_for
+from ..capturing.layers import explicit_ids_for, setter_rule
 from ..errors import InvalidArgumentError
 from .model import Eagle3Draft, Eagle3DraftConfig
 
-__all__ = ["draft_config_json", "load_draft", "save_draft"]
+__all__ = ["draft_config_json", "eagle_config_ids", "load_draft", "save_draft"]
+
+
+def eagle_config_ids(aux_layer_ids: Sequence[int], target: Mapping[str, Any] | None = None) -> list[int]:
+    """The ``eagle_config.eagle_aux_hidden_state_layer_ids`` that SGLang's setter for ``target["architecture"]``
+    (default ``LlamaForCausalLM``) turns into ``aux_layer_ids`` (eagle-io ids) on a ``target["num_layers"]``-layer
+    target (:func:`eagle_io.capturing.layers.explicit_ids_for`).
+
+    Raises:
+        InvalidArgumentError: the ids are invalid for the target, or its setter cannot express them.
+    """
+    target = dict(target or {})
+    arch = str(target.get("architecture") or "LlamaForCausalLM")
+    n = target.get("num_layers")
+    n = int(n) if isinstance(n, int) and not isinstance(n, bool) else None
+    explicit = explicit_ids_for(arch, n, aux_layer_ids)
+    if explicit is None:
+        raise InvalidArgumentError(
+            f"SGLang's {arch} setter cannot capture eagle-io ids {list(aux_layer_ids)} ({setter_rule(arch)}): a draft "
+            "trained on them cannot be served by SGLang on this target"
+        )
+    return explicit
 
 
 def draft_config_json(
@@ -43,8 +69,24 @@ def draft_config_json(
     bos_token_id: Any = None,
     eos_token_id: Any = None,
     provenance: Mapping[str, Any] | None = None,
+    target: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``config.json`` dict. ``aux_layer_ids`` are eagle-io ids (input of decoder layer i)."""
+    """The ``config.json`` dict.
+
+    Args:
+        aux_layer_ids: eagle-io ids (input of decoder layer i) the draft was trained on.
+        target: the target the training data came from: ``architecture`` (default ``LlamaForCausalLM``: its setter
+            rule is the one most SGLang models use), ``num_layers``, ``hidden_size``, ``model_id`` (a dataset's
+            metadata has them). The ``eagle_config`` ids are written for that architecture's SGLang setter.
+
+    Raises:
+        InvalidArgumentError: ``aux_layer_ids`` are invalid for the target
+            (:func:`eagle_io.capturing.layers.validate_aux_layer_ids`), or that target's SGLang setter cannot capture
+            them (e.g. id ``N`` on a Llama target).
+    """
+    target = dict(target or {})
+    arch = str(target.get("architecture") or "LlamaForCausalLM")
+    explicit = eagle_config_ids(aux_layer_ids, target)
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
@@ -69,13 +111,14 @@ def draft_config_json(
         "eos_token_id": eos_token_id,
         "torch_dtype": dtype,
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": explicit_ids_for("LlamaForCausalLM", None, aux_layer_ids),
+            "eagle_aux_hidden_state_layer_ids": explicit,
             "use_aux_hidden_state": True,
         },
         "eagle_io": {
             "aux_layer_ids": [int(i) for i in aux_layer_ids],
-            "aux_layer_convention": "eagle-io ids (input of decoder layer i); eagle_config holds SGLang Llama "
-            "explicit ids = eagle-io ids - 1",
+            "aux_layer_convention": "eagle-io ids (input of decoder layer i); eagle_config holds the explicit ids "
+            f"that {setter_rule(arch)} turns into them",
+            "target": {k: target[k] for k in ("model_id", "architecture", "num_layers", "hidden_size") if k in target},
             **dict(provenance or {}),
         },
     }
@@ -90,13 +133,15 @@ def save_draft(
     bos_token_id: Any = None,
     eos_token_id: Any = None,
     provenance: Mapping[str, Any] | None = None,
+    target: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """Writes ``out_dir/model.safetensors`` (float weights in ``dtype``, ``d2t`` int64, ``t2d`` bool) and
-    ``out_dir/config.json`` (:func:`draft_config_json`). Returns both paths.
+    ``out_dir/config.json`` (:func:`draft_config_json`, with ``target``). Returns both paths.
 
     Raises:
-        ValueError: ``len(aux_layer_ids)`` differs from the draft's ``num_aux_layers``, or d2t/t2d break the
-            vocabulary invariants (:func:`eagle_io.interop.vocab.validate_mapping`).
+        InvalidArgumentError: (a ``ValueError``) ``len(aux_layer_ids)`` differs from the draft's ``num_aux_layers``,
+            the ids do not fit the target (:func:`draft_config_json`), or d2t/t2d break the vocabulary invariants
+            (:func:`eagle_io.interop.vocab.validate_mapping`).
     """
     from safetensors.torch import save_file
 
@@ -108,13 +153,6 @@ def save_draft(
             f"{len(aux_layer_ids)} aux layer ids for a draft trained on {cfg.num_aux_layers} aux states"
         )
     validate_mapping(model.d2t, model.t2d, cfg.draft_vocab_size, cfg.vocab_size)
-    os.makedirs(out_dir, exist_ok=True)
-    tensors = {}
-    for name, t in model.state_dict().items():
-        t = t.detach().cpu()
-        tensors[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
-    weights = os.path.join(os.fspath(out_dir), "model.safetensors")
-    save_file(tensors, weights, metadata={"format": "pt"})
     config = draft_config_json(
         cfg,
         aux_layer_ids,
@@ -122,7 +160,15 @@ def save_draft(
         bos_token_id=bos_token_id,
         eos_token_id=eos_token_id,
         provenance=provenance,
-    )
+        target=target,
+    )  # before writing anything: ids the target's setter cannot express are refused here
+    os.makedirs(out_dir, exist_ok=True)
+    tensors = {}
+    for name, t in model.state_dict().items():
+        t = t.detach().cpu()
+        tensors[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
+    weights = os.path.join(os.fspath(out_dir), "model.safetensors")
+    save_file(tensors, weights, metadata={"format": "pt"})
     cfg_path = os.path.join(os.fspath(out_dir), "config.json")
     with open(cfg_path, "w") as f:
         json.dump(config, f, indent=2)

@@ -357,7 +357,9 @@ def import_specforge(
 
     Raises:
         SpecForgeFileError: (without ``skip_bad``) the first bad file, by path; duplicate indexes always.
-        InvalidArgumentError: ``src`` holds no importable file.
+        InvalidArgumentError: ``src`` holds no importable file; ``metadata["aux_layer_ids"]`` that are not one id per
+            stored ``H``-wide aux block, or not layers of a ``metadata["num_layers"]``-layer target (nothing is
+            written then).
     """
     from ..capturing.layers import AUX_LAYER_CONVENTION
     from ..store.schema import eagle3_schema
@@ -387,6 +389,7 @@ def import_specforge(
             f"{src}: no importable SpecForge file (found {len(files)} data_*.ckpt[.gz], {len(skipped)} skipped)"
         )
     hidden, k = layout.width_final, layout.width_aux // layout.width_final
+    _check_recorded_ids(metadata or {}, layout.width_aux, hidden, files[pos - 1][1])
     dtype = _FLOAT_DTYPES[layout.dtype]
     meta: dict[str, Any] = {
         "source_format": "specforge-offline-eagle3 (rows_*/data_{idx}.ckpt[.gz])",
@@ -423,6 +426,29 @@ def import_specforge(
                 progress(done + len(skipped), len(files) + len(unnamed))
     summary.manifest = writer.manifest_path
     return summary
+
+
+def _check_recorded_ids(metadata: Mapping[str, Any], aux_width: int, hidden: int, first: str) -> None:
+    """The ``aux_layer_ids`` a SpecForge import records must describe the stored states: one id per ``hidden``-wide
+    block of ``aux_hidden_state`` (``k = aux_width / hidden``), each a layer of the target when ``num_layers`` is
+    recorded (:func:`eagle_io.capturing.layers.validate_aux_layer_ids`, id ``N`` allowed: the final boundary).
+
+    Raises:
+        InvalidArgumentError: naming the stored width, the ids and the file that fixed the layout.
+    """
+    from ..capturing.layers import validate_aux_layer_ids
+
+    ids = metadata.get("aux_layer_ids")
+    if ids is None:
+        return
+    n = metadata.get("num_layers")
+    validate_aux_layer_ids(list(ids), n if isinstance(n, int) else None, final_boundary=True)
+    if len(ids) * hidden != aux_width:
+        raise InvalidArgumentError(
+            f"aux_layer_ids {list(ids)} name {len(ids)} layers, but the SpecForge files store aux_hidden_state "
+            f"{aux_width} wide = {aux_width // hidden} x hidden {hidden} ({first}): record the "
+            f"{aux_width // hidden} layers the states came from"
+        )
 
 
 def _save(record: Mapping[str, torch.Tensor], path: str, use_gzip: bool, level: int) -> int:

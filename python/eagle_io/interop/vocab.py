@@ -50,6 +50,7 @@ __all__ = [
     "dataset_fingerprint",
     "load_vocab_mapping",
     "mapping_from_counts",
+    "mapping_problems",
     "validate_mapping",
 ]
 
@@ -140,32 +141,74 @@ def count_loss_masked_tokens(
     return counts, done
 
 
+def mapping_problems(
+    d2t: torch.Tensor,
+    t2d: torch.Tensor | None,
+    draft_vocab_size: int | None,
+    target_vocab_size: int | None,
+) -> list[str]:
+    """Every problem of a vocab map's *values*, one sentence each; empty = consistent. The one value checker
+    (:func:`validate_mapping` for eagle-io's own maps, ``eagle-io check-serving`` for a draft checkpoint's).
+
+    What SGLang does with them (``srt/models/llama_eagle3.py``, ``LlamaForCausalLMEagle3.load_weights``):
+    ``hot_token_id = d2t + arange(len(d2t))``, then ``EAGLEWorkerV2`` maps each draft token index through
+    ``hot_token_id[topk_index]`` to a target token id; ``t2d`` is skipped (SpecForge uses it). Checks: ``d2t`` is
+    1-D and integer; ``t2d`` (when given) is 1-D bool with ``target_vocab_size`` entries; ``t2d.sum()``,
+    ``len(d2t)`` and ``draft_vocab_size`` agree; every ``d2t[i] + i`` is a target id in ``[0, target_vocab_size)``
+    and ``t2d`` is True there. ``None`` sizes are not checked.
+    """
+    problems: list[str] = []
+    d2t_ok = d2t.dim() == 1 and not d2t.is_floating_point() and d2t.dtype != torch.bool
+    if not d2t_ok:
+        problems.append(
+            f"d2t must be a 1-D integer tensor (SGLang indexes with d2t + arange), got {str(d2t.dtype)[6:]} "
+            f"{list(d2t.shape)}"
+        )
+    t2d_ok = t2d is not None and t2d.dim() == 1 and t2d.dtype == torch.bool
+    if t2d is not None and not t2d_ok:
+        problems.append(f"t2d must be a 1-D bool tensor, got {str(t2d.dtype)[6:]} {list(t2d.shape)}")
+    if t2d_ok and target_vocab_size is not None and t2d.shape[0] != target_vocab_size:
+        problems.append(f"t2d has {t2d.shape[0]} entries, target_vocab_size is {target_vocab_size}")
+    counts = {"len(d2t)": int(d2t.shape[0]) if d2t.dim() == 1 else None}
+    if t2d_ok:
+        counts = {"t2d.sum()": int(t2d.sum()), **counts}
+    if draft_vocab_size is not None:
+        counts["draft_vocab_size"] = int(draft_vocab_size)
+    if len({v for v in counts.values() if v is not None}) > 1:
+        problems.append(", ".join(f"{k} = {v}" for k, v in counts.items()) + ": must be equal")
+    if d2t_ok and d2t.shape[0]:
+        target_ids = d2t.to(torch.int64) + torch.arange(d2t.shape[0])
+        hi = target_vocab_size if target_vocab_size is not None else None
+        bad = (target_ids < 0) | (target_ids >= hi) if hi is not None else target_ids < 0
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            problems.append(
+                f"d2t maps draft ids outside the target vocabulary [0, {hi}): {int(bad.sum())} of {d2t.shape[0]}, "
+                f"first draft id {i} -> target id {int(target_ids[i])}"
+            )
+        elif t2d_ok and (hi is None or t2d.shape[0] == hi) and not bool(t2d[target_ids].all()):
+            problems.append("t2d is False at some target id that d2t maps to")
+    return problems
+
+
 def validate_mapping(d2t: torch.Tensor, t2d: torch.Tensor, draft_vocab_size: int, target_vocab_size: int) -> None:
     """Checks a mapping: ``d2t [draft_vocab_size]`` int64, ``t2d [target_vocab_size]`` bool,
     ``t2d.sum() == len(d2t) == draft_vocab_size``, draft ids map to strictly ascending target ids
-    (SpecForge sorts ``used``), and ``t2d`` is True exactly at ``d2t + arange``.
+    (SpecForge sorts ``used``), and ``t2d`` is True exactly at ``d2t + arange`` (:func:`mapping_problems`).
 
     Raises:
-        ValueError: naming the first invariant that fails and the values found.
+        InvalidArgumentError: (a ``ValueError``) naming the first invariant that fails and the values found.
     """
     if d2t.dtype != torch.int64 or d2t.dim() != 1:
         raise InvalidArgumentError(f"d2t must be a 1-D int64 tensor, got {d2t.dtype} {list(d2t.shape)}")
     if t2d.dtype != torch.bool or t2d.dim() != 1:
         raise InvalidArgumentError(f"t2d must be a 1-D bool tensor, got {t2d.dtype} {list(t2d.shape)}")
-    if t2d.shape[0] != target_vocab_size:
-        raise InvalidArgumentError(f"t2d has {t2d.shape[0]} entries, target_vocab_size is {target_vocab_size}")
-    n_true = int(t2d.sum())
-    if not (n_true == d2t.shape[0] == draft_vocab_size):
-        raise InvalidArgumentError(
-            f"t2d.sum() = {n_true}, len(d2t) = {d2t.shape[0]}, draft_vocab_size = {draft_vocab_size}: must be equal"
-        )
+    problems = mapping_problems(d2t, t2d, draft_vocab_size, target_vocab_size)
+    if problems:
+        raise InvalidArgumentError(problems[0])
     target_ids = d2t + torch.arange(draft_vocab_size)
-    if draft_vocab_size and (int(target_ids.min()) < 0 or int(target_ids.max()) >= target_vocab_size):
-        raise InvalidArgumentError(f"d2t maps draft ids outside the target vocabulary [0, {target_vocab_size})")
     if draft_vocab_size > 1 and not bool((target_ids[1:] > target_ids[:-1]).all()):
         raise InvalidArgumentError("d2t + arange is not strictly ascending (SpecForge's d2t lists target ids sorted)")
-    if not bool(t2d[target_ids].all()):
-        raise InvalidArgumentError("t2d is False at some target id that d2t maps to")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 No weight is ever loaded: a safetensors file starts with an 8-byte little-endian header length ``N``
 followed by ``N`` bytes of JSON (``{name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}``,
-the format defined by the ``safetensors`` project, ``docs/`` "Format"); only those ``8 + N`` bytes are read.
+the format defined by the ``safetensors`` project, ``docs/`` "Format"); only those ``8 + N`` bytes are read, plus
+the bytes of the vocab maps (``d2t``, ``t2d``: a few MB at most) whose values the serving check needs
+(:func:`read_tensor_values`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..errors import CheckpointError
 
 __all__ = [
     "MAX_HEADER_BYTES",
+    "MAX_VALUE_BYTES",
     "CheckpointError",
     "CheckpointInfo",
     "DraftInfo",
@@ -25,6 +28,7 @@ __all__ = [
     "read_checkpoint",
     "read_draft",
     "read_safetensors_header",
+    "read_tensor_values",
 ]
 
 MAX_HEADER_BYTES = 100 << 20
@@ -33,12 +37,16 @@ MAX_HEADER_BYTES = 100 << 20
 
 @dataclass(frozen=True)
 class TensorHeader:
-    """One tensor's entry in a safetensors header."""
+    """One tensor's entry in a safetensors header: ``dtype`` as safetensors spells it (``"BF16"``, ``"I64"``,
+    ``"BOOL"``...), ``shape``, the file's name, and ``start``/``end``: absolute byte offsets of its data in that file
+    (``8 + header length + data_offsets``)."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     file: str
+    start: int = 0
+    end: int = 0
 
 
 def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, TensorHeader]:
@@ -79,8 +87,59 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, TensorHea
             continue
         if not isinstance(entry, dict) or "dtype" not in entry or not isinstance(entry.get("shape"), list):
             raise CheckpointError(f"{p}: safetensors header entry {name!r} has no dtype/shape", p)
-        out[name] = TensorHeader(name, str(entry["dtype"]), tuple(int(d) for d in entry["shape"]), p.name)
+        offs = entry.get("data_offsets")
+        a, b = (int(offs[0]), int(offs[1])) if isinstance(offs, list) and len(offs) == 2 else (0, 0)
+        shape = tuple(int(d) for d in entry["shape"])
+        out[name] = TensorHeader(name, str(entry["dtype"]), shape, p.name, 8 + n + a, 8 + n + b)
     return out
+
+
+_VALUE_DTYPES = {"I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+                 "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}  # fmt: skip
+MAX_VALUE_BYTES = 64 << 20
+"""Largest tensor :func:`read_tensor_values` reads (vocab maps are a few MB; weights are never read)."""
+
+
+def read_tensor_values(directory: str | os.PathLike[str], header: TensorHeader) -> Any:
+    """The values of one small tensor (a vocab map such as ``d2t`` / ``t2d``), reading only its bytes.
+
+    Returns:
+        A 1-D or N-D CPU ``torch.Tensor`` of ``header.shape`` in the stored dtype (``I64`` -> ``torch.int64``,
+        ``BOOL`` -> ``torch.bool``, ``F32`` -> ``torch.float32``...).
+
+    Raises:
+        CheckpointError: the tensor is larger than :data:`MAX_VALUE_BYTES`, its dtype is not one of
+            ``I64 I32 I16 I8 U8 BOOL F64 F32 F16 BF16``, its byte range does not match its shape, or the file
+            cannot be read.
+    """
+    import torch
+
+    path = Path(directory) / header.file
+    size = header.end - header.start
+    dtype = _VALUE_DTYPES.get(header.dtype)
+    if dtype is None:
+        raise CheckpointError(f"{path}: tensor {header.name!r} has dtype {header.dtype}, which is not read", path)
+    tdtype = getattr(torch, dtype)
+    count = 1
+    for d in header.shape:
+        count *= d
+    if size > MAX_VALUE_BYTES or size != count * torch.empty((), dtype=tdtype).element_size():
+        raise CheckpointError(
+            f"{path}: tensor {header.name!r} ({header.dtype} {list(header.shape)}) spans {size} bytes: not read "
+            f"(too large, or its byte range does not match its shape)",
+            path,
+        )
+    try:
+        with open(path, "rb") as f:
+            f.seek(header.start)
+            raw = f.read(size)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e}", path) from e
+    if len(raw) != size:
+        raise CheckpointError(f"{path}: tensor {header.name!r} is truncated ({len(raw)} of {size} bytes)", path)
+    if size == 0:
+        return torch.empty(header.shape, dtype=tdtype)
+    return torch.frombuffer(bytearray(raw), dtype=tdtype).reshape(header.shape)
 
 
 def _load_json(path: Path) -> dict[str, Any]:
@@ -192,6 +251,8 @@ class DraftInfo(CheckpointInfo):
             (``spec_aux_hidden_state.py``, ``_resolve_eagle_aux_hidden_state``).
         top_level_layer_ids: a top-level ``eagle_aux_hidden_state_layer_ids`` key, which SGLang ignores.
         draft_vocab_size / target_hidden_size / num_aux_hidden_states: the config keys, None when absent.
+        eagle_io_record: ``config["eagle_io"]``, what an eagle-io export records about its training (the
+            eagle-io ``aux_layer_ids`` and the ``target`` it was trained for), or None.
     """
 
     tensors: dict[str, TensorHeader] = field(default_factory=dict)
@@ -207,6 +268,7 @@ class DraftInfo(CheckpointInfo):
     draft_vocab_size: int | None = None
     target_hidden_size: int | None = None
     num_aux_hidden_states: int | None = None
+    eagle_io_record: dict[str, Any] | None = None
 
     @property
     def fc_in_width(self) -> int | None:
@@ -265,4 +327,5 @@ def read_draft(path: str | os.PathLike[str]) -> DraftInfo:
         draft_vocab_size=_int_or_none(cfg.get("draft_vocab_size")),
         target_hidden_size=_int_or_none(cfg.get("target_hidden_size")),
         num_aux_hidden_states=_int_or_none(cfg.get("num_aux_hidden_states")),
+        eagle_io_record=cfg.get("eagle_io") if isinstance(cfg.get("eagle_io"), dict) else None,
     )

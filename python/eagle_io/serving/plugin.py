@@ -12,8 +12,9 @@ detokenizer), through the entry point::
 
 * **Startup guard** (BEFORE ``Scheduler.init_all_cuda_graphs``: after attention backends configured capture,
   before any CUDA graph is captured). When the draft is EAGLE-3-style it requires ``spec_algorithm.is_eagle3()``,
-  aux capture enabled on the target (through a wrapper's ``language_model`` too) and
-  ``len(layers_to_capture) * target_hidden == fc input width``; otherwise startup aborts with
+  aux capture enabled on the target (through a wrapper's ``language_model`` too) and wired to the module that runs
+  the decoder layers (:func:`eagle_io.serving.sglang_probe.capture_wiring_problems`), capturable and distinct
+  ``layers_to_capture``, and ``len(captured) * target_hidden == fc input width``; otherwise startup aborts with
   :class:`ServingGuardError` saying how to launch. It then installs the runtime hooks below, in that scheduler
   process only, and only for speculative EAGLE-family launches.
 * **Draft-extend width check** (BEFORE ``EagleDraftWorker._draft_extend_for_prefill`` / ``_draft_extend_for_decode``:
@@ -51,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..capturing.layers import capturable_range, setter_rule
+from ..capturing.layers import capturable_range, captured_ids, setter_rule
 from ..errors import DraftWidthError, ServingGuardError
 from . import sglang_compat as compat
 from . import sglang_probe as probe
@@ -148,15 +149,29 @@ def startup_decision(facts: probe.StartupFacts) -> str | None:
         layers = list(facts.layers_to_capture)
         if n is not None:
             lo, hi = capturable_range(facts.target_architecture, int(n))
-            captured = [i for i in layers if lo <= i <= hi]
-            if len(captured) != len(layers):
+            captured = captured_ids(facts.target_architecture, int(n), layers)
+            outside = [i for i in layers if not lo <= i <= hi]
+            dups = sorted({i for i in layers if layers.count(i) > 1})
+            if outside:
                 problems.append(
                     f"layers_to_capture {layers} has ids outside {lo}..{hi} for a {n}-layer target: only "
                     f"{len(captured)} of {len(layers)} states would be captured. Fix "
                     "eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json "
                     f"({setter_rule(facts.target_architecture)}); `eagle-io check-serving` computes the ids"
                 )
+            if dups:
+                problems.append(
+                    f"layers_to_capture {layers} names layer {', '.join(map(str, dups))} more than once: the forward "
+                    f"captures each layer once, so {len(captured)} states arrive, not {len(layers)}. List each trained "
+                    "layer once in eagle_config.eagle_aux_hidden_state_layer_ids"
+                )
             layers = captured
+        if facts.capture_enabled:
+            problems.extend(
+                f"the target's capture is not wired: {p}. Serve the text model directly, or use an SGLang version "
+                "whose wrapper delegates set_eagle3_layers_to_capture to its language model"
+                for p in facts.wiring_problems
+            )
         if facts.capture_enabled and w is not None and len(layers) * h != w:
             problems.append(
                 f"the target captures {len(layers)} aux states ({list(facts.layers_to_capture)}) x hidden {h} = "

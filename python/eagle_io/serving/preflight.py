@@ -11,57 +11,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..capturing.layers import (
-    AUX_LAYER_CONVENTION,
-    capturable_range,
-    explicit_ids_for,
-    served_aux_layer_ids,
-    setter_rule,
-)
-from ..errors import EagleIOError
-from ..store import layout
-from ..store.manifest import read_manifest
+from .check_draft import check_draft_build, check_positions, check_tensors, check_vocab
+from .check_layers import check_fc_width, check_layer_ids
+from .check_training import trained_layer_ids
 from .checkpoint import CheckpointError, DraftInfo, read_checkpoint, read_draft
-from .sglang_compat import draft_num_aux_layers, launch_args, resolve_algorithm
+from .draft_build import draft_build
+from .findings import ERROR, INFO, WARNING, Finding, Findings, format_findings
+from .sglang_compat import launch_args, resolve_algorithm
 
 __all__ = ["ERROR", "INFO", "WARNING", "Finding", "check_serving", "eagle3_signals", "format_findings"]
-
-ERROR, WARNING, INFO = "error", "warning", "info"
-
-MAX_POSITION_RATIO = 4
-"""A draft whose ``max_position_embeddings`` is below ``target / MAX_POSITION_RATIO`` (and below the context
-length actually served) is reported: past its trained positions acceptance collapses on long prompts."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem found. ``code`` is stable (tests and scripts match on it); ``fix`` says exactly what to do."""
-
-    severity: str  # "error" | "warning" | "info"
-    code: str
-    message: str
-    fix: str
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-def format_findings(findings: Sequence[Finding]) -> str:
-    """Human-readable report, one block per finding."""
-    if not findings:
-        return "OK: no problems found"
-    lines = []
-    for f in findings:
-        lines.append(f"{f.severity.upper()} [{f.code}] {f.message}")
-        lines.append(f"    fix: {f.fix}")
-    n_err = sum(f.severity == ERROR for f in findings)
-    n_warn = sum(f.severity == WARNING for f in findings)
-    lines.append(f"{n_err} error(s), {n_warn} warning(s)")
-    return "\n".join(lines)
 
 
 def eagle3_signals(draft: DraftInfo, target_hidden: int | None) -> list[str]:
@@ -100,27 +61,6 @@ def eagle3_signals(draft: DraftInfo, target_hidden: int | None) -> list[str]:
     return sig
 
 
-def _read_manifest_metadata(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
-    p = Path(path)
-    if p.is_dir():
-        found = layout.dataset_manifests(p)
-        if not found:
-            raise CheckpointError(f"{p}: no manifest.json (or manifest.rNNNNN.json): not an eagle-io dataset", p)
-        p = found[0]
-    try:
-        manifest = read_manifest(p)
-    except EagleIOError as e:
-        raise CheckpointError(f"{p}: cannot read the dataset manifest: {e}", p) from e
-    meta = manifest.get("metadata")
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{p}: manifest has no metadata object", p)
-    return p, meta
-
-
-def _ids_text(ids: Sequence[int]) -> str:
-    return "[" + ", ".join(str(i) for i in ids) + "]"
-
-
 def check_serving(
     target_path: str | os.PathLike[str] | None,
     draft_path: str | os.PathLike[str] | None,
@@ -130,7 +70,12 @@ def check_serving(
     dataset_manifest: str | os.PathLike[str] | None = None,
     server_args: Any = None,
 ) -> list[Finding]:
-    """Checks an EAGLE-3 serving launch before it is made; returns the findings (empty = nothing wrong).
+    """Checks an EAGLE-3 serving launch before it is made, with SGLang 0.5.23's own rules: the draft SGLang will
+    build from the draft config (:mod:`.draft_build`; every safetensors tensor shape against it), the states the
+    target will capture and feed (:mod:`.check_layers`: the target's setter rule, duplicates, range, count and
+    width), what the draft was trained on (:mod:`.check_training`: ``layer_ids``, the dataset, the draft's eagle-io
+    record), the vocab map's values, positions and RoPE (:mod:`.check_draft`). Returns the findings: empty, or only
+    ``info`` ones (e.g. the default layer ids SGLang will capture), when nothing is wrong.
 
     Args:
         target_path / draft_path: model directories (``config.json``; the draft's ``*.safetensors`` headers).
@@ -140,17 +85,18 @@ def check_serving(
         layer_ids: the aux layer ids the draft was trained on, in eagle-io's convention
             (:data:`eagle_io.capturing.layers.AUX_LAYER_CONVENTION`: input of 0-based decoder layer i).
         dataset_manifest: an eagle-io dataset directory or manifest the draft was trained on; its
-            ``aux_layer_ids`` / ``aux_layer_convention`` / ``hidden_size`` are checked against the launch.
+            ``aux_layer_ids`` / ``aux_layer_convention`` / ``hidden_size`` / ``num_layers`` and aux width are
+            checked against the launch.
         server_args: raw SGLang launch arguments (list of strings), a ``ServerArgs`` or a mapping of its fields;
             fills what the explicit arguments leave out (a conflict is an error finding).
 
     Raises:
         CheckpointError: a directory, ``config.json``, safetensors header or manifest that cannot be read.
+        InvalidArgumentError / ArgumentTypeError: ``layer_ids`` outside ``1..N`` of the target, not ascending,
+            duplicated or not integers (:func:`eagle_io.capturing.layers.validate_aux_layer_ids`).
     """
-    findings: list[Finding] = []
-
-    def add(sev: str, code: str, message: str, fix: str) -> None:
-        findings.append(Finding(sev, code, message, fix))
+    findings = Findings()
+    add = findings.add
 
     la = launch_args(server_args)
     for name, given, from_args, flag in (
@@ -182,11 +128,10 @@ def check_serving(
     resolved = resolve_algorithm(algorithm)
     h_t = target.hidden_size
     n_t = target.num_layers
-    arch_t = target.architecture
+    build = draft_build(draft.config)
 
     signals = eagle3_signals(draft, h_t)
     is_eagle3 = bool(signals)
-    n_aux, n_aux_src = draft_num_aux_layers(draft.config)
     width = draft.fc_in_width
 
     # 1. The algorithm.
@@ -225,15 +170,11 @@ def check_serving(
                 "check that the draft is an EAGLE-3 draft; add eagle_config / target_hidden_size to its config.json",
             )
 
-    # 2. Widths: fc input = number of aux layers x target hidden.
+    # 2. The draft SGLang builds: its class, config switches and every tensor shape.
     if is_eagle3:
-        if draft.target_hidden_size is not None and h_t is not None and draft.target_hidden_size != h_t:
-            add(
-                ERROR,
-                "target-hidden-size",
-                f"draft config target_hidden_size = {draft.target_hidden_size} but the target's hidden size is {h_t}",
-                "serve the draft with the target it was trained for (or retrain it on this target)",
-            )
+        if resolved == "EAGLE3":
+            check_draft_build(findings, draft, build, h_t)
+        check_tensors(findings, draft, build)
         if width is None:
             where = (
                 f"its weights are in {', '.join(draft.other_weight_files)} (not read: only safetensors headers are)"
@@ -246,166 +187,18 @@ def check_serving(
                 f"cannot check the draft's fc input width: {where}",
                 "convert the draft to safetensors (model.safetensors) so its fc width can be checked",
             )
-        elif h_t is not None and width != n_aux * h_t:
-            if width % h_t == 0:
-                k = width // h_t
-                fix = (
-                    f"the draft was trained on {k} aux layers: set eagle_config.eagle_aux_hidden_state_layer_ids in "
-                    f"the draft's config.json to the {k} ids it was trained with (or num_aux_hidden_states = {k})"
-                )
-            else:
-                fix = (
-                    f"{width} is not a multiple of the target hidden size {h_t}: the draft was trained for another "
-                    "target; serve it with that target"
-                )
-            add(
-                ERROR,
-                "fc-width",
-                f"draft fc input width {width} != {n_aux} aux layers ({n_aux_src}) x target hidden {h_t} "
-                f"= {n_aux * h_t}",
-                fix,
-            )
 
-    # 3. Layer ids: what SGLang will capture vs what the draft was trained on.
-    if is_eagle3 and n_t is not None:
-        if draft.eagle_layer_ids is None and draft.top_level_layer_ids is not None:
-            top_served = served_aux_layer_ids(arch_t, n_t, draft.top_level_layer_ids)
-            default = served_aux_layer_ids(arch_t, n_t, None)
-            add(
-                WARNING if top_served == default else ERROR,
-                "layer-ids-top-level-ignored",
-                f"the draft config has a top-level eagle_aux_hidden_state_layer_ids = "
-                f"{_ids_text(draft.top_level_layer_ids)}, which SGLang ignores (it reads only eagle_config); it will "
-                f"capture its default {_ids_text(default)} (eagle-io ids) instead of {_ids_text(top_served)}",
-                'move the key into the draft config: "eagle_config": {"eagle_aux_hidden_state_layer_ids": '
-                f"{_ids_text(draft.top_level_layer_ids)}}}",
-            )
-        served = served_aux_layer_ids(arch_t, n_t, draft.eagle_layer_ids)
-        lo, hi = capturable_range(arch_t, n_t)
-        bad = [i for i in served if not lo <= i <= hi]
-        if bad:
-            got = len(served) - len(bad)
-            add(
-                ERROR,
-                "layer-ids-out-of-range",
-                f"SGLang will ask {arch_t} ({n_t} layers) to capture eagle-io ids {_ids_text(served)} (from "
-                f"eagle_config ids {_ids_text(draft.eagle_layer_ids or [])}); {_ids_text(bad)} lie outside "
-                f"{lo}..{hi}, so only {got} of {len(served)} states are captured",
-                f"set eagle_config.eagle_aux_hidden_state_layer_ids to ids whose captured layers lie in {lo}..{hi} "
-                f"({setter_rule(arch_t)})",
-            )
-        if served != sorted(served):
-            add(
-                WARNING,
-                "layer-ids-order",
-                f"eagle_config ids {_ids_text(draft.eagle_layer_ids or [])} are not ascending: SGLang concatenates aux "
-                "states in layer-execution order, not in the order given",
-                "list eagle_config.eagle_aux_hidden_state_layer_ids in ascending order, matching the training data",
-            )
-        trained: list[tuple[str, list[int]]] = []
-        if layer_ids is not None:
-            trained.append(("the given training layer ids", [int(i) for i in layer_ids]))
-        if dataset_manifest is not None:
-            mpath, meta = _read_manifest_metadata(dataset_manifest)
-            conv = meta.get("aux_layer_convention")
-            ids = meta.get("aux_layer_ids")
-            if conv != AUX_LAYER_CONVENTION:
-                add(
-                    WARNING,
-                    "dataset-convention-unknown",
-                    f"{mpath}: aux_layer_convention {conv!r} is not eagle-io's ({AUX_LAYER_CONVENTION!r}); its ids "
-                    "are not compared",
-                    "compare the layer ids by hand, or regenerate the data with eagle-io",
-                )
-            elif isinstance(ids, list):
-                trained.append((f"the training data {mpath}", [int(i) for i in ids]))
-            mh = meta.get("hidden_size")
-            if isinstance(mh, int) and h_t is not None and mh != h_t:
-                add(
-                    ERROR,
-                    "dataset-hidden-size",
-                    f"the training data {mpath} has hidden_size {mh} but the target's is {h_t}",
-                    "serve the draft with the target its training data came from",
-                )
-            mn = meta.get("num_layers")
-            if isinstance(mn, int) and mn != n_t:
-                add(
-                    WARNING,
-                    "dataset-num-layers",
-                    f"the training data {mpath} came from a {mn}-layer target, this target has {n_t} layers",
-                    "serve the draft with the target its training data came from",
-                )
-        for what, ids in trained:
-            if sorted(ids) == sorted(served):
-                continue
-            src = (
-                f"eagle_config ids {_ids_text(draft.eagle_layer_ids)} through SGLang's {arch_t} setter"
-                if draft.eagle_layer_ids is not None
-                else f"SGLang's default [2, N//2, N-3] (the draft config records no eagle_config ids; N = {n_t})"
-            )
-            want = explicit_ids_for(arch_t, n_t, ids)
-            fix = (
-                f'set "eagle_config": {{"eagle_aux_hidden_state_layer_ids": {_ids_text(want)}}} in the draft\'s '
-                f"config.json (SGLang's {arch_t} setter turns them into eagle-io ids {_ids_text(ids)})"
-                if want is not None
-                else f"SGLang's {arch_t} setter cannot capture eagle-io ids {_ids_text(ids)}: retrain on capturable ids"
-            )
-            if len(ids) == len(served) and len({s - t for s, t in zip(sorted(served), sorted(ids), strict=True)}) == 1:
-                d = sorted(served)[0] - sorted(ids)[0]
-                if abs(d) == 1:
-                    add(
-                        ERROR,
-                        "layer-ids-off-by-one",
-                        f"off by {d:+d} between conventions: SGLang will capture eagle-io ids {_ids_text(served)} "
-                        f"({src}) but the draft was trained on eagle-io ids {_ids_text(ids)} ({what}). eagle-io "
-                        "id i = input of 0-based layer i (= output of layer i-1), the meaning of SGLang's "
-                        "layers_to_capture; SGLang's explicit eagle_config ids mean 'output of layer i' where the "
-                        f"setter shifts them ({setter_rule(arch_t)})",
-                        fix,
-                    )
-                    continue
-            add(
-                ERROR,
-                "layer-ids-mismatch",
-                f"SGLang will capture eagle-io ids {_ids_text(served)} ({src}) but the draft was trained on "
-                f"eagle-io ids {_ids_text(ids)} ({what})",
-                fix,
-            )
+    # 3. Training, layer ids and widths: what SGLang captures and feeds vs the fc and the training.
+    n_captured: int | None = None
+    if is_eagle3:
+        trained = trained_layer_ids(findings, target, draft, layer_ids=layer_ids, dataset_manifest=dataset_manifest)
+        if n_t is not None:
+            n_captured = len(check_layer_ids(findings, target, draft, build, trained))
+        check_fc_width(findings, build, width, h_t, n_captured)
 
     # 4. Vocab map.
     if is_eagle3:
-        dvs = draft.draft_vocab_size if draft.draft_vocab_size is not None else draft.vocab_size
-        dvs_src = "draft_vocab_size" if draft.draft_vocab_size is not None else "vocab_size (no draft_vocab_size)"
-        if draft.d2t is not None and dvs is not None and draft.d2t.shape[:1] != (dvs,):
-            add(
-                ERROR,
-                "d2t-size",
-                f"d2t has shape {list(draft.d2t.shape)} but the draft config's {dvs_src} is {dvs}",
-                f'set "draft_vocab_size": {draft.d2t.shape[0]} in the draft config.json if d2t is right, else '
-                "regenerate d2t/t2d for this draft's vocab size",
-            )
-        if draft.lm_head is not None and dvs is not None and draft.lm_head.shape[:1] != (dvs,):
-            add(
-                ERROR,
-                "lm-head-size",
-                f"lm_head.weight has {draft.lm_head.shape[0]} rows but the draft config's {dvs_src} is {dvs}",
-                f'set "draft_vocab_size": {draft.lm_head.shape[0]} in the draft config.json',
-            )
-        if draft.d2t is None and dvs is not None and target.vocab_size is not None and dvs < target.vocab_size:
-            add(
-                ERROR,
-                "d2t-missing",
-                f"draft vocab {dvs} < target vocab {target.vocab_size} but the checkpoint has no d2t tensor: "
-                "draft token indices would be read as target token ids",
-                "add the d2t tensor (draft index -> target id offsets) the draft was trained with to its safetensors",
-            )
-        if draft.t2d is not None and target.vocab_size is not None and draft.t2d.shape[:1] != (target.vocab_size,):
-            add(
-                WARNING,
-                "t2d-size",
-                f"t2d has shape {list(draft.t2d.shape)} but the target vocab is {target.vocab_size}",
-                "regenerate the vocab map for this target's tokenizer",
-            )
+        check_vocab(findings, draft, target)
     if draft.vocab_size is not None and target.vocab_size is not None and draft.vocab_size != target.vocab_size:
         add(
             ERROR if is_eagle3 else WARNING,
@@ -415,19 +208,9 @@ def check_serving(
             "use a draft trained with this target's tokenizer",
         )
 
-    # 5. Positions.
-    dm, tm = draft.max_position_embeddings, target.max_position_embeddings
-    if dm is not None and tm is not None and dm * MAX_POSITION_RATIO <= tm:
-        served_ctx = la.context_length or tm
-        if served_ctx > dm:
-            add(
-                WARNING,
-                "draft-max-positions",
-                f"draft max_position_embeddings {dm} is far below the target's {tm} (served context "
-                f"{served_ctx}): past position {dm} the draft runs outside its trained positions and acceptance drops",
-                f"launch with --context-length {dm}, or use a draft trained (or rope-scaled) for longer contexts",
-            )
+    # 5. Positions and RoPE.
+    check_positions(findings, draft, target, la.context_length)
 
     if not draft.weight_files and not draft.other_weight_files:
         add(WARNING, "no-draft-weights", f"{draft.path}: no weight files found", "point at the draft's directory")
-    return findings
+    return list(findings)

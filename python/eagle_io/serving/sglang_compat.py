@@ -28,6 +28,7 @@ from ..errors import SGLangCompatError
 __all__ = [
     "ACCEPT_HOOK",
     "CAPTURE_MIN_SGLANG",
+    "CONTEXT_LENGTH_KEYS",
     "DRAFT_EXTEND_DECODE_HOOK",
     "DRAFT_EXTEND_PREFILL_HOOK",
     "STARTUP_HOOK",
@@ -36,6 +37,7 @@ __all__ = [
     "LaunchArgs",
     "SGLangCompatError",
     "capture_supported",
+    "context_length",
     "draft_num_aux_layers",
     "launch_args",
     "resolve_algorithm",
@@ -111,17 +113,44 @@ def draft_num_aux_layers(config: Mapping[str, Any]) -> tuple[int, str]:
 
     ``srt/models/llama_eagle3.py``, ``LlamaModel.__init__``: explicit ``num_aux_hidden_states`` >
     ``len(eagle_config["eagle_aux_hidden_state_layer_ids"])`` > 3; ``fc`` is
-    ``Linear(target_hidden_size * num_aux, hidden_size)`` (``kimi_k25_eagle3.py`` sizes its
-    ``ColumnParallelLinear`` the same way).
+    ``Linear(target_hidden_size * num_aux, hidden_size)``. ``kimi_k25_eagle3.py`` (``Eagle3DeepseekV2ForCausalLM``)
+    counts ``eagle_config`` ids, then top-level ids, then 3 (:func:`eagle_io.serving.draft_build.draft_build`).
     """
-    n = config.get("num_aux_hidden_states")
-    if isinstance(n, int) and not isinstance(n, bool):
-        return n, "num_aux_hidden_states"
-    ec = config.get("eagle_config")
-    ids = ec.get("eagle_aux_hidden_state_layer_ids") if isinstance(ec, dict) else None
-    if isinstance(ids, list) and ids:
-        return len(ids), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
-    return 3, "SGLang's default of 3 aux layers"
+    from .draft_build import draft_build
+
+    b = draft_build(config)
+    return b.num_aux, b.num_aux_source
+
+
+CONTEXT_LENGTH_KEYS = (
+    "max_sequence_length",
+    "seq_length",
+    "max_seq_len",
+    "model_max_length",
+    "max_position_embeddings",
+)
+"""``srt/utils/hf_transformers/common.py``: ``CONTEXT_LENGTH_KEYS``, the first present wins."""
+
+
+def context_length(config: Mapping[str, Any]) -> int:
+    """The context length SGLang derives from a (text) config: ``get_context_length`` in
+    ``srt/utils/hf_transformers/common.py``: the first of :data:`CONTEXT_LENGTH_KEYS` times the ``rope_scaling``
+    ``factor`` (1 when the scaling has ``original_max_position_embeddings`` or ``rope_type: llama3``); 2048 when no
+    key is present. A draft is given the target's context length (``EAGLEWorkerV2``: ``TpModelWorker(...,
+    context_length=target ... context_len)``) and ``ModelConfig._derive_context_length`` refuses one above this
+    value unless ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``, which then overrides the draft's
+    ``max_position_embeddings``."""
+    rs = config.get("rope_scaling")
+    factor: Any = 1
+    if isinstance(rs, Mapping) and rs:
+        factor = rs.get("factor", 1)
+        if "original_max_position_embeddings" in rs or rs.get("rope_type") == "llama3":
+            factor = 1
+    for key in CONTEXT_LENGTH_KEYS:
+        v = config.get(key)
+        if v is not None:
+            return int(float(factor) * int(v))
+    return 2048
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ instead of silently skipping a check. Nothing here imports SGLang at module impo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ class StartupFacts:
     draft_config: dict[str, Any]  # the draft hf_config as a dict
     fc_in_width: int | None
     draft_embed_width: int | None
+    wiring_problems: tuple[str, ...] = ()  # capture_wiring_problems(model): empty = wired (or not checkable)
 
 
 def _attr(obj: Any, *names: str) -> Any:
@@ -60,6 +62,90 @@ def _capture_model(model: Any) -> Any:
     if inner is not None and hasattr(inner, "capture_aux_hidden_states"):
         return inner
     return model
+
+
+_PER_LAYER_IDS = re.compile(r"\b(?:i|idx|layer_idx|layer_id)\s+in\s+self\.layers_to_capture")
+"""A forward that selects layers by id (``LlamaModel.forward``: ``if i in self.layers_to_capture``); Qwen3.5 /
+MiniMax-M3 select by the per-layer flag and test ids only for ``self.end_layer``."""
+
+
+def _decoder_layers(module: Any) -> Any:
+    layers = getattr(module, "layers", None)
+    return (
+        layers
+        if isinstance(layers, (list, tuple)) or (hasattr(layers, "__getitem__") and hasattr(layers, "__len__"))
+        else None
+    )
+
+
+def _forward_source(module: Any) -> str | None:
+    import inspect
+
+    try:
+        return inspect.getsource(type(module).forward)
+    except (OSError, TypeError, AttributeError):
+        return None
+
+
+def capture_wiring_problems(model: Any) -> tuple[str, ...]:
+    """Whether the target's forward will actually record the aux states its setter asked for: a structural probe
+    of the module tree, the cheap equivalent of a one-token forward (run before CUDA-graph capture).
+
+    Walks from the target model down ``language_model`` / ``model`` to the module that owns the decoder
+    ``layers`` (``LlamaModel``, ``DeepseekV2Model``, Qwen3.5's ``Qwen3_5ForCausalLM`` backbone...) and returns one
+    sentence per broken link (empty = wired, or not checkable: no ``layers`` found):
+
+    * a module on that path with ``capture_aux_hidden_states`` off while one above it has it on: its forward returns
+      plain hidden states, so nothing reaches the logits processor (a VL wrapper that sets the flag on itself only);
+    * the layer owner's ``layers_to_capture`` empty or missing;
+    * an owner whose ``forward`` selects layers by their ``_is_layer_to_capture`` flag (Qwen3.5, Qwen3-Next,
+      Qwen2-MoE, MiniMax-M3: ``setattr(self.layers[i], "_is_layer_to_capture", True)`` in their
+      ``set_eagle3_layers_to_capture``) and not by ``i in self.layers_to_capture``, whose flagged layers differ from
+      ``layers_to_capture`` (a wrapper that assigned ``model.layers_to_capture`` instead of calling the setter).
+    """
+    chain: list[Any] = []
+    cur, seen = model, set()
+    while cur is not None and id(cur) not in seen and len(chain) < 5:
+        chain.append(cur)
+        seen.add(id(cur))
+        if _decoder_layers(cur) is not None:
+            break
+        nxt = getattr(cur, "language_model", None)
+        cur = nxt if nxt is not None else getattr(cur, "model", None)
+    owner = chain[-1] if chain and _decoder_layers(chain[-1]) is not None else None
+    if owner is None:
+        return ()
+    problems: list[str] = []
+    flags = [(type(m).__name__, m.capture_aux_hidden_states) for m in chain if hasattr(m, "capture_aux_hidden_states")]
+    on = [name for name, v in flags if v]
+    off = [name for name, v in flags if not v]
+    if on and off:
+        problems.append(
+            f"capture_aux_hidden_states is on for {', '.join(on)} but off for {', '.join(off)} on the path to the "
+            f"decoder layers: {off[0]}'s forward returns no aux states, so the draft receives none"
+        )
+    if not on:
+        return tuple(problems)
+    wanted = getattr(owner, "layers_to_capture", None)
+    owner_name = type(owner).__name__
+    if not wanted:
+        problems.append(
+            f"{owner_name}, which runs the decoder layers, has no layers_to_capture: its forward records nothing (the "
+            "capture setter did not reach it)"
+        )
+        return tuple(problems)
+    src = _forward_source(owner)
+    if src is not None and "_is_layer_to_capture" in src and not _PER_LAYER_IDS.search(src):
+        layers = _decoder_layers(owner)
+        flagged = sorted(i for i in range(len(layers)) if getattr(layers[i], "_is_layer_to_capture", False))
+        want = sorted({int(i) for i in wanted if 0 <= int(i) < len(layers)})
+        if flagged != want:
+            problems.append(
+                f"{owner_name}.forward captures the layers flagged _is_layer_to_capture ({flagged}), not "
+                f"layers_to_capture ({list(wanted)}): {len(flagged)} aux states arrive instead of {len(want)} (a "
+                "wrapper set layers_to_capture without calling the language model's set_eagle3_layers_to_capture)"
+            )
+    return tuple(problems)
 
 
 def _hf_config_dict(cfg: Any) -> dict[str, Any]:
@@ -137,6 +223,7 @@ def startup_facts(scheduler: Any) -> StartupFacts:
         draft_config=draft_dict,
         fc_in_width=_fc_in_width(draft_model) if draft_model is not None else None,
         draft_embed_width=_embed_width(draft_model) if draft_model is not None else None,
+        wiring_problems=capture_wiring_problems(model),
     )
 
 

@@ -24,7 +24,10 @@ def eagle3_metadata(
         target_info: ``load_target``'s info (``model_id``, ``files``, ``architecture``, ``num_layers``,
             ``hidden_size``, ``vocab_size``); machine-specific paths are left out so a run resumes elsewhere.
         aux_layer_ids: captured layers in eagle-io's convention
-            (:data:`eagle_io.capturing.layers.AUX_LAYER_CONVENTION`).
+            (:data:`eagle_io.capturing.layers.AUX_LAYER_CONVENTION`). The last may be ``num_layers``: the final
+            pre-norm boundary; ``final_state_is_prenorm`` (always written) is then ``True``, so a consumer knows the
+            last ``H`` columns of ``aux_hidden_states`` are the un-normalised final state (gpt-oss drafts feed it
+            through ``norm_before_fc``), while ``hidden_states`` stays post-norm.
         dtype: stored dtype of the states (e.g. ``"bfloat16"``).
         tokenizer_identity: :func:`eagle_io.data.chat_template_identity` of the tokenizer, if any.
         max_length: truncation length of the samples.
@@ -38,6 +41,7 @@ def eagle3_metadata(
         "aux_layer_ids": [int(i) for i in aux_layer_ids],
         "aux_layer_convention": AUX_LAYER_CONVENTION,
         "hidden_states_post_norm": True,
+        "final_state_is_prenorm": bool(aux_layer_ids) and int(aux_layer_ids[-1]) == int(target_info["num_layers"]),
         "dtype": dtype,
         "tokenizer": dict(tokenizer_identity) if tokenizer_identity else None,
         "max_length": max_length,

@@ -23,6 +23,47 @@ CAPTURE_ENGINE_ARGS: dict[str, Any] = {
 }
 
 
+def capture_layer_args(
+    model_path: str | os.PathLike[str], options: Mapping[str, Any], engine_args: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The engine argument that makes SGLang capture ``options["aux_layer_ids"]`` (eagle-io ids), or ``{}``.
+
+    SGLang's capture-only mode hands ``return_aux_hidden_state_layer_ids`` to the target's
+    ``set_eagle3_layers_to_capture`` as explicit ids (``spec_aux_hidden_state.py``,
+    ``_resolve_capture_only_aux_hidden_state``), so they are written in that setter's convention
+    (:func:`eagle_io.capturing.layers.explicit_ids_for` for the architecture in ``model_path/config.json``). Id ``N``
+    (the final pre-norm boundary) is accepted only for targets whose forward captures it
+    (:data:`eagle_io.capturing.layers.FINAL_BOUNDARY_SETTERS`; e.g. gpt-oss ``[.., N]`` is written ``[.., N - 1]``,
+    which its setter shifts back to ``N`` and which passes SGLang's ``id < num_layers`` check).
+
+    Raises:
+        InvalidArgumentError: ids outside the target's capturable range, duplicated or unsorted, ids the setter
+            cannot express, an unreadable ``config.json``, or a ``return_aux_hidden_state_layer_ids`` engine argument
+            that disagrees.
+    """
+    ids = options.get("aux_layer_ids")
+    if ids is None:
+        return {}
+    from ...serving.checkpoint import read_checkpoint
+    from ..layers import capturable_range, explicit_ids_for, setter_rule, validate_aux_layer_ids
+
+    target = read_checkpoint(model_path)
+    arch, n = target.architecture, target.num_layers
+    if n is None:
+        raise InvalidArgumentError(f"{target.path}/config.json has no num_hidden_layers: cannot place aux layer ids")
+    wanted = validate_aux_layer_ids(list(ids), n, final_boundary=capturable_range(arch, n)[1] == n)
+    explicit = explicit_ids_for(arch, n, wanted)
+    if explicit is None:
+        raise InvalidArgumentError(f"SGLang's {arch} setter cannot capture eagle-io ids {wanted} ({setter_rule(arch)})")
+    given = engine_args.get("return_aux_hidden_state_layer_ids")
+    if given is not None and [int(i) for i in given] != explicit:
+        raise InvalidArgumentError(
+            f"return_aux_hidden_state_layer_ids={list(given)} contradicts aux_layer_ids {wanted}, which SGLang's "
+            f"{arch} setter captures from {explicit}"
+        )
+    return {"return_aux_hidden_state_layer_ids": explicit}
+
+
 def launch_capture_engine(
     model_path: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
@@ -36,19 +77,22 @@ def launch_capture_engine(
             scheduler through ``EAGLE_IO_CAPTURE_OPTIONS``.
         engine_args: further ``sglang.Engine`` arguments (``tp_size``, ``dp_size``, ``device``,
             ``attention_backend``, ``mem_fraction_static``...); they may not contradict
-            :data:`CAPTURE_ENGINE_ARGS`.
+            :data:`CAPTURE_ENGINE_ARGS`. ``options["aux_layer_ids"]`` become ``return_aux_hidden_state_layer_ids``
+            (:func:`capture_layer_args`), checked against the target before anything is launched.
 
     Returns:
         The engine; attach with ``SGLangCaptureSession(engine, out_dir, started=True)``.
 
     Raises:
-        InvalidArgumentError: an engine argument that contradicts capture-only mode.
+        InvalidArgumentError: an engine argument that contradicts capture-only mode, or aux layer ids the target
+            cannot capture (:func:`capture_layer_args`).
     """
-    import sglang
-
     clash = {k: v for k, v in engine_args.items() if k in CAPTURE_ENGINE_ARGS and v != CAPTURE_ENGINE_ARGS[k]}
     if clash:
         raise InvalidArgumentError(f"engine arguments {clash} contradict eagle-io's capture-only mode")
+    engine_args = {**engine_args, **capture_layer_args(model_path, options, engine_args)}
+    import sglang
+
     out_dir = os.fspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)  # a stop file left here by an interrupted stop is ignored (its token)
     saved = {k: os.environ.get(k) for k in (ENV_CAPTURE_DIR, ENV_CAPTURE_OPTIONS)}

@@ -1,0 +1,290 @@
+"""The EAGLE-3 draft SGLang builds from a ``config.json``, and the one shape checker against its checkpoint.
+
+SGLang 0.5.23 builds the draft from ``architectures[0]`` (``ModelConfig`` rewrites no EAGLE-3 draft name), so a
+draft that declares a plain ``LlamaForCausalLM`` is built as a plain Llama without ``fc``. The EAGLE-3 draft
+classes, :data:`EAGLE3_DRAFT_CLASSES`:
+
+* ``LlamaForCausalLMEagle3`` (``srt/models/llama_eagle3.py``, ``LlamaModel.__init__`` /
+  ``LlamaForCausalLMEagle3.__init__`` / ``load_weights``): every tensor is modelled here.
+* ``Eagle3DeepseekV2ForCausalLM`` (``srt/models/kimi_k25_eagle3.py``, ``Eagle3MLAModel``): ``fc``, its norms, the
+  final norm, ``lm_head`` and ``embed_tokens``; the MLA attention tensors are not modelled (not checked).
+
+Nothing here reads a weight or imports SGLang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checkpoint import TensorHeader
+
+__all__ = [
+    "EAGLE3_DRAFT_CLASSES",
+    "LEGACY_NAMES",
+    "DraftBuild",
+    "TensorProblem",
+    "canonical_name",
+    "draft_build",
+    "tensor_problems",
+]
+
+EAGLE3_DRAFT_CLASSES = {
+    "LlamaForCausalLMEagle3": "srt/models/llama_eagle3.py",
+    "Eagle3DeepseekV2ForCausalLM": "srt/models/kimi_k25_eagle3.py",
+}
+"""SGLang's EAGLE-3 draft model classes (``EntryClass`` of those files) -> source file."""
+
+LEGACY_NAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
+                "aux_norm_high": "fc_norm.2"}  # fmt: skip
+"""``LlamaForCausalLMEagle3.load_weights``: ``legacy_name_map`` (substring replacements, applied first)."""
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class DraftBuild:
+    """What SGLang builds from one draft config.
+
+    Attributes:
+        architecture: ``architectures[0]``; ``family``: ``"llama_eagle3"``, ``"mla_eagle3"`` or None (not an
+            SGLang EAGLE-3 draft class: SGLang builds something without ``fc``).
+        hidden_size: the draft's own hidden size.
+        hidden_size_in: width of one target state as SGLang sizes ``fc`` (``target_hidden_size`` when the key is
+            present, else ``hidden_size``: ``LlamaModel.__init__``'s ``hasattr(config, "target_hidden_size")``);
+            ``hidden_size_in_source`` says which.
+        num_aux / num_aux_source: the aux states ``fc`` is sized for (Llama: ``num_aux_hidden_states`` >
+            ``len(eagle_config ids)`` > 3; MLA: ``len(eagle_config ids)`` > ``len(top-level ids)`` > 3,
+            ``_get_eagle_aux_layer_count``).
+        norm_before_fc: ``eagle_config.norm_before_fc`` or top-level ``norm_before_fc`` (Llama only): one RMSNorm
+            ``input_norm`` over the concatenated ``num_aux * hidden_size_in`` input.
+        fc_norm: ``fc_norm`` or the legacy ``use_aux_norm``: one RMSNorm per aux state (``fc_norm.{j}``).
+        use_aux_hidden_state: ``eagle_config.use_aux_hidden_state`` (default true): false switches the target's
+            capture off (``spec_aux_hidden_state.py``, ``_resolve_eagle_aux_hidden_state``).
+        tie_word_embeddings: the draft's ``lm_head`` is its embedding.
+        lm_head_rows: ``draft_vocab_size`` (or ``vocab_size`` when absent); ``lm_head_from_target``: no
+            ``draft_vocab_size`` and not tied, so SGLang replaces the head (and embedding) with the target's
+            (``load_lm_head_from_target``; ``EAGLEWorkerV2.init_lm_head``).
+        own_embedding: ``target_hidden_size`` is set and differs from ``hidden_size``: ``set_embed`` keeps the
+            draft's own ``embed_tokens`` (otherwise the target's replaces it).
+        expected: canonical tensor name (:func:`canonical_name`) -> the shape SGLang allocates for it.
+        required: canonical names that must be in the checkpoint (SGLang allocates the parameter uninitialised,
+            or as ones for a norm, and keeps it when the checkpoint has no tensor for it).
+        switched: canonical name prefixes SGLang would load only under a config switch that is off -> the switch.
+    """
+
+    architecture: str
+    family: str | None
+    hidden_size: int | None
+    hidden_size_in: int | None
+    hidden_size_in_source: str
+    num_aux: int
+    num_aux_source: str
+    norm_before_fc: bool
+    fc_norm: bool
+    use_aux_hidden_state: bool
+    tie_word_embeddings: bool
+    lm_head_rows: int | None
+    lm_head_from_target: bool
+    own_embedding: bool
+    expected: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    required: frozenset[str] = frozenset()
+    switched: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def fc_in(self) -> int | None:
+        """Input width of the ``fc`` SGLang allocates: ``num_aux * hidden_size_in``."""
+        return None if self.hidden_size_in is None else self.num_aux * self.hidden_size_in
+
+
+def _eagle_ids(config: Mapping[str, Any]) -> list[Any] | None:
+    ec = config.get("eagle_config")
+    ids = ec.get("eagle_aux_hidden_state_layer_ids") if isinstance(ec, dict) else None
+    return ids if isinstance(ids, list) else None
+
+
+def draft_build(config: Mapping[str, Any]) -> DraftBuild:
+    """The :class:`DraftBuild` SGLang makes from ``config`` (a draft ``config.json`` dict)."""
+    archs = config.get("architectures") or []
+    arch = str(archs[0]) if isinstance(archs, list) and archs else str(archs or "?")
+    family = {"LlamaForCausalLMEagle3": "llama_eagle3", "Eagle3DeepseekV2ForCausalLM": "mla_eagle3"}.get(arch)
+    h = _int(config.get("hidden_size"))
+    ec = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    ids = _eagle_ids(config)
+    if family == "mla_eagle3":
+        hin_raw = _int(config.get("target_hidden_size"))
+        hin, hin_src = (hin_raw, "target_hidden_size") if hin_raw else (h, "hidden_size (no target_hidden_size)")
+        top = config.get("eagle_aux_hidden_state_layer_ids")
+        if ids is not None:
+            k, k_src = len(ids), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
+        elif isinstance(top, list):
+            k, k_src = len(top), "len(eagle_aux_hidden_state_layer_ids) (top level)"
+        else:
+            k, k_src = 3, "SGLang's default of 3 aux layers"
+    else:
+        if "target_hidden_size" in config:
+            hin, hin_src = _int(config.get("target_hidden_size")), "target_hidden_size"
+        else:
+            hin, hin_src = h, "hidden_size (the config has no target_hidden_size)"
+        n = config.get("num_aux_hidden_states")
+        if n is not None and _int(n) is not None:
+            k, k_src = int(n), "num_aux_hidden_states"
+        elif ids:
+            k, k_src = len(ids), "len(eagle_config.eagle_aux_hidden_state_layer_ids)"
+        else:
+            k, k_src = 3, "SGLang's default of 3 aux layers"
+    norm_before_fc = family == "llama_eagle3" and bool(ec.get("norm_before_fc", config.get("norm_before_fc", False)))
+    fc_norm = bool(config.get("fc_norm") or config.get("use_aux_norm", False))
+    tie = bool(config.get("tie_word_embeddings", False))
+    dvs = _int(config.get("draft_vocab_size"))
+    vocab = _int(config.get("vocab_size"))
+    tths = _int(config.get("target_hidden_size"))
+    build = DraftBuild(
+        architecture=arch,
+        family=family,
+        hidden_size=h,
+        hidden_size_in=hin,
+        hidden_size_in_source=hin_src,
+        num_aux=k,
+        num_aux_source=k_src,
+        norm_before_fc=norm_before_fc,
+        fc_norm=fc_norm,
+        use_aux_hidden_state=bool(ec.get("use_aux_hidden_state", True)),
+        tie_word_embeddings=tie,
+        lm_head_rows=dvs if dvs is not None else vocab,
+        lm_head_from_target=not tie and dvs is None,
+        own_embedding=tths is not None and h is not None and tths != h,
+    )
+    if family is None or h is None or hin is None:
+        return build
+    expected: dict[str, tuple[int, ...]] = {"fc.weight": (h, k * hin), "norm.weight": (h,)}
+    required = {"fc.weight", "norm.weight"}
+    switched = {"fc.bias": "bias", "input_norm.": "norm_before_fc", "fc_norm.": "fc_norm (or use_aux_norm)"}
+    if config.get("bias"):
+        expected["fc.bias"] = (h,)
+        required.add("fc.bias")
+        switched.pop("fc.bias")
+    if norm_before_fc:
+        expected["input_norm.weight"] = (k * hin,)
+        required.add("input_norm.weight")
+        switched.pop("input_norm.")
+    if fc_norm:
+        for j in range(k):
+            expected[f"fc_norm.{j}.weight"] = (hin,)
+            required.add(f"fc_norm.{j}.weight")
+        switched.pop("fc_norm.")
+    if vocab is not None:
+        expected["embed_tokens.weight"] = (vocab, h)
+        if build.own_embedding:
+            required.add("embed_tokens.weight")
+    if tie:
+        switched["lm_head."] = "tie_word_embeddings: false (while tied, the draft's lm_head is its embedding)"
+    elif build.lm_head_from_target:
+        switched["lm_head."] = "draft_vocab_size (without it SGLang replaces the draft's lm_head by the target's)"
+    elif build.lm_head_rows is not None:
+        expected["lm_head.weight"] = (build.lm_head_rows, h)
+        required.add("lm_head.weight")
+    if family == "llama_eagle3":
+        _llama_layers(config, h, expected, required)
+    return DraftBuild(**{**vars(build), "expected": expected, "required": frozenset(required), "switched": switched})
+
+
+def _llama_layers(config: Mapping[str, Any], h: int, expected: dict[str, tuple[int, ...]], required: set[str]) -> None:
+    """``LlamaDecoderLayer`` of ``llama_eagle3.py``: layer 0's ``qkv_proj`` reads ``cat(embeds, hidden)`` (2H);
+    heads and ``head_dim`` as ``srt/models/llama.py``'s ``LlamaAttention`` (``getattr(config, "head_dim",
+    hidden_size // num_heads)``); ``intermediate_size`` (``intermediate_size_mlp`` for ``llama4_text``)."""
+    nh = _int(config.get("num_attention_heads"))
+    if not nh:
+        return
+    nkv = _int(config.get("num_key_value_heads")) or nh
+    hd = _int(config.get("head_dim")) or h // nh
+    inter_key = "intermediate_size_mlp" if config.get("model_type") == "llama4_text" else "intermediate_size"
+    inter = _int(config.get(inter_key))
+    for i in range(_int(config.get("num_hidden_layers")) or 1):
+        d_in = 2 * h if i == 0 else h
+        p = f"layers.{i}."
+        attn = {
+            "self_attn.q_proj.weight": (nh * hd, d_in),
+            "self_attn.k_proj.weight": (nkv * hd, d_in),
+            "self_attn.v_proj.weight": (nkv * hd, d_in),
+            "self_attn.o_proj.weight": (h, nh * hd),
+            "input_layernorm.weight": (h,),
+            "hidden_norm.weight": (h,),
+            "post_attention_layernorm.weight": (h,),
+        }
+        if inter:
+            attn |= {
+                "mlp.gate_proj.weight": (inter, h),
+                "mlp.up_proj.weight": (inter, h),
+                "mlp.down_proj.weight": (h, inter),
+            }
+        for name, shape in attn.items():
+            expected[p + name] = shape
+            required.add(p + name)
+        expected[p + "self_attn.qkv_proj.weight"] = ((nh + 2 * nkv) * hd, d_in)  # fused form, also accepted
+        if inter:
+            expected[p + "mlp.gate_up_proj.weight"] = (2 * inter, h)
+
+
+_FUSED = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                        "self_attn.v_proj.weight"),
+          "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}  # fmt: skip
+
+
+def canonical_name(name: str) -> str:
+    """A checkpoint tensor name as SGLang's loader resolves it, without the ``model.`` prefix:
+    :data:`LEGACY_NAMES` replaced (``midlayer.`` -> ``layers.0.``), then a leading ``model.`` dropped
+    (``load_weights`` tries ``name`` and ``"model." + name``)."""
+    for legacy, new in LEGACY_NAMES.items():
+        if legacy in name:
+            name = name.replace(legacy, new)
+    return name.removeprefix("model.")
+
+
+@dataclass(frozen=True)
+class TensorProblem:
+    """One checkpoint tensor that does not fit the draft SGLang builds.
+
+    ``kind``: ``"shape"`` (loading fails: SGLang's weight loader asserts equal shapes), ``"missing"`` (the
+    parameter keeps its uninitialised / ones value), ``"switched-off"`` (SGLang allocates no parameter for it, so
+    the trained values are silently dropped). ``name`` is the checkpoint's name (the canonical one when missing).
+    """
+
+    kind: str
+    name: str
+    canonical: str
+    expected: tuple[int, ...] | None
+    found: tuple[int, ...] | None
+    detail: str
+
+
+def tensor_problems(build: DraftBuild, tensors: Mapping[str, TensorHeader]) -> list[TensorProblem]:
+    """Checks every checkpoint tensor's shape against ``build.expected``, and that every ``build.required``
+    tensor is present (a fused ``qkv_proj`` / ``gate_up_proj`` stands for its parts). ``d2t`` / ``t2d`` are not
+    parameters (see :func:`eagle_io.interop.vocab.mapping_problems`); tensors SGLang does not know are ignored, as
+    its loader ignores them. Empty when ``build.family`` is None (not an EAGLE-3 draft class)."""
+    if build.family is None:
+        return []
+    out: list[TensorProblem] = []
+    present: set[str] = set()
+    for name, t in tensors.items():
+        if name in ("d2t", "t2d") or name.endswith((".d2t", ".t2d")):
+            continue
+        c = canonical_name(name)
+        present.add(c)
+        for fused, parts in _FUSED.items():
+            if c.endswith(fused):
+                present.update(c[: -len(fused)] + part for part in parts)
+        if c in build.expected:
+            if tuple(t.shape) != build.expected[c]:
+                out.append(TensorProblem("shape", name, c, build.expected[c], tuple(t.shape), ""))
+            continue
+        for prefix, switch in build.switched.items():
+            if c.startswith(prefix):
+                out.append(TensorProblem("switched-off", name, c, None, tuple(t.shape), switch))
+    for c in sorted(build.required - present):
+        out.append(TensorProblem("missing", c, c, build.expected.get(c), None, ""))
+    return out
