@@ -9,6 +9,8 @@ import json
 import sys
 from types import SimpleNamespace
 
+from .progress import callback
+
 
 def _import_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", help="SpecForge offline output directory (rows_*/data_{idx}.ckpt[.gz])")
@@ -48,9 +50,16 @@ def _import_run(args: argparse.Namespace) -> int:
     if sf_ids is not None:
         meta["aux_layer_ids"] = from_specforge(sf_ids)
         meta["specforge_aux_layer_ids"] = sf_ids
-    summary = import_specforge(
-        args.dir, args.out, metadata=meta, skip_bad=args.skip_bad, shard_bytes=args.shard_bytes, threads=args.threads
-    )
+    with callback("file", "import") as progress:
+        summary = import_specforge(
+            args.dir,
+            args.out,
+            metadata=meta,
+            skip_bad=args.skip_bad,
+            shard_bytes=args.shard_bytes,
+            threads=args.threads,
+            progress=progress,
+        )
     out = summary.as_dict()
     for path, reason in summary.skipped:
         print(f"skipped   {path}: {reason}", file=sys.stderr)
@@ -71,7 +80,8 @@ def _export_parser(p: argparse.ArgumentParser) -> None:
 def _export_run(args: argparse.Namespace) -> int:
     from ..interop.specforge import export_specforge
 
-    res = export_specforge(args.path, args.out, gzip=args.gzip, overwrite=args.overwrite)
+    with callback("file", "export") as progress:
+        res = export_specforge(args.path, args.out, gzip=args.gzip, overwrite=args.overwrite, progress=progress)
     print(json.dumps(res, indent=2))
     return 0
 
