@@ -120,7 +120,8 @@ def _counters(line: dict[str, Any]) -> tuple[float, float, float | None]:
 def capture_figures(root: str) -> dict[str, Any]:
     """Throughput over time from the capture logs (:mod:`eagle_io.report.capture_log`) of ``root``.
 
-    ``intervals``: one entry per logged interval: ``start_s`` (seconds since the first run began), ``seconds``,
+    ``intervals``: one entry per logged interval: ``run`` (0, 1... in start order), ``start_s`` (seconds since the
+    first run began), ``seconds``,
     ``tokens_per_s`` and ``outside_forward_share`` (1 - forward seconds / interval seconds; None when the backend
     does not time its forward). The totals sum every run's last line. ``skipped``: source records that yield no
     sample, by reason, from each log file's last finished run (every run reads the skipped records again, so runs
@@ -136,7 +137,7 @@ def capture_figures(root: str) -> dict[str, Any]:
             runs.setdefault((line["log"], line["run"]), []).append(line)
     intervals, seconds, tokens, forward = [], 0.0, 0.0, 0.0
     timed = True
-    for (_, run), points in sorted(runs.items(), key=lambda kv: kv[0][1]):
+    for number, ((_, run), points) in enumerate(sorted(runs.items(), key=lambda kv: kv[0][1])):
         prev_t, prev_tokens, prev_fwd = 0.0, 0.0, 0.0
         for p in points:
             t, tok, fwd = _counters(p)
@@ -145,6 +146,7 @@ def capture_figures(root: str) -> dict[str, Any]:
             fwd_share = None if fwd is None or prev_fwd is None else 1 - (fwd - prev_fwd) / (t - prev_t)
             intervals.append(
                 {
+                    "run": number,
                     "start_s": run - first + prev_t,
                     "seconds": t - prev_t,
                     "tokens_per_s": (tok - prev_tokens) / (t - prev_t),
