@@ -74,6 +74,7 @@ def planted(tmp_path_factory):
 
 
 def expected_layer(rows: list[torch.Tensor], positions: list[torch.Tensor]) -> dict:
+    """The layer figures in float64 from whole reads (the report sums float32 squares: rel. error ~1e-7)."""
     x, pos = torch.cat(rows).double(), torch.cat(positions)
     finite = torch.isfinite(x).all(dim=1)
     out = {"nan": int(torch.isnan(x).sum()), "inf": int(torch.isinf(x).sum()), "nonfinite_rows": int((~finite).sum())}
@@ -126,15 +127,15 @@ def test_json_figures_equal_independent_values(planted, capsys):
             want["nan"], want["inf"], want["nonfinite_rows"], want["rows"]
         )  # fmt: skip
         assert ly["position_bins"] == {"count": 30, "max_length": 30}
-        assert ly["rms"] == pytest.approx(want["rms"], rel=1e-12) and ly["max_abs"] == want["max_abs"]
-        assert ly["rms_by_position"] == pytest.approx(want["rms_by_position"], rel=1e-12)
+        assert ly["rms"] == pytest.approx(want["rms"], rel=1e-6) and ly["max_abs"] == want["max_abs"]
+        assert ly["rms_by_position"] == pytest.approx(want["rms_by_position"], rel=1e-6)
         assert ly["max_abs_by_position"] == want["max_abs_by_position"]
-        assert ly["channel_rms"] == pytest.approx(want["channel_rms"].tolist(), rel=1e-12)
+        assert ly["channel_rms"] == pytest.approx(want["channel_rms"].tolist(), rel=1e-6)
         ranked = sorted(range(H), key=lambda c: -float(want["channel_rms"][c]))[:8]
         median = float(np.median(want["channel_rms"].numpy()))  # the mean of the middle two of 16
         assert [c["channel"] for c in ly["top_channels"]] == ranked
         assert [c["ratio"] for c in ly["top_channels"]] == pytest.approx(
-            [float(want["channel_rms"][c]) / median for c in ranked], rel=1e-12
+            [float(want["channel_rms"][c]) / median for c in ranked], rel=1e-6
         )
     faults = [(ly["nan"], ly["inf"], ly["nonfinite_rows"]) for ly in st["layers"]]
     assert faults == [(1, 0, 1), (0, 0, 0), (0, 0, 0), (0, 1, 1)]  # the planted NaN and Inf rows

@@ -10,19 +10,25 @@ import sys
 import time
 
 from ..errors import StorageError
+from ..report.figures import DEFAULT_SAMPLE
 from .progress import stage_progress
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="dataset directory or manifest file")
     p.add_argument("--out", help="HTML file to write (default: report.html in the dataset directory)")
-    p.add_argument("--sample", type=int, default=256, help="read the hidden states of at most N samples (default 256)")
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=DEFAULT_SAMPLE,
+        help=f"read the hidden states of at most N samples, drawn at random (default {DEFAULT_SAMPLE})",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the state sample")
     p.add_argument("--json", action="store_true", help="print the figures as JSON (and write HTML only with --out)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report import build_figures, render
+    from ..report import build_figures, render  # matplotlib is imported by render only
 
     t0 = time.perf_counter()
     with stage_progress() as progress:

@@ -121,12 +121,12 @@ def capture_figures(root: str) -> dict[str, Any]:
     """Throughput over time from the capture logs (:mod:`eagle_io.report.capture_log`) of ``root``.
 
     ``intervals``: one entry per logged interval: ``run`` (0, 1... in start order), ``start_s`` (seconds since the
-    first run began), ``seconds``,
-    ``tokens_per_s`` and ``outside_forward_share`` (1 - forward seconds / interval seconds; None when the backend
-    does not time its forward). The totals sum every run's last line. ``skipped``: source records that yield no
-    sample, by reason, from each log file's last finished run (every run reads the skipped records again, so runs
-    are not added up); ``modified``: changes to the stored samples, by reason, summed over finished runs (a run
-    tokenizes only the records not yet committed)."""
+    first run began), ``seconds``, ``tokens_per_s`` and ``outside_forward_share`` (1 - forward seconds / interval
+    seconds; None when the backend does not time its forward). The totals sum every run's last line.
+
+    ``skipped``: source records that yield no sample, by reason, from each log file's last finished run (every run
+    reads the skipped records again, so runs are not added up); ``modified``: changes to the stored samples, by
+    reason, summed over finished runs (a run tokenizes only the records not yet committed)."""
     lines, torn = read_logs(root)
     if not lines:
         return {"available": False, "torn_lines": torn}

@@ -184,6 +184,10 @@ def _capture(f: dict[str, Any]) -> str:
     out += f"<p class='note'>From {', '.join(c['logs'])}: {c['runs']} run(s), {c['finished_runs']} finished"
     out += f", {c['torn_lines']} torn line(s) ignored.</p>" if c["torn_lines"] else ".</p>"
     out += _img(plots.capture_plot(c), "capture throughput over time")
+    out += (
+        "<p class='note'>One point per logged interval (10 s by default). A run's last interval includes its close "
+        "(draining the capture ring, committing the last shard): few tokens, mostly outside the forward.</p>"
+    )
     out += _table(
         [
             ("capture seconds", c["seconds"]),

@@ -48,7 +48,10 @@ def _yscale(ax, values) -> None:
     """Log scale when the positive values span more than 20x, else linear with plain tick labels."""
     pos = [v for v in values if v is not None and v > 0]
     if pos and max(pos) > 20 * min(pos):
+        from matplotlib.ticker import NullFormatter
+
         ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())  # decade labels only
 
 
 def _bars(ax, hist: dict[str, list], color: str) -> None:
@@ -121,7 +124,10 @@ def shards_plot(shards: list[dict[str, Any]]) -> bytes | None:
     x = range(len(shards))
     ax.bar(x, [s["bytes"] / 1e6 for s in shards], color="tab:blue", label="stored MB")
     ax.set(xlabel="shard (manifest order)", ylabel="stored MB (bars)", title="Shards")
-    ax.xaxis.set_major_locator(_integer_ticks())
+    if len(shards) <= 20:
+        ax.set_xticks(range(len(shards)))
+    else:
+        ax.xaxis.set_major_locator(_integer_ticks())
     ratio = ax.twinx()
     ratio.plot(x, [s["ratio"] or 0 for s in shards], color="tab:red", marker="o", markersize=3, label="ratio")
     ratio.set_ylabel("ratio (red): decoded / stored")
