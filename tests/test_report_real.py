@@ -76,15 +76,25 @@ def test_real_report_page_renders_every_plot(real_run, tmp_path):
 
 
 def test_every_record_skipped_exits_1_naming_max_length(tmp_path, capsys):
-    """The issue's run: records 1500-1503 of the embedded ShareGPT have no assistant token within 384 tokens."""
-    from eagle_io.data import default_dataset_path
+    """The issue's run: records 1500-1503 of the embedded ShareGPT have no assistant token within 384 tokens of
+    SmolLM2's chat template. The target is a tiny random Llama saved with SmolLM2's real tokenizer: the records are
+    skipped before any forward, and it loads in seconds instead of the GGUF's half minute."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eagle_io.data import default_dataset_path, load_default_tokenizer
     from eagle_io.data.json_stream import iter_raw_records
 
     with open(default_dataset_path(), "rb") as f:
         records = [r.value for r in islice(iter_raw_records(f), 1500, 1504)]
     src = tmp_path / "records_1500_1503.json"
     src.write_text(json.dumps(records))
-    rc = main(["generate", "--dataset", str(src), "--out", str(tmp_path / "run"), "--max-length", "384"])
+    tok = load_default_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    argv = ["generate", "--model", str(tmp_path / "model"), "--dataset", str(src), "--out", str(tmp_path / "run")]
+    rc = main([*argv, "--max-length", "384"])
     out, err = capsys.readouterr()
     assert rc == 1 and "records   4 read: 0 written, 0 already committed, 4 skipped (empty_loss_mask 4)" in out
     assert "no assistant token lies within --max-length 384: raise --max-length" in err
