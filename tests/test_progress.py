@@ -3,15 +3,18 @@ stderr so stdout stays parseable, and the cheap record count behind generate's t
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
+import pytest
 from helpers.bars import final_bar
 from tqdm import tqdm
 
 from eagle_io.cli import main
 from eagle_io.cli.progress import process_read_bytes
 from eagle_io.data.sources import count_records
+from eagle_io.errors import StorageError
 
 FIXTURE = "fixtures/data/sharegpt_real_slice.json"
 
@@ -52,3 +55,6 @@ def test_count_records_matches_the_file_and_stops_at_limit(tmp_path):
     lines = tmp_path / "r.jsonl"
     lines.write_text("\n".join(json.dumps(r) for r in records[:7]) + "\n\n{not json\n")
     assert count_records(lines) == 8  # the malformed line is a record (generate counts it as skipped)
+    with pytest.raises(StorageError, match=r"cannot read the dataset .*missing\.json: No such file") as e:
+        count_records(tmp_path / "missing.json")
+    assert e.value.errno == errno.ENOENT

@@ -19,6 +19,7 @@ FLAGS = [
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
+    "--disable-dev-shm-usage",  # containers often have a small /dev/shm
     "--hide-scrollbars",
     "--no-first-run",
     "--disable-background-networking",
