@@ -1,6 +1,7 @@
 # One entry point for humans and CI (.ci/run calls `make test`).
 #   make test       lints, Rust tests, wheel build, Python tests against the installed wheel
-#   make generate   the main job: `eagle-io generate` on the embedded SmolLM2 + ShareGPT
+#   make generate   the main job: `eagle-io generate` on the embedded SmolLM2 + ShareGPT, verified, then reported
+#                   (runs/smollm2-sharegpt/report.html)
 #   make bench      the benchmarks (benches/README.md holds the results)
 #   make dev        editable build into .venv for quick iteration
 #   make test-fast  the Python tests without the slow ones, against the editable build
@@ -12,7 +13,8 @@ CARGO   ?= cargo
 PYTEST_ARGS ?=
 export CARGO_TERM_COLOR = never
 
-.PHONY: venv wheel install dev lint fmt test test-fast test-rust test-python stubtest fuzz-short generate bench clean
+.PHONY: venv chromium wheel install dev lint fmt test test-fast test-rust test-python stubtest fuzz-short generate bench \
+	clean
 
 # PyPI's only torch is the CUDA build: .venv takes 6.3 GiB, and a clean `make test` (wheels unpacked under $$TMPDIR,
 # .venv, target/, pytest's temp files) peaked at 8.6 GiB of disk. Check the room first, so a full disk stops here
@@ -29,6 +31,7 @@ export DISK_CHECK
 
 $(VENV)/.installed: requirements/dev.txt requirements/embedded.txt requirements/sglang.txt
 	@$(PY) -c "$$DISK_CHECK"
+	@$(MAKE) --no-print-directory chromium
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r requirements/dev.txt
@@ -37,6 +40,16 @@ $(VENV)/.installed: requirements/dev.txt requirements/embedded.txt requirements/
 	touch $@
 
 venv: $(VENV)/.installed
+
+# The system step: headless Chromium (Debian's `chromium`), in which tests/test_report.py renders `eagle-io report`
+# pages. Installed with apt when running as root; otherwise (or when apt fails) those tests skip, saying why.
+chromium:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "apt-get install chromium (headless page rendering for tests/test_report.py)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
+	    >/dev/null) || echo "make chromium: apt could not install chromium; the browser tests will skip"; \
+	else echo "make chromium: chromium is absent and needs root + apt to install; the browser tests will skip"; fi
 
 # The wheel a user would `pip install`, built once and installed into the venv (no Rust needed there).
 wheel: venv
@@ -83,6 +96,7 @@ test-fast: dev
 generate: install
 	$(VENV)/bin/eagle-io generate --out runs/smollm2-sharegpt --limit 100 --skip-bad-records --resume $(ARGS)
 	$(VENV)/bin/eagle-io verify runs/smollm2-sharegpt
+	$(VENV)/bin/eagle-io report runs/smollm2-sharegpt --out runs/smollm2-sharegpt/report.html
 
 bench: install
 	$(VPY) benches/bench_codec.py

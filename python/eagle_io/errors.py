@@ -27,7 +27,7 @@ every ``raise`` in the package raises one of these.
     ├── SampleRejected                           a conversation that yields no trainable sample: reason
     ├── ReferenceFormatError (ValueError)        the pure-Python reader's format error (defined in
     │   └── ReferenceVersionError                eagle_io.store.reference, which also runs as a lone file)
-    ├── MissingDataPackageError (ImportError)    a package that ships model or data files is missing
+    ├── MissingDataPackageError (ImportError)    a package with model/data files or an optional feature is missing
     ├── RingTimeoutError (TimeoutError)          the capture ring stayed full
     ├── CaptureStopTimeoutError (TimeoutError)   SGLang schedulers did not answer a stop
     ├── ServingGuardError (RuntimeError)         an EAGLE-3 draft served without (the right) aux capture
@@ -181,7 +181,8 @@ class SampleRejected(EagleIOError):
 
 
 class MissingDataPackageError(EagleIOError, ImportError):
-    """A package that ships model or data files is not installed, or lacks its file.
+    """A package that ships model or data files, or that an optional feature needs (matplotlib for ``eagle-io
+    report``, zstandard for mask counts), is not installed, or lacks its file.
 
     Attributes:
         package: the distribution name to ``pip install``.

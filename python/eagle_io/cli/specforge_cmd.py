@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from .. import defaults
 from .layer_ids_arg import layer_ids_arg
+from .progress import callback
 
 
 def _import_parser(p: argparse.ArgumentParser) -> None:
@@ -71,9 +72,16 @@ def _import_run(args: argparse.Namespace) -> int:
         meta["specforge_aux_layer_ids"] = sf_ids
         if args.target_architecture:
             meta["target_model"] = {**meta.get("target_model", {}), "architecture": arch}
-    summary = import_specforge(
-        args.dir, args.out, metadata=meta, skip_bad=args.skip_bad, shard_bytes=args.shard_bytes, threads=args.threads
-    )
+    with callback("file", "import") as progress:
+        summary = import_specforge(
+            args.dir,
+            args.out,
+            metadata=meta,
+            skip_bad=args.skip_bad,
+            shard_bytes=args.shard_bytes,
+            threads=args.threads,
+            progress=progress,
+        )
     out = summary.as_dict()
     for path, reason in summary.skipped:
         print(f"skipped   {path}: {reason}", file=sys.stderr)
@@ -94,7 +102,8 @@ def _export_parser(p: argparse.ArgumentParser) -> None:
 def _export_run(args: argparse.Namespace) -> int:
     from ..interop.specforge import export_specforge
 
-    res = export_specforge(args.path, args.out, gzip=args.gzip, overwrite=args.overwrite)
+    with callback("file", "export") as progress:
+        res = export_specforge(args.path, args.out, gzip=args.gzip, overwrite=args.overwrite, progress=progress)
     print(json.dumps(res, indent=2))
     return 0
 

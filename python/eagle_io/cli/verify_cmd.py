@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from ..store.manifest import read_manifest
+from ..store.masks import manifest_file
 from ..store.reader import Dataset
+from .progress import read_bytes_bar
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -13,7 +16,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    bad = Dataset.verify(args.path, threads=args.threads)
+    total = sum(s["bytes"] for s in read_manifest(manifest_file(args.path))["shards"])
+    with read_bytes_bar(total, "verify"):  # the native pass reports no progress: count the bytes it reads
+        bad = Dataset.verify(args.path, threads=args.threads)
     for shard, sample_id, offset, message in bad:
         who = f"sample id {sample_id}" if sample_id is not None else "whole shard"
         print(f"BAD {shard}: {who}, byte offset {offset}: {message}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from .progress import callback
+
 
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="eagle-io dataset(s) (e.g. one per rank), in order")
@@ -21,9 +23,14 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..interop.vocab import build_vocab_mapping
 
-    m = build_vocab_mapping(
-        args.paths, args.draft_vocab_size, target_vocab_size=args.target_vocab_size, on_corrupt=args.on_corrupt
-    )
+    with callback("sample", "count tokens") as progress:
+        m = build_vocab_mapping(
+            args.paths,
+            args.draft_vocab_size,
+            target_vocab_size=args.target_vocab_size,
+            on_corrupt=args.on_corrupt,
+            progress=progress,
+        )
     m.save(args.out)
     print(json.dumps({"out": args.out, **dict(m.key)}, indent=2))
     if m.key["padded"]:

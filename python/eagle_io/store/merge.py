@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from itertools import takewhile
 from pathlib import Path
@@ -118,6 +118,7 @@ def merge_ranks(
     *,
     skipped: Mapping[int, str] | None = None,
     write: bool = True,
+    progress: Callable[[int, int], None] | None = None,
 ) -> MergeReport:
     """Merges the rank manifests of ``root`` into ``root/manifest.json`` and audits sample ids.
 
@@ -128,6 +129,7 @@ def merge_ranks(
             :func:`expected_from_source`); missing and unexpected ids are reported.
         skipped: record indices the source yields no sample for -> why (reported as such).
         write: write the merged manifest (False: audit only).
+        progress: called as ``progress(samples_done, samples_total)`` after each rank manifest is audited.
 
     Returns:
         A :class:`MergeReport`. No manifest is written when a sample id is held twice.
@@ -155,11 +157,13 @@ def merge_ranks(
     # The writers' own locks: no rank writer runs while its manifest is read, no writer of manifest.json is live.
     locked = names + ([layout.MANIFEST] if ranks else [])
     with layout.lock_writers(root, locked, busy="merge once every rank has finished"):
-        return _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report)
+        return _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report, progress)
 
 
-def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report: MergeReport) -> MergeReport:
+def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report: MergeReport, progress) -> MergeReport:
     report.ranks = names if ranks else []
+    total = sum(s["samples"] for name in names for s in _listed_shards(root / name)) if progress else 0
+    done = 0
     first: dict | None = None
     holders: dict[int, list[str]] = {}
     shards: list[dict] = []
@@ -205,6 +209,9 @@ def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report
                     f"{name} holds {len(misplaced)} ids that are not its share (id % {world} != {rank_no}), "
                     f"e.g. {misplaced[:5]}"
                 )
+        done += len(ds)
+        if progress:
+            progress(done, max(total, done))
     assert first is not None
     report.shards = len(shards)
     report.samples = sum(len(v) for v in holders.values())
@@ -251,12 +258,22 @@ def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report
     return report
 
 
+def _listed_shards(path: Path) -> list[dict]:
+    """The shard entries a manifest lists, for a progress total (empty when it cannot be read: the merge itself
+    reports that)."""
+    try:
+        return json.loads(path.read_text())["shards"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def expected_from_source(
     dataset: str | os.PathLike[str],
     *,
     limit: int | None = None,
     tokenizer: Any = None,
     max_length: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[set[int], dict[int, str]]:
     """The sample ids ``eagle-io generate --dataset DATASET [--limit N]`` should produce, and why the
     other record indices produce none.
@@ -264,6 +281,9 @@ def expected_from_source(
     Every record the source parser accepts (index below ``limit``) is expected; with ``tokenizer``
     (and ``max_length``) the chat-template tokenization runs as in ``generate``, so records it rejects
     (no assistant turn, empty loss mask...) are explained rather than expected.
+
+    ``progress(records_done, records_total)`` is called after each record (the total is counted first, by one
+    streaming pass over the file up to ``limit``).
 
     Returns:
         ``(expected ids, {record index: reason})`` for the records that yield no sample.
@@ -276,6 +296,17 @@ def expected_from_source(
     stats = SkipStats(max_examples=1 << 62)
     convs = iter_conversations(os.fspath(dataset), on_error="skip", stats=stats)
     kept = convs if limit is None else takewhile(lambda c: c.index < limit, convs)  # as generate reads it
+    if progress:
+        from ..data.sources import count_records
+
+        total = count_records(dataset, limit)
+
+        def reported(items: Iterable[Any]) -> Iterable[Any]:
+            for c in items:
+                progress(min(c.index + 1, total), total)
+                yield c
+
+        kept = reported(kept)
     if tokenizer is not None:
         ids = {s.index for s in iter_tokenized(kept, tokenizer, stats=stats, max_length=max_length)}
     else:
