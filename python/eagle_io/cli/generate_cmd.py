@@ -19,6 +19,7 @@ from itertools import chain, islice, takewhile
 from .. import defaults
 from ..errors import InvalidArgumentError
 from ..store import layout
+from ..store.values import IMPLAUSIBLE
 
 ESTIMATED_RATIO = 1.35  # expected compression of bf16 states (benches/README.md), for the disk check
 
@@ -40,6 +41,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue a run: regenerate only what is not committed")
     p.add_argument("--skip-bad-records", action="store_true", help="count malformed records instead of failing")
     p.add_argument("--nonfinite", default="raise", choices=["raise", "skip"], help="NaN/Inf states policy")
+    p.add_argument(
+        "--implausible",
+        default="raise",
+        choices=["raise", "skip"],
+        help="policy for all-zero samples or layers and rows copied from another request (broken capture wiring)",
+    )
     p.add_argument("--no-disk-check", action="store_true", help="skip the free-disk check")
     p.add_argument("--summary-json", help="also write the final summary here")
     sg = p.add_argument_group("--backend sglang")
@@ -110,6 +117,7 @@ def _hf_session(args, dataset: str, layer_ids):
         aux_layer_ids=layer_ids,
         max_length=args.max_length,
         nonfinite=args.nonfinite,
+        implausible=args.implausible,
         metadata={"source_dataset": os.path.basename(dataset), "world_size": args.world_size},
         ring_bytes=args.ring_bytes,
         shard_bytes=args.shard_bytes,
@@ -148,6 +156,7 @@ def _sglang_session(args, dataset: str, layer_ids):
         aux_layer_ids=layer_ids,
         max_length=args.max_length,
         nonfinite=args.nonfinite,
+        implausible=args.implausible,
         ring_bytes=args.ring_bytes,
         writer_options={"shard_bytes": args.shard_bytes, "threads": args.threads, "resume": args.resume},
     )
@@ -241,6 +250,7 @@ def _summary(session, st: dict, stats, total_s: float, capture_s: float) -> dict
         "already_committed_skipped": session.counts["already_done"] + st.get("scheduler_already_done", 0),
         "dropped_ring_full": st.get("dropped", st.get("scheduler_dropped")),
         "nonfinite_skipped": st.get("nonfinite_skipped", st.get("scheduler_nonfinite_skipped")),
+        "implausible_skipped": {k: st.get(f"{k}_skipped", st.get(f"scheduler_{k}_skipped")) for k in IMPLAUSIBLE},
         "records_skipped": stats.as_dict()["skipped"],
         "records_modified": stats.as_dict()["modified"],
         "raw_bytes": raw,
