@@ -182,8 +182,8 @@ def _copies(
     valid: torch.Tensor,
     same_rows: Callable[[str, int, int], bool] | None,
 ) -> dict[int, dict[str, Any]]:
-    """``{sample index: first copied row}`` for samples holding a row equal to an earlier sample's row whose token
-    prefix differs. ``valid [N]`` marks the rows to compare (finite, no zero block)."""
+    """``{sample index: its first copied row (and ``rows``, how many)}`` for samples holding a row equal to an earlier
+    sample's row whose token prefix differs. ``valid [N]`` marks the rows to compare (finite, no zero block)."""
     owner = torch.full((len(stats),), -1, dtype=torch.int64)
     for i, s in enumerate(samples):
         owner[s.start : s.start + s.length] = i
@@ -192,7 +192,7 @@ def _copies(
         return {}
     ids = [torch.as_tensor(s.input_ids, dtype=torch.int64).flatten() for s in samples]
     lcp: dict[tuple[int, int], int] = {}
-    found: dict[int, dict[str, Any]] = {}
+    hits: dict[int, dict[int, dict[str, Any]]] = {}  # sample index -> row -> the first copy found of it
     for tensor, hashes in (("aux_hidden_states", stats.aux_hash), ("hidden_states", stats.final_hash)):
         h = hashes[rows]
         order = torch.sort(h, stable=True).indices
@@ -203,7 +203,7 @@ def _copies(
         in_group = torch.zeros(len(hs), dtype=torch.bool)
         in_group[1:] |= same
         in_group[:-1] |= same
-        ref: tuple[int, int, int] | None = None  # (hash, global row, sample index)
+        ref: tuple[int, int, int] | None = None  # (hash, global row, sample index) of the group's first row
         for j in in_group.nonzero().flatten().tolist():
             g = int(rows[order[j]])
             hv, si = int(hs[j]), int(owner[g])
@@ -211,9 +211,9 @@ def _copies(
                 ref = (hv, g, si)
                 continue
             _, rg, ri = ref
-            if si == ri or si in found:
-                continue
             row, ref_row = g - samples[si].start, rg - samples[ri].start
+            if si == ri or row in hits.get(si, {}):
+                continue
             if row == ref_row:
                 pair = (ri, si)
                 if pair not in lcp:
@@ -222,8 +222,9 @@ def _copies(
                     continue  # a shared token prefix at the same position: equal states are expected
             if same_rows is not None and not same_rows(tensor, rg, g):
                 continue  # a hash collision, not a copy
-            found[si] = {"row": row, "tensor": tensor, "source_sample_id": samples[ri].sample_id, "source_row": ref_row}
-    return found
+            copy = {"row": row, "tensor": tensor, "source_sample_id": samples[ri].sample_id, "source_row": ref_row}
+            hits.setdefault(si, {})[row] = copy
+    return {si: {**by_row[min(by_row)], "rows": len(by_row)} for si, by_row in hits.items()}
 
 
 def find_problems(
@@ -320,10 +321,10 @@ def find_problems(
             c = copies[i]
             msg = (
                 f"sample {sid}: {c['tensor']} at token row {c['row']} equal bit for bit those of sample "
-                f"{c['source_sample_id']} at row {c['source_row']}, whose token prefix differs (rows copied from "
-                "another request?)"
+                f"{c['source_sample_id']} at row {c['source_row']}, whose token prefix differs ({c['rows']} such rows; "
+                "rows copied from another request?)"
             )
-            p = {"kind": "copied_rows", "sample_id": sid, "row": c["row"], "rows": 1, "tensor": c["tensor"]}
+            p = {"kind": "copied_rows", "sample_id": sid, "row": c["row"], "rows": c["rows"], "tensor": c["tensor"]}
             found.append({**p, "where": c["tensor"], **c, "message": msg})
         out.append(found)
     return out
