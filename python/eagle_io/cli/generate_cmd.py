@@ -47,6 +47,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         choices=["raise", "skip"],
         help="policy for all-zero samples or layers and rows copied from another request (broken capture wiring)",
     )
+    p.add_argument(
+        "--enable-thinking",
+        choices=["on", "off"],
+        help="thinking-model chat templates (Qwen3...): render samples as the serving engine will be asked to "
+        "(chat_template_kwargs enable_thinking); required when the template has the switch, recorded in the metadata",
+    )
     p.add_argument("--no-disk-check", action="store_true", help="skip the free-disk check")
     p.add_argument("--summary-json", help="also write the final summary here")
     sg = p.add_argument_group("--backend sglang")
@@ -87,6 +93,31 @@ def _disk_check(out: str, n_records: int, mean_tokens: float, token_bytes: int) 
     return f"estimated output {need / 1e6:,.0f} MB for {n_records:,} records ({free / 1e9:,.0f} GB free)"
 
 
+def _template_kwargs(args, tokenizer) -> dict | None:
+    """The chat-template kwargs of this run (``{"enable_thinking": bool}`` from ``--enable-thinking``), also kept
+    as ``args.template_kwargs`` for the tokenization.
+
+    Raises:
+        InvalidArgumentError: the template has a thinking switch and no ``--enable-thinking`` was given, or the
+            reverse.
+    """
+    from ..data import has_thinking_switch
+
+    switch = has_thinking_switch(tokenizer)
+    if switch and args.enable_thinking is None:
+        raise InvalidArgumentError(
+            f"the chat template of {tokenizer.name_or_path} has a thinking switch (enable_thinking): pass "
+            "--enable-thinking on|off, as the serving engine will render the chat (chat_template_kwargs)"
+        )
+    if not switch and args.enable_thinking is not None:
+        raise InvalidArgumentError(
+            f"--enable-thinking {args.enable_thinking}: the chat template of {tokenizer.name_or_path} has no "
+            "enable_thinking switch"
+        )
+    args.template_kwargs = {"enable_thinking": args.enable_thinking == "on"} if switch else None
+    return args.template_kwargs
+
+
 def _engine_args(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs:
@@ -113,7 +144,7 @@ def _hf_session(args, dataset: str, layer_ids):
         model,
         args.out,
         target_info=info,
-        tokenizer_identity=chat_template_identity(tokenizer),
+        tokenizer_identity=chat_template_identity(tokenizer, _template_kwargs(args, tokenizer)),
         aux_layer_ids=layer_ids,
         max_length=args.max_length,
         nonfinite=args.nonfinite,
@@ -152,7 +183,7 @@ def _sglang_session(args, dataset: str, layer_ids):
         state_dtype="bfloat16",
         metadata={"source_dataset": os.path.basename(dataset)},
         target_info=info,
-        tokenizer_identity=chat_template_identity(tokenizer),
+        tokenizer_identity=chat_template_identity(tokenizer, _template_kwargs(args, tokenizer)),
         aux_layer_ids=layer_ids,
         max_length=args.max_length,
         nonfinite=args.nonfinite,
@@ -215,7 +246,8 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
             return True
 
         todo = filter(not_done, _mine(records, args.rank, args.world_size))
-        samples = iter_tokenized(todo, tokenizer, stats=stats, max_length=args.max_length)
+        kwargs = getattr(args, "template_kwargs", None)
+        samples = iter_tokenized(todo, tokenizer, stats=stats, max_length=args.max_length, template_kwargs=kwargs)
         k, hidden = len(session.aux_layer_ids), info["hidden_size"]
         token_bytes = 8 + 1 + 2 * hidden * (k + 1)
         head = list(islice(samples, 4 * args.batch_size))

@@ -106,8 +106,10 @@ def run(args: argparse.Namespace) -> int:
         expected, source = range(args.expect_records), f"--expect-records {args.expect_records}"
     elif args.dataset:
         tokenizer, max_length, which = _load_tokenizer(args.tokenizer, args.root)
+        ident = _rank_metadata(args.root).get("tokenizer")
+        kwargs = ident.get("chat_template_kwargs") if isinstance(ident, dict) else None  # as generate rendered
         expected, skipped = expected_from_source(
-            args.dataset, limit=args.limit, tokenizer=tokenizer, max_length=max_length
+            args.dataset, limit=args.limit, tokenizer=tokenizer, max_length=max_length, template_kwargs=kwargs
         )
         source = f"{args.dataset} (limit {args.limit}, tokenizer {which})"
     report = merge_ranks(args.root, expected, skipped=skipped, write=not args.no_write)

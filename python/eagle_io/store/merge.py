@@ -257,13 +257,15 @@ def expected_from_source(
     limit: int | None = None,
     tokenizer: Any = None,
     max_length: int | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[set[int], dict[int, str]]:
     """The sample ids ``eagle-io generate --dataset DATASET [--limit N]`` should produce, and why the
     other record indices produce none.
 
     Every record the source parser accepts (index below ``limit``) is expected; with ``tokenizer``
-    (and ``max_length``) the chat-template tokenization runs as in ``generate``, so records it rejects
-    (no assistant turn, empty loss mask...) are explained rather than expected.
+    (and ``max_length``, ``template_kwargs`` such as the run's ``enable_thinking``) the chat-template tokenization
+    runs as in ``generate``, so records it rejects (no assistant turn, empty loss mask...) are explained rather
+    than expected.
 
     Returns:
         ``(expected ids, {record index: reason})`` for the records that yield no sample.
@@ -277,7 +279,8 @@ def expected_from_source(
     convs = iter_conversations(os.fspath(dataset), on_error="skip", stats=stats)
     kept = convs if limit is None else takewhile(lambda c: c.index < limit, convs)  # as generate reads it
     if tokenizer is not None:
-        ids = {s.index for s in iter_tokenized(kept, tokenizer, stats=stats, max_length=max_length)}
+        tokenized = iter_tokenized(kept, tokenizer, stats=stats, max_length=max_length, template_kwargs=template_kwargs)
+        ids = {s.index for s in tokenized}
     else:
         ids = {c.index for c in kept}
     why = {
