@@ -81,16 +81,66 @@ def _batches(samples: Iterator, batch_size: int, window: int = 8) -> Iterator[li
             yield chunk[i : i + batch_size]
 
 
-def _disk_check(out: str, n_records: int, mean_tokens: float, token_bytes: int) -> str:
-    need = n_records * mean_tokens * token_bytes / ESTIMATED_RATIO
+class _Reading:
+    """Follows how far the source has been read (records and bytes), for the size estimate."""
+
+    def __init__(self, records: Iterator) -> None:
+        self.records = records
+        self.first: tuple[int, int] | None = None  # (record index, byte offset) of the first record read
+        self.last: tuple[int, int] | None = None
+        self.index = -1
+
+    def __iter__(self) -> Iterator:
+        for c in self.records:
+            self.index = c.index
+            if c.byte_offset is not None:
+                self.last = (c.index, c.byte_offset)
+                self.first = self.first or self.last
+            yield c
+
+
+def _estimate(args, source: str, reading: _Reading, head: list, done: int) -> tuple[float, str]:
+    """(samples this rank will still write, how that was estimated) from the first ``head`` samples: all of them
+    when the source ended there; else their share of the source records read, times the records left: ``--limit``
+    or the source file's size over the bytes per record read so far (whichever is smaller). ``done``: this rank's
+    records skipped as already committed."""
+    n, w = len(head), args.world_size
+    if n < 4 * args.batch_size:
+        return n, "counted: the source ended within the first batches"
+    read = reading.index + 1  # source records read so far, every rank's
+    total, how = None, None
+    if reading.first and reading.last and reading.last[0] > reading.first[0] and os.path.isfile(source):
+        size = os.path.getsize(source)
+        per = (reading.last[1] - reading.first[1]) / (reading.last[0] - reading.first[0])
+        total = reading.last[0] + (size - reading.last[1]) / per
+        how = f"the source's size, {_size(size)} at {_size(per)} per record read"
+    if args.limit is not None and (total is None or args.limit < total):
+        total, how = args.limit, f"--limit {args.limit}"
+    if total is None:
+        return n, "at least: the source's size is unknown"
+    rate = n / max(1.0, read / w - done)  # samples per record of this rank's share not yet committed
+    return n + rate * max(0.0, total - read) / w, f"~{total:,.0f} records from {how}"
+
+
+def _disk_check(out: str, samples: float, mean_tokens: float, token_bytes: int, how: str, max_length: int) -> str:
+    need = samples * mean_tokens * token_bytes / ESTIMATED_RATIO
     os.makedirs(out, exist_ok=True)
     free = shutil.disk_usage(out).free
+    basis = f"{samples:,.0f} samples ({how}) of {mean_tokens:,.0f} tokens on average (max length {max_length})"
     if need > free:
         raise InvalidArgumentError(
-            f"estimated output {need / 1e9:.2f} GB exceeds free disk {free / 1e9:.2f} GB "
+            f"estimated output {_size(need)} for {basis} exceeds free disk {_size(free)} "
             f"at {out} (pass --no-disk-check to try anyway)"
         )
-    return f"estimated output {need / 1e6:,.0f} MB for {n_records:,} records ({free / 1e9:,.0f} GB free)"
+    return f"disk      estimated output {_size(need)} for {basis}; {_size(free)} free"
+
+
+def _size(n: float) -> str:
+    """Bytes in a readable unit (decimal: kB, MB, GB, TB)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n:,.0f} B"
 
 
 def _template_kwargs(args, tokenizer) -> dict | None:
@@ -245,15 +295,19 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
                 return False
             return True
 
-        todo = filter(not_done, _mine(records, args.rank, args.world_size))
+        reading = _Reading(records)
+        todo = filter(not_done, _mine(iter(reading), args.rank, args.world_size))
         kwargs = getattr(args, "template_kwargs", None)
         samples = iter_tokenized(todo, tokenizer, stats=stats, max_length=args.max_length, template_kwargs=kwargs)
         k, hidden = len(session.aux_layer_ids), info["hidden_size"]
         token_bytes = 8 + 1 + 2 * hidden * (k + 1)
         head = list(islice(samples, 4 * args.batch_size))
-        if head and not args.no_disk_check and args.limit is not None:
+        if head and not args.no_disk_check:  # every run: counted, or estimated from --limit or the source's size
+            from ..data import default_dataset_path
+
             mean = sum(len(s.input_ids) for s in head) / len(head)
-            print(_disk_check(args.out, args.limit // args.world_size, mean, token_bytes))
+            n, how = _estimate(args, args.dataset or str(default_dataset_path()), reading, head, already[0])
+            print(_disk_check(args.out, n, mean, token_bytes, how, args.max_length))
         print(f"resume    {len(session.done):,} samples already committed" if session.done else "fresh run")
         bar = tqdm(unit="sample", file=sys.stdout, mininterval=2.0 if sys.stdout.isatty() else 30.0)
         t0 = time.perf_counter()
