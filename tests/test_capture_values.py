@@ -15,7 +15,7 @@ from test_capture_session import samples, stored, tiny_target
 
 import eagle_io
 from eagle_io.capturing.store import ForwardSample, SampleStore
-from eagle_io.store import values
+from eagle_io.store import value_stats, values
 
 
 class _Sink:
@@ -250,7 +250,7 @@ def test_hf_capture_keeps_shared_prefixes_and_duplicates_and_records_max_abs(tmp
     recorded = [*st["absmax"]["aux_hidden_states"], st["absmax"]["hidden_states"]]
     for want, have in zip([*aux.tolist(), float(fin)], recorded, strict=True):
         assert abs(want - have) <= want * 2**-8
-    assert values.read_value_stats(tmp_path) == [st]
+    assert value_stats.read_value_stats(tmp_path) == [st]
 
 
 def test_value_stats_merge_over_a_resume_and_feed_the_fp16_range_warning(tmp_path):
@@ -265,12 +265,13 @@ def test_value_stats_merge_over_a_resume_and_feed_the_fp16_range_warning(tmp_pat
     assert both["samples"] == 4 and first["samples"] == 2
     pairs = zip(first["absmax"]["aux_hidden_states"], both["absmax"]["aux_hidden_states"], strict=True)
     assert all(b >= a for a, b in pairs)
-    assert values.range_warnings(tmp_path, "float16") == [] and values.range_warnings(tmp_path, "bfloat16") == []
+    assert value_stats.range_warnings(tmp_path, "float16") == []
+    assert value_stats.range_warnings(tmp_path, "bfloat16") == []
     both["absmax"]["aux_hidden_states"][1] = 9.0e4
     (tmp_path / "value_stats.json").write_text(json.dumps(both))
-    (w,) = values.range_warnings(tmp_path, "float16")
+    (w,) = value_stats.range_warnings(tmp_path, "float16")
     assert "aux layer 4 reach |x| = 9e+04, beyond float16's 65504" in w
-    assert values.range_warnings(tmp_path, torch.bfloat16) == []
+    assert value_stats.range_warnings(tmp_path, torch.bfloat16) == []
 
 
 def test_capture_in_float16_warns_and_names_the_cast_that_overflows(tmp_path):

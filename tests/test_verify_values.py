@@ -1,5 +1,5 @@
-"""`eagle-io verify`'s value section (:func:`eagle_io.store.values.scan_dataset`): every sample decoded and its states
-checked with the capture's checker. NaN/Inf fail the run; implausible states (all-zero samples or layers, rows
+"""`eagle-io verify`'s value section (:func:`eagle_io.store.value_scan.scan_dataset`): every sample decoded and its
+states checked with the capture's checker. NaN/Inf fail the run; implausible states (all-zero samples or layers, rows
 copied from another sample) are listed, and fail it under --strict."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 import eagle_io
 from eagle_io.cli import main
-from eagle_io.store.values import scan_dataset
+from eagle_io.store.value_scan import scan_dataset
 
 H = 8
 

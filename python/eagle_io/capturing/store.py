@@ -23,7 +23,7 @@ import torch
 
 from .. import defaults
 from ..errors import ImplausibleStatesError, InvalidArgumentError, NonFiniteStatesError, SchemaError
-from ..store import layout, values
+from ..store import layout, value_stats, values
 from ..store.metadata import eagle3_metadata
 from ..store.schema import eagle3_schema
 from ..store.writer import ShardWriter
@@ -388,7 +388,7 @@ class SampleStore:
         with self._lock:
             a = self.absmax
             return {
-                "format": values.STATS_FORMAT,
+                "format": value_stats.STATS_FORMAT,
                 "version": 1,
                 "aux_layer_ids": self.aux_layer_ids,
                 "state_dtype": str(self.state_dtype).removeprefix("torch."),
@@ -402,14 +402,14 @@ class SampleStore:
         """Writes (merging with a resumed run's) ``value_stats.json`` beside the manifest."""
         if self.manifest_path is None:
             return
-        path = values.value_stats_path(self.manifest_path)
+        path = value_stats.value_stats_path(self.manifest_path)
         new = self.value_stats()
         try:
             old = json.loads(path.read_text()) if path.is_file() else None
         except (OSError, ValueError):
             old = None
         try:
-            layout.write_atomic(path, (json.dumps(values.merge_value_stats(old, new), indent=2) + "\n").encode())
+            layout.write_atomic(path, (json.dumps(value_stats.merge_value_stats(old, new), indent=2) + "\n").encode())
         except OSError as e:  # the shards and manifest are committed; the stats are informational
             logger.warning("eagle-io capture: could not write %s: %s", path, e)
 

@@ -7,7 +7,8 @@ import argparse
 
 from ..errors import EagleIOError
 from ..store.reader import Dataset
-from ..store.values import IMPLAUSIBLE, KINDS, scan_dataset
+from ..store.value_scan import scan_dataset
+from ..store.values import IMPLAUSIBLE, KINDS
 
 SHOWN_PER_KIND = 20
 

@@ -18,16 +18,16 @@ written, per-request offsets that point into another request); real states never
 Cost at capture: :func:`row_stats` reads the states once on their device (per-row max |x| per layer block, from
 the bits, and a hash of up to :data:`HASH_COLUMNS` columns per row) and brings ``[N, k + 3]`` numbers to the host in
 one copy: one host sync per forward. Only rows whose hashes collide are compared in full.
+
+Beside it: :mod:`eagle_io.store.value_stats` (the per-layer max |x| file a capture leaves, and the float16 range
+warning) and :mod:`eagle_io.store.value_scan` (every sample of a dataset, for ``eagle-io verify`` and the report).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,14 +40,9 @@ __all__ = [
     "SampleRows",
     "block_names",
     "find_problems",
-    "merge_value_stats",
     "overflow_limit",
-    "range_warnings",
-    "read_value_stats",
     "row_stats",
     "sample_absmax",
-    "scan_dataset",
-    "value_stats_path",
 ]
 
 KINDS = ("nonfinite", "zero_sample", "zero_rows", "copied_rows")
@@ -56,7 +51,6 @@ IMPLAUSIBLE = ("zero_sample", "zero_rows", "copied_rows")
 """The finite kinds: states that are numbers but cannot come from a real forward."""
 HASH_COLUMNS = 64
 """Columns per row (evenly spaced over the row) hashed to find candidate copies; candidates are compared in full."""
-STATS_FORMAT = "eagle-io/value-stats"
 
 _CHUNK_ELEMENTS = 1 << 24  # bounds the hash's int64 temporary (128 MiB)
 _WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
@@ -351,155 +345,3 @@ def sample_absmax(stats: RowStats, start: int, length: int) -> list[float]:
     if a.numel() == 0:
         return [0.0] * int(stats.absmax.shape[1])
     return torch.where(torch.isfinite(a), a, 0.0).amax(0).tolist()
-
-
-# --- the stats file a capture leaves beside its manifest ----------------------------------------------------------
-
-
-def value_stats_path(manifest_path: str | os.PathLike[str]) -> Path:
-    """``value_stats.json`` beside ``manifest.json`` (``value_stats.rNNNNN.json`` beside ``manifest.rNNNNN.json``)."""
-    p = Path(manifest_path)
-    return p.with_name("value_stats" + p.name.removeprefix("manifest"))
-
-
-def merge_value_stats(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
-    """``new`` value stats combined with those of an earlier run of the same dataset (resume): max of ``absmax``,
-    sums of ``samples`` and ``skipped``. ``old`` None (or of another layout) gives ``new``."""
-    if not old or old.get("format") != STATS_FORMAT or old.get("aux_layer_ids") != new.get("aux_layer_ids"):
-        return new
-    out = {**new, "samples": int(old.get("samples", 0)) + int(new.get("samples", 0))}
-    out["skipped"] = {k: int((old.get("skipped") or {}).get(k, 0)) + v for k, v in (new.get("skipped") or {}).items()}
-    a, b = old.get("absmax"), new.get("absmax")
-    if a and b and len(a["aux_hidden_states"]) == len(b["aux_hidden_states"]):
-        aux = [max(x, y) for x, y in zip(a["aux_hidden_states"], b["aux_hidden_states"], strict=True)]
-        out["absmax"] = {"aux_hidden_states": aux, "hidden_states": max(a["hidden_states"], b["hidden_states"])}
-    else:
-        out["absmax"] = b or a
-    out["source_dtype"] = new.get("source_dtype") or old.get("source_dtype")
-    return out
-
-
-def read_value_stats(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The value stats files of the dataset at ``path`` (a root or a manifest): one dict per manifest that has one
-    (docs/FORMAT.md section 2.2), in rank order; [] when none was written."""
-    from .layout import dataset_manifests
-
-    out = []
-    for m in dataset_manifests(path):
-        f = value_stats_path(m)
-        if f.is_file():
-            out.append(json.loads(f.read_text()))
-    return out
-
-
-def range_warnings(path: str | os.PathLike[str], target_dtype: str | torch.dtype) -> list[str]:
-    """Warnings for serving a target in ``target_dtype`` on the data of ``path``: for float16 (whose range ends at
-    65504), every captured layer whose recorded max |x| (``value_stats*.json``) exceeds it. [] for other dtypes or
-    when no stats were recorded."""
-    dtype = getattr(torch, target_dtype) if isinstance(target_dtype, str) else target_dtype
-    if dtype != torch.float16:
-        return []
-    top = float(torch.finfo(torch.float16).max)
-    out = []
-    for st in read_value_stats(path):
-        absmax = st.get("absmax") or {}
-        names = block_names(len(absmax.get("aux_hidden_states", [])), st.get("aux_layer_ids"))
-        values = [*absmax.get("aux_hidden_states", []), absmax.get("hidden_states", 0.0)]
-        for name, v in zip(names, values, strict=True):
-            if v is not None and v > top:
-                out.append(
-                    f"the captured {name} reach |x| = {v:.4g}, beyond float16's 65504: a float16 target overflows "
-                    "where this data did not; serve it in bfloat16"
-                )
-    return out
-
-
-# --- a whole dataset (eagle-io verify, the run report) --------------------------------------------------------------
-
-
-def _layout(ds: Any) -> tuple[int, list[str]] | None:
-    widths = {s.name: s.width for s in ds.schema}
-    aux, hidden = widths.get("aux_hidden_states"), widths.get("hidden_states")
-    if not aux or not hidden or aux % hidden:
-        return None
-    k = aux // hidden
-    return k, block_names(k, ds.metadata.get("aux_layer_ids"))
-
-
-def _read_stats(ds: Any, bad: set[int]) -> Iterator[tuple[int, Any, torch.Tensor, RowStats, int]]:
-    """(position, sample id, input_ids, row stats, tokens) of every sample that decodes; the others go to ``bad``."""
-    from ..errors import CorruptRecordError
-
-    for pos in range(len(ds)):
-        try:
-            item = ds.read(pos)
-        except CorruptRecordError:
-            bad.add(ds.entry(pos).sample_id)
-            continue
-        st = row_stats(item["aux_hidden_states"], item["hidden_states"])
-        yield pos, item["sample_id"], item["input_ids"], st, int(item["input_ids"].shape[0])
-
-
-def scan_dataset(path: str | os.PathLike[str], *, window: int = 256, threads: int = 0) -> dict[str, Any]:
-    """Decodes every sample of the dataset at ``path`` and checks its states (:func:`find_problems`); copies are
-    looked for among the ``window`` to ``2 * window`` samples stored before each one and the ones after it in its
-    block of ``window`` (a capture writes a forward's samples next to each other). Records that do not decode are
-    left to ``Dataset.verify`` (listed in ``unreadable``). Memory: the row stats of ``2 * window`` samples (about
-    28 bytes per token); sample tensors are read again only to confirm a candidate copy.
-
-    Returns:
-        A plain dict: ``checked`` (bool: False when the dataset has no ``aux_hidden_states`` / ``hidden_states``
-        pair of widths ``k*H`` / ``H``), ``samples``, ``tokens``, ``counts`` (``{kind: samples}`` for every kind of
-        :data:`KINDS`), ``problems`` (every problem dict, in dataset order), ``absmax`` (``{"blocks": [names],
-        "values": [max |x| per block over the finite values]}``), ``unreadable`` (sample ids).
-
-    Raises:
-        CorruptRecordError, FormatVersionError, StorageError: the manifest or an index cannot be opened.
-    """
-    from .reader import Dataset
-
-    ds = Dataset(path, threads=threads)
-    result: dict[str, Any] = {"checked": False, "samples": 0, "tokens": 0, "counts": dict.fromkeys(KINDS, 0)}
-    result.update(problems=[], absmax=None, unreadable=[])
-    lay = _layout(ds)
-    if lay is None:
-        return result
-    k, names = lay
-    result["checked"] = True
-    absmax = [0.0] * (k + 1)
-    bad: set[int] = set()
-    previous: list[tuple[int, Any, torch.Tensor, RowStats, int]] = []
-    stream = _read_stats(ds, bad)
-    while current := [x for _, x in zip(range(window), stream, strict=False)]:
-        group = previous + current
-        starts = [0]
-        for *_, n in group:
-            starts.append(starts[-1] + n)
-        stats = RowStats(*(torch.cat([getattr(g[3], f) for g in group]) for f in _FIELDS))
-        samples = [SampleRows(g[1], g[2], starts[j], g[4]) for j, g in enumerate(group)]
-        found = find_problems(stats, samples, names=names, same_rows=_reader_compare(ds, group, starts))
-        for j in range(len(previous), len(group)):
-            s = samples[j]
-            result["samples"] += 1
-            result["tokens"] += s.length
-            for kind in {p["kind"] for p in found[j]}:
-                result["counts"][kind] += 1
-            result["problems"].extend(found[j])
-            absmax = [max(a, b) for a, b in zip(absmax, sample_absmax(stats, s.start, s.length), strict=True)]
-        previous = current
-    result["absmax"] = {"blocks": names, "values": absmax}
-    result["unreadable"] = sorted(bad)
-    return result
-
-
-_FIELDS = ("absmax", "aux_hash", "final_hash")
-
-
-def _reader_compare(ds: Any, group: list, starts: list[int]) -> Callable[[str, int, int], bool]:
-    """``same_rows`` for :func:`find_problems` over a window: reads the two samples again."""
-
-    def row(tensor: str, g: int) -> torch.Tensor:
-        j = next(j for j in range(len(group)) if starts[j] <= g < starts[j + 1])
-        return ds.read(group[j][0])[tensor][g - starts[j]]
-
-    return lambda tensor, a, b: torch.equal(row(tensor, a), row(tensor, b))
