@@ -45,6 +45,7 @@ def family_tokenizers(smol: Any) -> dict[str, Any]:
     for name, spec in FAMILIES.items():
         tok = copy.deepcopy(smol)
         tok.add_tokens(spec["special_tokens"], special_tokens=True)
+        tok.add_tokens(spec.get("added_tokens", []), special_tokens=False)
         tok.bos_token = spec["bos_token"]
         tok.eos_token = spec["eos_token"]
         tok.chat_template = (FIXTURES / "templates" / spec["template"]).read_text()

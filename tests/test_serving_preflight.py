@@ -568,3 +568,33 @@ def test_cli_registered_console_script(tmp_path):
         text=True,
     )
     assert r.returncode == 2 and "not a checkpoint directory" in r.stderr
+
+
+def test_a_float16_target_meets_data_beyond_float16s_range(tmp_path):
+    """The preflight reads the training data's recorded per-layer max |x| (value_stats.json): a float16 target
+    warns when a captured layer exceeded 65504; a bfloat16 target does not."""
+    import json
+
+    t16 = llama_target(tmp_path / "fp16")
+    cfg = json.loads((t16 / "config.json").read_text())
+    (t16 / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "float16"}))
+    tbf = llama_target(tmp_path / "bf16")
+    d = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    ds = tmp_path / "ds"
+    meta = eagle3_metadata(
+        target_info={"num_layers": N, "hidden_size": H, "vocab_size": V},
+        aux_layer_ids=[2, 4, 5],
+        dtype="bfloat16",
+        tokenizer_identity=None,
+        max_length=None,
+    )
+    with eagle_io.ShardWriter(ds, eagle_io.eagle3_schema(H), meta) as w:
+        w.write(0, {"input_ids": torch.arange(3), "loss_mask": torch.ones(3, dtype=torch.uint8),
+                    "aux_hidden_states": torch.ones(3, 3 * H, dtype=torch.bfloat16),
+                    "hidden_states": torch.ones(3, H, dtype=torch.bfloat16)})  # fmt: skip
+    stats = {"format": "eagle-io/value-stats", "aux_layer_ids": [2, 4, 5], "samples": 1, "skipped": {},
+             "absmax": {"aux_hidden_states": [3.0, 9.0e4, 5.0], "hidden_states": 4.0}}  # fmt: skip
+    (ds / "value_stats.json").write_text(json.dumps(stats))
+    f = by_code(check_serving(t16, d, algorithm="EAGLE3", dataset_manifest=ds), "dataset-range-exceeds-fp16")
+    assert f.severity == "warning" and "aux layer 4 reach |x| = 9e+04" in f.message and "bfloat16" in f.fix
+    assert "dataset-range-exceeds-fp16" not in codes(check_serving(tbf, d, algorithm="EAGLE3", dataset_manifest=ds))

@@ -19,7 +19,8 @@ every ``raise`` in the package raises one of these.
     ├── SampleNotFoundError (IndexError)         a position or sample id the dataset does not hold
     ├── InvalidArgumentError (ValueError)        a caller mistake in arguments or call order
     │   ├── ArgumentTypeError (TypeError)        an argument of the wrong type
-    │   ├── NonFiniteStatesError                 NaN/Inf captured states: sample_id, row, tensor
+    │   ├── NonFiniteStatesError                 NaN/Inf captured states: sample_id, row, tensor, layer
+    │   ├── ImplausibleStatesError               all-zero or copied states (broken wiring): sample_id, kind, row
     │   ├── CaptureRefusedError                  a request the SGLang capture cannot store exactly
     │   ├── SpecForgeFileError                   an unreadable SpecForge file: path
     │   └── CheckpointError                      an unreadable checkpoint or config: path
@@ -32,6 +33,7 @@ every ``raise`` in the package raises one of these.
     ├── CaptureStopTimeoutError (TimeoutError)   SGLang schedulers did not answer a stop
     ├── ServingGuardError (RuntimeError)         an EAGLE-3 draft served without (the right) aux capture
     ├── DraftWidthError (RuntimeError)           states entering the draft have the wrong width
+    ├── NonFiniteTrainingError (FloatingPointError)  a NaN/Inf loss, metric or weight in draft training
     ├── SGLangCompatError (RuntimeError)         an SGLang object lacks an expected attribute
     └── InternalError (RuntimeError)             a bug in eagle-io (a worker thread panicked...)
 """
@@ -112,13 +114,32 @@ class ArgumentTypeError(InvalidArgumentError, TypeError):
 
 
 class NonFiniteStatesError(InvalidArgumentError):
-    """A captured state holds NaN or Inf (policy ``nonfinite="raise"``); nothing of the sample was written.
+    """A captured state holds NaN or Inf, or a value the storage dtype cannot hold (the float16 cast would make it
+    Inf) (policy ``nonfinite="raise"``); nothing of the sample was written.
 
     Attributes: ``sample_id``, ``row`` (first bad token row), ``tensor`` (``"aux_hidden_states"`` or
-    ``"hidden_states"``, the first tensor holding a bad value in that row).
+    ``"hidden_states"``, the first tensor holding a bad value in that row), ``layer`` (the block's name:
+    ``"aux layer 15"`` or ``"hidden_states"``), ``overflow`` (True for a storage-cast overflow).
     """
 
     sample_id: int
+    row: int
+    tensor: str
+    layer: str
+    overflow: bool
+
+
+class ImplausibleStatesError(InvalidArgumentError):
+    """Captured states that are finite but cannot come from a real forward (policy ``implausible="raise"``): a
+    sample all zeros, a layer's states all zeros in a row, rows equal to another request's (broken capture
+    wiring); nothing of the sample was written.
+
+    Attributes: ``sample_id``, ``kind`` (``"zero_sample"``, ``"zero_rows"`` or ``"copied_rows"``,
+    :data:`eagle_io.store.values.KINDS`), ``row`` (first such token row), ``tensor``.
+    """
+
+    sample_id: int
+    kind: str
     row: int
     tensor: str
 
@@ -209,6 +230,11 @@ class DraftWidthError(EagleIOError, RuntimeError):
     """A draft extend received states whose width is not the draft ``fc`` input width."""
 
 
+class NonFiniteTrainingError(EagleIOError, FloatingPointError):
+    """Draft training met a NaN/Inf loss or metric, or was asked to export NaN/Inf weights: it stops (nothing is
+    exported). The message names the step and the batch's sample ids where known."""
+
+
 class SGLangCompatError(EagleIOError, RuntimeError):
     """An SGLang object lacks an attribute eagle-io expects: an SGLang version outside the supported range."""
 
@@ -227,11 +253,13 @@ __all__ = [
     "DraftWidthError",
     "EagleIOError",
     "FormatVersionError",
+    "ImplausibleStatesError",
     "IncompatibleDatasetError",
     "InternalError",
     "InvalidArgumentError",
     "MissingDataPackageError",
     "NonFiniteStatesError",
+    "NonFiniteTrainingError",
     "RingTimeoutError",
     "SGLangCompatError",
     "SampleNotFoundError",

@@ -13,7 +13,7 @@ import torch
 from .. import defaults
 from ..errors import InternalError, InvalidArgumentError
 from .hf import HFCapture
-from .store import NONFINITE_POLICIES, SampleStore
+from .store import VALUE_POLICIES, ForwardSample, SampleStore
 
 
 class CaptureSession:
@@ -38,14 +38,16 @@ class CaptureSession:
         max_length: int | None,
         metadata: Mapping[str, Any] | None,
         nonfinite: str,
+        implausible: str,
         store_options: Mapping[str, Any],
     ) -> None:
         if not isinstance(target, torch.nn.Module):
             raise InvalidArgumentError(
                 f"cannot capture from a {type(target).__name__}: expected a Hugging Face model (torch.nn.Module)"
             )
-        if nonfinite not in NONFINITE_POLICIES:
-            raise InvalidArgumentError(f"nonfinite must be 'raise' or 'skip', not {nonfinite!r}")
+        for name, policy in (("nonfinite", nonfinite), ("implausible", implausible)):
+            if policy not in VALUE_POLICIES:
+                raise InvalidArgumentError(f"{name} must be 'raise' or 'skip', not {policy!r}")
         self._hooks = HFCapture(target, aux_layer_ids, state_dtype=state_dtype)
         self.aux_layer_ids = list(self._hooks.aux_layer_ids)
         self._store = SampleStore.create(
@@ -57,11 +59,13 @@ class CaptureSession:
             max_length=max_length,
             metadata=metadata,
             nonfinite=nonfinite,
+            implausible=implausible,
             **store_options,
         )
         self.manifest_path = self._store.manifest_path
         self.done = self._store.done
         self._device = next(target.parameters()).device
+        self._dtype = next(target.parameters()).dtype
         self.submitted = 0
         self.forward_seconds = self.store_seconds = 0.0
         self.manifest: dict[str, Any] | None = None
@@ -81,7 +85,9 @@ class CaptureSession:
         Raises:
             SchemaError: a sample with 0 tokens, more than ``max_length``, a loss mask of another length or with
                 values other than 0/1, or token ids outside the target's vocabulary (checked before the forward).
-            NonFiniteStatesError: NaN/Inf states under ``nonfinite="raise"`` (names sample, row and tensor).
+            NonFiniteStatesError: NaN/Inf states (or a storage-cast overflow) under ``nonfinite="raise"`` (names
+                sample, tensor, layer and row).
+            ImplausibleStatesError: all-zero or copied states under ``implausible="raise"``.
             RingTimeoutError: the writers could not keep up for the ring's timeout.
             InvalidArgumentError: the session is closed.
         """
@@ -103,12 +109,15 @@ class CaptureSession:
         out = self._hooks.forward(ids.to(self._device), mask.to(self._device))
         t1 = time.perf_counter()
         self.forward_seconds += t1 - t0
-        finite = SampleStore.all_finite(out.aux_hidden_states, out.hidden_states)
         for b, s in enumerate(todo):
             if out.lengths[b] != len(s.input_ids):
                 raise InternalError(f"sample {s.index}: captured {out.lengths[b]} tokens for {len(s.input_ids)} inputs")
-            self._store.put(s.index, s.input_ids, s.loss_mask, out.aux(b), out.hidden(b), key=s.id or "",
-                            known_finite=finite)  # fmt: skip
+        t = out.aux_hidden_states.shape[1]
+        rows = [ForwardSample(s.index, s.input_ids, s.loss_mask, b * t + out.starts[b], out.lengths[b], s.id or "")
+                for b, s in enumerate(todo)]  # fmt: skip
+        aux, hidden = out.aux_hidden_states.flatten(0, 1), out.hidden_states.flatten(0, 1)
+        # the value checks: one host sync per forward; the hooks cast to state_dtype, the forward ran in the model's
+        self._store.put_forward(aux, hidden, rows, forward_dtype=self._dtype)
         self.store_seconds += time.perf_counter() - t1
 
     def stats(self) -> dict[str, Any]:
@@ -141,6 +150,7 @@ def capture(
     max_length: int | None = None,
     metadata: Mapping[str, Any] | None = None,
     nonfinite: str = "raise",
+    implausible: str = "raise",
     ring_bytes: int = defaults.RING_BYTES,
     timeout_s: float = defaults.RING_TIMEOUT_S,
     drop_when_full: bool = False,
@@ -159,8 +169,13 @@ def capture(
         target_info: facts about the target (``load_target``'s info: ``num_layers``, ``hidden_size``, ...).
         tokenizer_identity: :func:`eagle_io.data.chat_template_identity`, recorded in the manifest.
         aux_layer_ids: eagle-io ids (input of decoder layer i); None = SGLang's default ``[2, N//2, N-3]``.
-        state_dtype: stored dtype (float32 forwards are rounded to nearest-even).
-        nonfinite: ``"raise"`` (default) or ``"skip"`` (counted) for samples with NaN/Inf states.
+        state_dtype: stored dtype (float32 forwards are rounded to nearest-even); float16 (stored, or the target's
+            forward) warns: its range ends at 65504, bfloat16 is recommended.
+        nonfinite: ``"raise"`` (default) or ``"skip"`` (counted) for samples with NaN/Inf states, or values the
+            storage dtype cannot hold.
+        implausible: ``"raise"`` (default) or ``"skip"`` (counted) for samples whose states are finite but cannot be
+            real: all zeros, a layer all zeros in a row, rows equal to another sample's of the same forward
+            (:mod:`eagle_io.store.values`).
         ring_bytes, timeout_s, drop_when_full: the capture ring (:class:`eagle_io.capturing.ring.RingSink`).
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
             ``world_size``, ``resume``, ...).
@@ -178,6 +193,7 @@ def capture(
             aux_layer_ids=aux_layer_ids,
             max_length=max_length,
             nonfinite=nonfinite,
+            implausible=implausible,
             ring_bytes=ring_bytes,
             timeout_s=timeout_s,
             **writer_options,
@@ -192,6 +208,7 @@ def capture(
         max_length=max_length,
         metadata=metadata,
         nonfinite=nonfinite,
+        implausible=implausible,
         store_options={
             "ring_bytes": ring_bytes,
             "timeout_s": timeout_s,

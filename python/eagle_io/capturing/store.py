@@ -1,42 +1,79 @@
 """The capture core: what every backend (the Hugging Face hooks, SGLang's scheduler hook) does with a forward's
-per-sample states. One place checks a sample, applies the NaN/Inf policy, skips what the dataset already holds,
-counts, and puts the sample into the capture ring (:class:`~eagle_io.capturing.ring.RingSink`), which copies it
-asynchronously and feeds the shard writer.
+per-sample states. One place checks a sample, checks its values (NaN/Inf, storage-cast overflow, all-zero layers or
+samples, rows copied from another request: :mod:`eagle_io.store.values`) and applies the value policies, skips what
+the dataset already holds, counts, records per-layer max |x| (``value_stats.json``), and puts the sample into the
+capture ring (:class:`~eagle_io.capturing.ring.RingSink`), which copies it asynchronously and feeds the shard writer.
 
 A backend calls :func:`check_sample` (or :meth:`SampleStore.check`) before or while it runs the forward, then
-:meth:`SampleStore.put` for each sample of the forward, then :meth:`SampleStore.close`.
+:meth:`SampleStore.put_forward` with the forward's states and where each sample's rows are (one host sync for the
+value checks of the whole forward), then :meth:`SampleStore.close`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .. import defaults
-from ..errors import InvalidArgumentError, NonFiniteStatesError, SchemaError
+from ..errors import ImplausibleStatesError, InvalidArgumentError, NonFiniteStatesError, SchemaError
+from ..store import layout, value_stats, values
 from ..store.metadata import eagle3_metadata
 from ..store.schema import eagle3_schema
 from ..store.writer import ShardWriter
 from .ring import RingSink
 
-__all__ = ["COUNTS", "NONFINITE_POLICIES", "SampleStore", "check_sample"]
+__all__ = ["COUNTS", "NONFINITE_POLICIES", "VALUE_POLICIES", "ForwardSample", "SampleStore", "check_sample"]
 
 logger = logging.getLogger("eagle_io.capture")
 
-NONFINITE_POLICIES = ("raise", "skip")
-"""What :meth:`SampleStore.put` does with a sample whose states hold NaN/Inf: raise
-:class:`~eagle_io.errors.NonFiniteStatesError`, or skip it and count it (``nonfinite_skipped``)."""
+VALUE_POLICIES = ("raise", "skip")
+"""What :meth:`SampleStore.put_forward` does with a sample whose states fail a value check
+(:data:`eagle_io.store.values.KINDS`): raise (:class:`~eagle_io.errors.NonFiniteStatesError` for ``nonfinite``,
+:class:`~eagle_io.errors.ImplausibleStatesError` for the others), or skip it and count it (``{kind}_skipped``).
+``nonfinite=`` sets the policy of NaN/Inf, ``implausible=`` the policy of the other kinds."""
+NONFINITE_POLICIES = VALUE_POLICIES
 
-COUNTS = ("written", "already_done", "dropped", "nonfinite_skipped", "after_stop")
+COUNTS = (
+    "written",
+    "already_done",
+    "dropped",
+    "nonfinite_skipped",
+    "zero_sample_skipped",
+    "zero_rows_skipped",
+    "copied_rows_skipped",
+    "after_stop",
+)
 """The store's counters: samples put into the ring; skipped because the dataset holds them (resume); dropped by a
-full ring (``drop_when_full``); skipped for NaN/Inf; arriving after :meth:`SampleStore.close`."""
+full ring (``drop_when_full``); skipped by a value policy, per kind; arriving after :meth:`SampleStore.close`."""
 
-_STATE_TENSORS = ("aux_hidden_states", "hidden_states")
+FP16_WARNING = (
+    "float16 {what}: its range ends at 65504, and residual-stream states of large models exceed it (an overflow "
+    "becomes Inf, caught as nonfinite); bfloat16 is recommended"
+)
+
+
+class ForwardSample(NamedTuple):
+    """One sample of a forward for :meth:`SampleStore.put_forward`: its rows are ``[start, start + length)`` of the
+    forward's ``[N, ...]`` states; ``input_ids [L]`` and ``loss_mask [L]`` as for :meth:`SampleStore.put`."""
+
+    sample_id: int
+    input_ids: Sequence[int] | torch.Tensor
+    loss_mask: Sequence[int] | torch.Tensor
+    start: int
+    length: int
+    key: str = ""
+
+
+def _check_policy(name: str, policy: str) -> None:
+    if policy not in VALUE_POLICIES:
+        raise InvalidArgumentError(f"{name} must be 'raise' or 'skip', not {policy!r}")
 
 
 def check_sample(
@@ -87,16 +124,21 @@ class SampleStore:
             :meth:`create` for the usual construction.
         state_dtype: dtype the states are stored in (``torch.bfloat16``...); float32 forwards are rounded to nearest.
         max_length, vocab_size: :func:`check_sample`'s limits (None: unchecked).
-        nonfinite: one of :data:`NONFINITE_POLICIES`.
+        nonfinite: the :data:`VALUE_POLICIES` policy for NaN/Inf (and storage-cast overflow).
+        implausible: the policy for all-zero samples, all-zero layers in a row and rows copied from another sample
+            of the forward (:data:`eagle_io.store.values.IMPLAUSIBLE`).
         done: ids the dataset already holds (resume); :meth:`put` skips them.
-        manifest_path: the writer's manifest file.
+        manifest_path: the writer's manifest file; ``value_stats.json`` is written beside it at :meth:`close`.
+        aux_layer_ids: the captured layers, to name them in errors and stats (None: ``aux block j``).
 
     Attributes:
         counts: :data:`COUNTS` as a dict.
         done: ids already in the dataset or put since.
+        absmax: max |x| per aux layer then of the final state (``k + 1`` floats) over the samples written, or None
+            before the first.
 
     Raises:
-        InvalidArgumentError: an unknown ``nonfinite`` policy.
+        InvalidArgumentError: an unknown policy.
     """
 
     def __init__(
@@ -107,21 +149,30 @@ class SampleStore:
         max_length: int | None,
         vocab_size: int | None,
         nonfinite: str = "raise",
+        implausible: str = "raise",
         done: Iterable[int] = (),
         manifest_path: str | None = None,
+        aux_layer_ids: Sequence[int] | None = None,
     ) -> None:
-        if nonfinite not in NONFINITE_POLICIES:
-            raise InvalidArgumentError(f"nonfinite must be 'raise' or 'skip', not {nonfinite!r}")
+        _check_policy("nonfinite", nonfinite)
+        _check_policy("implausible", implausible)
         self._sink = sink
         self.state_dtype = state_dtype
         self.max_length, self.vocab_size, self.nonfinite = max_length, vocab_size, nonfinite
+        self.implausible = implausible
         self.done = set(done)
         self.manifest_path = manifest_path
+        self.aux_layer_ids = list(aux_layer_ids) if aux_layer_ids is not None else None
         self.counts = dict.fromkeys(COUNTS, 0)
+        self.absmax: list[float] | None = None
+        self.source_dtype: torch.dtype | None = None
         self.manifest: dict[str, Any] | None = None
         self._closed = False
         self._close_error: Exception | None = None
+        self._stats_written = False
         self._lock = threading.Lock()
+        if state_dtype == torch.float16:
+            warnings.warn(FP16_WARNING.format(what="storage (state_dtype)"), stacklevel=2)
 
     @classmethod
     def create(
@@ -135,6 +186,7 @@ class SampleStore:
         max_length: int | None = None,
         metadata: Mapping[str, Any] | None = None,
         nonfinite: str = "raise",
+        implausible: str = "raise",
         ring_bytes: int = defaults.RING_BYTES,
         batch: int = defaults.RING_BATCH,
         timeout_s: float = defaults.RING_TIMEOUT_S,
@@ -148,7 +200,8 @@ class SampleStore:
                 ``architecture`` when known), recorded in the metadata
                 (:func:`eagle_io.store.metadata.eagle3_metadata`).
             aux_layer_ids: the captured layers (eagle-io ids, :mod:`eagle_io.capturing.layers`).
-            state_dtype: stored dtype name of the states.
+            state_dtype: stored dtype name of the states (``"float16"`` warns: bfloat16 is recommended).
+            nonfinite, implausible: the value policies (:data:`VALUE_POLICIES`).
             ring_bytes, batch, timeout_s, drop_when_full: the capture ring (:class:`~eagle_io.capturing.ring.RingSink`).
             writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
                 ``world_size``, ``resume``...).
@@ -157,8 +210,8 @@ class SampleStore:
             InvalidArgumentError: ``out_dir`` holds this writer's data without ``resume``, or a bad option.
             IncompatibleDatasetError: resuming a dataset of another schema or metadata.
         """
-        if nonfinite not in NONFINITE_POLICIES:  # before anything is created on disk
-            raise InvalidArgumentError(f"nonfinite must be 'raise' or 'skip', not {nonfinite!r}")
+        _check_policy("nonfinite", nonfinite)  # before anything is created on disk
+        _check_policy("implausible", implausible)
         hidden = int(target_info["hidden_size"])
         meta = eagle3_metadata(
             target_info=target_info,
@@ -177,8 +230,10 @@ class SampleStore:
             max_length=max_length,
             vocab_size=int(target_info["vocab_size"]),
             nonfinite=nonfinite,
+            implausible=implausible,
             done=done,
             manifest_path=writer.manifest_path,
+            aux_layer_ids=aux_layer_ids,
         )
 
     def check(self, sample_id: Any, input_ids: Any, loss_mask: Any) -> None:
@@ -194,12 +249,6 @@ class SampleStore:
                 return True
             return False
 
-    @staticmethod
-    def all_finite(*tensors: torch.Tensor) -> bool:
-        """Whether every value of ``tensors`` is finite: one device sync for a whole forward, so :meth:`put` can
-        skip its per-sample check when it holds (``known_finite``)."""
-        return all(bool(torch.isfinite(t).all()) for t in tensors)
-
     def put(
         self,
         sample_id: int,
@@ -209,58 +258,160 @@ class SampleStore:
         hidden_states: torch.Tensor,
         *,
         key: str = "",
-        known_finite: bool = False,
     ) -> bool:
-        """Puts one sample (``aux_hidden_states [L, k*H]``, ``hidden_states [L, H]``, on any device) into the ring.
-        The caller has checked it (:meth:`check`). Returns True when it was put, False when it was skipped and
-        counted: NaN/Inf under ``nonfinite="skip"``, already in the dataset, the ring full under
-        ``drop_when_full``, or the store closed.
+        """Puts one sample (``aux_hidden_states [L, k*H]``, ``hidden_states [L, H]``, on any device) into the ring:
+        :meth:`put_forward` of a forward of one sample. Returns True when it was put, False when it was skipped and
+        counted."""
+        sample = ForwardSample(sample_id, input_ids, loss_mask, 0, int(aux_hidden_states.shape[0]), key)
+        return self.put_forward(aux_hidden_states, hidden_states, [sample])[0]
+
+    def put_forward(
+        self,
+        aux_hidden_states: torch.Tensor,
+        hidden_states: torch.Tensor,
+        samples: Sequence[ForwardSample],
+        *,
+        forward_dtype: torch.dtype | None = None,
+    ) -> list[bool]:
+        """Checks the values of a forward's samples (one host sync, :func:`eagle_io.store.values.row_stats`), then
+        puts each sample into the ring, in order. The caller has checked the samples (:meth:`check`).
+
+        Args:
+            aux_hidden_states: ``[N, k*H]`` states of the forward's rows (any float dtype, any device; rows that
+                belong to no sample, such as padding, are ignored).
+            hidden_states: ``[N, H]`` final post-norm states of the same rows.
+            samples: where each sample's rows are; copies are looked for across these samples.
+            forward_dtype: the dtype the target computed in, when the states were cast before (the HF hooks copy
+                them in ``state_dtype``); default their dtype.
+
+        Returns:
+            Per sample, True when it was put, False when it was skipped and counted: a value policy ``"skip"``,
+            already in the dataset, the ring full under ``drop_when_full``, or the store closed.
 
         Raises:
-            NonFiniteStatesError: NaN/Inf under ``nonfinite="raise"`` (names the sample, row and tensor).
+            NonFiniteStatesError: NaN/Inf (or a storage-cast overflow) under ``nonfinite="raise"``: names the
+                sample, tensor, layer and row; the samples before it were put.
+            ImplausibleStatesError: all-zero or copied states under ``implausible="raise"``.
             SchemaError: tensors that do not fit the dataset's schema.
             RingTimeoutError: the writers could not keep up for the ring's timeout.
         """
-        if not known_finite and not self._finite_or_skip(sample_id, aux_hidden_states, hidden_states):
+        if not samples:
+            return []
+        source = forward_dtype or aux_hidden_states.dtype
+        self._note_source_dtype(source)
+        stats = values.row_stats(aux_hidden_states, hidden_states)
+        k = int(stats.absmax.shape[1]) - 1
+        rows = [values.SampleRows(s.sample_id, s.input_ids, s.start, s.length) for s in samples]
+
+        def same_rows(tensor: str, a: int, b: int) -> bool:
+            x = aux_hidden_states if tensor == "aux_hidden_states" else hidden_states
+            return torch.equal(x[a], x[b])
+
+        found = values.find_problems(
+            stats,
+            rows,
+            names=values.block_names(k, self.aux_layer_ids),
+            source_dtype=source,
+            held_dtype=aux_hidden_states.dtype,
+            store_dtype=self.state_dtype,
+            same_rows=same_rows,
+        )
+        out = []
+        for s, problems in zip(samples, found, strict=True):
+            if problems and not self._policy_allows(problems[0]):
+                out.append(False)
+                continue
+            end = s.start + s.length
+            put = self._put_one(s, aux_hidden_states[s.start : end], hidden_states[s.start : end])
+            if put:
+                self._add_absmax(values.sample_absmax(stats, s.start, s.length))
+            out.append(put)
+        return out
+
+    def _note_source_dtype(self, dtype: torch.dtype) -> None:
+        if self.source_dtype is None:
+            self.source_dtype = dtype
+            if dtype == torch.float16:
+                warnings.warn(FP16_WARNING.format(what="target forward"), stacklevel=3)
+
+    def _policy_allows(self, problem: dict[str, Any]) -> bool:
+        """False (and counted) when the policy of the sample's first problem skips it; raises under ``raise``."""
+        kind = problem["kind"]
+        policy = self.nonfinite if kind == "nonfinite" else self.implausible
+        if policy == "skip":
+            logger.warning("eagle-io capture: %s; skipped", problem["message"])
+            with self._lock:
+                self.counts[f"{kind}_skipped"] += 1
             return False
+        tail = "; nothing of this sample was written"
+        if kind == "nonfinite":
+            err: Exception = NonFiniteStatesError(problem["message"] + tail)
+            err.layer, err.overflow = problem["where"], problem["overflow"]
+        else:
+            err = ImplausibleStatesError(problem["message"] + " (broken capture wiring?)" + tail)
+            err.kind = kind
+        err.sample_id, err.row, err.tensor = problem["sample_id"], problem["row"], problem["tensor"]
+        raise err
+
+    def _add_absmax(self, sample: list[float]) -> None:
+        with self._lock:
+            old = self.absmax
+            self.absmax = sample if old is None else [max(a, b) for a, b in zip(old, sample, strict=True)]
+
+    def _put_one(self, s: ForwardSample, aux: torch.Tensor, hidden: torch.Tensor) -> bool:
         tensors = {
-            "input_ids": torch.as_tensor(input_ids, dtype=torch.int64),
-            "loss_mask": torch.as_tensor(loss_mask).to(torch.uint8),
-            "aux_hidden_states": aux_hidden_states.to(self.state_dtype),
-            "hidden_states": hidden_states.to(self.state_dtype),
+            "input_ids": torch.as_tensor(s.input_ids, dtype=torch.int64),
+            "loss_mask": torch.as_tensor(s.loss_mask).to(torch.uint8),
+            "aux_hidden_states": aux.to(self.state_dtype),
+            "hidden_states": hidden.to(self.state_dtype),
         }
+        sid = s.sample_id
         with self._lock:
             if self._closed:
                 self.counts["after_stop"] += 1
-                logger.warning("eagle-io capture: sample %d arrived after the capture stopped; not written", sample_id)
+                logger.warning("eagle-io capture: sample %d arrived after the capture stopped; not written", sid)
                 return False
-            if sample_id in self.done:
+            if s.sample_id in self.done:
                 self.counts["already_done"] += 1
                 return False
-            if not self._sink.put(sample_id, tensors, key=key):
+            if not self._sink.put(s.sample_id, tensors, key=s.key):
                 self.counts["dropped"] += 1
                 return False
-            self.done.add(sample_id)
+            self.done.add(s.sample_id)
             self.counts["written"] += 1
             return True
 
-    def _finite_or_skip(self, sample_id: int, aux: torch.Tensor, hidden: torch.Tensor) -> bool:
-        bad_aux, bad_hidden = ~torch.isfinite(aux).all(dim=-1), ~torch.isfinite(hidden).all(dim=-1)
-        bad = bad_aux | bad_hidden
-        if not bool(bad.any()):
-            return True
-        if self.nonfinite == "skip":
-            with self._lock:
-                self.counts["nonfinite_skipped"] += 1
-            return False
-        row = int(bad.nonzero()[0, 0])
-        tensor = _STATE_TENSORS[0] if bool(bad_aux[row]) else _STATE_TENSORS[1]
-        err = NonFiniteStatesError(
-            f"sample {sample_id}: NaN/Inf in captured {tensor} at token row {row} "
-            f"({int(bad.sum())} bad rows); nothing of this sample was written"
-        )
-        err.sample_id, err.row, err.tensor = sample_id, row, tensor
-        raise err
+    def value_stats(self) -> dict[str, Any]:
+        """What ``value_stats.json`` holds for this capture (docs/FORMAT.md section 2.2): ``aux_layer_ids``,
+        ``state_dtype``, ``source_dtype``, ``samples`` (written), ``absmax`` (``{"aux_hidden_states": [per layer],
+        "hidden_states": float}``, max |x| over the samples written) and ``skipped`` (``{kind: samples}``)."""
+        with self._lock:
+            a = self.absmax
+            return {
+                "format": value_stats.STATS_FORMAT,
+                "version": 1,
+                "aux_layer_ids": self.aux_layer_ids,
+                "state_dtype": str(self.state_dtype).removeprefix("torch."),
+                "source_dtype": str(self.source_dtype).removeprefix("torch.") if self.source_dtype else None,
+                "samples": self.counts["written"],
+                "absmax": None if a is None else {"aux_hidden_states": a[:-1], "hidden_states": a[-1]},
+                "skipped": {k: self.counts[f"{k}_skipped"] for k in values.KINDS},
+            }
+
+    def _write_value_stats(self) -> None:
+        """Writes (merging with a resumed run's) ``value_stats.json`` beside the manifest."""
+        if self.manifest_path is None:
+            return
+        path = value_stats.value_stats_path(self.manifest_path)
+        new = self.value_stats()
+        try:
+            old = json.loads(path.read_text()) if path.is_file() else None
+        except (OSError, ValueError):
+            old = None
+        try:
+            layout.write_atomic(path, (json.dumps(value_stats.merge_value_stats(old, new), indent=2) + "\n").encode())
+        except OSError as e:  # the shards and manifest are committed; the stats are informational
+            logger.warning("eagle-io capture: could not write %s: %s", path, e)
 
     def ring_stats(self) -> dict[str, Any]:
         """The ring's and the writer's counters (:meth:`~eagle_io.capturing.ring.RingSink.stats`)."""
@@ -284,6 +435,11 @@ class SampleStore:
                     self.manifest = self._sink.close()
                 except Exception as e:
                     self._close_error = e
+            write_stats = self._close_error is None and not self._stats_written
+            self._stats_written = True
+        if write_stats:
+            self._write_value_stats()
+        with self._lock:
             if self._close_error is not None:
                 raise self._close_error
             return self.manifest

@@ -22,6 +22,7 @@ from itertools import chain, islice, takewhile
 from .. import defaults
 from ..errors import InvalidArgumentError
 from ..store import layout
+from ..store.values import IMPLAUSIBLE
 from .generate_summary import human_summary, nothing_written
 from .layer_ids_arg import layer_ids_arg
 
@@ -50,6 +51,18 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue a run: regenerate only what is not committed")
     p.add_argument("--skip-bad-records", action="store_true", help="count malformed records instead of failing")
     p.add_argument("--nonfinite", default="raise", choices=["raise", "skip"], help="NaN/Inf states policy")
+    p.add_argument(
+        "--implausible",
+        default="raise",
+        choices=["raise", "skip"],
+        help="policy for all-zero samples or layers and rows copied from another request (broken capture wiring)",
+    )
+    p.add_argument(
+        "--enable-thinking",
+        choices=["on", "off"],
+        help="thinking-model chat templates (Qwen3...): render samples as the serving engine will be asked to "
+        "(chat_template_kwargs enable_thinking); required when the template has the switch, recorded in the metadata",
+    )
     p.add_argument("--no-disk-check", action="store_true", help="skip the free-disk check")
     p.add_argument("--summary-json", help="also write the final summary here")
     sg = p.add_argument_group("--backend sglang")
@@ -78,16 +91,63 @@ def _batches(samples: Iterator, batch_size: int, window: int = 8) -> Iterator[li
             yield chunk[i : i + batch_size]
 
 
-def _disk_check(out: str, n_records: int, mean_tokens: float, token_bytes: int) -> str:
-    need = n_records * mean_tokens * token_bytes / ESTIMATED_RATIO
+def _estimate(args, total: int, head: list, last: int, done: int) -> tuple[float, str]:
+    """(samples this rank will still write, how that was found) from the first ``head`` samples: all of them when
+    the source ended there; else their rate per record read times the records left of ``total`` (this rank's
+    share, counted). ``last``: the last source index read; ``done``: this rank's records already committed."""
+    n = len(head)
+    if n < 4 * args.batch_size:
+        return n, "counted: the source ended within the first batches"
+    read = len(range(args.rank, last + 1, args.world_size))  # this rank's records read so far
+    rate = n / max(1, read - done)  # samples per record not yet committed
+    left = max(0, total - read)
+    return n + rate * left, f"{total:,} records counted, {rate:.0%} of those read gave a sample"
+
+
+def _disk_check(out: str, samples: float, mean_tokens: float, token_bytes: int, how: str, max_length: int) -> str:
+    need = samples * mean_tokens * token_bytes / ESTIMATED_RATIO
     os.makedirs(out, exist_ok=True)
     free = shutil.disk_usage(out).free
+    basis = f"{samples:,.0f} samples ({how}) of {mean_tokens:,.0f} tokens on average (max length {max_length})"
     if need > free:
         raise InvalidArgumentError(
-            f"estimated output {need / 1e9:.2f} GB exceeds free disk {free / 1e9:.2f} GB "
+            f"estimated output {_size(need)} for {basis} exceeds free disk {_size(free)} "
             f"at {out} (pass --no-disk-check to try anyway)"
         )
-    return f"estimated output {need / 1e6:,.0f} MB for {n_records:,} records ({free / 1e9:,.0f} GB free)"
+    return f"disk      estimated output {_size(need)} for {basis}; {_size(free)} free"
+
+
+def _size(n: float) -> str:
+    """Bytes in a readable unit (decimal: kB, MB, GB, TB)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _template_kwargs(args, tokenizer) -> dict | None:
+    """The chat-template kwargs of this run (``{"enable_thinking": bool}`` from ``--enable-thinking``), also kept
+    as ``args.template_kwargs`` for the tokenization.
+
+    Raises:
+        InvalidArgumentError: the template has a thinking switch and no ``--enable-thinking`` was given, or the
+            reverse.
+    """
+    from ..data import has_thinking_switch
+
+    switch = has_thinking_switch(tokenizer)
+    if switch and args.enable_thinking is None:
+        raise InvalidArgumentError(
+            f"the chat template of {tokenizer.name_or_path} has a thinking switch (enable_thinking): pass "
+            "--enable-thinking on|off, as the serving engine will render the chat (chat_template_kwargs)"
+        )
+    if not switch and args.enable_thinking is not None:
+        raise InvalidArgumentError(
+            f"--enable-thinking {args.enable_thinking}: the chat template of {tokenizer.name_or_path} has no "
+            "enable_thinking switch"
+        )
+    args.template_kwargs = {"enable_thinking": args.enable_thinking == "on"} if switch else None
+    return args.template_kwargs
 
 
 def _engine_args(pairs: list[str]) -> dict:
@@ -116,10 +176,11 @@ def _hf_session(args, dataset: str, layer_ids):
         model,
         args.out,
         target_info=info,
-        tokenizer_identity=chat_template_identity(tokenizer),
+        tokenizer_identity=chat_template_identity(tokenizer, _template_kwargs(args, tokenizer)),
         aux_layer_ids=layer_ids,
         max_length=args.max_length,
         nonfinite=args.nonfinite,
+        implausible=args.implausible,
         metadata={"source_dataset": os.path.basename(dataset), "world_size": args.world_size},
         ring_bytes=args.ring_bytes,
         shard_bytes=args.shard_bytes,
@@ -154,10 +215,11 @@ def _sglang_session(args, dataset: str, layer_ids):
         state_dtype="bfloat16",
         metadata={"source_dataset": os.path.basename(dataset)},
         target_info=info,
-        tokenizer_identity=chat_template_identity(tokenizer),
+        tokenizer_identity=chat_template_identity(tokenizer, _template_kwargs(args, tokenizer)),
         aux_layer_ids=layer_ids,
         max_length=args.max_length,
         nonfinite=args.nonfinite,
+        implausible=args.implausible,
         ring_bytes=args.ring_bytes,
         writer_options={"shard_bytes": args.shard_bytes, "threads": args.threads, "resume": args.resume},
     )
@@ -231,13 +293,17 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
                 yield s
 
         todo = filter(not_done, _mine(records, args.rank, args.world_size))
-        samples = counted(iter_tokenized(todo, tokenizer, stats=stats, max_length=args.max_length))
+        kwargs = getattr(args, "template_kwargs", None)
+        samples = counted(
+            iter_tokenized(todo, tokenizer, stats=stats, max_length=args.max_length, template_kwargs=kwargs)
+        )
         k, hidden = len(session.aux_layer_ids), info["hidden_size"]
         token_bytes = 8 + 1 + 2 * hidden * (k + 1)
         head = list(islice(samples, 4 * args.batch_size))
-        if head and not args.no_disk_check:
+        if head and not args.no_disk_check:  # every run: the records are counted
             mean = sum(len(s.input_ids) for s in head) / len(head)
-            print(_disk_check(args.out, max(total - len(session.done), len(head)), mean, token_bytes))
+            n, how = _estimate(args, total, head, seen["last"], already[0])
+            print(_disk_check(args.out, n, mean, token_bytes, how, args.max_length))
         print(f"resume    {len(session.done):,} samples already committed" if session.done else "fresh run")
         log = CaptureLog(
             log_path(args.out, args.rank, args.world_size),
@@ -311,6 +377,7 @@ def _summary(session, st: dict, stats, total_s: float, capture_s: float) -> dict
         "already_committed_skipped": session.counts["already_done"] + st.get("scheduler_already_done", 0),
         "dropped_ring_full": st.get("dropped", st.get("scheduler_dropped")),
         "nonfinite_skipped": st.get("nonfinite_skipped", st.get("scheduler_nonfinite_skipped")),
+        "implausible_skipped": {k: st.get(f"{k}_skipped", st.get(f"scheduler_{k}_skipped")) for k in IMPLAUSIBLE},
         "records_skipped": stats.as_dict()["skipped"],
         "records_modified": stats.as_dict()["modified"],
         "raw_bytes": raw,

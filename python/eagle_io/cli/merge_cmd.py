@@ -107,9 +107,16 @@ def run(args: argparse.Namespace) -> int:
         expected, source = range(args.expect_records), f"--expect-records {args.expect_records}"
     elif args.dataset:
         tokenizer, max_length, which = _load_tokenizer(args.tokenizer, args.root)
+        ident = _rank_metadata(args.root).get("tokenizer")
+        kwargs = ident.get("chat_template_kwargs") if isinstance(ident, dict) else None  # as generate rendered
         with callback("record", "read source") as progress:
             expected, skipped = expected_from_source(
-                args.dataset, limit=args.limit, tokenizer=tokenizer, max_length=max_length, progress=progress
+                args.dataset,
+                limit=args.limit,
+                tokenizer=tokenizer,
+                max_length=max_length,
+                progress=progress,
+                template_kwargs=kwargs,
             )
         source = f"{args.dataset} (limit {args.limit}, tokenizer {which})"
     with callback("sample", "audit ranks") as progress:

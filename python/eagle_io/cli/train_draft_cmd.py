@@ -6,7 +6,9 @@ import argparse
 import json
 import os
 
-from ..errors import IncompatibleDatasetError
+from ..errors import IncompatibleDatasetError, InvalidArgumentError
+
+DEFAULT_DRAFT_VOCAB = 4096
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -14,7 +16,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory: model.safetensors, config.json, train_summary.json")
     p.add_argument("--target-model", help="HF directory or .gguf of the target (default: embedded SmolLM2)")
     p.add_argument("--vocab-map", help="mapping from `eagle-io vocab-map` (checked against this dataset)")
-    p.add_argument("--draft-vocab-size", type=int, default=4096, help="when no --vocab-map: build one of this size")
+    p.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        help="when no --vocab-map: build one of this size (default 4096); with --vocab-map it must equal the map's",
+    )
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=4, help="samples per step")
     p.add_argument("--max-length", type=int, default=512, help="truncate samples to this many tokens")
@@ -53,10 +59,14 @@ def run(args: argparse.Namespace) -> int:
     vocab = head.config["vocab_size"]
     if args.vocab_map:
         mapping = load_vocab_mapping(args.vocab_map, dataset=args.path, target_vocab_size=vocab)
+        if args.draft_vocab_size is not None and args.draft_vocab_size != mapping.draft_vocab_size:
+            raise InvalidArgumentError(
+                f"--vocab-map {args.vocab_map} has {mapping.draft_vocab_size} entries but --draft-vocab-size "
+                f"{args.draft_vocab_size} was asked for: drop one, or build a map of that size (`eagle-io vocab-map`)"
+            )
     else:
-        mapping = build_vocab_mapping(
-            args.path, args.draft_vocab_size, target_vocab_size=vocab, on_corrupt=args.on_corrupt
-        )
+        size = args.draft_vocab_size if args.draft_vocab_size is not None else DEFAULT_DRAFT_VOCAB
+        mapping = build_vocab_mapping(args.path, size, target_vocab_size=vocab, on_corrupt=args.on_corrupt)
         os.makedirs(args.out, exist_ok=True)
         mapping.save(os.path.join(args.out, "vocab_map.safetensors"))
     print(

@@ -7,15 +7,19 @@ system and user turns, the newline a template writes after the end-of-turn token
 Method (exact without ``{% generation %}`` markers in the template):
 
 1. Turns are cleaned with :func:`eagle_io.data.turns.prepare_turns`.
-2. The conversation is rendered to text once. For each assistant turn ``i`` the template is also
-   rendered for ``messages[:i]`` with ``add_generation_prompt=True`` (the prompt the model sees at
-   inference) and for ``messages[:i]`` plus the turn with a sentinel content: what follows the
-   sentinel is the template's end of turn, whose head up to its first special token is the
-   end-of-turn marker. The assistant span of the full text starts where the prompt ends and
-   covers anything the template writes before the content (e.g. ``<think></think>``), the content
-   as rendered (some templates ``trim`` it) and the end-of-turn marker. Every piece is checked
-   against the full text; a template for which they do not line up is rejected
-   (``template_not_prefix_stable``), never guessed at.
+2. The conversation is rendered to text once, the way a serving engine's chat path renders it
+   (``apply_chat_template`` with the run's template kwargs, e.g. ``enable_thinking``). For each
+   assistant turn ``i`` the template is also rendered for ``messages[:i]`` (the conversation before
+   the turn), for ``messages[:i]`` with ``add_generation_prompt=True`` (the prompt the model sees at
+   inference) and for the whole conversation with a sentinel as turn ``i``'s content (the turn in
+   place, so templates that render earlier turns unlike the last one, such as Qwen3 dropping their
+   think blocks, line up): what follows the sentinel is the template's end of turn, whose head up to
+   its first special token is the end-of-turn marker. The assistant span starts after what the
+   generation prompt already holds at that place (the role header; with thinking off, Qwen3's empty
+   ``<think>\n\n</think>\n\n``) and covers anything else the template writes before the content
+   (e.g. a think block the model generates), the content as rendered (some templates ``trim`` it) and
+   the end-of-turn marker. Every piece is checked against the full text; a template for which they do
+   not line up is rejected (``template_not_prefix_stable``), never guessed at.
 3. The full text is cut at the span boundaries and each piece is tokenized on its own, so no
    token straddles a boundary and the masked tokens decode exactly to the assistant text plus
    end-of-turn. This matches inference, where the prompt is tokenized and the answer generated
@@ -75,9 +79,13 @@ def _chat_template(tokenizer: Any) -> str:
     return template
 
 
-def _render(tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
+def _render(
+    tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool, template_kwargs: dict[str, Any]
+) -> str:
     try:
-        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+        return tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=generation_prompt, **template_kwargs
+        )
     except TemplateError as exc:
         raise SampleRejected("template_error", f"chat template raised: {exc}") from None
 
@@ -98,13 +106,30 @@ def _end_of_turn(tail: str, specials: Sequence[str]) -> str:
     return tail[: best[1]] if best else ""
 
 
-def render_with_spans(tokenizer: Any, messages: Sequence[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def render_with_spans(
+    tokenizer: Any, messages: Sequence[dict[str, str]], template_kwargs: dict[str, Any] | None = None
+) -> tuple[str, list[tuple[int, int]]]:
     """Render ``messages`` and find the character span each non-empty assistant turn generates.
+
+    The text is the conversation as a serving engine's chat path renders it (``apply_chat_template`` with
+    ``template_kwargs``, as SGLang passes a request's ``chat_template_kwargs``). Assistant turn ``i`` is located
+    in place (a render with a sentinel as its content, the other turns unchanged), so templates that render earlier
+    turns differently from the last one (Qwen3 drops their think blocks) are handled. What the engine's generation
+    prompt for turn ``i`` (``messages[:i]`` with ``add_generation_prompt=True``) already holds is context, not
+    generated: the role header, and e.g. the empty ``<think>\n\n</think>\n\n`` Qwen3 inserts with
+    ``enable_thinking=False``; the rest of the turn (anything the model writes before the content, the content as
+    rendered, the end-of-turn marker) is the span.
 
     Args:
         tokenizer: a ``transformers`` tokenizer with a chat template.
         messages: cleaned turns (see :func:`~eagle_io.data.turns.prepare_turns`); assistant turns
             whose content is empty or blank get no span.
+        template_kwargs: extra chat-template variables (``{"enable_thinking": False}``); None for none.
 
     Returns:
         ``(text, spans)``: the rendered conversation and sorted, disjoint ``(start, end)``
@@ -112,27 +137,38 @@ def render_with_spans(tokenizer: Any, messages: Sequence[dict[str, str]]) -> tup
 
     Raises:
         SampleRejected: ``template_error`` if the template raises, ``template_not_prefix_stable``
-            if its renders of prefixes do not line up with the full render.
+            if the conversation before a turn, or the turn in place, does not line up with the full render.
     """
+    kw = dict(template_kwargs or {})
     specials = _special_strings(tokenizer)
-    text = _render(tokenizer, messages, False)
+    text = _render(tokenizer, messages, False, kw)
     spans: list[tuple[int, int]] = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant" or not message["content"].strip():
             continue
-        prompt = _render(tokenizer, messages[:i], True)
-        probe = _render(tokenizer, [*messages[:i], {"role": "assistant", "content": _SENTINEL}], False)
-        at = probe.find(_SENTINEL)
-        start = len(prompt)
-        if not (text.startswith(prompt) and probe.startswith(prompt) and at >= start):
-            raise SampleRejected("template_not_prefix_stable", f"turn {i}: prompt render is not a prefix")
-        opener, tail = probe[start:at], probe[at + len(_SENTINEL) :]
-        content = message["content"]
-        # the content as rendered: verbatim, or stripped by templates that ``trim`` it (Llama-3)
-        body = next((b for b in (content, content.strip()) if text.startswith(opener + b + tail, start)), None)
-        if body is None or (spans and start < spans[-1][1]):
+        before = _render(tokenizer, messages[:i], False, kw)
+        prompt = _render(tokenizer, messages[:i], True, kw)
+        probe = [*messages[:i], {"role": "assistant", "content": _SENTINEL}, *messages[i + 1 :]]
+        rendered = _render(tokenizer, probe, False, kw)
+        at = rendered.find(_SENTINEL)
+        head, tail = rendered[: max(at, 0)], rendered[at + len(_SENTINEL) :]
+        if at < 0 or not (
+            prompt.startswith(before)
+            and head.startswith(before)
+            and text.startswith(head)
+            and text.endswith(tail)
+            and len(head) + len(tail) <= len(text)
+        ):
+            raise SampleRejected("template_not_prefix_stable", f"turn {i}: the turn does not render in place")
+        body, content = text[len(head) : len(text) - len(tail)], message["content"]
+        # the content as rendered: verbatim, or trimmed by templates that ``trim`` / ``lstrip`` it
+        if body.strip() != content.strip() or body not in content:
             raise SampleRejected("template_not_prefix_stable", f"turn {i}: content not found where rendered")
-        spans.append((start, start + len(opener) + len(body) + len(_end_of_turn(tail, specials))))
+        opener = head[len(before) :]
+        start = len(before) + min(_common_prefix(prompt[len(before) :], opener), len(opener))
+        if spans and start < spans[-1][1]:
+            raise SampleRejected("template_not_prefix_stable", f"turn {i}: overlaps the previous turn")
+        spans.append((start, len(head) + len(body) + len(_end_of_turn(tail, specials))))
     return text, spans
 
 
@@ -183,6 +219,7 @@ def tokenize_conversation(
     *,
     max_length: int | None = None,
     stats: SkipStats | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> TokenizedSample:
     """Tokenize one conversation with the tokenizer's chat template and build its loss mask.
 
@@ -193,6 +230,8 @@ def tokenize_conversation(
             together, never padded); ``None`` keeps all.
         stats: if given, changes to a kept sample are counted in ``stats.modified``
             (turn clean-up keys, ``empty_assistant_turns_unmasked``, ``truncated_to_max_length``).
+        template_kwargs: chat-template variables the serving engine will pass (``{"enable_thinking": False}``),
+            see :func:`render_with_spans`.
 
     Returns:
         A :class:`TokenizedSample` with int64 ``input_ids``/``loss_mask`` of equal shape ``[L]``.
@@ -211,7 +250,7 @@ def tokenize_conversation(
         messages, changes = prepare_turns(conversation.messages)
         if not any(m["role"] == "assistant" for m in messages):
             raise SampleRejected("no_assistant_turn", "no assistant turn after a user turn")
-        text, spans = render_with_spans(tokenizer, messages)
+        text, spans = render_with_spans(tokenizer, messages, template_kwargs)
         ids, mask, truncated = _tokenize_spans(tokenizer, text, spans, max_length)
         if not any(mask):
             why = "all assistant turns empty"
@@ -238,7 +277,12 @@ def tokenize_conversation(
 
 
 def iter_tokenized(
-    conversations: Iterable[Conversation], tokenizer: Any, *, stats: SkipStats, max_length: int | None = None
+    conversations: Iterable[Conversation],
+    tokenizer: Any,
+    *,
+    stats: SkipStats,
+    max_length: int | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> Iterator[TokenizedSample]:
     """Tokenize conversations, counting each rejected one in ``stats.skipped`` by reason.
 
@@ -246,23 +290,33 @@ def iter_tokenized(
     """
     for conversation in conversations:
         try:
-            yield tokenize_conversation(conversation, tokenizer, max_length=max_length, stats=stats)
+            yield tokenize_conversation(
+                conversation, tokenizer, max_length=max_length, stats=stats, template_kwargs=template_kwargs
+            )
         except SampleRejected as exc:
             stats.skip(exc.reason, exc.index)
 
 
-def chat_template_identity(tokenizer: Any) -> dict[str, Any]:
+def has_thinking_switch(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template reads ``enable_thinking`` (Qwen3 and other thinking models), so a run
+    must say how the serving engine will render it."""
+    return "enable_thinking" in _chat_template(tokenizer)
+
+
+def chat_template_identity(tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Identify the tokenizer and chat template for a dataset manifest.
 
     Returns:
         ``{"tokenizer": name_or_path, "tokenizer_class": str, "vocab_size": len(tokenizer)
         (including added tokens), "bos_token": str | None, "eos_token": str | None,
-        "chat_template_sha256": hex digest of the UTF-8 template, "loss_mask_method": str}``.
+        "chat_template_sha256": hex digest of the UTF-8 template, "loss_mask_method": str}``, plus
+        ``"chat_template_kwargs"`` when ``template_kwargs`` is given (e.g. ``{"enable_thinking": False}``).
 
     Raises:
         ValueError: the tokenizer has no chat template.
     """
     template = _chat_template(tokenizer)
+    extra = {"chat_template_kwargs": dict(template_kwargs)} if template_kwargs else {}
     return {
         "tokenizer": str(tokenizer.name_or_path),
         "tokenizer_class": type(tokenizer).__name__,
@@ -271,4 +325,5 @@ def chat_template_identity(tokenizer: Any) -> dict[str, Any]:
         "eos_token": tokenizer.eos_token,
         "chat_template_sha256": hashlib.sha256(template.encode("utf-8")).hexdigest(),
         "loss_mask_method": LOSS_MASK_METHOD,
+        **extra,
     }

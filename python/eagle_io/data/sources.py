@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from eagle_io.data.json_stream import iter_raw_records
@@ -53,11 +53,14 @@ class Conversation:
             ShareGPT (123 duplicated ids in the shipped file): use ``index`` as the key.
         messages: ``[{"role": "system" | "user" | "assistant", "content": str}, ...]`` in source
             order, unmerged and unfiltered (turn clean-up happens in :mod:`eagle_io.data.chat`).
+        byte_offset: offset of the record's first byte in its source file (``None`` for other sources);
+            ``eagle-io generate`` estimates the records of a file from it.
     """
 
     index: int
     id: str | None
     messages: list[dict[str, str]]
+    byte_offset: int | None = field(default=None, compare=False)
 
 
 class _BadRecord(Exception):
@@ -169,7 +172,7 @@ def _iter_file(
             reason, detail = raw.error, raw.detail
             if reason is None:
                 try:
-                    yield _convert(raw.value, raw.index, role_map)
+                    yield replace(_convert(raw.value, raw.index, role_map), byte_offset=raw.byte_offset)
                     continue
                 except _BadRecord as exc:
                     reason, detail = exc.reason, exc.detail

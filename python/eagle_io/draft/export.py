@@ -142,9 +142,11 @@ def save_draft(
         InvalidArgumentError: (a ``ValueError``) ``len(aux_layer_ids)`` differs from the draft's ``num_aux_layers``,
             the ids do not fit the target (:func:`draft_config_json`), or d2t/t2d break the vocabulary invariants
             (:func:`eagle_io.interop.vocab.validate_mapping`).
+        NonFiniteTrainingError: a weight holds NaN/Inf (also after the cast to ``dtype``); nothing is written.
     """
     from safetensors.torch import save_file
 
+    from ..errors import NonFiniteTrainingError
     from ..interop.vocab import validate_mapping
 
     cfg = model.config
@@ -162,11 +164,17 @@ def save_draft(
         provenance=provenance,
         target=target,
     )  # before writing anything: ids the target's setter cannot express are refused here
-    os.makedirs(out_dir, exist_ok=True)
     tensors = {}
     for name, t in model.state_dict().items():
         t = t.detach().cpu()
         tensors[name] = (t.to(dtype) if t.is_floating_point() else t).contiguous()
+        if t.is_floating_point() and not bool(torch.isfinite(tensors[name]).all()):
+            bad = int((~torch.isfinite(tensors[name])).sum())
+            raise NonFiniteTrainingError(
+                f"draft weight {name} holds {bad} NaN/Inf value(s) (in {str(dtype).removeprefix('torch.')}): "
+                "not exported"
+            )
+    os.makedirs(out_dir, exist_ok=True)
     weights = os.path.join(os.fspath(out_dir), "model.safetensors")
     save_file(tensors, weights, metadata={"format": "pt"})
     cfg_path = os.path.join(os.fspath(out_dir), "config.json")

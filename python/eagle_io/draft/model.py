@@ -30,7 +30,7 @@ from torch import nn
 
 from ..errors import InvalidArgumentError
 
-__all__ = ["Eagle3Draft", "Eagle3DraftConfig"]
+__all__ = ["Eagle3Draft", "Eagle3DraftConfig", "packed_attention_mask"]
 
 
 @dataclass
@@ -95,7 +95,7 @@ class Attention(nn.Module):
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", inv, persistent=False)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -107,8 +107,13 @@ class Attention(nn.Module):
         if self.kv_heads != self.heads:
             rep = self.heads // self.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        # Right-padded batches need only the causal mask: a real query never sees a later (padded) key.
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0 / math.sqrt(self.head_dim))
+        # Right-padded batches need only the causal mask: a real query never sees a later (padded) key. Packed rows
+        # get the block-diagonal causal ``mask`` (:func:`packed_attention_mask`).
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
 
@@ -134,10 +139,29 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, emb: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, emb: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         x = torch.cat((self.input_layernorm(emb), self.hidden_norm(hidden)), dim=-1)
-        hidden = hidden + self.self_attn(x, position_ids)
+        hidden = hidden + self.self_attn(x, position_ids, mask)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+def packed_attention_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """The attention mask of a batch whose rows may pack several samples end to end (``PackingCollator``).
+
+    A sample starts wherever ``position_ids[b, t] != position_ids[b, t - 1] + 1`` (and at ``t = 0``); a query sees
+    the keys of its own sample up to itself. Returns ``[B, 1, L, L]`` bool (True = attend), or None when every row
+    is one sample (``0 .. L-1``, as ``PaddingCollator`` gives), where plain causal attention is the same and faster.
+    """
+    new = torch.ones_like(position_ids, dtype=torch.bool)
+    new[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    if not bool(new[:, 1:].any()):
+        return None
+    seg = new.cumsum(-1)
+    n = position_ids.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=position_ids.device).tril()
+    return ((seg[:, :, None] == seg[:, None, :]) & causal)[:, None]
 
 
 class Eagle3Draft(nn.Module):
@@ -147,6 +171,11 @@ class Eagle3Draft(nn.Module):
     ``forward(aux [B, L, k*H_t], next_ids [B, L] int64, position_ids [B, L] | None)`` returns draft logits
     ``[B, L, draft_vocab]`` (float32 compute). Position ``t`` sees ``aux[t]`` and the embedding of the token
     that follows position t (the shift contract, :func:`eagle_io.feed.shift_targets`).
+
+    Batches: right-padded rows (``PaddingCollator``; ``position_ids`` None or ``0 .. L-1``), or packed rows
+    (``PackingCollator``): pass its ``position_ids`` (restarting at 0 per sample) and attention is block-diagonal
+    (:func:`packed_attention_mask`), so a sample's logits are the same packed or padded. A packed row given without
+    its ``position_ids`` is read as one sequence.
     """
 
     def __init__(self, cfg: Eagle3DraftConfig) -> None:
@@ -184,10 +213,13 @@ class Eagle3Draft(nn.Module):
                 f"aux width {width} != fc input {self.fc.in_features} "
                 f"({self.config.num_aux_layers} x target_hidden_size {self.config.target_hidden_size})"
             )
+        mask = None
         if position_ids is None:
             position_ids = torch.arange(n, device=aux.device).expand(b, n)
+        else:
+            mask = packed_attention_mask(position_ids)
         dtype = self.fc.weight.dtype
         hidden = self.fc(aux.to(dtype))
         emb = self.embed_tokens(next_ids).to(dtype)
-        hidden = self.midlayer(emb, hidden, position_ids)
+        hidden = self.midlayer(emb, hidden, position_ids, mask)
         return self.lm_head(self.norm(hidden)).float()

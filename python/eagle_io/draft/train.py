@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from ..errors import IncompatibleDatasetError, InvalidArgumentError, NonFiniteTrainingError
 from .model import Eagle3Draft, Eagle3DraftConfig
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "build_draft",
+    "check_finite_batch",
     "evaluate",
     "load_target_head",
     "make_batch",
@@ -129,7 +130,8 @@ def make_batch(dataset: Any, positions: Sequence[int]) -> dict[str, Any]:
         ``target_hidden [B, T, H]`` (``hidden_states[t+1]``, 0 without one), ``mask [B, T]`` bool
         (``loss_mask[t+1] == 1`` and ``t+1`` is a real token of the same sample), ``lengths [B]`` int64,
         ``positions`` (the dataset positions of the ``B`` rows, a list: without the records a dataset opened with
-        ``on_corrupt="skip"`` left out, so ``B`` can be smaller than ``len(positions)``). Built with
+        ``on_corrupt="skip"`` left out, so ``B`` can be smaller than ``len(positions)``), ``sample_ids`` (theirs, a
+        list). Built with
         :class:`eagle_io.feed.PaddingCollator` and :func:`eagle_io.feed.shift_targets` (``loss_mask="target"``).
     """
     from ..feed import PaddingCollator, shift_targets
@@ -143,7 +145,27 @@ def make_batch(dataset: Any, positions: Sequence[int]) -> dict[str, Any]:
         "mask": batch["loss_mask"] == 1,
         "lengths": batch["lengths"],
         "positions": [p for p in positions if p not in left_out],
+        "sample_ids": list(batch["sample_ids"]),
     }
+
+
+def check_finite_batch(batch: dict[str, Any], where: str) -> None:
+    """Refuses a :func:`make_batch` batch whose states hold NaN/Inf: training on it gives a NaN loss and metrics
+    computed from NaN.
+
+    Raises:
+        NonFiniteTrainingError: naming ``where`` (e.g. ``"step 12"``) and the sample ids holding them.
+    """
+    bad = []
+    for name in ("aux", "target_hidden"):
+        x = batch[name]
+        rows = ~torch.isfinite(x.reshape(x.shape[0], -1)).all(-1)
+        bad += [sid for sid, b in zip(batch["sample_ids"], rows.tolist(), strict=True) if b and sid not in bad]
+    if bad:
+        raise NonFiniteTrainingError(
+            f"{where}: the states of sample id(s) {sorted(bad)} hold NaN/Inf; nothing is trained on them "
+            "(`eagle-io verify` lists every such sample)"
+        )
 
 
 # --- training -------------------------------------------------------------------------------------------
@@ -281,6 +303,9 @@ def evaluate(
         ``loss`` (nats per in-vocab masked position), ``agreement`` (over all masked positions),
         ``agreement_in_vocab`` (over masked positions whose target token is in the draft vocabulary),
         ``positions`` (masked positions), ``in_vocab_share``.
+
+    Raises:
+        NonFiniteTrainingError: held-out states or the held-out loss hold NaN/Inf (never a metric computed from them).
     """
     model.eval()
     tot = {"loss_sum": 0.0, "n_train": 0.0, "n_mask": 0.0, "n_agree": 0.0, "n_agree_in_vocab": 0.0}
@@ -288,7 +313,13 @@ def evaluate(
         batch = make_batch(dataset, positions[i : i + batch_size])
         if not batch["positions"]:
             continue  # every sample of this chunk was a skipped corrupt record
+        check_finite_batch(batch, "evaluation")
         _, st = _losses(model, teacher.add_target_ids(batch), head_draft)
+        if not math.isfinite(st["loss_sum"]):
+            raise NonFiniteTrainingError(
+                f"evaluation: the held-out loss of sample id(s) {batch['sample_ids']} is not finite (the draft's "
+                "weights diverged); no metric is reported"
+            )
         for k in tot:
             tot[k] += st[k]
     model.train()
@@ -375,6 +406,8 @@ def train_draft(
 
     Raises:
         IncompatibleDatasetError: hidden or vocabulary sizes of dataset, head and mapping disagree.
+        NonFiniteTrainingError: a batch's states hold NaN/Inf, or the loss becomes NaN/Inf: training stops (no
+            metric is computed from NaN, nothing is returned to export).
     """
     from ..feed import ShardDataset
 
@@ -425,10 +458,16 @@ def train_draft(
         if not batch["positions"]:
             empty_steps += 1  # every sample was a skipped corrupt record: no update
             continue
+        check_finite_batch(batch, f"step {step + 1}")
         batch = teacher.add_target_ids(batch)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         loss, st = _losses(model, batch, head_draft)
+        if not math.isfinite(loss.item()):
+            raise NonFiniteTrainingError(
+                f"step {step + 1}: the training loss is {loss.item()} on sample id(s) {batch['sample_ids']} (the "
+                f"draft diverged: lower --lr, now {cfg.lr}); training stopped, nothing exported"
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..store.value_stats import range_warnings
 from .check_draft import check_draft_build, check_positions, check_tensors, check_vocab
 from .check_layers import check_fc_width, check_layer_ids
 from .check_training import trained_layer_ids
@@ -195,6 +196,8 @@ def check_serving(
         if n_t is not None:
             n_captured = len(check_layer_ids(findings, target, draft, build, trained))
         check_fc_width(findings, build, width, h_t, n_captured)
+    if dataset_manifest is not None:
+        check_dataset_range(findings, target, dataset_manifest)
 
     # 4. Vocab map.
     if is_eagle3:
@@ -214,3 +217,14 @@ def check_serving(
     if not draft.weight_files and not draft.other_weight_files:
         add(WARNING, "no-draft-weights", f"{draft.path}: no weight files found", "point at the draft's directory")
     return list(findings)
+
+
+def check_dataset_range(findings: Findings, target: Any, dataset_manifest: str | os.PathLike[str]) -> None:
+    """A float16 target (``torch_dtype`` / ``dtype`` of its config: what SGLang's ``--dtype auto`` serves) whose
+    training data's recorded per-layer max |x| (``value_stats.json``, docs/FORMAT.md 2.2) exceeds float16's range:
+    the target overflows at serving where the captured data did not."""
+    dtype = target.get("torch_dtype") or target.get("dtype")
+    if dtype not in ("float16", "half"):
+        return
+    for message in range_warnings(dataset_manifest, "float16"):
+        findings.add(WARNING, "dataset-range-exceeds-fp16", message, "serve the target in bfloat16 (--dtype bfloat16)")

@@ -274,13 +274,15 @@ def expected_from_source(
     tokenizer: Any = None,
     max_length: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[set[int], dict[int, str]]:
     """The sample ids ``eagle-io generate --dataset DATASET [--limit N]`` should produce, and why the
     other record indices produce none.
 
     Every record the source parser accepts (index below ``limit``) is expected; with ``tokenizer``
-    (and ``max_length``) the chat-template tokenization runs as in ``generate``, so records it rejects
-    (no assistant turn, empty loss mask...) are explained rather than expected.
+    (and ``max_length``, ``template_kwargs`` such as the run's ``enable_thinking``) the chat-template tokenization
+    runs as in ``generate``, so records it rejects (no assistant turn, empty loss mask...) are explained rather
+    than expected.
 
     ``progress(records_done, records_total)`` is called after each record (the total is counted first, by one
     streaming pass over the file up to ``limit``).
@@ -308,7 +310,8 @@ def expected_from_source(
 
         kept = reported(kept)
     if tokenizer is not None:
-        ids = {s.index for s in iter_tokenized(kept, tokenizer, stats=stats, max_length=max_length)}
+        tokenized = iter_tokenized(kept, tokenizer, stats=stats, max_length=max_length, template_kwargs=template_kwargs)
+        ids = {s.index for s in tokenized}
     else:
         ids = {c.index for c in kept}
     why = {

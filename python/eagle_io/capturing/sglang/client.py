@@ -115,7 +115,8 @@ class SGLangCaptureSession:
     Args:
         engine: an ``sglang.Engine`` in capture-only mode.
         aux_layer_ids: when given, must equal the layers the target captures (SGLang sets them at launch).
-        nonfinite: ``"raise"`` or ``"skip"`` (counted) for samples with NaN/Inf states, as :func:`eagle_io.capture`.
+        nonfinite, implausible: ``"raise"`` or ``"skip"`` (counted) for samples with NaN/Inf states, and with
+            all-zero or copied states, as :func:`eagle_io.capture`.
         resume: continue the dataset in ``out_dir``: ``done`` lists what is committed, :meth:`submit` skips it.
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``...).
 
@@ -137,6 +138,7 @@ class SGLangCaptureSession:
         aux_layer_ids: Sequence[int] | None = None,
         max_length: int | None = None,
         nonfinite: str = "raise",
+        implausible: str = "raise",
         ring_bytes: int = defaults.RING_BYTES,
         timeout_s: float = defaults.RING_TIMEOUT_S,
         **writer_options: Any,
@@ -165,6 +167,7 @@ class SGLangCaptureSession:
                     aux_layer_ids=aux_layer_ids,
                     max_length=max_length,
                     nonfinite=nonfinite,
+                    implausible=implausible,
                     ring_bytes=ring_bytes,
                     timeout_s=timeout_s,
                     writer_options=writer_options,
@@ -197,8 +200,8 @@ class SGLangCaptureSession:
     def stats(self) -> dict[str, Any]:
         """``counts``; after :meth:`close`, plus the writers' and rings' counters over the DP ranks: summed, except
         sizes and times per rank (``ring_capacity``, ``ring_high_water_bytes``, ``elapsed_seconds``: the largest);
-        the schedulers' ``written``, ``dropped``, ``nonfinite_skipped``, ``already_done``, ``after_stop`` as
-        ``scheduler_*``."""
+        the schedulers' counters (:data:`eagle_io.capturing.store.COUNTS`: ``written``, ``dropped``,
+        ``nonfinite_skipped`` and the other value skips, ``already_done``, ``after_stop``) as ``scheduler_*``."""
         out: dict[str, Any] = dict(self.counts)
         per_rank = ("ring_capacity", "ring_high_water_bytes", "elapsed_seconds")
         for a in self.answers:
@@ -230,7 +233,8 @@ class SGLangCaptureSession:
 def capture_options(*, writer_options: Mapping[str, Any] | None = None, **options: Any) -> dict[str, Any]:
     """The scheduler-side options (``eagle_io_capture_start``'s keyword arguments, ``EAGLE_IO_CAPTURE_OPTIONS``'s
     JSON): ``state_dtype``, ``metadata``, ``target_info``, ``tokenizer_identity``, ``aux_layer_ids``,
-    ``max_length``, ``nonfinite``, ``ring_bytes``, ``timeout_s``, ``writer_options``; None values are left out."""
+    ``max_length``, ``nonfinite``, ``implausible``, ``ring_bytes``, ``timeout_s``, ``writer_options``; None values
+    are left out."""
     out = {k: v for k, v in options.items() if v is not None}
     if "state_dtype" in out:
         out["state_dtype"] = str(out["state_dtype"]).removeprefix("torch.")

@@ -25,7 +25,7 @@ from ...errors import InvalidArgumentError
 from ...serving import sglang_compat as compat
 from ...serving import sglang_probe as probe
 from ...store import layout
-from ..store import SampleStore, check_sample
+from ..store import ForwardSample, SampleStore, check_sample
 from .protocol import (
     ENV_CAPTURE_DIR,
     ENV_CAPTURE_OPTIONS,
@@ -95,6 +95,7 @@ class _SchedulerCapture:
             max_length=self.max_length,
             metadata={"capture_backend": f"sglang {v}", "dp_size": t["dp_size"], **dict(options.get("metadata") or {})},
             nonfinite=str(options.get("nonfinite", "raise")),
+            implausible=str(options.get("implausible", "raise")),
             ring_bytes=int(options.get("ring_bytes", defaults.RING_BYTES)),
             timeout_s=float(options.get("timeout_s", defaults.RING_TIMEOUT_S)),
             rank=t["dp_rank"],
@@ -117,9 +118,8 @@ class _SchedulerCapture:
         total = sum(r["extend_len"] for r in reqs)
         if total != aux.shape[0]:
             raise CaptureRefusedError(f"forward has {aux.shape[0]} state rows for {total} extend tokens")
-        # One host sync per prefill forward (not per request): the NaN/Inf policy needs to know before writing.
-        finite = self.store is None or SampleStore.all_finite(aux, final)
         offset = 0
+        todo: list[ForwardSample] = []
         for r in reqs:
             n, params = r["extend_len"], r["custom_params"]
             lo, offset = offset, offset + n
@@ -134,10 +134,10 @@ class _SchedulerCapture:
             if not isinstance(mask, list):
                 raise CaptureRefusedError(f"sample {sid}: custom_params[{MASK_PARAM!r}] is not a list of 0/1")
             check_sample(sid, r["input_ids"], mask, max_length=self.max_length, vocab_size=self.vocab_size)
-            if self.store is not None:
-                key = str(params.get(KEY_PARAM, ""))
-                states = aux[lo:offset], final[lo:offset]
-                self.store.put(sid, r["input_ids"], mask, *states, key=key, known_finite=finite)
+            todo.append(ForwardSample(sid, r["input_ids"], mask, lo, n, str(params.get(KEY_PARAM, ""))))
+        if self.store is not None:
+            # The value checks of every request of this prefill forward: one host sync (not one per request).
+            self.store.put_forward(aux, final, todo)
 
     def _watch_stop(self) -> None:
         """Stops on the first new stop token, then answers every later token (a retried or repeated stop) with

@@ -1,0 +1,101 @@
+"""Draft training guards: NaN/Inf states or a diverging loss stop training (no metric computed from NaN, nothing
+exported); non-finite weights are never exported; a vocabulary map that contradicts --draft-vocab-size is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from test_train_draft import H, K, V, synthetic, synthetic_head  # noqa: F401  (synthetic is a fixture)
+
+import eagle_io
+from eagle_io.cli import main, train_draft_cmd
+from eagle_io.draft import TrainConfig, build_draft, save_draft, train_draft
+from eagle_io.errors import NonFiniteTrainingError
+from eagle_io.interop.vocab import build_vocab_mapping
+
+CFG = TrainConfig(steps=4, batch_size=4, lr=3e-3, warmup_steps=1, eval_samples=4, threads=1, log_every=0)
+
+
+def _with_nan(tmp_path, sample_id: int, row: int):
+    """The synthetic dataset's recipe, 12 samples of 16 tokens, with a NaN in one final state."""
+    head = synthetic_head()
+    g = torch.Generator().manual_seed(1)
+    root = tmp_path / "nan"
+    meta = {"hidden_size": H, "vocab_size": V, "aux_layer_ids": [1, 2, 3], "num_layers": 4}
+    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(H, K), meta, threads=1) as w:
+        for i in range(12):
+            hid = torch.randn(16, H, generator=g)
+            aux = torch.cat([torch.roll(hid, -1, 0), torch.randn(16, 2 * H, generator=g)], 1)
+            ids = (hid @ head.lm_head.T).argmax(-1)
+            if i == sample_id:
+                hid[row, 3] = float("nan")
+            tensors = {"input_ids": ids, "loss_mask": torch.ones(16, dtype=torch.uint8)}
+            w.write(i, {**tensors, "aux_hidden_states": aux.bfloat16(), "hidden_states": hid.bfloat16()})
+    return root, head
+
+
+@pytest.mark.parametrize(("sample_id", "where"), [(0, r"step \d+"), (5, "evaluation")])  # seed 0 holds out 1, 5, 8, 9
+def test_nan_states_stop_training_naming_the_sample(tmp_path, sample_id, where):
+    root, head = _with_nan(tmp_path, sample_id, row=6)
+    mapping = build_vocab_mapping(root, 64)
+    with pytest.raises(NonFiniteTrainingError, match=rf"^{where}: the states of sample id\(s\) \[{sample_id}\] hold"):
+        train_draft(root, head, mapping, TrainConfig(**{**CFG.__dict__, "steps": 12}), log=None)
+
+
+def test_a_diverging_loss_stops_training(synthetic):  # noqa: F811
+    root, head = synthetic
+    mapping = build_vocab_mapping(root, 64)
+    cfg = TrainConfig(**{**CFG.__dict__, "lr": 1e30, "grad_clip": 1e30, "steps": 20})
+    with pytest.raises(NonFiniteTrainingError, match=r"step \d+: the training loss is (nan|inf)"):
+        train_draft(root, head, mapping, cfg, log=None)
+
+
+def test_non_finite_weights_are_never_exported(tmp_path):
+    head = synthetic_head()
+    model = build_draft(head, {"hidden_size": H, "vocab_size": V, "aux_layer_ids": [1, 2, 3]}, 16)
+    d2t = torch.zeros(16, dtype=torch.int64)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[:16] = True
+    model.set_vocab_mapping(d2t, t2d)
+    with torch.no_grad():
+        model.midlayer.mlp.up_proj.weight[3, 4] = float("inf")
+    with pytest.raises(NonFiniteTrainingError, match=r"draft weight midlayer\.mlp\.up_proj\.weight holds 1 NaN/Inf"):
+        save_draft(model, tmp_path / "out", [1, 2, 3])
+    assert not (tmp_path / "out").exists()
+
+
+def _cli(monkeypatch, head):
+    import eagle_io.draft as draft_mod
+    from eagle_io import cli as cli_mod
+
+    monkeypatch.setitem(cli_mod.COMMANDS, "train-draft", train_draft_cmd)
+    monkeypatch.setattr(draft_mod, "load_target_head", lambda model=None: head)
+
+
+def test_cli_train_draft_on_nan_states_exits_2_and_exports_nothing(tmp_path, monkeypatch, capsys):
+    root, head = _with_nan(tmp_path, 5, row=2)
+    _cli(monkeypatch, head)
+    out = tmp_path / "run"
+    args = ["train-draft", str(root), "--out", str(out), "--draft-vocab-size", "32", "--steps", "12"]
+    assert main([*args, "--eval-samples", "4", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "NonFiniteTrainingError" in err and "sample id(s) [5]" in err
+    assert "model.safetensors" not in os.listdir(out) and "train_summary.json" not in os.listdir(out)
+
+
+def test_cli_refuses_a_vocab_map_that_contradicts_draft_vocab_size(synthetic, tmp_path, monkeypatch, capsys):  # noqa: F811
+    root, head = synthetic
+    _cli(monkeypatch, head)
+    build_vocab_mapping(root, 64).save(tmp_path / "m64.safetensors")
+    args = ["train-draft", str(root), "--out", str(tmp_path / "r"), "--vocab-map", str(tmp_path / "m64.safetensors")]
+    assert main([*args, "--draft-vocab-size", "32", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "InvalidArgumentError" in err and "64 entries" in err and "--draft-vocab-size 32" in err
+    assert not (tmp_path / "r").exists()
+    # the same size, or no --draft-vocab-size, is fine: the map decides
+    assert main([*args, "--draft-vocab-size", "64", "--steps", "1", "--eval-samples", "4"]) == 0
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 64
