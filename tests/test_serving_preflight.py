@@ -340,24 +340,7 @@ def test_off_by_one_between_conventions_names_both(tmp_path):
     [2, 4, 5]."""
     t = llama_target(tmp_path)
     d = eagle3_draft(tmp_path, eagle_ids=[2, 4, 5])
-    ds = tmp_path / "ds"
-    meta = eagle3_metadata(
-        target_info={"num_layers": N, "hidden_size": H, "vocab_size": V},
-        aux_layer_ids=[2, 4, 5],
-        dtype="bfloat16",
-        tokenizer_identity=None,
-        max_length=None,
-    )
-    with eagle_io.ShardWriter(ds, eagle_io.eagle3_schema(H), meta) as w:
-        w.write(
-            0,
-            {
-                "input_ids": torch.arange(3),
-                "loss_mask": torch.ones(3, dtype=torch.uint8),
-                "aux_hidden_states": torch.zeros(3, 3 * H, dtype=torch.bfloat16),
-                "hidden_states": torch.zeros(3, H, dtype=torch.bfloat16),
-            },
-        )
+    ds = one_sample_dataset(tmp_path / "ds")
     fs = check_serving(t, d, algorithm="EAGLE3", dataset_manifest=ds)
     f = by_code(fs, "layer-ids-off-by-one")
     assert f.severity == "error"
@@ -570,6 +553,22 @@ def test_cli_registered_console_script(tmp_path):
     assert r.returncode == 2 and "not a checkpoint directory" in r.stderr
 
 
+def one_sample_dataset(root: Path) -> Path:
+    """An eagle-io dataset of the tiny target (aux layers [2, 4, 5], bf16) holding one 3-token sample."""
+    meta = eagle3_metadata(
+        target_info={"num_layers": N, "hidden_size": H, "vocab_size": V},
+        aux_layer_ids=[2, 4, 5],
+        dtype="bfloat16",
+        tokenizer_identity=None,
+        max_length=None,
+    )
+    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(H), meta) as w:
+        w.write(0, {"input_ids": torch.arange(3), "loss_mask": torch.ones(3, dtype=torch.uint8),
+                    "aux_hidden_states": torch.zeros(3, 3 * H, dtype=torch.bfloat16),
+                    "hidden_states": torch.zeros(3, H, dtype=torch.bfloat16)})  # fmt: skip
+    return root
+
+
 def test_a_float16_target_meets_data_beyond_float16s_range(tmp_path):
     """The preflight reads the training data's recorded per-layer max |x| (value_stats.json): a float16 target
     warns when a captured layer exceeded 65504; a bfloat16 target does not."""
@@ -580,18 +579,7 @@ def test_a_float16_target_meets_data_beyond_float16s_range(tmp_path):
     (t16 / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "float16"}))
     tbf = llama_target(tmp_path / "bf16")
     d = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
-    ds = tmp_path / "ds"
-    meta = eagle3_metadata(
-        target_info={"num_layers": N, "hidden_size": H, "vocab_size": V},
-        aux_layer_ids=[2, 4, 5],
-        dtype="bfloat16",
-        tokenizer_identity=None,
-        max_length=None,
-    )
-    with eagle_io.ShardWriter(ds, eagle_io.eagle3_schema(H), meta) as w:
-        w.write(0, {"input_ids": torch.arange(3), "loss_mask": torch.ones(3, dtype=torch.uint8),
-                    "aux_hidden_states": torch.ones(3, 3 * H, dtype=torch.bfloat16),
-                    "hidden_states": torch.ones(3, H, dtype=torch.bfloat16)})  # fmt: skip
+    ds = one_sample_dataset(tmp_path / "ds")
     stats = {"format": "eagle-io/value-stats", "aux_layer_ids": [2, 4, 5], "samples": 1, "skipped": {},
              "absmax": {"aux_hidden_states": [3.0, 9.0e4, 5.0], "hidden_states": 4.0}}  # fmt: skip
     (ds / "value_stats.json").write_text(json.dumps(stats))
