@@ -163,6 +163,25 @@ def test_no_manifest_at_all_is_an_error(tmp_path):
         merge_ranks(tmp_path)
 
 
+@pytest.mark.parametrize("command", ["inspect", "verify", "report"])
+def test_an_unmerged_root_is_named_as_such_not_as_a_missing_manifest(tmp_path, capsys, command):
+    """`inspect` / `verify` / `report` of a multi-writer root used to say `ROOT/manifest.json: No such file`."""
+    from eagle_io.cli import main
+
+    write_rank(tmp_path, 0, 2, [0, 2])
+    write_rank(tmp_path, 1, 2, [1, 3])
+    assert main([command, str(tmp_path), "--json"] if command == "report" else [command, str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"eagle-io {command}: InvalidArgumentError: {tmp_path}: no manifest.json, but 2 rank")
+    assert "manifest.r00000.json, manifest.r00001.json" in err and f"eagle-io merge {tmp_path}" in err
+    with pytest.raises(eagle_io.InvalidArgumentError, match="not merged yet"):
+        eagle_io.Dataset(tmp_path)
+    assert len(eagle_io.Dataset(tmp_path / "manifest.r00001.json")) == 2  # one rank's manifest still opens
+    assert len(eagle_io.ShardDataset([tmp_path])) == 4  # and ShardDataset still reads every rank
+    merge_ranks(tmp_path)
+    assert main(["inspect", str(tmp_path), "--no-masks"]) == 0
+
+
 @pytest.fixture(scope="module")
 def server() -> ForkServer:
     return shared()

@@ -11,6 +11,7 @@ import torch
 
 from .. import _native
 from ..errors import InvalidArgumentError, SampleNotFoundError
+from . import layout
 from ._tensors import empty, writable_bytes
 from .schema import TensorSpec, from_json
 
@@ -41,11 +42,13 @@ class Dataset:
     Raises:
         CorruptRecordError, FormatVersionError, StorageError: when the manifest or a shard
             index cannot be trusted; reads raise CorruptRecordError on a bad record.
+        InvalidArgumentError: ``path`` is a multi-writer root not merged yet (``eagle-io merge`` it).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, threads: int = 0) -> None:
         self._path = os.fspath(path)
         self._threads = threads
+        layout.manifest_file(self._path)  # an unmerged multi-writer root: say so, not "no manifest.json"
         self._native = _native.Reader(self._path, threads)
         self.manifest_path: str = os.fspath(self._native.manifest_path)
         self.manifest: dict[str, Any] = json.loads(self._native.manifest_json)
