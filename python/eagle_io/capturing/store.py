@@ -51,7 +51,7 @@ def check_sample(
 
     Args:
         sample_id: must be an ``int`` (not ``bool``) in ``[0, 2**64)``.
-        input_ids: ``[L]`` token ids, ``1 <= L <= max_length``, each in ``[0, vocab_size)``.
+        input_ids: ``[L]`` integer token ids, ``1 <= L <= max_length``, each in ``[0, vocab_size)``.
         loss_mask: ``[L]`` values 0 or 1.
 
     Raises:
@@ -65,6 +65,8 @@ def check_sample(
     problem = None
     if ids.dim() != 1 or n == 0:
         problem = "it has 0 tokens" if n == 0 else f"input_ids has shape {tuple(ids.shape)}, not [L]"
+    elif ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        problem = f"its input_ids are {str(ids.dtype).removeprefix('torch.')}, not integers"
     elif max_length is not None and n > max_length:
         problem = f"it has {n} tokens, more than this run's max_length {max_length}"
     elif mask.dim() != 1 or mask.shape[0] != n:
