@@ -137,6 +137,24 @@ def test_bad_batches_are_refused_before_the_forward_and_lists_are_accepted(tmp_p
     assert got[1]["loss_mask"].tolist() == [1, 0, 0, 1, 0]
 
 
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"state_dtype": torch.int8}, "states are stored as one of bfloat16, float16, float32"),
+        ({"target_info": {"num_layers": 8, "vocab_size": 512}}, r"target_info\['hidden_size'\] .* it lacks it"),
+        ({"target_info": {"num_layers": 8, "hidden_size": 0, "vocab_size": 512}}, "it holds 0"),
+        ({"ring_bytes": -5}, "ring_bytes must be an integer >= 1"),  # OverflowError, after the writer was created
+        ({"ring_bytes": 0}, "ring_bytes must be an integer >= 1"),  # every sample then "did not fit"
+        ({"timeout_s": float("nan")}, "timeout_s must be a number"),
+    ],
+)
+def test_capture_options_are_refused_before_a_dataset_is_created(tmp_path, options, match):
+    model, info = tiny_target()
+    with pytest.raises(eagle_io.InvalidArgumentError, match=match):
+        eagle_io.capture(model, tmp_path / "d", **{"target_info": info, **options})
+    assert not (tmp_path / "d").exists()
+
+
 @pytest.mark.parametrize("policy", ["raise", "skip"])
 def test_nonfinite_states_raise_or_skip_and_count(tmp_path, policy):
     model, info = tiny_target()

@@ -27,6 +27,20 @@ _FOREVER_S = 1e9
 """``timeout_s=inf`` waits this long (31 years): the core's wait takes a finite duration."""
 
 
+def check_ring_options(*, ring_bytes: int, batch: int, timeout_s: float) -> None:
+    """Refuses ring options the core cannot take, before anything is created (a capture checks them before it
+    opens its writer, so a bad option leaves no dataset behind).
+
+    Raises:
+        InvalidArgumentError: ``ring_bytes`` or ``batch`` not an integer >= 1, ``timeout_s`` not a number >= 0.
+    """
+    for name, value in (("ring_bytes", ring_bytes), ("batch", batch)):
+        if type(value) is not int or value < 1:
+            raise InvalidArgumentError(f"{name} must be an integer >= 1, not {value!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
+        raise InvalidArgumentError(f"timeout_s must be a number of seconds >= 0 (inf: no limit), not {timeout_s!r}")
+
+
 class RingSink:
     """Takes ownership of ``writer`` and feeds it from a ring of ``ring_bytes`` host memory.
 
@@ -38,7 +52,7 @@ class RingSink:
         drop_when_full: instead of waiting, drop the sample and count it (``stats()["dropped_samples"]``).
 
     Raises:
-        InvalidArgumentError: ``timeout_s`` NaN or negative, or not a number.
+        InvalidArgumentError: a bad option (:func:`check_ring_options`).
     """
 
     def __init__(
@@ -50,8 +64,7 @@ class RingSink:
         timeout_s: float = defaults.RING_TIMEOUT_S,
         drop_when_full: bool = False,
     ) -> None:
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
-            raise InvalidArgumentError(f"timeout_s must be a number of seconds >= 0 (inf: no limit), not {timeout_s!r}")
+        check_ring_options(ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s)
         self.schema = writer.schema
         self._ids = set(writer.sample_ids())  # refused at put, not later by the sink thread (which then stops)
         self._sink = _native.CaptureSink(writer._native, ring_bytes, batch)

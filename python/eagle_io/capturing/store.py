@@ -22,7 +22,7 @@ from ..errors import InvalidArgumentError, NonFiniteStatesError, SchemaError
 from ..store.metadata import eagle3_metadata
 from ..store.schema import eagle3_schema
 from ..store.writer import ShardWriter
-from .ring import RingSink
+from .ring import RingSink, check_ring_options
 
 __all__ = ["COUNTS", "NONFINITE_POLICIES", "SampleStore", "check_sample"]
 
@@ -156,13 +156,15 @@ class SampleStore:
                 ``world_size``, ``resume``...).
 
         Raises:
-            InvalidArgumentError: ``out_dir`` holds this writer's data without ``resume``, or a bad option.
+            InvalidArgumentError: ``out_dir`` holds this writer's data without ``resume``, a bad option, a
+                ``target_info`` without positive ``num_layers`` / ``hidden_size`` / ``vocab_size``, or a
+                ``state_dtype`` that is not floating.
             IncompatibleDatasetError: resuming a dataset of another schema or metadata.
         """
         if nonfinite not in NONFINITE_POLICIES:  # before anything is created on disk
             raise InvalidArgumentError(f"nonfinite must be 'raise' or 'skip', not {nonfinite!r}")
-        hidden = int(target_info["hidden_size"])
-        meta = eagle3_metadata(
+        check_ring_options(ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s)
+        meta = eagle3_metadata(  # checks target_info
             target_info=target_info,
             aux_layer_ids=aux_layer_ids,
             dtype=state_dtype,
@@ -170,7 +172,8 @@ class SampleStore:
             max_length=max_length,
             extra=metadata,
         )
-        writer = ShardWriter(out_dir, eagle3_schema(hidden, len(aux_layer_ids), state_dtype), meta, **writer_options)
+        schema = eagle3_schema(int(target_info["hidden_size"]), len(aux_layer_ids), state_dtype)
+        writer = ShardWriter(out_dir, schema, meta, **writer_options)
         done = writer.sample_ids()
         sink = RingSink(writer, ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s, drop_when_full=drop_when_full)
         return cls(
