@@ -206,3 +206,16 @@ def test_eagle3_schema_refuses_states_that_cannot_hold_states(args, match):
     """int8/bool states (and width-0 tensors) were accepted: a capture with state_dtype=torch.int8 stored garbage."""
     with pytest.raises(eagle_io.InvalidArgumentError, match=match):
         eagle_io.eagle3_schema(*args)
+
+
+def test_negative_reader_threads_are_an_invalid_argument(small_dataset, capsys):
+    """`eagle-io verify --threads -1` ended in an OverflowError traceback."""
+    from eagle_io.cli import main
+
+    root, _ = small_dataset
+    with pytest.raises(eagle_io.InvalidArgumentError, match="threads must be an integer >= 0"):
+        eagle_io.Dataset(root, threads=-1)
+    with pytest.raises(eagle_io.InvalidArgumentError, match="threads must be an integer >= 0"):
+        eagle_io.Dataset.verify(root, threads=-1)
+    assert main(["verify", str(root), "--threads", "-1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("eagle-io verify: InvalidArgumentError: threads")
