@@ -113,6 +113,48 @@ def test_resume_skips_committed_samples(tmp_path):
     assert sorted(stored(tmp_path)) == list(range(6))
 
 
+def test_bad_batches_are_refused_before_the_forward_and_lists_are_accepted(tmp_path):
+    """Float token ids used to be truncated into the forward and the shards; an id twice in a batch lost its second
+    sample as "already_done"; a non-str id failed after the forward; list ids raised a TypeError."""
+    from eagle_io.errors import ArgumentTypeError
+
+    model, info = tiny_target()
+    a, b = samples([4, 5])
+    with eagle_io.capture(model, tmp_path, target_info=info, threads=1) as cap:
+        floats = SimpleNamespace(index=7, id=None, input_ids=torch.tensor([1.7, 2.2]), loss_mask=torch.ones(2))
+        with pytest.raises(eagle_io.SchemaError, match="sample 7: its input_ids are float32, not integers"):
+            cap.submit([a, floats])
+        with pytest.raises(eagle_io.SchemaError, match="sample 1: it appears twice in this batch"):
+            cap.submit(
+                [a, b, SimpleNamespace(**{**vars(b), "input_ids": b.input_ids[:3], "loss_mask": b.loss_mask[:3]})]
+            )
+        with pytest.raises(ArgumentTypeError, match=r"sample 1: its id .* must be a str or None, not int"):
+            cap.submit([a, SimpleNamespace(**{**vars(b), "id": 12})])
+        assert cap.counts["written"] == 0, "nothing of a refused batch is written"
+        cap.submit([a, SimpleNamespace(**{**vars(b), "input_ids": b.input_ids.tolist(), "loss_mask": [1, 0, 0, 1, 0]})])
+    got = stored(tmp_path)
+    assert sorted(got) == [0, 1] and got[1]["input_ids"].tolist() == b.input_ids.tolist()
+    assert got[1]["loss_mask"].tolist() == [1, 0, 0, 1, 0]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"state_dtype": torch.int8}, "states are stored as one of bfloat16, float16, float32"),
+        ({"target_info": {"num_layers": 8, "vocab_size": 512}}, r"target_info\['hidden_size'\] .* it lacks it"),
+        ({"target_info": {"num_layers": 8, "hidden_size": 0, "vocab_size": 512}}, "it holds 0"),
+        ({"ring_bytes": -5}, "ring_bytes must be an integer >= 1"),  # OverflowError, after the writer was created
+        ({"ring_bytes": 0}, "ring_bytes must be an integer >= 1"),  # every sample then "did not fit"
+        ({"timeout_s": float("nan")}, "timeout_s must be a number"),
+    ],
+)
+def test_capture_options_are_refused_before_a_dataset_is_created(tmp_path, options, match):
+    model, info = tiny_target()
+    with pytest.raises(eagle_io.InvalidArgumentError, match=match):
+        eagle_io.capture(model, tmp_path / "d", **{"target_info": info, **options})
+    assert not (tmp_path / "d").exists()
+
+
 @pytest.mark.parametrize("policy", ["raise", "skip"])
 def test_nonfinite_states_raise_or_skip_and_count(tmp_path, policy):
     model, info = tiny_target()

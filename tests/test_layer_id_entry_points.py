@@ -32,6 +32,18 @@ def test_generate_bad_id_syntax_is_one_argparse_error_not_a_traceback(tmp_path):
     assert "argument --aux-layer-ids: expected comma-separated integers, got '2,x'" in r.stderr
 
 
+@pytest.mark.parametrize("text", ["2,,5", ",2,5", "2,5,", " , "])
+def test_layer_ids_arg_refuses_an_empty_item(text):
+    """`--aux-layer-ids 2,,5` (a dropped id) used to be read as [2, 5]: a 2-layer capture from a typo."""
+    import argparse
+
+    from eagle_io.cli.layer_ids_arg import layer_ids_arg
+
+    with pytest.raises(argparse.ArgumentTypeError, match="empty item"):
+        layer_ids_arg(text)
+    assert layer_ids_arg(" 2, 5 ,7") == [2, 5, 7]
+
+
 @pytest.mark.parametrize("bad", ["-1,3,5", "0,3,5", "2,5,9", "5,3"])
 def test_generate_hf_refuses_ids_outside_the_target(tiny, tmp_path, capsys, bad):
     argv = ["generate", "--model", str(tiny), "--out", str(tmp_path / "o"), "--limit", "1"]

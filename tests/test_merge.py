@@ -163,6 +163,53 @@ def test_no_manifest_at_all_is_an_error(tmp_path):
         merge_ranks(tmp_path)
 
 
+def test_absent_ranks_are_warned_about_also_when_one_rank_is_present(tmp_path, capsys):
+    """With only manifest.r00001.json of a world_size-2 run, merge wrote a complete manifest without a word (the
+    world_size check needed two rank manifests or more)."""
+    write_rank(tmp_path, 1, 2, [1, 3])
+    report = merge_ranks(tmp_path)
+    assert report.written and report.warnings == [
+        "metadata says world_size 2 but 1 rank manifest(s) are absent (manifest.r00000.json): their ids are missing"
+    ]
+    assert merge_cmd.main([str(tmp_path)]) == 0 and "manifest.r00000.json" in capsys.readouterr().out
+
+
+def test_a_rank_gap_and_a_rank_beyond_world_size_are_warned_about(tmp_path):
+    meta = {"target_model": "tiny", "world_size": 2}
+    write_rank(tmp_path, 0, 3, [0], metadata=meta)
+    write_rank(tmp_path, 2, 3, [2], metadata=meta)
+    warnings = merge_ranks(tmp_path, write=False).warnings
+    assert any(
+        "metadata says world_size 2 but 1 rank manifest(s) are absent (manifest.r00001.json)" in w for w in warnings
+    )
+    assert "metadata says world_size 2 but rank(s) [2] are present" in warnings
+    other = tmp_path / "no-world"
+    write_rank(other, 2, 3, [5], metadata={"target_model": "tiny"})
+    assert merge_ranks(other, write=False).warnings == [
+        "rank 2 is present but 2 rank manifest(s) are absent (manifest.r00000.json, manifest.r00001.json): their "
+        "ids are missing"
+    ]
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "report"])
+def test_an_unmerged_root_is_named_as_such_not_as_a_missing_manifest(tmp_path, capsys, command):
+    """`inspect` / `verify` / `report` of a multi-writer root used to say `ROOT/manifest.json: No such file`."""
+    from eagle_io.cli import main
+
+    write_rank(tmp_path, 0, 2, [0, 2])
+    write_rank(tmp_path, 1, 2, [1, 3])
+    assert main([command, str(tmp_path), "--json"] if command == "report" else [command, str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"eagle-io {command}: InvalidArgumentError: {tmp_path}: no manifest.json, but 2 rank")
+    assert "manifest.r00000.json, manifest.r00001.json" in err and f"eagle-io merge {tmp_path}" in err
+    with pytest.raises(eagle_io.InvalidArgumentError, match="not merged yet"):
+        eagle_io.Dataset(tmp_path)
+    assert len(eagle_io.Dataset(tmp_path / "manifest.r00001.json")) == 2  # one rank's manifest still opens
+    assert len(eagle_io.ShardDataset([tmp_path])) == 4  # and ShardDataset still reads every rank
+    merge_ranks(tmp_path)
+    assert main(["inspect", str(tmp_path), "--no-masks"]) == 0
+
+
 @pytest.fixture(scope="module")
 def server() -> ForkServer:
     return shared()

@@ -8,6 +8,7 @@ import torch
 import eagle_io
 from conftest import make_sample
 from eagle_io.capturing.ring import RingSink
+from eagle_io.errors import ArgumentTypeError
 
 
 def test_ring_roundtrip_in_order(tmp_path):
@@ -86,3 +87,46 @@ def test_a_slot_exports_only_its_own_bytes_and_none_after_commit(tmp_path):
     sink.close()
     ds = eagle_io.Dataset(tmp_path)
     assert [ds[p]["x"].unique().tolist() for p in range(2)] == [[7], [9]]
+
+
+def test_bad_puts_are_refused_at_put_and_the_ring_goes_on(tmp_path):
+    """A duplicate id used to pass put() and stop the sink thread later, losing the valid samples of its batch
+    (the error came out of close()); a negative id, a list, a missing tensor or an int key raised OverflowError,
+    AttributeError, KeyError or TypeError."""
+    w = eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(32), {}, threads=1)
+    sink = RingSink(w, ring_bytes=1 << 16, batch=4)
+    s = make_sample(1, 5)
+    assert sink.put(1, s)
+    bad = [
+        (1, s, "", eagle_io.SchemaError, "already in the dataset"),
+        (-1, s, "", eagle_io.SchemaError, r"integers in \[0, 2\*\*64\)"),
+        (1 << 64, s, "", eagle_io.SchemaError, "integers"),
+        (True, s, "", eagle_io.SchemaError, "integers"),
+        (2, {**s, "input_ids": [1, 2, 3, 4, 5]}, "", eagle_io.SchemaError, "'input_ids' is a list"),
+        (2, {**s, "input_ids": torch.tensor(5)}, "", eagle_io.SchemaError, "'input_ids' is 0-d"),
+        (2, {k: v for k, v in s.items() if k != "hidden_states"}, "", eagle_io.SchemaError, "'hidden_states' is miss"),
+        (2, s, 5, ArgumentTypeError, "key must be a str"),
+    ]
+    for sid, tensors, key, cls, match in bad:
+        with pytest.raises(cls, match=match):
+            sink.put(sid, tensors, key=key)
+    assert sink.put(2, make_sample(2, 3))
+    manifest = sink.close()
+    assert sum(x["samples"] for x in manifest["shards"]) == 2
+    assert [eagle_io.Dataset(tmp_path).entry(p).sample_id for p in range(2)] == [1, 2]
+
+
+def test_resumed_ids_are_refused_at_put_and_timeouts_are_checked(tmp_path):
+    with eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(32), {}, threads=1) as w:
+        w.write(4, make_sample(4, 2))
+    for bad in (float("nan"), -1.0, "5", None):
+        w = eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(32), {}, threads=1, resume=True)
+        with pytest.raises(eagle_io.InvalidArgumentError, match="timeout_s must be a number"):
+            RingSink(w, timeout_s=bad)
+        w.close()
+    w = eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(32), {}, threads=1, resume=True)
+    sink = RingSink(w, ring_bytes=4096, timeout_s=float("inf"))  # used to panic in the core (PanicException)
+    with pytest.raises(eagle_io.SchemaError, match="sample 4: this sample id is already in the dataset"):
+        sink.put(4, make_sample(4, 2))
+    assert sink.put(5, make_sample(5, 2))
+    assert sum(x["samples"] for x in sink.close()["shards"]) == 2

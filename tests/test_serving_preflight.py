@@ -213,6 +213,30 @@ def test_missing_dirs_are_errors(tmp_path):
     assert issubclass(CheckpointError, eagle_io.EagleIOError)
 
 
+@pytest.mark.parametrize(
+    ("which", "change", "match"),
+    [
+        ("target", {"hidden_size": 0}, "hidden_size must be a positive integer, found 0"),  # ZeroDivisionError
+        ("target", {"hidden_size": "64"}, "hidden_size must be a positive integer, found '64'"),  # checks skipped
+        ("target", {"num_hidden_layers": -1}, "num_hidden_layers must be a positive integer, found -1"),
+        ("draft", {"eagle_config": "x"}, "eagle_config must be a JSON object, found 'x'"),
+        ("draft", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": ["1", "3", "5"]}}, "must be a list of integ"),
+        ("draft", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [True, 3, 5]}}, "must be a list of integ"),
+        ("draft", {"eagle_config": {"eagle_aux_hidden_state_layer_ids": 3}}, "must be a list of integers, found 3"),
+    ],
+)
+def test_malformed_config_values_are_unreadable_not_ignored(tmp_path, capsys, which, change, match):
+    """A target hidden_size of 0 crashed check-serving (ZeroDivisionError); a malformed draft id list (strings,
+    booleans, a number) was read as "no ids" and reported SGLang's default layers, with exit 0."""
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path)
+    cfg_path = (t if which == "target" else d) / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), **change}))
+    argv = ["check-serving", "--target", str(t), "--draft", str(d), "--speculative-algorithm", "EAGLE3"]
+    assert eagle_io.cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"eagle-io check-serving: CheckpointError: {cfg_path}: ") and match in err
+
+
 # ---------------------------------------------------------------------------------------------- SGLang rules
 
 

@@ -169,3 +169,53 @@ def test_numpy_bool_and_empty_sample(tmp_path):
     ds = eagle_io.Dataset(tmp_path)
     assert ds[0]["m"].shape == (0,) and ds[0]["x"].shape == (0, 3)
     assert ds[1]["m"].tolist() == [True, False] and ds[1]["x"].flatten().tolist() == list(range(6))
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"rank": 2, "world_size": 2}, r"rank 2 is outside \[0, world_size = 2\)"),  # wrote manifest.r00002.json
+        ({"rank": -1, "world_size": 2}, "rank must be an integer >= 0"),  # OverflowError
+        ({"world_size": 0}, "world_size must be an integer >= 1"),
+        ({"threads": -1}, "threads must be an integer >= 0"),  # OverflowError
+    ],
+)
+def test_writer_options_are_checked_before_anything_is_created(tmp_path, options, match):
+    with pytest.raises(eagle_io.InvalidArgumentError, match=match):
+        eagle_io.ShardWriter(tmp_path / "d", eagle_io.eagle3_schema(8), {}, **options)
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("metadata", [{"a": object()}, {"a": float("nan")}, {"a": {1, 2}}])
+def test_metadata_that_is_not_json_is_an_invalid_argument(tmp_path, metadata):
+    """A non-serialisable value raised json's TypeError; NaN reached the core as "expected value at column 7"."""
+    with pytest.raises(eagle_io.InvalidArgumentError, match="metadata is not JSON"):
+        eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(8), metadata)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((8, 3, "int8"), "states are stored as one of bfloat16, float16, float32, not 'int8'"),
+        ((8, 3, "bool"), "not 'bool'"),
+        ((0,), "hidden_size must be an integer >= 1"),
+        ((8, 0), "num_aux_layers must be an integer >= 1"),
+    ],
+)
+def test_eagle3_schema_refuses_states_that_cannot_hold_states(args, match):
+    """int8/bool states (and width-0 tensors) were accepted: a capture with state_dtype=torch.int8 stored garbage."""
+    with pytest.raises(eagle_io.InvalidArgumentError, match=match):
+        eagle_io.eagle3_schema(*args)
+
+
+def test_negative_reader_threads_are_an_invalid_argument(small_dataset, capsys):
+    """`eagle-io verify --threads -1` ended in an OverflowError traceback."""
+    from eagle_io.cli import main
+
+    root, _ = small_dataset
+    with pytest.raises(eagle_io.InvalidArgumentError, match="threads must be an integer >= 0"):
+        eagle_io.Dataset(root, threads=-1)
+    with pytest.raises(eagle_io.InvalidArgumentError, match="threads must be an integer >= 0"):
+        eagle_io.Dataset.verify(root, threads=-1)
+    assert main(["verify", str(root), "--threads", "-1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("eagle-io verify: InvalidArgumentError: threads")

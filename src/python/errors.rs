@@ -56,7 +56,9 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
         | Error::Internal(_) => {}
     }
     let (index, name) = class_of(err);
-    let exc = CLASSES[index].import(py, "eagle_io.errors", name)?.call1((err.to_string(),))?;
+    let exc = CLASSES[index]
+        .import(py, "eagle_io.errors", name)?
+        .call1((err.to_string(),))?;
     for (k, v) in attrs.iter() {
         exc.setattr(k.extract::<String>()?, v)?;
     }

@@ -20,8 +20,25 @@ from typing import Any
 import torch
 
 from .. import _native, defaults
-from ..errors import SchemaError
+from ..errors import ArgumentTypeError, InvalidArgumentError, SchemaError
 from ..store.writer import ShardWriter
+
+_FOREVER_S = 1e9
+"""``timeout_s=inf`` waits this long (31 years): the core's wait takes a finite duration."""
+
+
+def check_ring_options(*, ring_bytes: int, batch: int, timeout_s: float) -> None:
+    """Refuses ring options the core cannot take, before anything is created (a capture checks them before it
+    opens its writer, so a bad option leaves no dataset behind).
+
+    Raises:
+        InvalidArgumentError: ``ring_bytes`` or ``batch`` not an integer >= 1, ``timeout_s`` not a number >= 0.
+    """
+    for name, value in (("ring_bytes", ring_bytes), ("batch", batch)):
+        if type(value) is not int or value < 1:
+            raise InvalidArgumentError(f"{name} must be an integer >= 1, not {value!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
+        raise InvalidArgumentError(f"timeout_s must be a number of seconds >= 0 (inf: no limit), not {timeout_s!r}")
 
 
 class RingSink:
@@ -31,8 +48,11 @@ class RingSink:
         writer: the dataset writer; after this call only the sink writes to it.
         ring_bytes: arena size (bytes). A sample larger than this is refused.
         batch: committed samples the sink thread encodes together (in parallel).
-        timeout_s: how long :meth:`put` waits on a full ring before raising RingTimeoutError.
+        timeout_s: how long :meth:`put` waits on a full ring before raising RingTimeoutError (``inf``: no limit).
         drop_when_full: instead of waiting, drop the sample and count it (``stats()["dropped_samples"]``).
+
+    Raises:
+        InvalidArgumentError: a bad option (:func:`check_ring_options`).
     """
 
     def __init__(
@@ -44,9 +64,11 @@ class RingSink:
         timeout_s: float = defaults.RING_TIMEOUT_S,
         drop_when_full: bool = False,
     ) -> None:
+        check_ring_options(ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s)
         self.schema = writer.schema
+        self._ids = set(writer.sample_ids())  # refused at put, not later by the sink thread (which then stops)
         self._sink = _native.CaptureSink(writer._native, ring_bytes, batch)
-        self._timeout_s = timeout_s
+        self._timeout_s = min(float(timeout_s), _FOREVER_S)
         self._drop = drop_when_full
         self._row_bytes = [
             (s.width or 1) * torch.empty(0, dtype=getattr(torch, s.dtype)).element_size() for s in self.schema
@@ -82,12 +104,26 @@ class RingSink:
         drops (counted), True otherwise.
 
         Raises:
-            SchemaError: a tensor of the wrong dtype or shape.
+            SchemaError: an id outside ``[0, 2**64)`` or already put (or in the resumed dataset), a missing tensor,
+                or one of the wrong type, dtype or shape. Nothing of the sample is put, and the ring goes on.
+            ArgumentTypeError: a ``key`` that is not a string.
             RingTimeoutError: the ring stayed full for ``timeout_s``.
         """
         if self._error is not None:
             raise self._error
-        ts = [tensors[s.name] for s in self.schema]
+        if type(sample_id) is not int or not 0 <= sample_id < 1 << 64:
+            raise SchemaError.for_sample(sample_id, "sample ids are integers in [0, 2**64)")
+        if sample_id in self._ids:
+            raise SchemaError.for_sample(sample_id, "this sample id is already in the dataset (ids must be unique)")
+        if not isinstance(key, str):
+            raise ArgumentTypeError(f"sample {sample_id}: key must be a str, not {type(key).__name__}")
+        ts = []
+        for spec in self.schema:
+            t = tensors.get(spec.name) if isinstance(tensors, Mapping) else None
+            if not isinstance(t, torch.Tensor) or t.dim() == 0:
+                what = "missing" if t is None else f"a {type(t).__name__}" if not isinstance(t, torch.Tensor) else "0-d"
+                raise SchemaError.for_sample(sample_id, f"tensor {spec.name!r} is {what}; the schema needs a tensor")
+            ts.append(t)
         n = ts[0].shape[0]
         for spec, t in zip(self.schema, ts, strict=True):
             want = (n,) if spec.width is None else (n, spec.width)
@@ -112,6 +148,7 @@ class RingSink:
             self._sink.commit(slot, sample_id, key, n)
         else:
             self._done.put((event, slot, sample_id, key, n))
+        self._ids.add(sample_id)
         return True
 
     def _copy_into(self, slot: Any, ts: list[torch.Tensor], sizes: list[int], on_gpu: bool) -> Any:

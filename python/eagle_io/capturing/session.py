@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import defaults
-from ..errors import InternalError, InvalidArgumentError
+from ..errors import ArgumentTypeError, InternalError, InvalidArgumentError, SchemaError
 from .hf import HFCapture
 from .store import VALUE_POLICIES, ForwardSample, SampleStore
 
@@ -84,7 +84,9 @@ class CaptureSession:
 
         Raises:
             SchemaError: a sample with 0 tokens, more than ``max_length``, a loss mask of another length or with
-                values other than 0/1, or token ids outside the target's vocabulary (checked before the forward).
+                values other than 0/1, token ids that are not integers or lie outside the target's vocabulary, or an
+                id twice in ``samples`` (checked before the forward).
+            ArgumentTypeError: a sample ``id`` that is neither a str nor None (checked before the forward).
             NonFiniteStatesError: NaN/Inf states (or a storage-cast overflow) under ``nonfinite="raise"`` (names
                 sample, tensor, layer and row).
             ImplausibleStatesError: all-zero or copied states under ``implausible="raise"``.
@@ -94,8 +96,17 @@ class CaptureSession:
         if self.manifest is not None:
             raise InvalidArgumentError(f"the capture into {self.manifest_path} is closed; start a new session")
         self.submitted += len(samples)
+        seen: set[int] = set()
         for s in samples:
             self._store.check(s.index, s.input_ids, s.loss_mask)
+            if s.index in seen:  # the second used to be dropped as "already_done" after the forward
+                raise SchemaError.for_sample(
+                    s.index, "it appears twice in this batch; nothing of the batch was written"
+                )
+            seen.add(s.index)
+            if s.id is not None and not isinstance(s.id, str):
+                raise ArgumentTypeError(f"sample {s.index}: its id (stored as the key) must be a str or None, not "
+                                        f"{type(s.id).__name__}; nothing of the batch was written")  # fmt: skip
         todo = [s for s in samples if not self._store.is_done(s.index)]
         if not todo:
             return
@@ -103,7 +114,7 @@ class CaptureSession:
         ids = torch.zeros(len(todo), width, dtype=torch.int64)
         mask = torch.zeros(len(todo), width, dtype=torch.int64)
         for b, s in enumerate(todo):
-            ids[b, : len(s.input_ids)] = s.input_ids
+            ids[b, : len(s.input_ids)] = torch.as_tensor(s.input_ids)
             mask[b, : len(s.input_ids)] = 1
         t0 = time.perf_counter()
         out = self._hooks.forward(ids.to(self._device), mask.to(self._device))

@@ -27,7 +27,7 @@ from ..store import layout, value_stats, values
 from ..store.metadata import eagle3_metadata
 from ..store.schema import eagle3_schema
 from ..store.writer import ShardWriter
-from .ring import RingSink
+from .ring import RingSink, check_ring_options
 
 __all__ = ["COUNTS", "NONFINITE_POLICIES", "VALUE_POLICIES", "ForwardSample", "SampleStore", "check_sample"]
 
@@ -88,7 +88,7 @@ def check_sample(
 
     Args:
         sample_id: must be an ``int`` (not ``bool``) in ``[0, 2**64)``.
-        input_ids: ``[L]`` token ids, ``1 <= L <= max_length``, each in ``[0, vocab_size)``.
+        input_ids: ``[L]`` integer token ids, ``1 <= L <= max_length``, each in ``[0, vocab_size)``.
         loss_mask: ``[L]`` values 0 or 1.
 
     Raises:
@@ -102,6 +102,8 @@ def check_sample(
     problem = None
     if ids.dim() != 1 or n == 0:
         problem = "it has 0 tokens" if n == 0 else f"input_ids has shape {tuple(ids.shape)}, not [L]"
+    elif ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        problem = f"its input_ids are {str(ids.dtype).removeprefix('torch.')}, not integers"
     elif max_length is not None and n > max_length:
         problem = f"it has {n} tokens, more than this run's max_length {max_length}"
     elif mask.dim() != 1 or mask.shape[0] != n:
@@ -207,13 +209,15 @@ class SampleStore:
                 ``world_size``, ``resume``...).
 
         Raises:
-            InvalidArgumentError: ``out_dir`` holds this writer's data without ``resume``, or a bad option.
+            InvalidArgumentError: ``out_dir`` holds this writer's data without ``resume``, a bad option, a
+                ``target_info`` without positive ``num_layers`` / ``hidden_size`` / ``vocab_size``, or a
+                ``state_dtype`` that is not floating.
             IncompatibleDatasetError: resuming a dataset of another schema or metadata.
         """
         _check_policy("nonfinite", nonfinite)  # before anything is created on disk
         _check_policy("implausible", implausible)
-        hidden = int(target_info["hidden_size"])
-        meta = eagle3_metadata(
+        check_ring_options(ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s)
+        meta = eagle3_metadata(  # checks target_info
             target_info=target_info,
             aux_layer_ids=aux_layer_ids,
             dtype=state_dtype,
@@ -221,7 +225,8 @@ class SampleStore:
             max_length=max_length,
             extra=metadata,
         )
-        writer = ShardWriter(out_dir, eagle3_schema(hidden, len(aux_layer_ids), state_dtype), meta, **writer_options)
+        schema = eagle3_schema(int(target_info["hidden_size"]), len(aux_layer_ids), state_dtype)
+        writer = ShardWriter(out_dir, schema, meta, **writer_options)
         done = writer.sample_ids()
         sink = RingSink(writer, ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s, drop_when_full=drop_when_full)
         return cls(

@@ -15,14 +15,15 @@ def layer_ids_arg(text: str) -> list[int]:
     ``InvalidArgumentError`` (printed as one line by :func:`eagle_io.cli.main`).
 
     Raises:
-        argparse.ArgumentTypeError: empty text or a non-integer item (argparse prints the usage and one error line
-            and exits with status 2).
+        argparse.ArgumentTypeError: empty text, an empty item (``2,,5``) or a non-integer item (argparse prints
+            the usage and one error line and exits with status 2).
     """
     items = [x.strip() for x in text.split(",")]
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not all(items):  # "2,,5" is a dropped id, not [2, 5]
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r} (an empty item)")
     try:
-        ids = [int(x) for x in items if x]
+        return [int(x) for x in items]
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
-    if not ids:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    return ids

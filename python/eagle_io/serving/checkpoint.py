@@ -214,7 +214,8 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
     """Reads ``config.json`` of a model directory (see :class:`CheckpointInfo`).
 
     Raises:
-        CheckpointError: no such directory or ``config.json``, or unreadable JSON.
+        CheckpointError: no such directory or ``config.json``, unreadable JSON, or a ``hidden_size`` /
+            ``num_hidden_layers`` that is present but not a positive integer.
     """
     d = _resolve_dir(path)
     cfg = _load_json(d / "config.json")
@@ -224,6 +225,11 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
     def pick(key: str) -> int | None:
         v = _int_or_none(text.get(key))
         return v if v is not None else _int_or_none(cfg.get(key))
+
+    for key in ("hidden_size", "num_hidden_layers"):  # the checks divide by them and compare ids against them
+        raw = text.get(key, cfg.get(key))
+        if raw is not None and (pick(key) is None or pick(key) < 1):
+            raise CheckpointError(f"{d / 'config.json'}: {key} must be a positive integer, found {raw!r}", d)
 
     return CheckpointInfo(
         path=d,
@@ -302,7 +308,8 @@ def read_draft(path: str | os.PathLike[str]) -> DraftInfo:
     """Reads a draft directory: ``config.json`` and the header of every ``*.safetensors`` file in it.
 
     Raises:
-        CheckpointError: as :func:`read_checkpoint`, or for a malformed safetensors header.
+        CheckpointError: as :func:`read_checkpoint`, for a malformed safetensors header, or an ``eagle_config`` that
+            is not an object or whose ``eagle_aux_hidden_state_layer_ids`` is not a list of integers.
     """
     base = read_checkpoint(path)
     files = sorted(base.path.glob("*.safetensors"))
@@ -312,6 +319,15 @@ def read_draft(path: str | os.PathLike[str]) -> DraftInfo:
     other = sorted(p.name for p in base.path.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
     cfg = base.config
     eagle_config = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else None
+    where = base.path / "config.json"
+    if cfg.get("eagle_config") is not None and eagle_config is None:  # SGLang calls .get on it
+        raise CheckpointError(f"{where}: eagle_config must be a JSON object, found {cfg['eagle_config']!r}", base.path)
+    raw_ids = (eagle_config or {}).get("eagle_aux_hidden_state_layer_ids")
+    if raw_ids is not None and _ids(raw_ids) is None:  # was read as "no ids" (SGLang's default): SGLang uses them
+        raise CheckpointError(
+            f"{where}: eagle_config.eagle_aux_hidden_state_layer_ids must be a list of integers, found {raw_ids!r}",
+            base.path,
+        )
     return DraftInfo(
         **vars(base),
         tensors=tensors,

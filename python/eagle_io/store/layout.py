@@ -29,6 +29,7 @@ __all__ = [
     "dataset_manifests",
     "is_shard_temp",
     "lock_writers",
+    "manifest_file",
     "manifest_name",
     "rank_manifests",
     "shard_prefix",
@@ -75,6 +76,30 @@ def dataset_manifests(path: str | os.PathLike[str]) -> list[Path]:
     if (p / MANIFEST).is_file():
         return [p / MANIFEST]
     return rank_manifests(p)
+
+
+def manifest_file(path: str | os.PathLike[str]) -> str:
+    """The one manifest a single dataset path names: ``path`` itself when it is not a directory, else
+    ``path/manifest.json`` (as :class:`eagle_io.Dataset` opens it).
+
+    Raises:
+        InvalidArgumentError: ``path`` is a multi-writer root not merged yet (no ``manifest.json``, rank manifests):
+            the message lists them and says to run ``eagle-io merge`` (a missing file otherwise, which the caller's
+            open reports as a StorageError naming it).
+    """
+    p = os.fspath(path)
+    if not os.path.isdir(p):
+        return p
+    single = os.path.join(p, MANIFEST)
+    if not os.path.exists(single):
+        ranks = rank_manifests(p)
+        if ranks:
+            names = ", ".join(r.name for r in ranks[:4]) + (", ..." if len(ranks) > 4 else "")
+            raise InvalidArgumentError(
+                f"{p}: no {MANIFEST}, but {len(ranks)} rank manifest(s) ({names}) of a multi-writer root not merged "
+                f"yet: run `eagle-io merge {p}`, or pass one rank's manifest file"
+            )
+    return single
 
 
 def temp_path(path: str | os.PathLike[str]) -> Path:

@@ -51,10 +51,7 @@ class MaskCounts:
     bytes_read: int = 0
 
 
-def manifest_file(path: str | os.PathLike[str]) -> str:
-    """``path`` itself when it is a manifest file, else ``path/manifest.json`` (as :class:`eagle_io.Dataset`)."""
-    path = os.fspath(path)
-    return os.path.join(path, layout.MANIFEST) if os.path.isdir(path) else path
+manifest_file = layout.manifest_file  # ``path`` or ``path/manifest.json``; refuses an unmerged multi-writer root
 
 
 def _reference():

@@ -112,6 +112,22 @@ def _scan_shards(root: Path, listed: set[str], report: MergeReport) -> None:
             report.temp_files.append(rel)
 
 
+def _audit_rank_numbers(ranks: list[str], metadata: Any, report: MergeReport) -> None:
+    """Warns about absent ranks (below the highest present one, or below the metadata's ``world_size``, also when a
+    single rank manifest is present) and ranks at or beyond ``world_size``."""
+    present = {int(layout.RANK_MANIFEST.match(name).group(1)) for name in ranks}
+    world = metadata.get("world_size") if isinstance(metadata, dict) else None
+    world = world if isinstance(world, int) and not isinstance(world, bool) and world >= 1 else None
+    expected = set(range(world if world is not None else max(present) + 1))
+    absent, beyond = sorted(expected - present), sorted(r for r in present if world is not None and r >= world)
+    said = f"metadata says world_size {world}" if world is not None else f"rank {max(present)} is present"
+    if absent:
+        names = ", ".join(layout.manifest_name(r, 2) for r in absent[:5]) + (", ..." if len(absent) > 5 else "")
+        report.warnings.append(f"{said} but {len(absent)} rank manifest(s) are absent ({names}): their ids are missing")
+    if beyond:
+        report.warnings.append(f"{said} but rank(s) {beyond} are present")
+
+
 def merge_ranks(
     root: str | os.PathLike[str],
     expected_ids: Iterable[int] | None = None,
@@ -217,8 +233,8 @@ def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report
     report.samples = sum(len(v) for v in holders.values())
     report.tokens = sum(s["tokens"] for s in shards)
     report.duplicates = {sid: h for sid, h in sorted(holders.items()) if len(h) > 1}
-    if ranks and len(ranks) > 1 and (world := first["metadata"].get("world_size")) not in (None, len(ranks)):
-        report.warnings.append(f"metadata says world_size {world} but {len(ranks)} rank manifests are present")
+    if ranks:
+        _audit_rank_numbers(ranks, first["metadata"], report)
     if expected_ids is not None:
         expected = set(expected_ids)
         report.expected = len(expected)

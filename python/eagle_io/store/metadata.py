@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import __version__
 from ..capturing.layers import AUX_LAYER_CONVENTION
+from ..errors import InvalidArgumentError
 
 
 def eagle3_metadata(
@@ -32,7 +34,16 @@ def eagle3_metadata(
         tokenizer_identity: :func:`eagle_io.data.chat_template_identity` of the tokenizer, if any.
         max_length: truncation length of the samples.
         extra: caller keys merged last.
+
+    Raises:
+        InvalidArgumentError: ``target_info`` lacks ``num_layers``, ``hidden_size`` or ``vocab_size``, or one of them
+            is not a positive integer.
     """
+    for name in ("num_layers", "hidden_size", "vocab_size"):
+        value = target_info.get(name) if isinstance(target_info, Mapping) else None
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            what = "lacks it" if value is None else f"holds {value!r}"
+            raise InvalidArgumentError(f"target_info[{name!r}] must be a positive integer; it {what}")
     meta: dict[str, Any] = {
         "target_model": {k: target_info[k] for k in ("model_id", "files", "architecture") if k in target_info},
         "num_layers": int(target_info["num_layers"]),

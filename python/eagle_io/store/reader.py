@@ -11,8 +11,14 @@ import torch
 
 from .. import _native
 from ..errors import InvalidArgumentError, SampleNotFoundError
+from . import layout
 from ._tensors import empty, writable_bytes
 from .schema import TensorSpec, from_json
+
+
+def _check_threads(threads: object) -> None:
+    if type(threads) is not int or threads < 0:  # a negative count raised OverflowError in the binding
+        raise InvalidArgumentError(f"threads must be an integer >= 0 (0 = one per CPU), not {threads!r}")
 
 
 @dataclass(frozen=True)
@@ -41,11 +47,15 @@ class Dataset:
     Raises:
         CorruptRecordError, FormatVersionError, StorageError: when the manifest or a shard
             index cannot be trusted; reads raise CorruptRecordError on a bad record.
+        InvalidArgumentError: ``path`` is a multi-writer root not merged yet (``eagle-io merge`` it), or ``threads``
+            is negative.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, threads: int = 0) -> None:
         self._path = os.fspath(path)
         self._threads = threads
+        _check_threads(threads)
+        layout.manifest_file(self._path)  # an unmerged multi-writer root: say so, not "no manifest.json"
         self._native = _native.Reader(self._path, threads)
         self.manifest_path: str = os.fspath(self._native.manifest_path)
         self.manifest: dict[str, Any] = json.loads(self._native.manifest_json)
@@ -103,4 +113,5 @@ class Dataset:
     def verify(path: str | os.PathLike[str], *, threads: int = 0) -> list[tuple[str, int | None, int, str]]:
         """Reads, checksums and decodes every record of the dataset at ``path``. Returns every
         problem as ``(shard_path, sample_id or None, byte_offset, message)``; empty when all is well."""
+        _check_threads(threads)
         return [(os.fspath(p), s, o, m) for p, s, o, m in _native.Reader.verify(os.fspath(path), threads)]

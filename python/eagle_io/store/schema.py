@@ -11,6 +11,9 @@ from ..errors import InvalidArgumentError
 #: dtype names a schema may use (torch's names: ``torch.bfloat16`` -> ``"bfloat16"``).
 DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32")
 
+#: dtype names the hidden states of the EAGLE-3 schema may be stored in.
+STATE_DTYPES = ("bfloat16", "float16", "float32")
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -34,7 +37,18 @@ def eagle3_schema(hidden_size: int, num_aux_layers: int = 3, dtype: str = "bfloa
     - ``aux_hidden_states [L, num_aux_layers * hidden_size]`` ``dtype``: the target's residual
       stream at the inputs of the aux layers, concatenated in ascending layer order.
     - ``hidden_states [L, hidden_size]`` ``dtype``: the target's final post-norm hidden state.
+
+    Raises:
+        InvalidArgumentError: ``hidden_size`` or ``num_aux_layers`` below 1, or a ``dtype`` that is not one of
+            :data:`STATE_DTYPES` (states stored as ``int8`` or ``bool`` were accepted and lost their values).
     """
+    for name, value in (("hidden_size", hidden_size), ("num_aux_layers", num_aux_layers)):
+        if type(value) is not int or value < 1:
+            raise InvalidArgumentError(f"EAGLE-3 schema: {name} must be an integer >= 1, not {value!r}")
+    if dtype not in STATE_DTYPES:
+        raise InvalidArgumentError(
+            f"EAGLE-3 schema: states are stored as one of {', '.join(STATE_DTYPES)}, not {dtype!r}"
+        )
     return [
         TensorSpec("input_ids", "int64"),
         TensorSpec("loss_mask", "uint8"),

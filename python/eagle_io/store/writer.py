@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import _native, defaults
-from ..errors import SchemaError
+from ..errors import InvalidArgumentError, SchemaError
 from . import layout
 from ._tensors import as_native
 from .schema import TensorSpec, to_json
@@ -43,7 +43,8 @@ class ShardWriter:
 
     Raises:
         InvalidArgumentError: ``root`` already holds this writer's data and ``resume`` is False,
-            or another live writer holds it.
+            or another live writer holds it; ``rank`` outside ``[0, world_size)``, a negative ``threads``, or
+            ``metadata`` that is not JSON (NaN/Inf included).
         IncompatibleDatasetError: resuming with a different schema or metadata.
     """
 
@@ -62,13 +63,22 @@ class ShardWriter:
         world_size: int = 1,
         resume: bool = False,
     ) -> None:
+        for name, value, low in (("world_size", world_size, 1), ("rank", rank, 0), ("threads", threads, 0)):
+            if type(value) is not int or value < low:
+                raise InvalidArgumentError(f"{name} must be an integer >= {low}, not {value!r}")
+        if rank >= world_size:  # rank 2 of 2 wrote manifest.r00002.json, which merge never expects
+            raise InvalidArgumentError(f"rank {rank} is outside [0, world_size = {world_size})")
+        try:
+            meta = json.dumps(metadata, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"metadata is not JSON: {e}") from None
         self.schema = list(schema)
         self.root = os.fspath(root)
         manifest_name = layout.manifest_name(rank, world_size)
         self._native = _native.Writer(
             self.root,
             to_json(self.schema),
-            json.dumps(metadata, sort_keys=True),
+            meta,
             shard_bytes=shard_bytes,
             chunk_bytes=chunk_bytes,
             threads=threads,
