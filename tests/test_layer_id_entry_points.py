@@ -130,7 +130,7 @@ def test_generate_sglang_captures_explicit_ids_like_the_hf_path(tiny, tmp_path):
     sg = tmp_path / "sg"
     cmd = [sys.executable, "-m", "eagle_io.cli", "generate", *common, "--out", str(sg), "--backend", "sglang"]
     cmd += ["--aux-layer-ids", "1,3,6", *[a for kv in CPU_ENGINE for a in ("--sglang-arg", kv)]]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=cpu_engine_env(tmp_path), timeout=900)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=cpu_engine_env(), timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert main(["generate", *common, "--out", str(tmp_path / "hf"), "--aux-layer-ids", "1,3,6"]) == 0
     assert main(["generate", *common, "--out", str(tmp_path / "hf2"), "--aux-layer-ids", "2,4,7"]) == 0
