@@ -44,17 +44,23 @@ def run(args: argparse.Namespace) -> int:
     from ..draft.export import eagle_config_ids
     from ..feed import ShardDataset
     from ..interop.vocab import build_vocab_mapping, dataset_fingerprint, load_vocab_mapping
+    from ..store.eagle3 import check_eagle3_dataset
     from ..store.reader import Dataset
 
     ds = Dataset(args.path)
+    check_eagle3_dataset(ds, "train-draft")
     meta = ds.metadata
     aux_ids = meta.get("aux_layer_ids")
+    # Refused before the target is loaded and the draft trained (the eagle_config write needs the ids).
+    if not aux_ids:
+        raise IncompatibleDatasetError(
+            f"{args.path}: the dataset metadata has no aux_layer_ids: cannot write eagle_config for SGLang"
+        )
     # The target the data came from: its architecture picks SGLang's setter rule for the eagle_config ids.
     tm = meta.get("target_model") if isinstance(meta.get("target_model"), dict) else {}
     target = {k: tm[k] for k in ("model_id", "architecture") if tm.get(k)}
     target |= {k: meta[k] for k in ("num_layers", "hidden_size") if isinstance(meta.get(k), int)}
-    if aux_ids:
-        eagle_config_ids(aux_ids, target)  # refuse ids SGLang cannot capture on this target before training
+    eagle_config_ids(aux_ids, target)  # refuse ids SGLang cannot capture on this target before training
     head = load_target_head(args.target_model)
     vocab = head.config["vocab_size"]
     if args.vocab_map:
@@ -87,10 +93,6 @@ def run(args: argparse.Namespace) -> int:
     )
     data = ShardDataset(args.path, max_length=args.max_length, on_corrupt=args.on_corrupt)
     result = train_draft(data, head, mapping, cfg)
-    if not aux_ids:
-        raise IncompatibleDatasetError(
-            f"{args.path}: the dataset metadata has no aux_layer_ids: cannot write eagle_config for SGLang"
-        )
     provenance = {
         "dataset_sha256": dataset_fingerprint(args.path),
         "target_model": head.config.get("model_id"),

@@ -337,7 +337,12 @@ def build_draft(
 ) -> Eagle3Draft:
     """A draft shaped like the target (hidden size, heads, RoPE) for the dataset's aux layout."""
     c = head.config
-    hidden = int(metadata["hidden_size"])
+    if type(metadata.get("hidden_size")) is not int:  # was a KeyError traceback
+        raise IncompatibleDatasetError(
+            f"dataset metadata has no integer hidden_size ({metadata.get('hidden_size')!r}); the draft is sized by "
+            "it (eagle-io generate and eagle_io.capture record it)"
+        )
+    hidden = metadata["hidden_size"]
     if hidden != c["hidden_size"]:
         raise IncompatibleDatasetError(
             f"dataset hidden_size {hidden} != target head hidden_size {c['hidden_size']} ({c.get('model_id')})"

@@ -18,11 +18,11 @@ Typical use on rank ``r`` of ``W``::
             ...  # checkpoint with sampler.state_dict(step + 1); resume: sampler.load_state_dict(saved), then iterate
 """
 
+from ..store.eagle3 import REQUIRED_TENSORS
 from .collate import LOSS_MASK_ALIGNMENTS, PackingCollator, PaddingCollator, has_next_token, shift_targets
 from .dataset import (
     COMPATIBILITY_KEYS,
     ON_CORRUPT,
-    REQUIRED_TENSORS,
     LazyItems,
     ShardDataset,
     SkippedRecord,

@@ -13,6 +13,7 @@ import torch
 
 from ..errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError, SampleNotFoundError
 from ..store import layout
+from ..store.eagle3 import check_eagle3_dataset
 from ..store.reader import Dataset, SampleInfo
 
 #: Metadata keys (docs/FORMAT.md, section 2.1) that must be equal in every dataset a ``ShardDataset`` mixes.
@@ -28,9 +29,6 @@ COMPATIBILITY_KEYS = (
     "dtype",
     "tokenizer",
 )
-
-#: The schema tensors an item needs (the EAGLE-3 schema of :func:`eagle_io.eagle3_schema`).
-REQUIRED_TENSORS = ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states")
 
 _ABSENT = "<absent>"
 
@@ -83,36 +81,6 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             raise InvalidArgumentError(f"manifest {real} is listed twice (as {seen[real]!r} and {p!r})")
         seen[real] = p
     return out
-
-
-def _check_schema_and_widths(ds: Dataset) -> None:
-    """The dataset holds the EAGLE-3 tensors, and its metadata agrees with its own schema widths and dtype."""
-    specs = {s.name: s for s in ds.schema}
-    for name in REQUIRED_TENSORS:
-        if name not in specs:
-            raise IncompatibleDatasetError(
-                f"{ds.manifest_path}: schema has no tensor {name!r} (has {sorted(specs)}); "
-                f"ShardDataset needs {list(REQUIRED_TENSORS)}"
-            )
-    meta = ds.metadata
-    hidden, aux = specs["hidden_states"], specs["aux_hidden_states"]
-    if "hidden_size" in meta and hidden.width != meta["hidden_size"]:
-        raise IncompatibleDatasetError(
-            f"{ds.manifest_path}: metadata hidden_size={meta['hidden_size']} but the schema's hidden_states "
-            f"width is {hidden.width}"
-        )
-    if "hidden_size" in meta and "aux_layer_ids" in meta:
-        want = len(meta["aux_layer_ids"]) * meta["hidden_size"]
-        if aux.width != want:
-            raise IncompatibleDatasetError(
-                f"{ds.manifest_path}: metadata aux_layer_ids={meta['aux_layer_ids']} x hidden_size="
-                f"{meta['hidden_size']} = {want} but the schema's aux_hidden_states width is {aux.width}"
-            )
-    if "dtype" in meta and meta["dtype"] not in (hidden.dtype, aux.dtype):
-        raise IncompatibleDatasetError(
-            f"{ds.manifest_path}: metadata dtype={meta['dtype']!r} but the schema stores "
-            f"hidden_states as {hidden.dtype} and aux_hidden_states as {aux.dtype}"
-        )
 
 
 def _check_compatible(first: Dataset, other: Dataset) -> None:
@@ -209,7 +177,7 @@ class ShardDataset(torch.utils.data.Dataset):
         self.skipped: list[SkippedRecord] = []
         self.datasets = [Dataset(p, threads=threads) for p in self.paths]
         for ds in self.datasets:
-            _check_schema_and_widths(ds)
+            check_eagle3_dataset(ds, "ShardDataset")
         for ds in self.datasets[1:]:
             _check_compatible(self.datasets[0], ds)
 

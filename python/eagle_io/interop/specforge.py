@@ -492,10 +492,13 @@ def export_specforge(
 
     Raises:
         InvalidArgumentError: an output file exists and ``overwrite`` is False.
+        IncompatibleDatasetError: the dataset's schema lacks an EAGLE-3 tensor or contradicts its metadata.
     """
+    from ..store.eagle3 import check_eagle3_dataset
     from ..store.reader import Dataset
 
     ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
+    check_eagle3_dataset(ds, "export-specforge")
     out = os.fspath(out)
     os.makedirs(out, exist_ok=True)
     total_bytes = tokens = 0

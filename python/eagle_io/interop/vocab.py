@@ -374,10 +374,13 @@ def build_vocab_mapping(
         InvalidArgumentError: sizes unknown or inconsistent, or a token id out of range (names the sample).
         CorruptRecordError: a bad record, unless ``on_corrupt="skip"``.
     """
+    from ..store.eagle3 import require_tensors
     from ..store.reader import Dataset
 
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     dss = [Dataset(p) for p in items]
+    for ds in dss:
+        require_tensors(ds, ("input_ids", "loss_mask"), "a draft vocabulary mapping")
     vocab = _target_vocab_size(dss, target_vocab_size)
     skipped: list[int] = []
     counts, samples = count_loss_masked_tokens(dss, vocab, progress=progress, on_corrupt=on_corrupt, skipped=skipped)

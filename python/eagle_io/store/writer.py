@@ -73,6 +73,12 @@ class ShardWriter:
         except (TypeError, ValueError) as e:
             raise InvalidArgumentError(f"metadata is not JSON: {e}") from None
         self.schema = list(schema)
+        for i, spec in enumerate(self.schema):
+            if not isinstance(spec, TensorSpec):  # a dict here ended in an AttributeError traceback
+                raise InvalidArgumentError(
+                    f"schema item {i} is a {type(spec).__name__}, not an eagle_io.TensorSpec "
+                    "(build schemas with eagle_io.TensorSpec(name, dtype, width) or eagle_io.eagle3_schema)"
+                )
         self.root = os.fspath(root)
         manifest_name = layout.manifest_name(rank, world_size)
         self._native = _native.Writer(
