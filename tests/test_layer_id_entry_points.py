@@ -44,10 +44,32 @@ def test_layer_ids_arg_refuses_an_empty_item(text):
     assert layer_ids_arg(" 2, 5 ,7") == [2, 5, 7]
 
 
+def test_attach_id_lists_only_joins_dashed_id_lists():
+    from eagle_io.cli.layer_ids_arg import attach_id_lists
+
+    argv = [
+        "check-serving",
+        "--trained-layer-ids",
+        "-1, 2,3",
+        "--aux-layer-ids",
+        "-3",
+        "--out",
+        "-x",
+        "--aux-layer-ids",
+    ]
+    assert attach_id_lists(argv) == [
+        "check-serving", "--trained-layer-ids=-1, 2,3", "--aux-layer-ids=-3", "--out", "-x", "--aux-layer-ids",
+    ]  # fmt: skip
+    assert attach_id_lists(["--aux-layer-ids", "--out", "x"]) == ["--aux-layer-ids", "--out", "x"]
+
+
 @pytest.mark.parametrize("bad", ["-1,3,5", "0,3,5", "2,5,9", "5,3"])
-def test_generate_hf_refuses_ids_outside_the_target(tiny, tmp_path, capsys, bad):
+@pytest.mark.parametrize("form", ["attached", "separate"])
+def test_generate_hf_refuses_ids_outside_the_target(tiny, tmp_path, capsys, bad, form):
+    """`--aux-layer-ids -1,3,5` (separate) used to stop in argparse with 'expected one argument'."""
     argv = ["generate", "--model", str(tiny), "--out", str(tmp_path / "o"), "--limit", "1"]
-    assert main([*argv, f"--aux-layer-ids={bad}"]) == 2
+    ids = [f"--aux-layer-ids={bad}"] if form == "attached" else ["--aux-layer-ids", bad]
+    assert main([*argv, *ids]) == 2
     err = capsys.readouterr().err  # (transformers' weight-loading progress bar also writes to stderr)
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("eagle-io generate: InvalidArgumentError")
     assert "aux layer id" in err.strip().splitlines()[-1]

@@ -17,6 +17,7 @@ from . import (
     verify_cmd,
     vocab_cmd,
 )
+from .layer_ids_arg import attach_id_lists
 from .specforge_cmd import export_cmd, import_cmd
 
 COMMANDS = {
@@ -39,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, mod in COMMANDS.items():
         mod.add_parser(sub.add_parser(name, help=mod.__doc__, description=mod.__doc__))
-    args = parser.parse_args(argv)
+    args = parser.parse_args(attach_id_lists(sys.argv[1:] if argv is None else argv))
     try:
         return COMMANDS[args.command].run(args)
     except EagleIOError as e:

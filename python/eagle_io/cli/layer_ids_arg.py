@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import re
+from collections.abc import Sequence
 
-__all__ = ["layer_ids_arg"]
+__all__ = ["attach_id_lists", "layer_ids_arg"]
+
+#: A value argparse would take for an option: "-1,2,3" (a negative first id) starts with "-".
+_DASHED_LIST = re.compile(r"^-\d+\s*(,\s*-?\d+\s*)*$")
 
 
 def layer_ids_arg(text: str) -> list[int]:
@@ -27,3 +32,29 @@ def layer_ids_arg(text: str) -> list[int]:
         return [int(x) for x in items]
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from e
+
+
+def attach_id_lists(argv: Sequence[str]) -> list[str]:
+    """``--aux-layer-ids -1,2,3`` -> ``--aux-layer-ids=-1,2,3`` for every ``--*-layer-ids`` option.
+
+    argparse reads a value starting with ``-`` (other than one plain negative number) as an option and printed
+    ``expected one argument``, hiding the real problem; attached, the ids reach the range check, which names
+    the bad id.
+    """
+    out: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        if (
+            tok.startswith("--")
+            and tok.endswith("-layer-ids")
+            and i + 1 < len(args)
+            and _DASHED_LIST.match(args[i + 1])
+        ):
+            out.append(f"{tok}={args[i + 1]}")
+            i += 2
+        else:
+            out.append(tok)
+            i += 1
+    return out
