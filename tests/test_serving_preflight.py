@@ -394,6 +394,17 @@ def test_layer_ids_out_of_range(tmp_path):
     assert "[8] lie outside 1..7" in f.message and "only 2 of 3 states" in f.message
 
 
+def test_target_without_layer_count_says_the_layer_checks_were_not_run(tmp_path):
+    """A target config.json without num_hidden_layers skipped every layer-id check and reported nothing."""
+    t = llama_target(tmp_path)
+    cfg = json.loads((t / "config.json").read_text())
+    del cfg["num_hidden_layers"]
+    (t / "config.json").write_text(json.dumps(cfg))
+    d = eagle3_draft(tmp_path, eagle_ids=[1, 4, 7])
+    (f,) = check_serving(t, d, algorithm="EAGLE3")
+    assert f.code == "layer-ids-unknown" and f.severity == "warning" and "no num_hidden_layers" in f.message
+
+
 def test_top_level_layer_ids_are_ignored_by_sglang(tmp_path):
     t = llama_target(tmp_path, layers=32)
     d = eagle3_draft(tmp_path, top_level_ids=[0, 9, 19])

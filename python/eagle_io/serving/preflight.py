@@ -195,6 +195,14 @@ def check_serving(
         trained = trained_layer_ids(findings, target, draft, layer_ids=layer_ids, dataset_manifest=dataset_manifest)
         if n_t is not None:
             n_captured = len(check_layer_ids(findings, target, draft, build, trained))
+        else:  # the layer checks were skipped without a word
+            add(
+                WARNING,
+                "layer-ids-unknown",
+                f"the target's config.json ({target_path}) has no num_hidden_layers: which layers SGLang captures "
+                "(its default [2, N//2, N-3], the range of the draft's ids) cannot be checked",
+                "check against a target checkpoint whose config.json has num_hidden_layers (the one SGLang loads)",
+            )
         check_fc_width(findings, build, width, h_t, n_captured)
     if dataset_manifest is not None:
         check_dataset_range(findings, target, dataset_manifest)
