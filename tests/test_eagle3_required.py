@@ -10,7 +10,7 @@ import torch
 import eagle_io
 from eagle_io.cli import main
 from eagle_io.draft import build_draft
-from eagle_io.errors import IncompatibleDatasetError, InvalidArgumentError
+from eagle_io.errors import IncompatibleDatasetError
 from eagle_io.feed import ShardDataset
 from eagle_io.interop.specforge import export_specforge
 from eagle_io.interop.vocab import build_vocab_mapping
@@ -66,9 +66,3 @@ def test_build_draft_names_missing_hidden_size():
     head.config = {"hidden_size": 8, "vocab_size": 16}
     with pytest.raises(IncompatibleDatasetError, match="no integer hidden_size"):
         build_draft(head, {"aux_layer_ids": [1, 2, 3]}, 8)
-
-
-def test_writer_refuses_a_schema_of_dicts(tmp_path):
-    with pytest.raises(InvalidArgumentError, match=r"schema item 0 is a dict, not an eagle_io\.TensorSpec"):
-        eagle_io.ShardWriter(tmp_path / "d", [{"name": "x", "dtype": "bfloat16", "width": 8}], {})
-    assert not (tmp_path / "d").exists()

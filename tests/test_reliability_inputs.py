@@ -19,6 +19,7 @@ from helpers.tiny_model import FIXTURE
 
 import eagle_io
 from conftest import make_sample
+from eagle_io.errors import InvalidArgumentError
 
 HIDDEN = 8
 
@@ -244,3 +245,33 @@ def test_a_manifest_with_an_invalid_schema_is_refused(tmp_path, tensors):
     (tmp_path / "manifest.json").write_bytes(text.replace(b"crc32:00000000", f"crc32:{crc:08x}".encode()))
     with pytest.raises(eagle_io.CorruptRecordError, match="schema"):
         eagle_io.Dataset(tmp_path)
+
+
+def test_writer_refuses_a_schema_of_dicts(tmp_path):
+    with pytest.raises(InvalidArgumentError, match=r"schema item 0 is a dict, not an eagle_io\.TensorSpec"):
+        eagle_io.ShardWriter(tmp_path / "d", [{"name": "x", "dtype": "bfloat16", "width": 8}], {})
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [
+        ({"shard_bytes": 0}, "shard_bytes must be positive"),
+        ({"zstd_level": 99}, r"zstd_level 99 is outside zstd's -\d+..=22"),
+        ({"zstd_level": -(2**20)}, "zstd_level -1048576 is outside"),
+    ],
+)
+def test_writer_refuses_options_zstd_or_rotation_cannot_honour(tmp_path, option, match):
+    """zstd clamped level 99 to 22 without a word; shard_bytes=0 wrote one shard per record."""
+    with pytest.raises(InvalidArgumentError, match=match):
+        eagle_io.ShardWriter(tmp_path / "d", eagle_io.eagle3_schema(8), {}, **option)
+    assert not (tmp_path / "d").exists()
+
+
+def test_manifest_name_refuses_a_rank_outside_the_world():
+    from eagle_io.store import layout
+
+    assert layout.manifest_name(1, 2) == "manifest.r00001.json"
+    for rank, world in ((3, 2), (0, 0)):
+        with pytest.raises(InvalidArgumentError, match=f"rank {rank} is outside"):
+            layout.manifest_name(rank, world)

@@ -134,10 +134,20 @@ impl DatasetWriter {
                 "shard_prefix and manifest_name must be plain names".into(),
             ));
         }
-        if opts.queue_depth == 0 || opts.chunk_bytes == 0 {
+        if opts.queue_depth == 0 || opts.chunk_bytes == 0 || opts.shard_bytes == 0 {
             return Err(Error::InvalidArgument(
-                "queue_depth and chunk_bytes must be positive".into(),
+                "queue_depth, chunk_bytes and shard_bytes must be positive".into(),
             ));
+        }
+        let levels = zstd::compression_level_range();
+        if !levels.contains(&opts.codec.zstd_level) {
+            // zstd clamps an out-of-range level without a word: 99 would silently be 22.
+            return Err(Error::InvalidArgument(format!(
+                "zstd_level {} is outside zstd's {}..={}",
+                opts.codec.zstd_level,
+                levels.start(),
+                levels.end()
+            )));
         }
         let fresh = Manifest {
             format: MANIFEST_FORMAT.into(),

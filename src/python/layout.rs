@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::errors::py_err;
+use crate::error::Error;
 use crate::layout;
 
 /// The layout's constants as a dict.
@@ -24,10 +25,15 @@ pub fn constants(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(d)
 }
 
-/// The manifest name of writer `rank` of `world_size`.
+/// The manifest name of writer `rank` of `world_size`; `InvalidArgumentError` unless
+/// `rank < world_size` (`manifest_name(3, 2)` named a file merge never reads).
 #[pyfunction]
-pub fn manifest_name(rank: u32, world_size: u32) -> String {
-    layout::manifest_name(rank, world_size)
+pub fn manifest_name(py: Python<'_>, rank: u32, world_size: u32) -> PyResult<String> {
+    if rank >= world_size {
+        let e = Error::InvalidArgument(format!("rank {rank} is outside [0, world_size = {world_size})"));
+        return Err(py_err(py)(e));
+    }
+    Ok(layout::manifest_name(rank, world_size))
 }
 
 /// The shard-name prefix of writer `rank`.
