@@ -89,6 +89,31 @@ def test_a_slot_exports_only_its_own_bytes_and_none_after_commit(tmp_path):
     assert [ds[p]["x"].unique().tolist() for p in range(2)] == [[7], [9]]
 
 
+def test_commit_refuses_another_sinks_slot_and_a_wrong_token_count(tmp_path):
+    """Both used to be taken: slot ids are per ring, so another sink's slot 0 committed this ring's slot 0 bytes
+    under the wrong sample id, and a token count that did not fill the slot killed the sink thread, failing every
+    later sample. Both are now refused at commit; the slot stays reserved and the capture goes on."""
+    schema = [eagle_io.TensorSpec("x", "uint8", 10)]
+    one = RingSink(eagle_io.ShardWriter(tmp_path / "one", schema, {}, threads=1), ring_bytes=8192)
+    two = RingSink(eagle_io.ShardWriter(tmp_path / "two", schema, {}, threads=1), ring_bytes=8192)
+    mine, theirs = one._sink.reserve(30, 1.0, False), two._sink.reserve(30, 1.0, False)
+    torch.frombuffer(mine, dtype=torch.uint8).fill_(1)
+    torch.frombuffer(theirs, dtype=torch.uint8).fill_(2)
+    with pytest.raises(eagle_io.InvalidArgumentError, match="reserved by another capture sink"):
+        one._sink.commit(theirs, 7, "", 3)
+    with pytest.raises(eagle_io.SchemaError, match="holds 30 bytes; 4 tokens of the schema need 40") as e:
+        one._sink.commit(mine, 8, "", 4)
+    assert e.value.sample_id == 8
+    one._sink.commit(mine, 8, "", 3)
+    two._sink.commit(theirs, 7, "", 3)
+    assert one.put(9, {"x": torch.full((2, 10), 5, dtype=torch.uint8)})  # the sink is alive
+    one.close()
+    two.close()
+    a, b = eagle_io.Dataset(tmp_path / "one"), eagle_io.Dataset(tmp_path / "two")
+    assert [(a.entry(p).sample_id, a[p]["x"].unique().tolist()) for p in range(len(a))] == [(8, [1]), (9, [5])]
+    assert [(b.entry(p).sample_id, b[p]["x"].unique().tolist()) for p in range(len(b))] == [(7, [2])]
+
+
 def test_bad_puts_are_refused_at_put_and_the_ring_goes_on(tmp_path):
     """A duplicate id used to pass put() and stop the sink thread later, losing the valid samples of its batch
     (the error came out of close()); a negative id, a list, a missing tensor or an int key raised OverflowError,

@@ -10,6 +10,7 @@ use pyo3::types::PyDict;
 use super::errors::py_err;
 use super::slot::RingSlot;
 use super::writer::{stats_dict, Writer};
+use crate::error::Error;
 use crate::ring::CaptureSink as CoreSink;
 
 #[pyclass(module = "eagle_io._native")]
@@ -49,17 +50,36 @@ impl CaptureSink {
     /// Hands `slot` (its bytes fully written, no view of it written again) to the writer, or
     /// abandons it with `cancelled`. A slot is handed back once.
     #[pyo3(signature = (slot, sample_id, key, n_tokens, cancelled = false))]
+    ///
+    /// Raises `InvalidArgumentError` for a slot another sink reserved, and `SchemaError` when
+    /// `n_tokens` rows of the schema do not fill the slot exactly (both before anything is
+    /// handed over: the slot stays reserved, and the sink keeps running).
     fn commit(
-        &self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         slot: &RingSlot,
         sample_id: u64,
         key: String,
         n_tokens: u64,
         cancelled: bool,
     ) -> PyResult<()> {
+        let py = slf.py();
+        if !slot.reserved_by(slf) {
+            let e = Error::InvalidArgument(format!("ring slot {} was reserved by another capture sink", slot.id()));
+            return Err(py_err(py)(e));
+        }
+        let me = slf.borrow();
+        let need = n_tokens.checked_mul(me.inner.token_bytes());
+        if !cancelled && need != Some(slot.len() as u64) {
+            let message = format!(
+                "ring slot {} holds {} bytes; {n_tokens} tokens of the schema need {}",
+                slot.id(),
+                slot.len(),
+                need.map_or("more than 2**64".into(), |n| n.to_string())
+            );
+            return Err(py_err(py)(Error::Schema { sample_id, message }));
+        }
         slot.hand_over().map_err(py_err(py))?;
-        self.inner
+        me.inner
             .ring()
             .commit(slot.id(), sample_id, key, n_tokens, cancelled)
             .map_err(py_err(py))

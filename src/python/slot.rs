@@ -44,6 +44,16 @@ impl RingSlot {
         self.id
     }
 
+    /// Bytes in the slot.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether `sink` reserved this slot (a slot id of another sink names other bytes here).
+    pub fn reserved_by(&self, sink: &Bound<'_, CaptureSink>) -> bool {
+        self._sink.as_ptr() == sink.as_ptr()
+    }
+
     /// Marks the slot handed back to the ring (committed, or abandoned with `cancelled`): no new
     /// view of it can be taken, and it cannot be handed back twice.
     pub fn hand_over(&self) -> Result<(), Error> {

@@ -17,6 +17,7 @@ pub struct SinkStats {
 
 pub struct CaptureSink {
     ring: Arc<Ring>,
+    token_bytes: u64,
     writer_stats: StatsHandle,
     thread: Option<JoinHandle<Result<Manifest>>>,
 }
@@ -77,6 +78,7 @@ impl CaptureSink {
     pub fn start(ring_bytes: usize, writer: DatasetWriter, batch: usize) -> Result<CaptureSink> {
         let ring = Arc::new(Ring::new(ring_bytes));
         let writer_stats = writer.stats_handle();
+        let token_bytes = writer.schema().token_bytes();
         let r = ring.clone();
         let thread = std::thread::Builder::new()
             .name("eagle-io-capture-sink".into())
@@ -84,9 +86,15 @@ impl CaptureSink {
             .map_err(|e| Error::Internal(format!("cannot start the capture sink thread: {e}")))?;
         Ok(CaptureSink {
             ring,
+            token_bytes,
             writer_stats,
             thread: Some(thread),
         })
+    }
+
+    /// Bytes of one token's row over the whole schema: a slot of `n` tokens holds `n` times this.
+    pub fn token_bytes(&self) -> u64 {
+        self.token_bytes
     }
 
     /// The ring: producers `reserve` and `commit` slots on it.
