@@ -56,7 +56,9 @@ def committed_ids(out_dir: str | os.PathLike[str], dp_size: int = 1) -> set[int]
     return ids
 
 
-def stop_capture(out_dir: str | os.PathLike[str], dp_size: int = 1, timeout_s: float = 600.0) -> list[dict[str, Any]]:
+def stop_capture(
+    out_dir: str | os.PathLike[str], dp_size: int = 1, timeout_s: float = defaults.STOP_TIMEOUT_S
+) -> list[dict[str, Any]]:
     """Asks every writing scheduler of the capture into ``out_dir`` to drain, commit and answer (see the module
     docstring); waits for the ``dp_size`` answers and returns them, in DP rank order.
 
@@ -209,7 +211,7 @@ class SGLangCaptureSession:
                 out[k] = max(out.get(k, 0), v) if k in per_rank else out.get(k, 0) + v
         return out
 
-    def close(self, timeout_s: float = 600.0) -> dict[str, Any]:
+    def close(self, timeout_s: float = defaults.STOP_TIMEOUT_S) -> dict[str, Any]:
         """Stops the capture in every writing scheduler (waiting up to ``timeout_s`` for them to commit); returns
         ``manifest.json`` (``{}`` when several DP ranks each wrote their ``manifest.rNNNNN.json``)."""
         if self.manifest is None:
