@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidArgumentError, TargetNotFoundError
+from ..store import layout
 
 __all__ = ["DEFAULT_GGUF_DIST", "default_gguf_path", "file_sha256", "load_target", "target_checkpoint"]
 
@@ -165,17 +166,10 @@ def target_checkpoint(
             net = AutoModelForCausalLM.from_pretrained(
                 path.parent, quantization_config=dense, dtype=torch.bfloat16, **kw
             )
-            tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-            net.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
+            with layout.atomic_dir(out) as tmp:
+                net.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
             del net
-            out.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.rename(tmp, out)
-            except OSError:  # another process finished first
-                import shutil
-
-                shutil.rmtree(tmp, ignore_errors=True)
         files = [{"name": path.name, "size": path.stat().st_size, "sha256": digest}]
         model_id, source, gguf_file = path.name, str(path), path.name
     elif path.is_dir():

@@ -168,6 +168,44 @@ def atomic_file(path: str | os.PathLike[str], *, check: Callable[[Path], object]
         raise storage_error(target, e) from e
 
 
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Builds directory ``path`` atomically: yields an empty temporary directory beside it (``.NAME.PID.tmp``, one
+    per process, so concurrent builders never share one); on a clean exit fsyncs every file in it, renames it to
+    ``path`` and fsyncs the parent. When another process renamed its copy first, this one is removed (both hold the
+    same content). On an exception the temporary directory is removed and ``path`` is untouched.
+
+    Raises:
+        StorageError: an OS error, naming the directory.
+    """
+    import shutil
+
+    target = Path(path)
+    tmp = target.with_name(f"{_L['temp_prefix']}{target.name}.{os.getpid()}{_L['temp_suffix']}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a crashed process with this pid
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise storage_error(tmp, e) from e
+    try:
+        yield tmp
+        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+        _fsync_dir(target.parent)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and not isinstance(e, StorageError):
+            raise storage_error(target, e) from e
+        raise
+
+
 def write_atomic(path: str | os.PathLike[str], data: bytes, *, check: Callable[[Path], object] | None = None) -> None:
     """Writes ``data`` to ``path`` with :func:`atomic_file` (and its ``check``).
 
