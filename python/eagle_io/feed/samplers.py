@@ -16,7 +16,8 @@ Uneven splits (``uneven=``), when the epoch's batches (or samples, for :class:`R
 - ``"split"`` (:class:`LengthGroupedBatchSampler` only): exactly once *and* the same number of steps on every
   rank: the batches with the most items are cut in two (first half, then second half, in place) until their
   count divides by ``world_size``, so a few batches are smaller than the rest; nothing repeated or dropped. The
-  cut batches are reported by ``epoch_stats`` (``split_batches``). Needs at least ``world_size`` items.
+  cut batches are reported by ``epoch_stats`` (``split_batches``). Impossible when every batch holds one item and
+  their count does not divide (an InvalidArgumentError says so).
 
 Resume (both samplers): ``state_dict()`` / ``load_state_dict(state)`` follow torchdata's ``Stateful`` protocol, so
 ``torchdata.stateful_dataloader.StatefulDataLoader`` saves and restores them with its own ``state_dict()`` (it
@@ -85,7 +86,9 @@ def _cut_until_divisible(batches: list, world_size: int) -> tuple[list, int]:
         b = batches[j]
         if len(b) < 2:
             raise InvalidArgumentError(
-                f'uneven="split" needs at least world_size={world_size} items, got {sum(map(len, batches))}'
+                f'uneven="split" cannot give world_size={world_size} ranks the same step count: the epoch has '
+                f"{len(batches)} batches of one item ({sum(map(len, batches))} items); use a larger batch_size or "
+                f'max_tokens, or uneven="pad"/"drop"'
             )
         half = (len(b) + 1) // 2
         batches[j : j + 1] = [b[:half], b[half:]]
@@ -209,7 +212,8 @@ class LengthGroupedBatchSampler(_Resumable, torch.utils.data.Sampler[list[int]])
     Raises:
         InvalidArgumentError: both or neither of ``batch_size``/``max_tokens``; an item longer than
             ``max_tokens`` (names it; truncate with ``ShardDataset(max_length=...)``); a bad rank or ``uneven``;
-            ``uneven="split"`` with fewer items than ranks (when the epoch is planned).
+            ``uneven="split"`` when the batches cannot be cut to a multiple of ``world_size`` (when the epoch is
+            planned).
     """
 
     def __init__(
