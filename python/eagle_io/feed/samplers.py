@@ -236,6 +236,7 @@ class LengthGroupedBatchSampler(_Resumable, torch.utils.data.Sampler[list[int]])
             raise InvalidArgumentError(f"batch_size and max_tokens must be >= 1, got {batch_size}, {max_tokens}")
         _check_rank(rank, world_size, uneven)
         self.lengths = _lengths_of(lengths)
+        self._lengths_crc32 = zlib.crc32(self.lengths.tobytes())  # state_dict() runs once per batch handed out
         if max_tokens is not None and len(self.lengths) and self.lengths.max() > max_tokens:
             i = int(np.argmax(self.lengths))
             raise InvalidArgumentError(
@@ -253,7 +254,7 @@ class LengthGroupedBatchSampler(_Resumable, torch.utils.data.Sampler[list[int]])
         return {
             "kind": "LengthGroupedBatchSampler",
             "n_items": len(self.lengths),
-            "lengths_crc32": zlib.crc32(self.lengths.tobytes()),
+            "lengths_crc32": self._lengths_crc32,
             "batch_size": self.batch_size,
             "max_tokens": self.max_tokens,
             "rank": self.rank,
