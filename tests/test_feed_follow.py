@@ -148,3 +148,34 @@ def test_filter_arguments_and_pickling(finished, tmp_path):
     jobs.write_dataset(str(other), 3, SHARD_BYTES, metadata={**jobs.METADATA, "aux_layer_ids": [1, 2, 4]})
     with pytest.raises(eagle_io.IncompatibleDatasetError, match="aux_layer_ids"):
         list(ShardDataset([finished, other], follow=True))
+
+
+@pytest.mark.slow
+def test_follow_eagle_io_generate_running_in_another_process(tmp_path):
+    """(slow: ~1 min on the shared machine, mostly the subprocess's imports) The real writer: `eagle-io generate` (a
+    tiny random Llama with SmolLM2's tokenizer, the ShareGPT slice) in a subprocess, followed from its start: the
+    follower ends on its own and yields exactly the finished dataset."""
+    from test_capture_session import FIXTURE, tiny_target
+
+    from eagle_io.data import load_default_tokenizer
+
+    tok = load_default_tokenizer()
+    model, _ = tiny_target(vocab=len(tok))
+    model_dir, out = tmp_path / "tiny", tmp_path / "run"
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    argv = ["generate", "--model", str(model_dir), "--dataset", str(FIXTURE), "--out", str(out), "--limit", "10"]
+    argv += ["--max-length", "128", "--batch-size", "2", "--threads", "1", "--shard-bytes", "20000"]
+    proc = subprocess.Popen([sys.executable, "-m", "eagle_io.cli", *argv], stdout=subprocess.DEVNULL)
+    try:
+        items = list(ShardDataset(out, follow=True, poll_s=0.02, timeout_s=300))
+    finally:
+        assert proc.wait(300) == 0
+    ds = eagle_io.Dataset(out)
+    assert ds.manifest["complete"] and len(ds.manifest["shards"]) >= 3
+    assert [it["sample_id"] for it in items] == [ds.entry(p).sample_id for p in range(len(ds))]
+    for p, it in enumerate(items):
+        want = ds[p]
+        assert torch.equal(it["input_ids"], want["input_ids"])
+        assert torch.equal(it["aux_hidden_states"], want["aux_hidden_states"])
+        assert torch.equal(it["hidden_states"], want["hidden_states"])
