@@ -1,7 +1,6 @@
 """Every tunable's default, defined once: in the Rust core (``WriterOptions::default`` in
 ``src/dataset/writer.rs``, ``CodecOptions::default`` in ``src/codec/mod.rs``, the ring's constants in
-``src/ring/mod.rs``), exported as ``eagle_io._native.DEFAULTS``, and, for what only Python does, at the end of
-this file. The writer, the capture ring, ``eagle_io.capture``,
+``src/ring/mod.rs``), exported as ``eagle_io._native.DEFAULTS``. The writer, the capture ring, ``eagle_io.capture``,
 the SGLang capture, ``import-specforge`` and the command line all take their defaults from here.
 """
 
@@ -25,8 +24,9 @@ RING_BATCH: int = _CORE["ring_batch"]
 """Committed samples the sink thread encodes together."""
 RING_TIMEOUT_S: float = _CORE["ring_timeout_s"]
 """Seconds a producer waits on a full ring before ``RingTimeoutError``."""
-
-# What only the Python side does (no Rust counterpart).
-
-STOP_TIMEOUT_S: float = 600.0
+FOLLOW_POLL_S: float = _CORE["follow_poll_s"]
+"""Seconds between two looks at a followed capture's manifest (``ShardDataset(..., follow=True)``)."""
+FOLLOW_TIMEOUT_S: float = _CORE["follow_timeout_s"]
+"""Seconds a followed capture may go without committing a shard (nor completing) before ``CaptureStalledError``."""
+STOP_TIMEOUT_S: float = _CORE["stop_timeout_s"]
 """Seconds ``stop_capture`` / ``SGLangCapture.close`` wait for every SGLang scheduler to drain, commit and answer."""

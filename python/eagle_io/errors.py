@@ -31,6 +31,7 @@ every ``raise`` in the package raises one of these.
     ├── MissingDataPackageError (ImportError)    a package with model/data files or an optional feature is missing
     ├── RingTimeoutError (TimeoutError)          the capture ring stayed full
     ├── CaptureStopTimeoutError (TimeoutError)   SGLang schedulers did not answer a stop
+    ├── CaptureStalledError (TimeoutError)       a followed capture committed nothing for too long: path
     ├── ServingGuardError (RuntimeError)         an EAGLE-3 draft served without (the right) aux capture
     ├── DraftWidthError (RuntimeError)           states entering the draft have the wrong width
     ├── NonFiniteTrainingError (FloatingPointError)  a NaN/Inf loss, metric or weight in draft training
@@ -222,6 +223,15 @@ class CaptureStopTimeoutError(EagleIOError, TimeoutError):
     """Not every SGLang scheduler answered a capture stop in time (a scheduler died, or no capture runs)."""
 
 
+class CaptureStalledError(EagleIOError, TimeoutError):
+    """``ShardDataset(..., follow=True)``: a capture committed no shard and was not marked complete within the
+    timeout (its writer died, or is far slower than expected). Attributes: ``path`` (the manifest waited on),
+    ``waited_s``."""
+
+    path: str
+    waited_s: float
+
+
 class ServingGuardError(EagleIOError, RuntimeError):
     """Startup aborted: an EAGLE-3 draft would be served without (or with the wrong) aux-state capture."""
 
@@ -246,6 +256,7 @@ class InternalError(EagleIOError, RuntimeError):
 __all__ = [
     "ArgumentTypeError",
     "CaptureRefusedError",
+    "CaptureStalledError",
     "CaptureStopTimeoutError",
     "CheckpointError",
     "CorruptRecordError",

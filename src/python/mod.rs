@@ -34,8 +34,15 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Every tunable's default, defined once in the core (`WriterOptions::default`, `src/ring/mod.rs`);
-/// `eagle_io.defaults` reads them from here.
+/// Seconds between two looks at a followed capture's manifest (`ShardDataset(..., follow=True)`).
+const FOLLOW_POLL_S: f64 = 1.0;
+/// Seconds a followed capture may go without committing a shard before the reader gives up.
+const FOLLOW_TIMEOUT_S: f64 = 3600.0;
+/// Seconds `stop_capture` waits for every SGLang scheduler to drain, commit and answer.
+const STOP_TIMEOUT_S: f64 = 600.0;
+
+/// Every tunable's default, defined once in the core (`WriterOptions::default`, `src/ring/mod.rs`, the
+/// feed's follow and SGLang stop constants above); `eagle_io.defaults` reads them from here.
 fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let w = WriterOptions::default();
     let d = PyDict::new(py);
@@ -47,5 +54,8 @@ fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("ring_bytes", DEFAULT_RING_BYTES)?;
     d.set_item("ring_batch", DEFAULT_RING_BATCH)?;
     d.set_item("ring_timeout_s", DEFAULT_RESERVE_TIMEOUT_S)?;
+    d.set_item("follow_poll_s", FOLLOW_POLL_S)?;
+    d.set_item("follow_timeout_s", FOLLOW_TIMEOUT_S)?;
+    d.set_item("stop_timeout_s", STOP_TIMEOUT_S)?;
     Ok(d)
 }

@@ -3,7 +3,10 @@
 - :class:`ShardDataset`: a map-style dataset over one or several datasets (manifests and indexes only).
 - :class:`PaddingCollator` / :class:`PackingCollator`: items -> ``[B, T]`` padded or ``[1, N]`` packed batches.
 - :func:`shift_targets`: the EAGLE-3 shift (position ``t`` targets token ``t + 1``'s state), for both layouts.
-- :class:`LengthGroupedBatchSampler` / :class:`RankSampler`: seeded, rank-disjoint, resumable samplers.
+- :class:`LengthGroupedBatchSampler` / :class:`RankSampler`: seeded, rank-disjoint, resumable samplers (torchdata's
+  ``StatefulDataLoader`` saves and restores them mid-epoch).
+- :class:`FollowingShardDataset` (``ShardDataset(paths, follow=True)``): samples of a capture still running, as its
+  shards commit, until its manifest is marked complete.
 
 Typical use on rank ``r`` of ``W``::
 
@@ -27,7 +30,9 @@ from .dataset import (
     ShardDataset,
     SkippedRecord,
     expand_paths,
+    read_item,
 )
+from .follow import CaptureProgress, FollowingShardDataset, capture_progress, manifest_to_follow
 from .samplers import UNEVEN, LengthGroupedBatchSampler, RankSampler, permutation
 
 __all__ = [
@@ -36,6 +41,8 @@ __all__ = [
     "ON_CORRUPT",
     "REQUIRED_TENSORS",
     "UNEVEN",
+    "CaptureProgress",
+    "FollowingShardDataset",
     "LazyItems",
     "LengthGroupedBatchSampler",
     "PackingCollator",
@@ -43,8 +50,11 @@ __all__ = [
     "RankSampler",
     "ShardDataset",
     "SkippedRecord",
+    "capture_progress",
     "expand_paths",
     "has_next_token",
+    "manifest_to_follow",
     "permutation",
+    "read_item",
     "shift_targets",
 ]

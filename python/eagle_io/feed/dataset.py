@@ -106,6 +106,19 @@ def _check_compatible(first: Dataset, other: Dataset) -> None:
         )
 
 
+def read_item(ds: Dataset, pos: int, dataset_index: int, max_length: int | None) -> dict[str, Any]:
+    """Sample ``pos`` of ``ds`` as a feed item (see :class:`ShardDataset`): tensors truncated to ``max_length``,
+    ``loss_mask`` as int64, ``sample_id`` and ``dataset_index`` added. Raises CorruptRecordError on a bad record."""
+    sample = ds.read(pos)
+    sample_id = sample.pop("sample_id")
+    if max_length is not None and sample["input_ids"].shape[0] > max_length:
+        sample = {k: v[:max_length] for k, v in sample.items()}
+    sample["loss_mask"] = sample["loss_mask"].to(torch.int64)
+    sample["sample_id"] = sample_id
+    sample["dataset_index"] = dataset_index
+    return sample
+
+
 class ShardDataset(torch.utils.data.Dataset):
     """A map-style dataset over one or several eagle-io datasets, built from their manifests and shard indexes
     alone: opening reads no payload (a corrupt record is only found when that item is read).
@@ -143,6 +156,10 @@ class ShardDataset(torch.utils.data.Dataset):
             append a :class:`SkippedRecord` to :attr:`skipped` (this process's count) and to the batch's
             ``"skipped"`` list (how the counts of DataLoader workers reach the training loop). ``ds[i]`` and
             other collate functions always raise: a single item cannot be skipped without substituting one.
+        follow: return a :class:`eagle_io.feed.FollowingShardDataset` instead: an iterable view that yields
+            samples as a running capture commits them and ends when its manifest is marked complete (training
+            while capture runs, docs/TRAINING.md). It takes the arguments above and ``poll_s``, ``timeout_s``,
+            ``rank``, ``world_size``.
 
     Raises:
         IncompatibleDatasetError: two datasets whose metadata differ on a key of :data:`COMPATIBILITY_KEYS` or
@@ -155,6 +172,13 @@ class ShardDataset(torch.utils.data.Dataset):
     Pickles as its paths, options and kept positions (spawn-safe; the filter is not re-run); fork-safe.
     """
 
+    def __new__(cls, paths: Any = None, *, follow: bool = False, **options: Any) -> Any:
+        if follow:
+            from .follow import FollowingShardDataset  # imports this module
+
+            return FollowingShardDataset(paths, **options)
+        return super().__new__(cls)
+
     def __init__(
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
@@ -163,6 +187,7 @@ class ShardDataset(torch.utils.data.Dataset):
         filter: SampleFilter | None = None,
         threads: int = 1,
         on_corrupt: str = "raise",
+        follow: bool = False,
     ) -> None:
         if max_length is not None and max_length < 1:
             raise InvalidArgumentError(f"max_length must be >= 1 or None, got {max_length}")
@@ -317,15 +342,7 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         d, p = self.locate(int(i))
-        sample = self.datasets[d].read(p)
-        sample_id = sample.pop("sample_id")
-        m = self.max_length
-        if m is not None and sample["input_ids"].shape[0] > m:
-            sample = {k: v[:m] for k, v in sample.items()}
-        sample["loss_mask"] = sample["loss_mask"].to(torch.int64)
-        sample["sample_id"] = sample_id
-        sample["dataset_index"] = d
-        return sample
+        return read_item(self.datasets[d], p, d, self.max_length)
 
     def __getstate__(self) -> dict[str, Any]:
         return {

@@ -13,6 +13,17 @@ Uneven splits (``uneven=``), when the epoch's batches (or samples, for :class:`R
 - ``"drop"``: the last ones of the epoch's order are left out for that epoch (a different set every epoch when
   shuffled); the count is reported by ``epoch_stats``. Ranks run the same number of steps.
 - ``"uneven"``: nothing repeated or dropped; ranks differ by at most one step (DDP collectives would hang).
+- ``"split"`` (:class:`LengthGroupedBatchSampler` only): exactly once *and* the same number of steps on every
+  rank: the batches with the most items are cut in two (first half, then second half, in place) until their
+  count divides by ``world_size``, so a few batches are smaller than the rest; nothing repeated or dropped. The
+  cut batches are reported by ``epoch_stats`` (``split_batches``). Impossible when every batch holds one item and
+  their count does not divide (an InvalidArgumentError says so).
+
+Resume (both samplers): ``state_dict()`` / ``load_state_dict(state)`` follow torchdata's ``Stateful`` protocol, so
+``torchdata.stateful_dataloader.StatefulDataLoader`` saves and restores them with its own ``state_dict()`` (it
+snapshots the sampler when a batch index is handed to a worker, so prefetching is accounted for). Without it, pass
+the consumed step count yourself: ``state_dict(step)``. A state taken after the last step of an epoch resumes at
+step 0 of the next epoch when ``set_epoch`` selected it before the state is loaded (``load_state_dict``).
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ import torch
 
 from ..errors import InvalidArgumentError
 
-UNEVEN = ("pad", "drop", "uneven")
+UNEVEN = ("pad", "drop", "uneven", "split")
 _M64 = (1 << 64) - 1
 
 
@@ -66,8 +77,28 @@ def _check_rank(rank: int, world_size: int, uneven: str) -> None:
         raise InvalidArgumentError(f"uneven must be one of {UNEVEN}, got {uneven!r}")
 
 
+def _cut_until_divisible(batches: list, world_size: int) -> tuple[list, int]:
+    """``"split"``: cuts the batches with the most items (the earliest of equals) in two, in place, until their
+    count divides by ``world_size``; returns (batches, number of batches cut)."""
+    batches, cut = list(batches), 0
+    while len(batches) % world_size:
+        j = max(range(len(batches)), key=lambda k: (len(batches[k]), -k))
+        b = batches[j]
+        if len(b) < 2:
+            raise InvalidArgumentError(
+                f'uneven="split" cannot give world_size={world_size} ranks the same step count: the epoch has '
+                f"{len(batches)} batches of one item ({sum(map(len, batches))} items); use a larger batch_size or "
+                f'max_tokens, or uneven="pad"/"drop"'
+            )
+        half = (len(b) + 1) // 2
+        batches[j : j + 1] = [b[:half], b[half:]]
+        cut += 1
+    return batches, cut
+
+
 def _split(units: list, world_size: int, uneven: str) -> tuple[list, int, int]:
-    """Makes ``len(units)`` divide by ``world_size`` per ``uneven``; returns (units, repeated, dropped)."""
+    """Makes ``len(units)`` divide by ``world_size`` per ``uneven`` (not ``"split"``); returns (units, repeated,
+    dropped)."""
     extra = len(units) % world_size
     if extra == 0 or uneven == "uneven" or not units:
         return units, 0, 0
@@ -78,31 +109,63 @@ def _split(units: list, world_size: int, uneven: str) -> tuple[list, int, int]:
 
 
 class _Resumable(abc.ABC):
-    """``set_epoch(epoch, start)`` / ``state_dict(consumed)`` / ``load_state_dict`` shared by the samplers."""
+    """``set_epoch(epoch, start)`` / ``state_dict(consumed)`` / ``load_state_dict`` shared by the samplers.
+
+    ``position`` counts the steps of the current epoch that iteration has handed out (from ``start``); it is
+    what ``state_dict()`` saves when no step count is given (torchdata's ``StatefulDataLoader`` protocol)."""
 
     epoch: int
     start: int
+    position: int
 
     @abc.abstractmethod
     def _identity(self) -> dict[str, Any]:
         """What must match for a saved state to load: the sampler's kind and settings."""
 
+    @abc.abstractmethod
+    def _steps(self, epoch: int) -> list:
+        """This rank's steps (batches or items) of ``epoch``, from step 0."""
+
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         """Selects the epoch (its order) and the step to start at; both hold until the next ``set_epoch``."""
         if epoch < 0 or start_step < 0:
             raise InvalidArgumentError(f"epoch and start_step must be >= 0, got {epoch}, {start_step}")
-        self.epoch, self.start = epoch, start_step
+        self.epoch, self.start, self.position = epoch, start_step, start_step
 
-    def state_dict(self, step: int) -> dict[str, Any]:
-        """The resume point after ``step`` steps of the current epoch were *consumed* by training.
+    def __iter__(self) -> Iterator:
+        steps = self._steps(self.epoch)
+        for i in range(self.start, len(steps)):
+            self.position = i + 1  # counted before the hand-out: a state taken right after it includes it
+            yield steps[i]
 
-        The step count comes from the caller because a DataLoader draws batches from the sampler ahead of the
-        training loop (prefetch), so the sampler cannot know how many were consumed."""
-        return {**self._identity(), "epoch": self.epoch, "step": int(step)}
+    def __len__(self) -> int:
+        return max(0, len(self._steps(self.epoch)) - self.start)
+
+    def state_dict(self, step: int | None = None) -> dict[str, Any]:
+        """The resume point after ``step`` steps of the current epoch were *consumed* by training; by default
+        (``step=None``) the steps iteration has handed out so far (:attr:`position`), which is what torchdata's
+        ``StatefulDataLoader`` expects: it calls ``state_dict()`` when it hands a batch to a worker and keeps the
+        state until that batch reaches the training loop. With a plain ``DataLoader`` the sampler runs ahead of
+        the training loop (prefetch), so pass the consumed step count.
+
+        Returns:
+            a dict of ints, bools and strings (JSON-serialisable): the sampler's settings, ``epoch`` and ``step``.
+
+        Raises:
+            InvalidArgumentError: a negative ``step``.
+        """
+        step = self.position if step is None else int(step)
+        if step < 0:
+            raise InvalidArgumentError(f"step must be >= 0, got {step}")
+        return {**self._identity(), "epoch": self.epoch, "step": step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resumes at ``(state["epoch"], state["step"])``: the next iteration yields exactly the steps a run that
-        was not interrupted would have yielded after that point.
+        was not interrupted would have yielded after that point. A state saved after the last step of its epoch
+        ``e`` resumes as that epoch's empty remainder, unless ``set_epoch`` already moved this sampler past ``e``
+        (a loop that calls ``set_epoch(e + 1)`` before iterating, whose StatefulDataLoader loads the state when
+        the iteration starts): then that epoch starts at step 0. (Do not call ``set_epoch`` after loading for
+        the resumed epoch: that restarts it at step 0.)
 
         Raises:
             InvalidArgumentError: the state comes from a sampler with other settings or data (the message names
@@ -113,7 +176,10 @@ class _Resumable(abc.ABC):
                 raise InvalidArgumentError(
                     f"cannot resume: sampler state has {key}={state.get(key)!r} but this sampler has {key}={mine!r}"
                 )
-        self.set_epoch(int(state["epoch"]), int(state["step"]))
+        epoch, step = int(state["epoch"]), int(state["step"])
+        if self.epoch > epoch and step >= len(self._steps(epoch)):
+            epoch, step = self.epoch, 0
+        self.set_epoch(epoch, step)
 
 
 class LengthGroupedBatchSampler(_Resumable, torch.utils.data.Sampler[list[int]]):
@@ -136,14 +202,18 @@ class LengthGroupedBatchSampler(_Resumable, torch.utils.data.Sampler[list[int]])
         shuffle: permute items and batches; False keeps index order (still grouped and split).
         group_by_length: sort each group by length; False gives plain random batches.
         group_size: items per sorted group (default ``64 x batch_size``, or 1024 with ``max_tokens``).
-        uneven: ``"pad"``, ``"drop"`` or ``"uneven"`` (module docstring).
+        uneven: ``"pad"``, ``"drop"``, ``"uneven"`` or ``"split"`` (module docstring; ``"split"`` is the one that
+            gives every item exactly once per epoch *and* the same step count on every rank).
 
-    Resume: ``set_epoch(epoch, start_step)``; ``state_dict(step)`` / ``load_state_dict(state)``. ``len()`` is
-    the number of batches this rank yields from ``start_step`` to the end of the epoch.
+    Resume: ``set_epoch(epoch, start_step)``; ``state_dict(step)`` / ``load_state_dict(state)``, or
+    ``state_dict()`` through torchdata's ``StatefulDataLoader(batch_sampler=...)`` (module docstring). ``len()``
+    is the number of batches this rank yields from ``start_step`` to the end of the epoch.
 
     Raises:
         InvalidArgumentError: both or neither of ``batch_size``/``max_tokens``; an item longer than
-            ``max_tokens`` (names it; truncate with ``ShardDataset(max_length=...)``); a bad rank or ``uneven``.
+            ``max_tokens`` (names it; truncate with ``ShardDataset(max_length=...)``); a bad rank or ``uneven``;
+            ``uneven="split"`` when the batches cannot be cut to a multiple of ``world_size`` (when the epoch is
+            planned).
     """
 
     def __init__(
@@ -166,6 +236,7 @@ class LengthGroupedBatchSampler(_Resumable, torch.utils.data.Sampler[list[int]])
             raise InvalidArgumentError(f"batch_size and max_tokens must be >= 1, got {batch_size}, {max_tokens}")
         _check_rank(rank, world_size, uneven)
         self.lengths = _lengths_of(lengths)
+        self._lengths_crc32 = zlib.crc32(self.lengths.tobytes())  # state_dict() runs once per batch handed out
         if max_tokens is not None and len(self.lengths) and self.lengths.max() > max_tokens:
             i = int(np.argmax(self.lengths))
             raise InvalidArgumentError(
@@ -176,14 +247,14 @@ class LengthGroupedBatchSampler(_Resumable, torch.utils.data.Sampler[list[int]])
         self.rank, self.world_size, self.seed, self.shuffle = rank, world_size, seed, shuffle
         self.group_by_length, self.uneven = group_by_length, uneven
         self.group_size = group_size or (64 * batch_size if batch_size else 1024)
-        self.epoch, self.start = 0, 0
+        self.epoch, self.start, self.position = 0, 0, 0
         self._cache: tuple[int, list[list[int]], dict[str, int]] | None = None
 
     def _identity(self) -> dict[str, Any]:
         return {
             "kind": "LengthGroupedBatchSampler",
             "n_items": len(self.lengths),
-            "lengths_crc32": zlib.crc32(self.lengths.tobytes()),
+            "lengths_crc32": self._lengths_crc32,
             "batch_size": self.batch_size,
             "max_tokens": self.max_tokens,
             "rank": self.rank,
@@ -222,7 +293,9 @@ class LengthGroupedBatchSampler(_Resumable, torch.utils.data.Sampler[list[int]])
 
     def _plan(self, epoch: int) -> tuple[list[list[int]], dict[str, int]]:
         if self._cache is None or self._cache[0] != epoch:
-            batches = self._all_batches(epoch)
+            batches, cut = self._all_batches(epoch), 0
+            if self.uneven == "split":
+                batches, cut = _cut_until_divisible(batches, self.world_size)
             split, repeated, dropped = _split(batches, self.world_size, self.uneven)
             mine = [b.tolist() for b in split[self.rank :: self.world_size]]
             stats = {
@@ -231,6 +304,7 @@ class LengthGroupedBatchSampler(_Resumable, torch.utils.data.Sampler[list[int]])
                 "repeated_items": sum(len(b) for b in split[len(batches) :]),
                 "dropped_batches": dropped,
                 "dropped_items": sum(len(b) for b in batches[len(split) :]),
+                "split_batches": cut,
                 "rank_batches": len(mine),
             }
             self._cache = (epoch, mine, stats)
@@ -239,19 +313,19 @@ class LengthGroupedBatchSampler(_Resumable, torch.utils.data.Sampler[list[int]])
     def epoch_stats(self, epoch: int | None = None) -> dict[str, int]:
         """For ``epoch`` (default: the current one): ``batches`` (all ranks, before the uneven split),
         ``repeated_batches``/``repeated_items`` (by ``"pad"``), ``dropped_batches``/``dropped_items`` (by
-        ``"drop"``), ``rank_batches`` (this rank's, from step 0)."""
+        ``"drop"``), ``split_batches`` (cut in two by ``"split"``; ``batches`` counts the halves), ``rank_batches``
+        (this rank's, from step 0)."""
         return dict(self._plan(self.epoch if epoch is None else epoch)[1])
 
     def batches(self, epoch: int | None = None) -> list[list[int]]:
         """This rank's batches of ``epoch`` (default: the current one), from step 0."""
         return [list(b) for b in self._plan(self.epoch if epoch is None else epoch)[0]]
 
-    def __iter__(self) -> Iterator[list[int]]:
-        mine, _ = self._plan(self.epoch)
-        yield from (list(b) for b in mine[self.start :])
+    def _steps(self, epoch: int) -> list[list[int]]:
+        return self._plan(epoch)[0]
 
-    def __len__(self) -> int:
-        return max(0, len(self._plan(self.epoch)[0]) - self.start)
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from (list(b) for b in super().__iter__())
 
 
 class RankSampler(_Resumable, torch.utils.data.Sampler[int]):
@@ -262,11 +336,13 @@ class RankSampler(_Resumable, torch.utils.data.Sampler[int]):
 
     Resume: ``set_epoch(epoch, start_step)`` where a step is one *item* of this rank (with ``DataLoader``
     batches of ``B``, resume at batch ``s`` with ``start_step = s * B``); ``state_dict(items_consumed)`` /
-    ``load_state_dict(state)``. ``len()`` is the number of items this rank yields from ``start_step``.
+    ``load_state_dict(state)``, or ``state_dict()`` through torchdata's ``StatefulDataLoader(sampler=...,
+    batch_size=B)`` (module docstring). ``len()`` is the number of items this rank yields from ``start_step``.
 
     Args:
         n: the number of items, or a sized dataset.
-        rank, world_size, seed, shuffle, uneven: as for :class:`LengthGroupedBatchSampler`.
+        rank, world_size, seed, shuffle, uneven: as for :class:`LengthGroupedBatchSampler` (``"split"`` excepted:
+            items cannot be cut).
     """
 
     def __init__(
@@ -280,9 +356,12 @@ class RankSampler(_Resumable, torch.utils.data.Sampler[int]):
         uneven: str = "pad",
     ) -> None:
         _check_rank(rank, world_size, uneven)
+        if uneven == "split":
+            raise InvalidArgumentError('uneven="split" cuts batches: use LengthGroupedBatchSampler for it')
         self.n = n if isinstance(n, int) else len(n)
         self.rank, self.world_size, self.seed, self.shuffle, self.uneven = rank, world_size, seed, shuffle, uneven
-        self.epoch, self.start = 0, 0
+        self.epoch, self.start, self.position = 0, 0, 0
+        self._cache: tuple[int, list[int], dict[str, int]] | None = None
 
     def _identity(self) -> dict[str, Any]:
         return {
@@ -296,17 +375,20 @@ class RankSampler(_Resumable, torch.utils.data.Sampler[int]):
         }
 
     def _plan(self, epoch: int) -> tuple[list[int], dict[str, int]]:
-        order = permutation(self.n, self.seed, epoch) if self.shuffle else np.arange(self.n, dtype=np.int64)
-        split, repeated, dropped = _split(order.tolist(), self.world_size, self.uneven)
-        mine = split[self.rank :: self.world_size]
-        return mine, {"items": self.n, "repeated_items": repeated, "dropped_items": dropped, "rank_items": len(mine)}
+        if self._cache is None or self._cache[0] != epoch:
+            order = permutation(self.n, self.seed, epoch) if self.shuffle else np.arange(self.n, dtype=np.int64)
+            split, repeated, dropped = _split(order.tolist(), self.world_size, self.uneven)
+            mine = split[self.rank :: self.world_size]
+            stats = {"items": self.n, "repeated_items": repeated, "dropped_items": dropped, "rank_items": len(mine)}
+            self._cache = (epoch, mine, stats)
+        return self._cache[1], self._cache[2]
 
     def epoch_stats(self, epoch: int | None = None) -> dict[str, int]:
         """``items``, ``repeated_items`` (by ``"pad"``), ``dropped_items`` (by ``"drop"``), ``rank_items``."""
-        return self._plan(self.epoch if epoch is None else epoch)[1]
+        return dict(self._plan(self.epoch if epoch is None else epoch)[1])
 
-    def __iter__(self) -> Iterator[int]:
-        yield from self._plan(self.epoch)[0][self.start :]
+    def _steps(self, epoch: int) -> list[int]:
+        return self._plan(epoch)[0]
 
     def __len__(self) -> int:
         n, W = self.n, self.world_size
