@@ -105,20 +105,18 @@ class _Collator(abc.ABC):
         while True:
             lengths = [dataset.length(i) for i in todo]
             batch, slots = self._allocate(lengths, states)
-            ids, owners, bad = [], [], None
-            for k, (i, (row, start), n) in enumerate(zip(todo, slots, lengths, strict=True)):
-                try:
-                    sid, d = dataset.read_into(i, {name: batch[name][row, start : start + n] for name in _ROWS})
-                except CorruptRecordError as e:
-                    skipped.append(asdict(dataset.record_skip(i, e)))  # raises unless on_corrupt="skip"
-                    bad = k
-                    break
-                ids.append(sid)
-                owners.append(d)
-            if bad is None:
+            rows = [
+                (i, {name: batch[name][row, start : start + n] for name in _ROWS})
+                for i, (row, start), n in zip(todo, slots, lengths, strict=True)
+            ]
+            try:
+                done = dataset.read_many(rows)  # every row of the batch in one GIL-free call
                 break
-            del todo[bad]  # rare: rebuild the batch without it (its shapes change)
-        batch["sample_ids"], batch["dataset_index"], batch["skipped"] = ids, owners, skipped
+            except CorruptRecordError as e:
+                skipped.append(asdict(dataset.record_skip(todo[e.item], e)))  # raises unless on_corrupt="skip"
+                del todo[e.item]  # rare: rebuild the batch without it (its shapes change)
+        batch["sample_ids"], batch["dataset_index"] = [sid for sid, _ in done], [d for _, d in done]
+        batch["skipped"] = skipped
         return batch
 
 
