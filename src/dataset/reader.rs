@@ -210,8 +210,8 @@ impl Dataset {
     /// Reads, checksums and decodes several samples in one call, all on the decode pool (one
     /// positioned read per record, each into its pool thread's reused buffer): `items` pairs a
     /// position with its output buffers, as for `read_into`. Every item is attempted; on failure
-    /// the error of the first failing item in `items` order is returned with that item's index.
-    pub fn read_batch(&self, items: &mut [(u64, Vec<&mut [u8]>)]) -> std::result::Result<(), (usize, Error)> {
+    /// the error of the first failing item in `items` order is returned.
+    pub fn read_batch(&self, items: &mut [(u64, Vec<&mut [u8]>)]) -> Result<()> {
         let pool = pool::shared(self.threads);
         let results: Vec<Result<()>> = pool.install(|| {
             items
@@ -219,14 +219,7 @@ impl Dataset {
                 .map(|(pos, outs)| self.read_into(*pos, outs))
                 .collect()
         });
-        match results
-            .into_iter()
-            .enumerate()
-            .find_map(|(k, r)| r.err().map(|e| (k, e)))
-        {
-            Some(failed) => Err(failed),
-            None => Ok(()),
-        }
+        results.into_iter().collect()
     }
 
     /// Reads the sample at `pos` into new buffers, one per schema tensor.

@@ -104,8 +104,7 @@ impl Reader {
             .map(|(pos, bufs)| (*pos, bufs.iter_mut().map(Borrowed::bytes_mut).collect()))
             .collect();
         let inner = &self.inner;
-        py.detach(|| inner.read_batch(&mut batch))
-            .map_err(|(_, e)| py_err(py)(e))
+        py.detach(|| inner.read_batch(&mut batch)).map_err(py_err(py))
     }
 
     #[getter]
