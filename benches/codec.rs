@@ -1,4 +1,4 @@
-//! One-core codec throughput on real states: `cargo bench --bench codec -- FILE WIDTH`.
+//! One-core codec throughput on real states: `cargo bench --bench codec -- FILE WIDTH [LEVEL]`.
 //! FILE holds raw little-endian bf16 rows of WIDTH values (e.g. aux states written by
 //! `benches/realdata.py --dump`); without arguments it uses synthetic hidden-state-like data.
 //! Prints ratio and encode/decode MB per CPU-second of this thread (steadier than wall time
@@ -45,7 +45,12 @@ fn main() {
     let row_bytes = width * 2;
     let rows_per_chunk = ((1 << 20) / row_bytes).max(1);
     let chunks: Vec<&[u8]> = data.chunks(rows_per_chunk * row_bytes).collect();
-    for level in [1, -1000] {
+    // An optional third argument runs one level only (e.g. under `perf record`).
+    let levels: Vec<i32> = match args.get(3) {
+        Some(l) => vec![l.parse().expect("LEVEL")],
+        None => vec![1, -1000],
+    };
+    for level in levels {
         let opts = CodecOptions { zstd_level: level };
         let t0 = thread_cpu_seconds();
         let enc: Vec<_> = chunks
