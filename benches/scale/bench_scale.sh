@@ -3,6 +3,7 @@
 # machine (the lent device machine has 16 cores; <= 8 minutes there). Prepare here, where the model and data are:
 #   make wheel                                       # abi3 wheel: runs on the device machine's Python 3.12
 #   (cd benches && ../.venv/bin/python realdata.py -n 8)   # .bench-data/states-8.pt, ~35 MB of real states
+# (zstandard, for the zstd-1 baseline rows, is optional: without it those rows print nan).
 # then run with dist/ and .bench-data carried:  bash benches/scale/bench_scale.sh
 # Results go to $OUT (or ./scale-results): codec.md (bench_codec_v2.py) and capture.md (bench_capture_rate.py).
 set -euo pipefail
@@ -16,5 +17,6 @@ if ! "$PY" -c "import eagle_io" 2>/dev/null; then
 fi
 THREADS="${THREADS:-1,2,4,8,16}"
 nproc | tee "$OUT/machine.txt"
-timeout 200 "$PY" bench_codec_v2.py -n 8 --repeat 2 --threads "$THREADS" --label scale | tee "$OUT/codec.md"
-timeout 250 "$PY" bench_capture_rate.py -n 8 --tokens 512 --samples 16 --threads "$THREADS" | tee "$OUT/capture.md"
+N="${N:-8}"
+timeout 200 "$PY" bench_codec_v2.py -n "$N" --repeat 2 --threads "$THREADS" --label scale | tee "$OUT/codec.md"
+timeout 250 "$PY" bench_capture_rate.py -n "$N" --tokens 512 --samples 16 --threads "$THREADS" | tee "$OUT/capture.md"
