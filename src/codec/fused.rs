@@ -41,35 +41,47 @@ const SAMPLE_ROWS: usize = 32;
 /// `SAMPLE_ROWS` evenly spaced rows of the `rows x modes.len()` elements in `data` (ties go
 /// to the smaller byte). Only the sampled rows are read.
 pub fn channel_modes(data: &[u8], rows: usize, exp: bool, modes: &mut [u8]) {
+    /// Channels counted at once: their 256-entry tables (16 KB) stay in L1.
+    const BLOCK: usize = 64;
     let cols = modes.len();
     let step = rows.div_ceil(SAMPLE_ROWS).max(1);
     let picked: Vec<usize> = (0..rows).step_by(step).collect();
-    let s = picked.len();
-    // Channel-major gather of the sampled bytes: `col[c * s + k]` is row `picked[k]`.
-    let mut col = vec![0u8; cols * s];
-    for (k, &r) in picked.iter().enumerate() {
-        let row = &data[r * cols * 2..(r + 1) * cols * 2];
-        for (c, e) in row.chunks_exact(2).enumerate() {
-            let u = u16::from_le_bytes([e[0], e[1]]);
-            col[c * s + k] = if exp { split_exp(u).1 } else { split_bytes(u).1 };
+    let byte = |e: &[u8]| {
+        let u = u16::from_le_bytes([e[0], e[1]]);
+        if exp {
+            split_exp(u).1
+        } else {
+            split_bytes(u).1
         }
-    }
-    // Counting, not sorting: a running best per column (a sort per column cost about as much as
-    // zstd itself on 1-MB chunks of 1,728 channels). Only the counts touched are reset.
-    let mut counts = [0u8; 256];
-    for (mode, column) in modes.iter_mut().zip(col.chunks_exact(s.max(1))) {
-        let (mut best, mut best_n) = (0u8, 0u8);
-        for &v in column {
-            let n = &mut counts[v as usize];
-            *n += 1;
-            if *n > best_n || (*n == best_n && v < best) {
-                (best, best_n) = (v, *n);
+    };
+    // Counting in row order, no gather buffer and no sort: a running best per channel (the
+    // most frequent byte, the smaller on ties, whatever the order counts arrive in). Only the
+    // counts touched are reset.
+    let mut counts = [[0u8; 256]; BLOCK];
+    let mut best = [(0u8, 0u8); BLOCK];
+    for c0 in (0..cols).step_by(BLOCK) {
+        let w = BLOCK.min(cols - c0);
+        best[..w].fill((0, 0));
+        for &r in &picked {
+            let row = &data[(r * cols + c0) * 2..(r * cols + c0 + w) * 2];
+            for ((e, table), (b, bn)) in row.chunks_exact(2).zip(counts.iter_mut()).zip(best.iter_mut()) {
+                let v = byte(e);
+                let n = &mut table[v as usize];
+                *n += 1;
+                if *n > *bn || (*n == *bn && v < *b) {
+                    (*b, *bn) = (v, *n);
+                }
             }
         }
-        for &v in column {
-            counts[v as usize] = 0;
+        for &r in &picked {
+            let row = &data[(r * cols + c0) * 2..(r * cols + c0 + w) * 2];
+            for (e, table) in row.chunks_exact(2).zip(counts.iter_mut()) {
+                table[byte(e) as usize] = 0;
+            }
         }
-        *mode = best;
+        for (m, (b, _)) in modes[c0..c0 + w].iter_mut().zip(&best) {
+            *m = *b;
+        }
     }
 }
 
