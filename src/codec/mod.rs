@@ -340,7 +340,7 @@ fn decode_planes(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(),
         return Err(format!("{plane_len}-byte planes do not hold {rows} whole rows"));
     }
     let cols = plane_len / rows;
-    let modelled = desc.layout != LAYOUT_ROW_MAJOR;
+    let modelled = matches!(desc.layout, LAYOUT_MODE_DELTA | LAYOUT_EXP_MODE_DELTA);
     if n == 2 {
         return decode_two(desc, payload, out, cols, modelled);
     }
