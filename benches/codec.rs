@@ -1,4 +1,4 @@
-//! One-core codec throughput on real states: `cargo bench --bench codec -- FILE WIDTH`.
+//! One-core codec throughput on real states: `cargo bench --bench codec -- FILE WIDTH [LEVEL]`.
 //! FILE holds raw little-endian bf16 rows of WIDTH values (e.g. aux states written by
 //! `benches/realdata.py --dump`); without arguments it uses synthetic hidden-state-like data.
 //! Prints ratio and encode/decode MB per CPU-second of this thread (steadier than wall time
@@ -45,7 +45,12 @@ fn main() {
     let row_bytes = width * 2;
     let rows_per_chunk = ((1 << 20) / row_bytes).max(1);
     let chunks: Vec<&[u8]> = data.chunks(rows_per_chunk * row_bytes).collect();
-    for level in [1, -1000] {
+    // An optional third argument runs one level only (e.g. under `perf record`).
+    let levels: Vec<i32> = match args.get(3) {
+        Some(l) => vec![l.parse().expect("LEVEL")],
+        None => vec![1, -1000],
+    };
+    for level in levels {
         let opts = CodecOptions { zstd_level: level };
         let t0 = thread_cpu_seconds();
         let enc: Vec<_> = chunks
@@ -61,12 +66,67 @@ fn main() {
         }
         let dec_s = thread_cpu_seconds() - t1;
         let mb = data.len() as f64 / 1e6;
+        let (coder_enc_s, coder_dec_s) = coder_alone(&enc, level);
         println!(
-            "zstd level {level:>5}: {:.1} MB, ratio {:.4}, encode {:.0} MB/CPU-s, decode {:.0} MB/CPU-s (one thread)",
+            "zstd level {level:>5}: {:.1} MB, ratio {:.4}, encode {:.0} MB/CPU-s, decode {:.0} MB/CPU-s (one thread); \
+             zstd alone on the same modelled planes: encode {:.0}, decode {:.0} MB of bf16/CPU-s",
             mb,
             data.len() as f64 / stored as f64,
             mb / enc_s,
-            mb / dec_s
+            mb / dec_s,
+            mb / coder_enc_s,
+            mb / coder_dec_s
         );
     }
+}
+
+/// CPU seconds zstd alone takes to encode and decode the chunks' zstd-coded planes with the
+/// codec's settings (the same bytes the codec hands it): the floor the fused passes add to.
+fn coder_alone(chunks: &[eagle_io::codec::EncodedChunk], level: i32) -> (f64, f64) {
+    use zstd::zstd_safe::{CParameter, ParamSwitch};
+    let mut frames = Vec::new();
+    let mut start = 0usize;
+    for e in chunks {
+        for p in 0..e.desc.planes as usize {
+            let len = e.desc.stored[p] as usize;
+            if e.desc.plane_zstd & (1 << p) != 0 {
+                frames.push(&e.payload[start..start + len]);
+            }
+            start += len;
+        }
+        start = 0;
+    }
+    let mut d = zstd::bulk::Decompressor::new().expect("context");
+    let sizes: Vec<usize> = frames
+        .iter()
+        .map(|f| zstd::zstd_safe::get_frame_content_size(f).unwrap().unwrap() as usize)
+        .collect();
+    // One reused output buffer, filled (not zeroed) so its pages are mapped before the clock
+    // starts, as the codec's reused buffers are.
+    let mut buf = vec![1u8; sizes.iter().max().copied().unwrap_or(0)];
+    let t0 = thread_cpu_seconds();
+    for (f, &n) in frames.iter().zip(&sizes) {
+        d.decompress_to_buffer(f, &mut buf[..n]).expect("decodes");
+    }
+    let dec_s = thread_cpu_seconds() - t0;
+    let planes: Vec<Vec<u8>> = frames
+        .iter()
+        .zip(&sizes)
+        .map(|(f, &n)| {
+            d.decompress_to_buffer(f, &mut buf[..n]).expect("decodes");
+            buf[..n].to_vec()
+        })
+        .collect();
+    let mut c = zstd::bulk::Compressor::new(level).expect("context");
+    c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable))
+        .expect("a valid parameter");
+    let mut out = Vec::with_capacity(zstd::zstd_safe::compress_bound(
+        sizes.iter().max().copied().unwrap_or(0),
+    ));
+    let t1 = thread_cpu_seconds();
+    for p in &planes {
+        out.clear();
+        c.compress_to_buffer(p, &mut out).expect("compresses");
+    }
+    (thread_cpu_seconds() - t1, dec_s)
 }

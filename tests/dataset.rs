@@ -275,15 +275,15 @@ fn newer_format_versions_are_refused_by_name() {
     w.close().unwrap();
     let shard = root.join("shards/r00000-000000.eio");
     let mut b = std::fs::read(&shard).unwrap();
-    b[8] = 2;
+    b[8] = 3;
     std::fs::write(&shard, &b).unwrap();
     assert!(matches!(
         eagle_io::shard::ShardFile::open(&shard),
-        Err(Error::FormatVersion { found: 2, .. })
+        Err(Error::FormatVersion { found: 3, .. })
     ));
     let m = std::fs::read_to_string(root.join("manifest.json"))
         .unwrap()
-        .replace("\"format_version\": 1", "\"format_version\": 7");
+        .replace("\"format_version\": 2", "\"format_version\": 7");
     std::fs::write(root.join("manifest.json"), m).unwrap();
     assert!(matches!(
         Dataset::open(root, 1),

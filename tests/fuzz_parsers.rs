@@ -101,6 +101,34 @@ proptest! {
     }
 
     #[test]
+    fn mutated_v2_chunks(rows in 1usize..60, width in 1usize..200, seed in any::<u64>(),
+                         flips in prop::collection::vec((any::<u16>(), any::<u8>()), 1..4)) {
+        // A valid format-v2 bf16 chunk (layout 2: exponent plane + sign/mantissa plane), then a few bytes changed
+        // in its descriptor or payload: the chunk parser must refuse or decode, never panic or over-allocate.
+        let mut x = seed | 1;
+        let data: Vec<u8> = (0..rows * width)
+            .flat_map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (0x3C00u16 | (x as u16 & 0x83FF)).to_le_bytes()
+            })
+            .collect();
+        let enc = eagle_io::codec::encode_chunk(&data, rows as u32, eagle_io::DType::Bfloat16, &Default::default());
+        prop_assert_eq!(enc.desc.layout, 2);
+        let mut bytes = enc.desc.to_bytes().to_vec();
+        bytes.extend_from_slice(&(data.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(&enc.payload);
+        for (at, v) in flips {
+            let at = at as usize % bytes.len();
+            if at != 24 && at != 25 { // keep the output size: damage the chunk, not the harness's framing
+                bytes[at] ^= v;
+            }
+        }
+        serial(|| harness::chunk_bytes(&bytes));
+    }
+
+    #[test]
     fn arbitrary_bytes_as_a_manifest(data in prop_oneof![
         prop::collection::vec(any::<u8>(), 0..300),
         "[\\[\\]{}\",:0-9a-z ]{0,300}".prop_map(String::into_bytes),

@@ -196,11 +196,11 @@ def test_truncated_shard(small: Path) -> None:
 def test_newer_versions(small: Path) -> None:
     manifest = json.loads((small / "manifest.json").read_text())
     original = (small / "manifest.json").read_bytes()
-    (small / "manifest.json").write_text(json.dumps(manifest | {"format_version": 2}))
-    with pytest.raises(R.ReferenceVersionError, match="format_version 2"):
+    (small / "manifest.json").write_text(json.dumps(manifest | {"format_version": 3}))
+    with pytest.raises(R.ReferenceVersionError, match="format_version 3"):
         R.open_dataset(small)  # reported as a newer version, not as a checksum mismatch
     (small / "manifest.json").write_bytes(original)
-    flip(shard_path(small), 8 + 1)  # header format_version 1 -> 0x4001
+    flip(shard_path(small), 8 + 1)  # header format_version 2 -> 0x4002
     with pytest.raises(R.ReferenceVersionError) as err:
         R.open_dataset(small)
     assert err.value.offset == 8 and isinstance(err.value, R.ReferenceFormatError)

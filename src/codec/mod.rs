@@ -3,6 +3,7 @@
 //! a [`ChunkDesc`] that records every parameter needed to decode it, so data written with
 //! older settings stays readable. Layout: docs/FORMAT.md, "Chunks".
 
+mod fused;
 mod mode_delta;
 mod planes;
 mod zstd_ctx;
@@ -47,6 +48,26 @@ pub const LAYOUT_ROW_MAJOR: u8 = 0;
 /// `cols` column modes followed by the row-major plane minus each column's mode (mod 256).
 /// Raw planes stay plain row-major.
 pub const LAYOUT_MODE_DELTA: u8 = 1;
+
+/// Format v2: 2-byte elements split into the 8-bit exponent (plane 1, bits 7..14) and sign
+/// plus 7 mantissa bits (plane 0: bit 15 -> bit 7, bits 0..6); every zstd plane modelled as in
+/// `LAYOUT_MODE_DELTA`. Meant for bf16, whose exponent is exactly those bits (`fused.rs`).
+pub const LAYOUT_EXP_MODE_DELTA: u8 = 2;
+
+/// Whether a PLANES chunk of `planes` byte planes may use `layout`. One arm per layout id:
+/// a new layout adds its arm here and its decoder in `decode_planes`.
+fn layout_fits(layout: u8, planes: usize) -> bool {
+    match layout {
+        LAYOUT_ROW_MAJOR | LAYOUT_MODE_DELTA => true,
+        LAYOUT_EXP_MODE_DELTA => planes == 2,
+        _ => false,
+    }
+}
+
+/// A raw plane whose sampled bytes carry less than this many bits each is tried with zstd.
+const RAW_PLANE_MAX_BITS: f64 = 7.5;
+/// Bytes sampled from the start of a raw plane to estimate its entropy.
+const ENTROPY_SAMPLE: usize = 4096;
 
 /// zstd level of integer tensors (token ids, masks: small, LZ matches pay).
 const INT_LEVEL: i32 = 1;
@@ -121,7 +142,7 @@ impl ChunkDesc {
             CODEC_PLANES => {
                 (n == 2 || n == 4)
                     && (d.plane_zstd as usize) < (1 << n)
-                    && d.layout <= LAYOUT_MODE_DELTA
+                    && layout_fits(d.layout, n)
                     && d.stored[n..].iter().all(|&s| s == 0)
             }
             _ => return Err(format!("unknown chunk codec {}", d.codec)),
@@ -144,7 +165,11 @@ pub struct EncodedChunk {
 pub fn encode_chunk(data: &[u8], rows: u32, dtype: DType, opts: &CodecOptions) -> EncodedChunk {
     let n = dtype.size();
     if dtype.is_float() && !data.is_empty() {
-        return encode_planes(data, rows as usize, n, opts);
+        return match dtype {
+            DType::Bfloat16 => encode_fused(data, rows as usize, LAYOUT_EXP_MODE_DELTA, opts),
+            DType::Float16 => encode_fused(data, rows as usize, LAYOUT_MODE_DELTA, opts),
+            _ => encode_planes(data, rows as usize, n, opts),
+        };
     }
     let mut desc = ChunkDesc {
         codec: CODEC_RAW,
@@ -163,6 +188,70 @@ pub fn encode_chunk(data: &[u8], rows: u32, dtype: DType, opts: &CodecOptions) -
         None => data.to_vec(),
     };
     desc.stored[0] = payload.len() as u32;
+    EncodedChunk { desc, payload }
+}
+
+/// Order-0 entropy of the first `ENTROPY_SAMPLE` bytes, in bits per byte.
+fn sampled_entropy(bytes: &[u8]) -> f64 {
+    let sample = &bytes[..bytes.len().min(ENTROPY_SAMPLE)];
+    let mut counts = [0u32; 256];
+    for &b in sample {
+        counts[b as usize] += 1;
+    }
+    let n = sample.len() as f64;
+    counts
+        .iter()
+        .filter(|&&k| k > 0)
+        .map(|&k| {
+            let p = k as f64 / n;
+            -p * p.log2()
+        })
+        .sum()
+}
+
+/// 2-byte elements in one pass (`fused.rs`): plane 0 goes straight into the payload, plane 1
+/// minus its channel modes into a reused per-thread buffer that zstd codes straight onto the
+/// payload's tail. Plane 0 (near-random mantissa bits) is stored raw unless its sampled
+/// entropy says zstd may pay (e.g. constant data); plane 1 raw when zstd does not pay.
+fn encode_fused(data: &[u8], rows: usize, layout: u8, opts: &CodecOptions) -> EncodedChunk {
+    let exp = layout == LAYOUT_EXP_MODE_DELTA;
+    let plane_len = data.len() / 2;
+    let cols = plane_len / rows;
+    let mut desc = ChunkDesc {
+        codec: CODEC_PLANES,
+        planes: 2,
+        layout,
+        rows: rows as u32,
+        ..Default::default()
+    };
+    let mut payload = Vec::with_capacity(plane_len + zstd::zstd_safe::compress_bound(cols + plane_len));
+    payload.resize(plane_len, 0);
+    with_work(cols + plane_len, 0, |modelled, _| {
+        let (modes, delta) = modelled.split_at_mut(cols);
+        fused::channel_modes(data, rows, exp, modes);
+        fused::split_subtract(data, exp, modes, &mut payload, delta);
+        if sampled_entropy(&payload) < RAW_PLANE_MAX_BITS {
+            // A zstd plane is modelled too: here with modes 0, the plane as is after them.
+            let framed = [&vec![0u8; cols][..], &payload[..]].concat();
+            let z = zstd_ctx::compress_if_pays(&framed, opts.zstd_level).filter(|z| zstd_ctx::pays(z.len(), plane_len));
+            if let Some(z) = z {
+                desc.plane_zstd |= 1;
+                payload.clear();
+                payload.extend_from_slice(&z);
+            }
+        }
+        desc.stored[0] = payload.len() as u32;
+        let start = payload.len();
+        let z = zstd_ctx::compress_append(modelled, opts.zstd_level, &mut payload);
+        if zstd_ctx::pays(z, plane_len) {
+            desc.plane_zstd |= 2;
+        } else {
+            payload.truncate(start);
+            payload.resize(start + plane_len, 0);
+            fused::plane1(data, exp, &mut payload[start..]);
+        }
+        desc.stored[1] = (payload.len() - start) as u32;
+    });
     EncodedChunk { desc, payload }
 }
 
@@ -250,9 +339,12 @@ fn decode_planes(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(),
     if plane_len % rows != 0 {
         return Err(format!("{plane_len}-byte planes do not hold {rows} whole rows"));
     }
-    // Each plane is written straight into its bytes of `out`.
     let cols = plane_len / rows;
-    let modelled = desc.layout == LAYOUT_MODE_DELTA;
+    let modelled = matches!(desc.layout, LAYOUT_MODE_DELTA | LAYOUT_EXP_MODE_DELTA);
+    if n == 2 {
+        return decode_two(desc, payload, out, cols, modelled);
+    }
+    // Each plane is written straight into its bytes of `out`.
     with_work(plane_len + if modelled { cols } else { 0 }, 0, |scratch, _| {
         let mut offset = 0usize;
         for p in 0..n {
@@ -278,6 +370,60 @@ fn decode_planes(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(),
         }
         Ok(())
     })
+}
+
+/// Two planes in one pass (`fused.rs`): each zstd plane is decoded into a reused per-thread
+/// buffer (its modes, then its deltas), a raw plane is read where it lies in the payload, and
+/// one pass adds the modes and interleaves both planes into `out`.
+fn decode_two(desc: &ChunkDesc, payload: &[u8], out: &mut [u8], cols: usize, modelled: bool) -> Result<(), String> {
+    let plane_len = out.len() / 2;
+    let (s0, s1) = payload.split_at(desc.stored[0] as usize);
+    let framed = |p: usize| desc.plane_zstd & (1 << p) != 0;
+    let head = if modelled { cols } else { 0 };
+    let size = |p: usize| if framed(p) { head + plane_len } else { 0 };
+    // Modes of 0 for a plane without its own (raw, or not modelled); not allocated when both have theirs.
+    let zeros = if modelled && framed(0) && framed(1) {
+        Vec::new()
+    } else {
+        vec![0u8; cols]
+    };
+    // Plane `p`: its bytes and its channel modes (all 0 when stored raw or not modelled).
+    let plane = |p: usize, stored: &'_ [u8], work: &'_ mut [u8]| -> Result<(), String> {
+        if framed(p) {
+            zstd_ctx::decompress_exact(stored, work).map_err(|e| format!("plane {p}: {e}"))
+        } else if stored.len() != plane_len {
+            Err(format!(
+                "raw plane {p} holds {} bytes, expected {plane_len}",
+                stored.len()
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    with_work(size(0), size(1), |w0, w1| {
+        plane(0, s0, w0)?;
+        plane(1, s1, w1)?;
+        let (lo, lo_modes) = split_plane(framed(0), head, s0, w0, &zeros);
+        let (hi, hi_modes) = split_plane(framed(1), head, s1, w1, &zeros);
+        fused::join_add(lo, lo_modes, hi, hi_modes, desc.layout == LAYOUT_EXP_MODE_DELTA, out);
+        Ok(())
+    })
+}
+
+/// A decoded plane's bytes and modes: from its work buffer (`head` mode bytes first) when it
+/// was a zstd frame, else the raw bytes where they lie, with modes 0.
+fn split_plane<'a>(
+    framed: bool,
+    head: usize,
+    stored: &'a [u8],
+    work: &'a [u8],
+    zeros: &'a [u8],
+) -> (&'a [u8], &'a [u8]) {
+    match (framed, head) {
+        (true, 0) => (work, zeros),
+        (true, _) => (&work[head..], &work[..head]),
+        (false, _) => (stored, zeros),
+    }
 }
 
 #[cfg(test)]

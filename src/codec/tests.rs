@@ -45,8 +45,8 @@ fn bf16_hidden_states_use_planes_with_raw_low_byte() {
     let enc = roundtrip(&data, 300, DType::Bfloat16);
     assert_eq!(enc.desc.codec, CODEC_PLANES);
     assert_eq!(enc.desc.planes, 2);
-    assert_eq!(enc.desc.layout, LAYOUT_MODE_DELTA);
-    // The low (mantissa) plane is noise: raw. The high plane compresses.
+    assert_eq!(enc.desc.layout, LAYOUT_EXP_MODE_DELTA);
+    // The sign + mantissa plane is noise: raw. The exponent plane compresses.
     assert_eq!(enc.desc.plane_zstd, 0b10);
     assert_eq!(enc.desc.stored[0], 300_000);
     assert!(
@@ -195,4 +195,53 @@ fn row_major_chunks_from_older_writers_still_decode() {
     let mut out = vec![0u8; data.len()];
     decode_chunk(&ChunkDesc::from_bytes(&desc.to_bytes()).unwrap(), &payload, &mut out).unwrap();
     assert_eq!(out, data);
+}
+
+#[test]
+fn v1_mode_delta_bf16_chunks_still_decode() {
+    // Exactly what the format-1 writer made of bf16: 2 planes, layout 1 (tests/fixtures/v1_dataset has real ones).
+    let data = hidden_like_bf16(60_000, 5);
+    let enc = encode_planes(&data, 200, 2, &CodecOptions::default());
+    assert_eq!((enc.desc.layout, enc.desc.plane_zstd), (LAYOUT_MODE_DELTA, 0b10));
+    let mut out = vec![0u8; data.len()];
+    decode_chunk(
+        &ChunkDesc::from_bytes(&enc.desc.to_bytes()).unwrap(),
+        &enc.payload,
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out, data);
+}
+
+#[test]
+fn v2_bf16_is_never_larger_than_v1_and_smaller_on_states() {
+    let data = hidden_like_bf16(200_000, 9);
+    let v1 = encode_planes(&data, 500, 2, &CodecOptions::default()).payload.len();
+    let v2 = roundtrip(&data, 500, DType::Bfloat16).payload.len();
+    assert!(v2 < v1, "v2 {v2} bytes, v1 {v1}");
+}
+
+#[test]
+fn constant_and_nonfinite_bf16_roundtrip() {
+    let one = 0x3F80u16.to_le_bytes();
+    let constant: Vec<u8> = (0..4096 * 8).flat_map(|_| one).collect();
+    let enc = roundtrip(&constant, 4096, DType::Bfloat16);
+    // Both planes constant: both zstd, and tiny.
+    assert_eq!(enc.desc.plane_zstd, 0b11);
+    assert!(enc.payload.len() < 200, "{} bytes", enc.payload.len());
+    let mut special = hidden_like_bf16(64 * 40, 4);
+    for (i, v) in [0x7FC0u16, 0xFFC1, 0x7F80, 0xFF80, 0x8000, 0x7F81].iter().enumerate() {
+        special[2 * (40 * 7 + i)..2 * (40 * 7 + i) + 2].copy_from_slice(&v.to_le_bytes());
+    }
+    roundtrip(&special, 64, DType::Bfloat16);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+    #[test]
+    fn two_byte_floats_roundtrip_at_production_widths(half in any::<bool>(), rows in 1u32..4,
+                                                      width in 1usize..21_505, seed in any::<u64>()) {
+        let dtype = if half { DType::Float16 } else { DType::Bfloat16 };
+        roundtrip(&hidden_like_bf16(rows as usize * width, seed), rows, dtype);
+    }
 }

@@ -12,11 +12,21 @@ thread_local! {
 }
 
 /// Compression must save at least 1/32 (about 3%) of the bytes to be kept.
-fn pays(compressed: usize, raw: usize) -> bool {
+pub fn pays(compressed: usize, raw: usize) -> bool {
     compressed + raw / 32 < raw
 }
 
 fn compress(data: &[u8], level: i32) -> Vec<u8> {
+    let mut out = Vec::new();
+    compress_append(data, level, &mut out);
+    out
+}
+
+/// Appends the zstd frame of `data` to `out` (growing it once to the frame's bound: no
+/// intermediate buffer) and returns the frame's length.
+pub fn compress_append(data: &[u8], level: i32, out: &mut Vec<u8>) -> usize {
+    out.reserve(zstd::zstd_safe::compress_bound(data.len()));
+    let start = out.len();
     CCTX.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.as_ref().map(|(l, _)| *l) != Some(level) {
@@ -27,8 +37,10 @@ fn compress(data: &[u8], level: i32) -> Vec<u8> {
             *slot = Some((level, c));
         }
         let (_, c) = slot.as_mut().expect("set above");
-        c.compress(data)
-            .expect("compressing into a growable buffer cannot fail")
+        let mut at = std::io::Cursor::new(&mut *out);
+        at.set_position(start as u64);
+        c.compress_to_buffer(data, &mut at)
+            .expect("compressing into a buffer of the frame's bound cannot fail")
     })
 }
 

@@ -207,6 +207,21 @@ impl Dataset {
         })
     }
 
+    /// Reads, checksums and decodes several samples in one call, all on the decode pool (one
+    /// positioned read per record, each into its pool thread's reused buffer): `items` pairs a
+    /// position with its output buffers, as for `read_into`. Every item is attempted; on failure
+    /// the error of the first failing item in `items` order is returned.
+    pub fn read_batch(&self, items: &mut [(u64, Vec<&mut [u8]>)]) -> Result<()> {
+        let pool = pool::shared(self.threads);
+        let results: Vec<Result<()>> = pool.install(|| {
+            items
+                .par_iter_mut()
+                .map(|(pos, outs)| self.read_into(*pos, outs))
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+
     /// Reads the sample at `pos` into new buffers, one per schema tensor.
     pub fn read(&self, pos: u64) -> Result<Vec<Vec<u8>>> {
         let n_tokens = self.entry(pos)?.n_tokens;

@@ -1,4 +1,4 @@
-//! The shard file format, version 1, as bytes (docs/FORMAT.md is the specification; this
+//! The shard file format, version 2 (reads 1 and 2), as bytes (docs/FORMAT.md is the specification; this
 //! module and the pure-Python reference reader are two implementations of it).
 //!
 //! ```text
@@ -13,7 +13,7 @@ pub const SHARD_MAGIC: &[u8; 8] = b"EAGLEIO\0";
 /// Last 8 bytes of every shard.
 pub const FOOTER_MAGIC: &[u8; 8] = b"EIOINDX\0";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 pub const HEADER_BYTES: u64 = 32;
 pub const FOOTER_BYTES: u64 = 40;
 pub const INDEX_ENTRY_BYTES: u64 = 40;

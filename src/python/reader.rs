@@ -69,6 +69,44 @@ impl Reader {
         py.detach(|| inner.read_into(pos, &mut slices)).map_err(py_err(py))
     }
 
+    /// Decodes several samples in one call with the GIL released, on the reader's threads:
+    /// `items` is `[(pos, outs)]`, each as for `read_into`; the buffers of different items must
+    /// not overlap. Raises the error of the first failing item (a `CorruptRecordError` names its
+    /// sample id, file and offset); the other items are decoded all the same.
+    fn read_batch(&self, py: Python<'_>, items: Vec<(u64, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+        let schema = self.inner.schema();
+        let mut held = Vec::with_capacity(items.len());
+        for (pos, outs) in &items {
+            let bufs = outs
+                .iter()
+                .enumerate()
+                .map(|(i, o)| {
+                    let name = schema.tensors.get(i).map_or("output", |t| t.name.as_str());
+                    Borrowed::get(o, true, name)
+                })
+                .collect::<Result<Vec<_>, Error>>()
+                .map_err(py_err(py))?;
+            held.push((*pos, bufs));
+        }
+        let mut spans: Vec<(usize, usize)> = held
+            .iter()
+            .flat_map(|(_, bufs)| bufs.iter().map(|b| (b.bytes().as_ptr() as usize, b.len())))
+            .filter(|&(_, len)| len > 0)
+            .collect();
+        spans.sort_unstable();
+        if spans.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+            return Err(py_err(py)(Error::InvalidArgument(
+                "read_batch: output buffers overlap (each row of a batch must be its own memory)".into(),
+            )));
+        }
+        let mut batch: Vec<(u64, Vec<&mut [u8]>)> = held
+            .iter_mut()
+            .map(|(pos, bufs)| (*pos, bufs.iter_mut().map(Borrowed::bytes_mut).collect()))
+            .collect();
+        let inner = &self.inner;
+        py.detach(|| inner.read_batch(&mut batch)).map_err(py_err(py))
+    }
+
     #[getter]
     fn manifest_json(&self) -> String {
         serde_json::to_string(self.inner.manifest()).expect("a manifest always serialises")

@@ -297,6 +297,10 @@ class ShardDataset(torch.utils.data.Dataset):
         Raises:
             InvalidArgumentError: a tensor of the wrong shape; CorruptRecordError: a bad record.
         """
+        return self.read_many([(i, out)])[0]
+
+    def _plan(self, i: int, out: Mapping[str, torch.Tensor]) -> tuple[int, int, int, dict, list]:
+        """-> (dataset index, position, sample id, {name: tensor decoded into}, [(destination, temporary)])."""
         d, p = self.locate(i)
         ds = self.datasets[d]
         info = ds.entry(p)
@@ -315,10 +319,33 @@ class ShardDataset(torch.utils.data.Dataset):
                 direct[spec.name] = torch.empty(shape, dtype=getattr(torch, spec.dtype))
                 if dst is not None:
                     copies.append((dst, direct[spec.name]))
-        ds.read_into(p, direct)
-        for dst, tmp in copies:
-            dst.copy_(tmp[:m])
-        return info.sample_id, d
+        return d, p, info.sample_id, direct, copies
+
+    def read_many(self, items: Sequence[tuple[int, Mapping[str, torch.Tensor]]]) -> list[tuple[int, int]]:
+        """:meth:`read_into` for several items at once: ``[(i, out)]`` with the same rules, decoded in one
+        GIL-free native call per underlying dataset, all records of it on the reader's threads (``threads``).
+        The outputs of different items must not overlap. Returns ``[(sample_id, dataset_index)]`` in order.
+
+        Raises:
+            InvalidArgumentError: a tensor of the wrong shape, or overlapping outputs.
+            CorruptRecordError: a bad record; every other item was decoded, and the error's ``item`` attribute
+                is the position in ``items`` of the first bad one.
+        """
+        plans = [self._plan(i, out) for i, out in items]
+        groups: dict[int, list[int]] = {}
+        for k, (d, *_rest) in enumerate(plans):
+            groups.setdefault(d, []).append(k)
+        for d, ks in groups.items():
+            ds = self.datasets[d]
+            try:
+                ds.read_batch([(plans[k][1], plans[k][3]) for k in ks])
+            except CorruptRecordError as e:  # the first bad item of this dataset, by its sample id
+                e.item = next((k for k in ks if plans[k][2] == e.sample_id), ks[0])
+                raise
+        for *_head, copies in plans:
+            for dst, tmp in copies:
+                dst.copy_(tmp[: dst.shape[0]])
+        return [(sid, d) for d, _p, sid, _direct, _copies in plans]
 
     def record_skip(self, i: int, error: CorruptRecordError) -> SkippedRecord:
         """Counts item ``i`` as skipped for ``error`` (see ``on_corrupt``) and logs it. Returns the record.

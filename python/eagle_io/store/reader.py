@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,23 @@ class Dataset:
             if t.dtype != getattr(torch, s.dtype) or not t.is_contiguous() or t.device.type != "cpu":
                 raise InvalidArgumentError(f"output {s.name!r} must be a contiguous CPU tensor of dtype {s.dtype}")
         self._native.read_into(pos, [writable_bytes(out[s.name]) for s in self.schema])
+
+    def read_batch(self, items: Sequence[tuple[int, dict[str, torch.Tensor]]]) -> None:
+        """:meth:`read_into` for several samples in one call: ``[(pos, out)]``, each ``out`` as for
+        :meth:`read_into`, the outputs of different items not overlapping. All records are read (one positioned
+        read each), checksummed and decoded on the reader's ``threads`` with the GIL released once.
+
+        Raises:
+            InvalidArgumentError: a tensor of the wrong size, dtype or device, not writable, or overlapping
+                another item's.
+            CorruptRecordError: the first item (in ``items`` order) whose record fails; the others are decoded.
+        """
+        for _, out in items:
+            for s in self.schema:
+                t = out[s.name]
+                if t.dtype != getattr(torch, s.dtype) or not t.is_contiguous() or t.device.type != "cpu":
+                    raise InvalidArgumentError(f"output {s.name!r} must be a contiguous CPU tensor of dtype {s.dtype}")
+        self._native.read_batch([(pos, [writable_bytes(out[s.name]) for s in self.schema]) for pos, out in items])
 
     def __getitem__(self, pos: int) -> dict[str, Any]:
         if not -len(self) <= pos < len(self):

@@ -24,7 +24,7 @@ import zlib
 import numpy as np
 import zstandard
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HEADER = struct.Struct("<8sIII12s")  # magic, format_version, schema_len, schema_crc32, reserved (4.1)
 FOOTER = struct.Struct("<QQQII8s")  # index_offset, index_len, n_records, index_crc32, reserved, magic (4.2)
 ENTRY = struct.Struct("<QQQQII")  # sample_id, offset, length, n_tokens, crc32, key_len (4.3)
@@ -146,7 +146,14 @@ def _decode_chunk(desc: tuple, payload: bytes, size: int, elem: int) -> bytes:
         return payload
     if codec != PLANES:
         raise _Malformed(f"unknown codec {codec}")
-    if planes not in (2, 4) or planes != elem or plane_zstd >> planes or any(stored[planes:]) or layout > 1:
+    if (
+        planes not in (2, 4)
+        or planes != elem
+        or plane_zstd >> planes
+        or any(stored[planes:])
+        or layout > 2
+        or (layout == 2 and planes != 2)
+    ):
         raise _Malformed(
             f"PLANES chunk with planes={planes}, plane_zstd={plane_zstd:#x}, layout={layout}, stored={stored}"
         )
@@ -159,7 +166,7 @@ def _decode_chunk(desc: tuple, payload: bytes, size: int, elem: int) -> bytes:
         plane = payload[start : start + stored[p]]
         start += stored[p]
         zstd, channels = plane_zstd >> p & 1, size // planes // rows
-        if zstd and layout == 1:  # mode-delta: C channel bases, then plane - base (mod 256)
+        if zstd and layout in (1, 2):  # mode-delta: C channel bases, then plane - base (mod 256)
             frame = np.frombuffer(_unzstd(plane, channels + size // planes), np.uint8)
             base, delta = frame[:channels], frame[channels:].reshape(rows, channels)
             plane = (delta + base).astype(np.uint8).tobytes()  # uint8 addition wraps mod 256
@@ -168,6 +175,9 @@ def _decode_chunk(desc: tuple, payload: bytes, size: int, elem: int) -> bytes:
         if len(plane) != size // planes:
             raise _Malformed(f"plane {p} of {len(plane)} bytes, expected {size // planes}")
         out[:, p] = np.frombuffer(plane, np.uint8)  # decoded[i x n + p] = plane_p[i]
+    if layout == 2:  # exponent split: plane 1 = bits 7..14, plane 0 = bit 15 (as its bit 7) and bits 0..6
+        lo, hi = out[:, 0].astype(np.uint16), out[:, 1].astype(np.uint16)
+        return (((lo & 0x80) << 8) | (hi << 7) | (lo & 0x7F)).astype("<u2").tobytes()
     return out.tobytes()
 
 
