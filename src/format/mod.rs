@@ -13,7 +13,7 @@ pub const SHARD_MAGIC: &[u8; 8] = b"EAGLEIO\0";
 /// Last 8 bytes of every shard.
 pub const FOOTER_MAGIC: &[u8; 8] = b"EIOINDX\0";
 /// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 pub const HEADER_BYTES: u64 = 32;
 pub const FOOTER_BYTES: u64 = 40;
 pub const INDEX_ENTRY_BYTES: u64 = 40;

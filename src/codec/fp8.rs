@@ -1,0 +1,174 @@
+//! Chunk layout 3 (`LAYOUT_FP8`): the entropy coding of FP8-quantised rows (`crate::quant`).
+//! A decoded row is `S` f32 scales then `W` e4m3fn bytes. The chunk stores three streams:
+//!
+//! 0. geometry, raw: `W` u32, `S` u32 (8 bytes);
+//! 1. the scales, `rows x 4 S` bytes in row order: one zstd frame, or raw;
+//! 2. the modelled FP8 bytes: one zstd frame, or raw, of `W` channel bases, `rows` row
+//!    offsets, then `rows x W` residual bytes in row order.
+//!
+//! The model (docs/FORMAT.md, "Layout 3"): an e4m3fn byte is sign `s`, exponent `e` (4 bits),
+//! mantissa `m` (3 bits). A hidden state's channels each have their own magnitude, and a
+//! per-token scale moves a whole row's exponents together, so `e` is modelled as a channel
+//! base plus a row offset (`log |x|` additive in channel and token), and `s` by the channel's
+//! usual sign. Each residual byte is `((e - be[c] - ro[r]) mod 16) << 4 | m << 1 | (s ^ bs[c])`
+//! with channel base byte `be[c] << 1 | bs[c]`; zstd's order-0 Huffman stage then codes the
+//! residuals of all channels with one table.
+
+use super::{zstd_ctx, ChunkDesc, CodecOptions, EncodedChunk, CODEC_PLANES, LAYOUT_FP8, PROBE_BYTES};
+
+/// Streams of a layout-3 chunk (geometry, scales, FP8 bytes).
+pub const STREAMS: u8 = 3;
+/// Bytes of the geometry stream.
+pub const GEOMETRY_BYTES: u32 = 8;
+
+/// Most frequent value in `counts` (ties: the smallest).
+fn argmax(counts: &[u32]) -> u8 {
+    let mut best = 0;
+    for (i, &n) in counts.iter().enumerate() {
+        if n > counts[best] {
+            best = i;
+        }
+    }
+    best as u8
+}
+
+fn exponent(b: u8) -> u8 {
+    (b >> 3) & 15
+}
+
+/// The channel bases and row offsets of `rows x width` FP8 bytes (`fp8` yields each row's bytes).
+fn fit<'a>(rows: impl Iterator<Item = &'a [u8]> + Clone, n_rows: usize, width: usize) -> (Vec<u8>, Vec<u8>) {
+    // Channel exponent modes, then row offsets against them, then the channel modes again
+    // given the offsets (one round of alternating modes).
+    let mut counts = vec![0u32; 16 * width];
+    let mut sign = vec![0u32; width];
+    for row in rows.clone() {
+        for (c, &b) in row.iter().enumerate() {
+            counts[16 * c + exponent(b) as usize] += 1;
+            sign[c] += (b >> 7) as u32;
+        }
+    }
+    let mut be: Vec<u8> = counts.chunks_exact(16).map(argmax).collect();
+    let mut ro = vec![0u8; n_rows];
+    let mut hist = [0u32; 16];
+    for (r, row) in rows.clone().enumerate() {
+        hist.fill(0);
+        for (&b, &m) in row.iter().zip(&be) {
+            hist[(exponent(b).wrapping_sub(m) & 15) as usize] += 1;
+        }
+        ro[r] = argmax(&hist);
+    }
+    counts.fill(0);
+    for (row, &o) in rows.zip(&ro) {
+        for (c, &b) in row.iter().enumerate() {
+            counts[16 * c + (exponent(b).wrapping_sub(o) & 15) as usize] += 1;
+        }
+    }
+    for (b, (cnt, &s)) in be.iter_mut().zip(counts.chunks_exact(16).zip(&sign)) {
+        let bs = (2 * s as usize > n_rows) as u8;
+        *b = argmax(cnt) << 1 | bs;
+    }
+    (be, ro)
+}
+
+/// Encodes `rows` decoded rows of `4 n_scales + width` bytes.
+pub fn encode(data: &[u8], rows: usize, width: usize, n_scales: usize, opts: &CodecOptions) -> EncodedChunk {
+    let row_bytes = 4 * n_scales + width;
+    debug_assert_eq!(data.len(), rows * row_bytes);
+    let mut desc = ChunkDesc {
+        codec: CODEC_PLANES,
+        planes: STREAMS,
+        layout: LAYOUT_FP8,
+        rows: rows as u32,
+        ..Default::default()
+    };
+    let mut payload = Vec::with_capacity(data.len() / 2);
+    payload.extend_from_slice(&(width as u32).to_le_bytes());
+    payload.extend_from_slice(&(n_scales as u32).to_le_bytes());
+    desc.stored[0] = GEOMETRY_BYTES;
+
+    let scales: Vec<u8> = data
+        .chunks_exact(row_bytes)
+        .flat_map(|r| &r[..4 * n_scales])
+        .copied()
+        .collect();
+    let fp8 = data.chunks_exact(row_bytes).map(|r| &r[4 * n_scales..]);
+    let (be, ro) = fit(fp8.clone(), rows, width);
+    let mut modelled = Vec::with_capacity(width + rows + rows * width);
+    modelled.extend_from_slice(&be);
+    modelled.extend_from_slice(&ro);
+    for (row, &o) in fp8.zip(&ro) {
+        modelled.extend(row.iter().zip(&be).map(|(&b, &base)| {
+            let e = exponent(b).wrapping_sub(base >> 1).wrapping_sub(o) & 15;
+            e << 4 | (b & 7) << 1 | ((b >> 7) ^ (base & 1))
+        }));
+    }
+    for (p, stream) in [(1, &scales), (2, &modelled)] {
+        let z = zstd_ctx::probe_pays(stream, opts.zstd_level, PROBE_BYTES)
+            .then(|| zstd_ctx::compress_if_pays(stream, opts.zstd_level))
+            .flatten();
+        let before = payload.len();
+        match z {
+            Some(z) => {
+                desc.plane_zstd |= 1 << p;
+                payload.extend_from_slice(&z);
+            }
+            None => payload.extend_from_slice(stream),
+        }
+        desc.stored[p] = (payload.len() - before) as u32;
+    }
+    EncodedChunk { desc, payload }
+}
+
+/// The `(width, n_scales)` a layout-3 chunk declares (its geometry stream), for the reader's
+/// check against the schema. `payload` is the chunk's whole payload.
+pub fn geometry(payload: &[u8]) -> Option<(u32, u32)> {
+    let g = payload.get(..GEOMETRY_BYTES as usize)?;
+    Some((
+        u32::from_le_bytes(g[0..4].try_into().unwrap()),
+        u32::from_le_bytes(g[4..8].try_into().unwrap()),
+    ))
+}
+
+/// Decodes a layout-3 chunk into `out` (`rows x (4 S + W)` bytes).
+pub fn decode(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(), String> {
+    let (w, s) = geometry(payload).ok_or("layout-3 chunk without its geometry")?;
+    let (width, n_scales, rows) = (w as usize, s as usize, desc.rows as usize);
+    let row_bytes = (4 * n_scales)
+        .checked_add(width)
+        .filter(|&rb| rows.checked_mul(rb) == Some(out.len()))
+        .ok_or_else(|| {
+            format!(
+                "layout-3 chunk of {rows} rows x ({width} channels + {n_scales} scales) does not fill {} bytes",
+                out.len()
+            )
+        })?;
+    let mut offset = GEOMETRY_BYTES as usize;
+    let mut stream = |p: usize, len: usize| -> Result<Vec<u8>, String> {
+        let stored = &payload[offset..offset + desc.stored[p] as usize];
+        offset += stored.len();
+        if desc.plane_zstd & (1 << p) == 0 {
+            if stored.len() != len {
+                return Err(format!("raw stream {p} holds {} bytes, expected {len}", stored.len()));
+            }
+            return Ok(stored.to_vec());
+        }
+        let mut buf = vec![0u8; len];
+        zstd_ctx::decompress_exact(stored, &mut buf).map_err(|e| format!("stream {p}: {e}"))?;
+        Ok(buf)
+    };
+    let scales = stream(1, rows * 4 * n_scales)?;
+    let modelled = stream(2, width + rows + rows * width)?;
+    let (be, rest) = modelled.split_at(width);
+    let (ro, residuals) = rest.split_at(rows);
+    for (r, out_row) in out.chunks_exact_mut(row_bytes).enumerate() {
+        let (sc, q) = out_row.split_at_mut(4 * n_scales);
+        sc.copy_from_slice(&scales[r * 4 * n_scales..(r + 1) * 4 * n_scales]);
+        let o = ro[r];
+        for ((b, &d), &base) in q.iter_mut().zip(&residuals[r * width..(r + 1) * width]).zip(be) {
+            let e = (d >> 4).wrapping_add(base >> 1).wrapping_add(o) & 15;
+            *b = ((d ^ base) & 1) << 7 | e << 3 | (d >> 1) & 7;
+        }
+    }
+    Ok(())
+}
