@@ -172,3 +172,74 @@ pub fn decode(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(), St
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::decode_chunk;
+    use proptest::prelude::*;
+
+    fn rows_of(rows: usize, width: usize, n_scales: usize, seed: u64) -> Vec<u8> {
+        (0..rows * (4 * n_scales + width))
+            .map(|i| {
+                let h = seed
+                    .wrapping_mul(0x9E3779B97F4A7C15)
+                    .wrapping_add(i as u64)
+                    .rotate_left(23);
+                // Mostly small exponents per channel, like quantised states; NaN codes excluded.
+                let b = (h >> 32) as u8;
+                if b & 0x7F == 0x7F {
+                    0x30
+                } else {
+                    b & if i % 3 == 0 { 0xFF } else { 0xB7 }
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_real_shaped_chunk_compresses_and_its_descriptor_parses() {
+        // Channel c has exponent 4 + c % 5, rows move together by an offset r % 3.
+        let (rows, width) = (64usize, 40usize);
+        let mut data = Vec::new();
+        for r in 0..rows {
+            data.extend_from_slice(&1.5f32.to_le_bytes());
+            data.extend((0..width).map(|c| (((4 + c % 5 + r % 3) as u8) << 3) | ((r * 7 + c) % 8) as u8));
+        }
+        let enc = encode(&data, rows, width, 1, &CodecOptions::default());
+        assert_eq!(ChunkDesc::from_bytes(&enc.desc.to_bytes()), Ok(enc.desc));
+        assert_eq!(enc.desc.plane_zstd & 0b100, 0b100);
+        assert!(
+            enc.payload.len() < data.len() * 3 / 4,
+            "{} of {}",
+            enc.payload.len(),
+            data.len()
+        );
+        assert_eq!(geometry(&enc.payload), Some((40, 1)));
+        let mut out = vec![0u8; data.len()];
+        decode_chunk(&enc.desc, &enc.payload, &mut out).unwrap();
+        assert_eq!(out, data);
+    }
+
+    #[test]
+    fn a_wrong_output_size_is_an_error() {
+        let data = rows_of(3, 10, 2, 1);
+        let enc = encode(&data, 3, 10, 2, &CodecOptions::default());
+        let mut out = vec![0u8; data.len() - 1];
+        assert!(decode_chunk(&enc.desc, &enc.payload, &mut out)
+            .unwrap_err()
+            .contains("does not fill"));
+    }
+
+    proptest! {
+        #[test]
+        fn encode_then_decode_is_identity(rows in 0usize..50, width in 1usize..90, n_scales in 1usize..4, seed in any::<u64>()) {
+            let data = rows_of(rows, width, n_scales, seed);
+            let enc = encode(&data, rows, width, n_scales, &CodecOptions::default());
+            prop_assert_eq!(enc.payload.len() as u64, enc.desc.stored_len());
+            let mut out = vec![0u8; data.len()];
+            decode_chunk(&enc.desc, &enc.payload, &mut out).unwrap();
+            prop_assert_eq!(out, data);
+        }
+    }
+}
