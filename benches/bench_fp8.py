@@ -125,31 +125,37 @@ def main() -> None:
     print(f"torch threads: {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
     variants = [("fp8 per-token", {"precision": "float8_e4m3fn"})]
     variants += [(f"fp8 block {b}", {"precision": "float8_e4m3fn", "block": int(b)}) for b in args.blocks.split(",")]
-    variants.append(
-        ("fp8 token x channel", {"precision": "float8_e4m3fn", "dtype": "float32", "channel_scale": True})
+    variants.append(("fp8 token x channel", {"precision": "float8_e4m3fn", "dtype": "float32", "channel_scale": True}))
+    print(
+        "| tensors | method | ratio vs raw bf16 | rel L2 | max rel err | flushed to 0 | clamped | enc MB/CPU-s | "
+        "dec MB/CPU-s |"
     )
-    print("| tensors | method | ratio vs raw bf16 | rel L2 | max rel err | flushed to 0 | clamped | enc MB/CPU-s | "
-          "dec MB/CPU-s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for which in (("aux_hidden_states",), ("hidden_states",), TENSORS):
         label = "aux + final" if len(which) == 2 else ("aux" if which[0] == "aux_hidden_states" else "final")
         mb = sum(s[n].numel() * 2 for s in samples for n in which) / 1e6
         with tempfile.TemporaryDirectory(prefix="eio-fp8-") as tmp:
             base, _, _, enc, dec = write_read(samples, which, os.path.join(tmp, "bf16"))
-            print(f"| {label} | bf16 lossless (eagle-io) | {mb / (base / 1e6):.3f} | 0 | 0 | 0 | 0 | "
-                  f"{mb / enc:.0f} | {mb / dec:.0f} |")
+            print(
+                f"| {label} | bf16 lossless (eagle-io) | {mb / (base / 1e6):.3f} | 0 | 0 | 0 | 0 | "
+                f"{mb / enc:.0f} | {mb / dec:.0f} |"
+            )
             raw, z = speculators_bytes(samples, which)
             print(f"| {label} | speculators FP8 (raw file bytes) | {mb * 1e6 / raw:.3f} | | | | | | |")
             print(f"| {label} | speculators FP8 + zstd-3 | {mb * 1e6 / z:.3f} | | | | | | |")
             for name, kw in variants:
-                stored, stats, err, enc, dec = write_read(samples, which, os.path.join(tmp, name.replace(" ", "_")),
-                                                          **kw)
+                stored, stats, err, enc, dec = write_read(
+                    samples, which, os.path.join(tmp, name.replace(" ", "_")), **kw
+                )
                 e = " / ".join(f"{err[n][0] * 100:.2f}%" for n in which)
                 m = " / ".join(f"{err[n][1] * 100:.1f}%" for n in which)
                 f = " / ".join(f"{err[n][2] * 100:.2f}%" for n in which)
                 clamp = stats["fp8_clamped"] / max(stats["fp8_values"], 1)
-                print(f"| {label} | {name} | **{mb * 1e6 / stored:.3f}** | {e} | {m} | {f} | {clamp:.2%} | "
-                      f"{mb / enc:.0f} | {mb / dec:.0f} |", flush=True)
+                print(
+                    f"| {label} | {name} | **{mb * 1e6 / stored:.3f}** | {e} | {m} | {f} | {clamp:.2%} | "
+                    f"{mb / enc:.0f} | {mb / dec:.0f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

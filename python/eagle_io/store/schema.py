@@ -39,8 +39,9 @@ class TensorSpec:
             raise InvalidArgumentError(
                 f"tensor {self.name!r}: precision {self.precision!r} is not None or one of {', '.join(PRECISIONS)}"
             )
-        if self.scale_block is not None and (self.precision is None or type(self.scale_block) is not int
-                                             or self.scale_block < 1):
+        if self.scale_block is not None and (
+            self.precision is None or type(self.scale_block) is not int or self.scale_block < 1
+        ):
             raise InvalidArgumentError(
                 f"tensor {self.name!r}: scale_block {self.scale_block!r} needs FP8 precision and an integer >= 1"
             )
@@ -91,7 +92,12 @@ def to_json(specs: Iterable[TensorSpec]) -> str:
 def from_json(text: str | bytes) -> list[TensorSpec]:
     """Parses schema JSON."""
     return [
-        TensorSpec(t["name"], t["dtype"], t["width"], (t.get("precision") or {}).get("storage"),
-                   (t.get("precision") or {}).get("block"))
+        TensorSpec(
+            t["name"],
+            t["dtype"],
+            t["width"],
+            (t.get("precision") or {}).get("storage"),
+            (t.get("precision") or {}).get("block"),
+        )
         for t in json.loads(text)["tensors"]
     ]
