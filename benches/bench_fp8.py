@@ -30,10 +30,10 @@ import torch
 import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from realdata import load_states  # noqa: E402
+from realdata import load_states
 
-import eagle_io  # noqa: E402
-from eagle_io import TensorSpec  # noqa: E402
+import eagle_io
+from eagle_io import TensorSpec
 
 TENSORS = ("aux_hidden_states", "hidden_states")
 
@@ -82,7 +82,7 @@ def write_read(samples, which, root, *, dtype="bfloat16", precision=None, block=
     for name in which:
         num = den = 0.0
         maxrel, flushed, big = 0.0, 0, 0
-        for s, o, sc in zip(samples, outs, scales):
+        for s, o, sc in zip(samples, outs, scales, strict=True):
             x = s[name].double()
             y = o[name].double()
             if channel_scale:

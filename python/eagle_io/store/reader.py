@@ -108,7 +108,7 @@ class Dataset:
         ]
         self._native.read_stored_into(pos, [writable_bytes(b) for b in bufs])
         out: dict[str, torch.Tensor] = {}
-        for s, b in zip(self.schema, bufs):
+        for s, b in zip(self.schema, bufs, strict=True):
             if s.precision:
                 k = 4 * fp8.scales_per_row(s)
                 out[s.name] = b[:, k:].contiguous().view(torch.float8_e4m3fn)
