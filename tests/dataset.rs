@@ -287,7 +287,7 @@ fn newer_format_versions_are_refused_by_name() {
     ));
     let m = std::fs::read_to_string(root.join("manifest.json"))
         .unwrap()
-        .replace("\"format_version\": 1", "\"format_version\": 7");
+        .replace("\"format_version\": 2", "\"format_version\": 7");
     std::fs::write(root.join("manifest.json"), m).unwrap();
     assert!(matches!(
         Dataset::open(root, 1),

@@ -77,7 +77,7 @@ def chunk_kinds(ref: R.ReferenceDataset) -> set[tuple]:
         shard, (_, offset, length, *_) = ref._at(pos)
         rec = Path(shard.path).read_bytes()[offset : offset + length]
         at = R.RECORD.size
-        for _, dtype, _ in ref.schema:
+        for _, dtype, _, _ in ref.schema:
             n_chunks, _ = R.TENSOR.unpack_from(rec, at)
             for j in range(n_chunks):
                 codec, planes, plane_zstd, *_ = R.CHUNK.unpack_from(rec, at + 8 + 24 * j)
@@ -196,11 +196,11 @@ def test_truncated_shard(small: Path) -> None:
 def test_newer_versions(small: Path) -> None:
     manifest = json.loads((small / "manifest.json").read_text())
     original = (small / "manifest.json").read_bytes()
-    (small / "manifest.json").write_text(json.dumps(manifest | {"format_version": 2}))
-    with pytest.raises(R.ReferenceVersionError, match="format_version 2"):
+    (small / "manifest.json").write_text(json.dumps(manifest | {"format_version": 3}))
+    with pytest.raises(R.ReferenceVersionError, match="format_version 3"):
         R.open_dataset(small)  # reported as a newer version, not as a checksum mismatch
     (small / "manifest.json").write_bytes(original)
-    flip(shard_path(small), 8 + 1)  # header format_version 1 -> 0x4001
+    flip(shard_path(small), 8 + 1)  # header format_version 2 -> 0x4002
     with pytest.raises(R.ReferenceVersionError) as err:
         R.open_dataset(small)
     assert err.value.offset == 8 and isinstance(err.value, R.ReferenceFormatError)

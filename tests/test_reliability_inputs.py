@@ -199,10 +199,10 @@ def test_writer_refuses_metadata_its_manifest_could_not_be_read_back_with(tmp_pa
 def test_resuming_a_dataset_of_a_newer_format_is_refused(tmp_path):
     write(tmp_path)
     m = json.loads((tmp_path / "manifest.json").read_text())
-    (tmp_path / "manifest.json").write_text(json.dumps({**m, "format_version": 2}))
+    (tmp_path / "manifest.json").write_text(json.dumps({**m, "format_version": 3}))
     with pytest.raises(eagle_io.FormatVersionError) as e:
         eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(HIDDEN), {"target_model": "tiny"}, resume=True)
-    assert (e.value.found, e.value.supported, e.value.path) == (2, 1, str(tmp_path / "manifest.json"))
+    assert (e.value.found, e.value.supported, e.value.path) == (3, 2, str(tmp_path / "manifest.json"))
 
 
 def test_a_shard_of_a_newer_format_is_refused_naming_it(tmp_path):
@@ -213,7 +213,7 @@ def test_a_shard_of_a_newer_format_is_refused_naming_it(tmp_path):
     shard.write_bytes(data)
     with pytest.raises(eagle_io.FormatVersionError) as e:
         eagle_io.Dataset(tmp_path)
-    assert (e.value.found, e.value.supported, e.value.path) == (3, 1, str(shard))
+    assert (e.value.found, e.value.supported, e.value.path) == (3, 2, str(shard))
     assert "format version 3" in str(e.value)
 
 

@@ -104,10 +104,10 @@ def test_corruption_raises_with_path_sample_and_offset(small_dataset):
 def test_newer_format_version_and_storage_errors(small_dataset, tmp_path):
     root, _ = small_dataset
     manifest = root / "manifest.json"
-    manifest.write_text(manifest.read_text().replace('"format_version": 1', '"format_version": 9'))
+    manifest.write_text(manifest.read_text().replace('"format_version": 2', '"format_version": 9'))
     with pytest.raises(eagle_io.FormatVersionError) as e:
         eagle_io.Dataset(root)
-    assert (e.value.found, e.value.supported) == (9, 1)
+    assert (e.value.found, e.value.supported) == (9, 2)
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(eagle_io.StorageError) as e:
