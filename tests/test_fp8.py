@@ -111,3 +111,27 @@ def test_schema_refuses_fp8_where_it_cannot_apply():
         TensorSpec("x", "bfloat16", 8, None, 4)
     with pytest.raises(eagle_io.errors.InvalidArgumentError, match="FP8 storage needs"):
         eagle_io.ShardWriter("/nonexistent-never-created", [TensorSpec("ids", "int64", None, "float8_e4m3fn")], {})
+
+
+def test_capture_with_fp8_precision_stores_quantised_states(tmp_path):
+    from test_capture_session import samples, stored, tiny_target
+
+    model, info = tiny_target()
+    batch = samples([9, 5])
+    with eagle_io.capture(model, tmp_path / "bf16", target_info=info, threads=1) as cap:
+        cap.submit(batch)
+    with eagle_io.capture(model, tmp_path / "fp8", target_info=info, threads=1, precision="fp8") as cap:
+        cap.submit(batch)
+    ref, got = stored(tmp_path / "bf16"), stored(tmp_path / "fp8")
+    ds = eagle_io.Dataset(tmp_path / "fp8")
+    assert [s.precision for s in ds.schema] == [None, None, "float8_e4m3fn", "float8_e4m3fn"]
+    for s in batch:
+        for name in ("aux_hidden_states", "hidden_states"):
+            x, y = ref[s.index][name], got[s.index][name]
+            assert y.dtype == torch.bfloat16 and y.shape == x.shape
+            # exactly the torch quantisation of the bf16 states the lossless capture stored
+            q, scales, _ = fp8.quantize(x)
+            assert torch.equal(y, fp8.dequantize(q, scales))
+            assert 0 < ((y.float() - x.float()).norm() / x.float().norm()).item() < 0.03
+    with pytest.raises(eagle_io.errors.InvalidArgumentError, match="precision must be"):
+        eagle_io.capture(model, tmp_path / "bad", target_info=info, precision="int4")

@@ -56,7 +56,19 @@ class TensorSpec:
         return d
 
 
-def eagle3_schema(hidden_size: int, num_aux_layers: int = 3, dtype: str = "bfloat16") -> list[TensorSpec]:
+def precision_name(precision: str | None) -> str | None:
+    """The schema's name for a storage precision given as ``None``/``"bf16"`` (lossless) or ``"fp8"``/
+    ``"float8_e4m3fn"`` (FP8 with one scale per token). Raises InvalidArgumentError for anything else."""
+    if precision in (None, "bf16", "lossless"):
+        return None
+    if precision in ("fp8", *PRECISIONS):
+        return PRECISIONS[0]
+    raise InvalidArgumentError(f"precision must be 'bf16' (lossless) or 'fp8' (float8_e4m3fn), not {precision!r}")
+
+
+def eagle3_schema(
+    hidden_size: int, num_aux_layers: int = 3, dtype: str = "bfloat16", precision: str | None = None
+) -> list[TensorSpec]:
     """The EAGLE-3 training schema.
 
     - ``input_ids [L]`` int64: the rendered conversation's token ids.
@@ -64,6 +76,9 @@ def eagle3_schema(hidden_size: int, num_aux_layers: int = 3, dtype: str = "bfloa
     - ``aux_hidden_states [L, num_aux_layers * hidden_size]`` ``dtype``: the target's residual
       stream at the inputs of the aux layers, concatenated in ascending layer order.
     - ``hidden_states [L, hidden_size]`` ``dtype``: the target's final post-norm hidden state.
+
+    ``precision="fp8"`` stores both state tensors as FP8 e4m3fn with one scale per token (lossy; read back as
+    ``dtype``, docs/FORMAT.md 3.1); ``dtype`` must then be bfloat16 or float32.
 
     Raises:
         InvalidArgumentError: ``hidden_size`` or ``num_aux_layers`` below 1, or a ``dtype`` that is not one of
@@ -79,8 +94,8 @@ def eagle3_schema(hidden_size: int, num_aux_layers: int = 3, dtype: str = "bfloa
     return [
         TensorSpec("input_ids", "int64"),
         TensorSpec("loss_mask", "uint8"),
-        TensorSpec("aux_hidden_states", dtype, num_aux_layers * hidden_size),
-        TensorSpec("hidden_states", dtype, hidden_size),
+        TensorSpec("aux_hidden_states", dtype, num_aux_layers * hidden_size, precision_name(precision)),
+        TensorSpec("hidden_states", dtype, hidden_size, precision_name(precision)),
     ]
 
 
