@@ -2,7 +2,8 @@
 //! A decoded row is `S` f32 scales then `W` e4m3fn bytes. The chunk stores three streams:
 //!
 //! 0. geometry, raw: `W` u32, `S` u32 (8 bytes);
-//! 1. the scales, `rows x 4 S` bytes in row order: one zstd frame, or raw;
+//! 1. the scales, `rows x S` f32 as 4 byte planes (plane `k`: byte `k` of every scale in row
+//!    order): one zstd frame, or raw;
 //! 2. the modelled FP8 bytes: one zstd frame, or raw, of `W` channel bases, `rows` row
 //!    offsets, then `rows x W` residual bytes in row order.
 //!
@@ -87,11 +88,18 @@ pub fn encode(data: &[u8], rows: usize, width: usize, n_scales: usize, opts: &Co
     payload.extend_from_slice(&(n_scales as u32).to_le_bytes());
     desc.stored[0] = GEOMETRY_BYTES;
 
-    let scales: Vec<u8> = data
+    // The scales as 4 byte planes (plane k: byte k of every scale, in row order): their exponent bytes compress.
+    let n = rows * n_scales;
+    let mut scales = vec![0u8; 4 * n];
+    for (i, s) in data
         .chunks_exact(row_bytes)
-        .flat_map(|r| &r[..4 * n_scales])
-        .copied()
-        .collect();
+        .flat_map(|r| r[..4 * n_scales].chunks_exact(4))
+        .enumerate()
+    {
+        for (k, &b) in s.iter().enumerate() {
+            scales[k * n + i] = b;
+        }
+    }
     let fp8 = data.chunks_exact(row_bytes).map(|r| &r[4 * n_scales..]);
     let (be, ro) = fit(fp8.clone(), rows, width);
     let mut modelled = Vec::with_capacity(width + rows + rows * width);
@@ -161,9 +169,14 @@ pub fn decode(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(), St
     let modelled = stream(2, width + rows + rows * width)?;
     let (be, rest) = modelled.split_at(width);
     let (ro, residuals) = rest.split_at(rows);
+    let n = rows * n_scales;
     for (r, out_row) in out.chunks_exact_mut(row_bytes).enumerate() {
         let (sc, q) = out_row.split_at_mut(4 * n_scales);
-        sc.copy_from_slice(&scales[r * 4 * n_scales..(r + 1) * 4 * n_scales]);
+        for (j, s) in sc.chunks_exact_mut(4).enumerate() {
+            for (k, b) in s.iter_mut().enumerate() {
+                *b = scales[k * n + r * n_scales + j];
+            }
+        }
         let o = ro[r];
         for ((b, &d), &base) in q.iter_mut().zip(&residuals[r * width..(r + 1) * width]).zip(be) {
             let e = (d >> 4).wrapping_add(base >> 1).wrapping_add(o) & 15;

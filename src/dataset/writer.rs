@@ -333,7 +333,8 @@ impl DatasetWriter {
         let mut jobs = Vec::new();
         for (si, s) in samples.iter().enumerate() {
             for (ti, spec) in self.schema.tensors.iter().enumerate() {
-                let row_bytes = spec.row_bytes();
+                // Chunks hold `chunk_bytes` of decoded bytes: FP8 rows (with their scales) as stored.
+                let row_bytes = spec.stored_row_bytes();
                 let rows_per_chunk = (self.opts.chunk_bytes / row_bytes).clamp(1, u32::MAX as u64 / row_bytes);
                 let mut row = 0;
                 loop {

@@ -177,7 +177,8 @@ def _decode_fp8(desc: tuple, payload: bytes, size: int, width: int, n_scales: in
     d = modelled[w + rows :].reshape(rows, w)
     e = ((d >> 4) + (base >> 1) + offset[:, None]) & 15
     q = (((d ^ base) & 1) << 7) | (e << 3) | ((d >> 1) & 7)
-    return np.concatenate([scales.reshape(rows, 4 * s), q.astype(np.uint8)], axis=1).tobytes()
+    scales = scales.reshape(4, rows * s).T.reshape(rows, 4 * s)  # 4 byte planes -> little-endian f32 per row
+    return np.concatenate([scales, q.astype(np.uint8)], axis=1).tobytes()
 
 
 def _unzstd(frame: bytes, size: int) -> bytes:
