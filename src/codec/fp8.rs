@@ -19,6 +19,8 @@ use super::{zstd_ctx, ChunkDesc, CodecOptions, EncodedChunk, CODEC_PLANES, LAYOU
 
 /// Streams of a layout-3 chunk (geometry, scales, FP8 bytes).
 pub const STREAMS: u8 = 3;
+/// Rounds of alternating row offsets and channel bases (each a pass over the chunk).
+const FIT_ROUNDS: usize = 2;
 /// Bytes of the geometry stream.
 pub const GEOMETRY_BYTES: u32 = 8;
 
@@ -39,8 +41,8 @@ fn exponent(b: u8) -> u8 {
 
 /// The channel bases and row offsets of `rows x width` FP8 bytes (`fp8` yields each row's bytes).
 fn fit<'a>(rows: impl Iterator<Item = &'a [u8]> + Clone, n_rows: usize, width: usize) -> (Vec<u8>, Vec<u8>) {
-    // Channel exponent modes, then row offsets against them, then the channel modes again
-    // given the offsets (one round of alternating modes).
+    // Channel exponent modes, then `FIT_ROUNDS` x (row offsets against them, then the channel
+    // modes again given the offsets).
     let mut counts = vec![0u32; 16 * width];
     let mut sign = vec![0u32; width];
     for row in rows.clone() {
@@ -52,22 +54,26 @@ fn fit<'a>(rows: impl Iterator<Item = &'a [u8]> + Clone, n_rows: usize, width: u
     let mut be: Vec<u8> = counts.chunks_exact(16).map(argmax).collect();
     let mut ro = vec![0u8; n_rows];
     let mut hist = [0u32; 16];
-    for (r, row) in rows.clone().enumerate() {
-        hist.fill(0);
-        for (&b, &m) in row.iter().zip(&be) {
-            hist[(exponent(b).wrapping_sub(m) & 15) as usize] += 1;
+    for _ in 0..FIT_ROUNDS {
+        for (r, row) in rows.clone().enumerate() {
+            hist.fill(0);
+            for (&b, &m) in row.iter().zip(&be) {
+                hist[(exponent(b).wrapping_sub(m) & 15) as usize] += 1;
+            }
+            ro[r] = argmax(&hist);
         }
-        ro[r] = argmax(&hist);
-    }
-    counts.fill(0);
-    for (row, &o) in rows.zip(&ro) {
-        for (c, &b) in row.iter().enumerate() {
-            counts[16 * c + (exponent(b).wrapping_sub(o) & 15) as usize] += 1;
+        counts.fill(0);
+        for (row, &o) in rows.clone().zip(&ro) {
+            for (c, &b) in row.iter().enumerate() {
+                counts[16 * c + (exponent(b).wrapping_sub(o) & 15) as usize] += 1;
+            }
+        }
+        for (b, cnt) in be.iter_mut().zip(counts.chunks_exact(16)) {
+            *b = argmax(cnt);
         }
     }
-    for (b, (cnt, &s)) in be.iter_mut().zip(counts.chunks_exact(16).zip(&sign)) {
-        let bs = (2 * s as usize > n_rows) as u8;
-        *b = argmax(cnt) << 1 | bs;
+    for (b, &s) in be.iter_mut().zip(&sign) {
+        *b = *b << 1 | (2 * s as usize > n_rows) as u8;
     }
     (be, ro)
 }
