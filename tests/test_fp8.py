@@ -135,3 +135,32 @@ def test_capture_with_fp8_precision_stores_quantised_states(tmp_path):
             assert 0 < ((y.float() - x.float()).norm() / x.float().norm()).item() < 0.03
     with pytest.raises(eagle_io.errors.InvalidArgumentError, match="precision must be"):
         eagle_io.capture(model, tmp_path / "bad", target_info=info, precision="int4")
+
+
+def test_transcode_to_fp8_and_verify(tmp_path):
+    from eagle_io.cli import main
+
+    x = states(n=120, w=48)
+    specs = [TensorSpec("ids", "int64"), TensorSpec("x", "bfloat16", 48), TensorSpec("mask", "uint8")]
+    with eagle_io.ShardWriter(tmp_path / "src", specs, {"target_model": "t"}) as w:
+        for i in range(3):
+            w.write(
+                10 + i,
+                {"ids": torch.arange(120), "x": (x * (i + 1)).bfloat16(), "mask": torch.ones(120, dtype=torch.uint8)},
+                f"k{i}",
+            )
+    assert main(["transcode", str(tmp_path / "src"), "--out", str(tmp_path / "dst"), "--precision", "fp8"]) == 0
+    src, dst = eagle_io.Dataset(tmp_path / "src"), eagle_io.Dataset(tmp_path / "dst")
+    assert [s.precision for s in dst.schema] == [None, "float8_e4m3fn", None]
+    assert dst.metadata == src.metadata and len(dst) == 3
+    for pos in range(3):
+        assert dst.entry(pos) == src.entry(pos)
+        a, b = src[pos], dst[pos]
+        assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["mask"], b["mask"])
+        q, scales, _ = fp8.quantize(a["x"])
+        assert torch.equal(b["x"], fp8.dequantize(q, scales))
+    assert eagle_io.Dataset.verify(tmp_path / "dst") == []
+    # back to bf16: the FP8 values are kept exactly (they are bf16-representable after rounding)
+    assert main(["transcode", str(tmp_path / "dst"), "--out", str(tmp_path / "back"), "--precision", "bf16"]) == 0
+    back = eagle_io.Dataset(tmp_path / "back")
+    assert back.schema == src.schema and torch.equal(back[1]["x"], dst[1]["x"])
