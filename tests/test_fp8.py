@@ -164,3 +164,29 @@ def test_transcode_to_fp8_and_verify(tmp_path):
     assert main(["transcode", str(tmp_path / "dst"), "--out", str(tmp_path / "back"), "--precision", "bf16"]) == 0
     back = eagle_io.Dataset(tmp_path / "back")
     assert back.schema == src.schema and torch.equal(back[1]["x"], dst[1]["x"])
+
+
+def test_shard_dataset_mixes_bf16_and_fp8_only_when_asked(tmp_path):
+    from conftest import make_sample
+
+    roots = {}
+    for name, precision, ids in (("bf16", None, range(0, 3)), ("fp8", "fp8", range(3, 6))):
+        roots[name] = tmp_path / name
+        schema = eagle_io.eagle3_schema(32, precision=precision)
+        with eagle_io.ShardWriter(roots[name], schema, {"target_model": "tiny"}) as w:
+            for i in ids:
+                w.write(i, make_sample(i, 20))
+    with pytest.raises(eagle_io.IncompatibleDatasetError, match=r"stored as float8_e4m3fn.*mix_precisions=True"):
+        eagle_io.ShardDataset([roots["bf16"], roots["fp8"]])
+    ds = eagle_io.ShardDataset([roots["bf16"], roots["fp8"]], mix_precisions=True)
+    assert len(ds) == 6
+    for i in range(6):
+        item = ds[i]
+        item_id = item["sample_id"]
+        want = make_sample(item_id, 20)
+        x, y = want["aux_hidden_states"].float(), item["aux_hidden_states"].float()
+        assert item["aux_hidden_states"].dtype == torch.bfloat16
+        if item_id < 3:
+            assert torch.equal(x, y)
+        else:
+            assert 0 < ((y - x).norm() / x.norm()).item() < 0.03
