@@ -163,6 +163,7 @@ pub fn original() -> &'static Original {
             name: name.into(),
             dtype,
             width,
+            precision: None,
         };
         let schema = Schema::new(vec![
             spec("ids", DType::Int64, None),

@@ -9,6 +9,7 @@ pub mod error;
 pub mod format;
 pub mod layout;
 pub mod pool;
+pub mod quant;
 pub mod ring;
 pub mod schema;
 pub mod shard;

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::quant::Precision;
 
 /// One named tensor of every sample: shape `[L]` when `width` is `None`, else `[L, width]`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -12,6 +13,10 @@ pub struct TensorSpec {
     pub name: String,
     pub dtype: DType,
     pub width: Option<u64>,
+    /// Lossy storage (FP8 with scales); absent: stored in `dtype`, losslessly. `dtype` stays
+    /// the type a reader dequantises into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<Precision>,
 }
 
 impl TensorSpec {
@@ -20,9 +25,18 @@ impl TensorSpec {
         self.width.unwrap_or(1)
     }
 
-    /// Bytes per token.
+    /// Bytes per token, as written and as read (dequantised).
     pub fn row_bytes(&self) -> u64 {
         self.elems_per_row() * self.dtype.size() as u64
+    }
+
+    /// Bytes per token as the chunks decode them: `row_bytes`, or for FP8 storage the row's
+    /// scales and FP8 bytes (`Precision::row_bytes`).
+    pub fn stored_row_bytes(&self) -> u64 {
+        match &self.precision {
+            Some(p) => p.row_bytes(self.elems_per_row()),
+            None => self.row_bytes(),
+        }
     }
 }
 
@@ -67,6 +81,20 @@ impl Schema {
                     )));
                 }
             }
+            if let Some(p) = &t.precision {
+                if !matches!(t.dtype, DType::Bfloat16 | DType::Float32) || t.width.is_none() {
+                    return Err(Error::InvalidArgument(format!(
+                        "schema tensor {:?}: FP8 storage needs a bfloat16 or float32 tensor of shape [L, width]",
+                        t.name
+                    )));
+                }
+                if p.block == Some(0) {
+                    return Err(Error::InvalidArgument(format!(
+                        "schema tensor {:?}: an FP8 scale block of 0 channels",
+                        t.name
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -86,6 +114,16 @@ impl Schema {
     /// Bytes of one token across all tensors.
     pub fn token_bytes(&self) -> u64 {
         self.tensors.iter().map(TensorSpec::row_bytes).sum()
+    }
+
+    /// Bytes of one token across all tensors as the chunks decode them (FP8 rows with scales).
+    pub fn stored_token_bytes(&self) -> u64 {
+        self.tensors.iter().map(TensorSpec::stored_row_bytes).sum()
+    }
+
+    /// True when some tensor is stored as FP8.
+    pub fn has_fp8(&self) -> bool {
+        self.tensors.iter().any(|t| t.precision.is_some())
     }
 
     /// Position of the tensor called `name`.

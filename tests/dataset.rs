@@ -12,21 +12,25 @@ fn eagle3_schema(hidden: u64) -> Schema {
             name: "input_ids".into(),
             dtype: DType::Int64,
             width: None,
+            precision: None,
         },
         TensorSpec {
             name: "loss_mask".into(),
             dtype: DType::Uint8,
             width: None,
+            precision: None,
         },
         TensorSpec {
             name: "aux_hidden_states".into(),
             dtype: DType::Bfloat16,
             width: Some(3 * hidden),
+            precision: None,
         },
         TensorSpec {
             name: "hidden_states".into(),
             dtype: DType::Bfloat16,
             width: Some(hidden),
+            precision: None,
         },
     ])
     .unwrap()
@@ -297,7 +301,7 @@ proptest! {
     fn random_schemas_roundtrip(widths in prop::collection::vec((0usize..9, prop::option::of(1u64..25_000)), 1..4),
                                 tokens in prop::collection::vec(0u64..40, 1..6)) {
         let dtypes = [DType::Bool, DType::Uint8, DType::Int8, DType::Int16, DType::Int32, DType::Int64, DType::Float16, DType::Bfloat16, DType::Float32];
-        let schema = Schema::new(widths.iter().enumerate().map(|(i, &(d, w))| TensorSpec { name: format!("t{i}"), dtype: dtypes[d], width: w }).collect()).unwrap();
+        let schema = Schema::new(widths.iter().enumerate().map(|(i, &(d, w))| TensorSpec { name: format!("t{i}"), dtype: dtypes[d], width: w, precision: None }).collect()).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut w = DatasetWriter::create(dir.path(), schema, serde_json::json!({}), small_opts()).unwrap();
         let ids: Vec<(u64, u64)> = tokens.iter().enumerate().map(|(i, &n)| (i as u64 * 7 + 3, n)).collect();

@@ -77,7 +77,7 @@ def chunk_kinds(ref: R.ReferenceDataset) -> set[tuple]:
         shard, (_, offset, length, *_) = ref._at(pos)
         rec = Path(shard.path).read_bytes()[offset : offset + length]
         at = R.RECORD.size
-        for _, dtype, _ in ref.schema:
+        for _, dtype, _, _ in ref.schema:
             n_chunks, _ = R.TENSOR.unpack_from(rec, at)
             for j in range(n_chunks):
                 codec, planes, plane_zstd, *_ = R.CHUNK.unpack_from(rec, at + 8 + 24 * j)

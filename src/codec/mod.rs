@@ -3,6 +3,7 @@
 //! a [`ChunkDesc`] that records every parameter needed to decode it, so data written with
 //! older settings stays readable. Layout: docs/FORMAT.md, "Chunks".
 
+mod fp8;
 mod fused;
 mod mode_delta;
 mod planes;
@@ -11,6 +12,8 @@ mod zstd_ctx;
 use std::cell::RefCell;
 
 use crate::dtype::DType;
+
+pub use fp8::{encode as encode_fp8, geometry as fp8_geometry};
 
 thread_local! {
     /// Per-thread work buffers, reused across chunks: fresh megabyte buffers would cost a
@@ -48,6 +51,8 @@ pub const LAYOUT_ROW_MAJOR: u8 = 0;
 /// `cols` column modes followed by the row-major plane minus each column's mode (mod 256).
 /// Raw planes stay plain row-major.
 pub const LAYOUT_MODE_DELTA: u8 = 1;
+/// FP8-quantised rows (`crate::quant`), entropy-coded in three streams (`fp8.rs`).
+pub const LAYOUT_FP8: u8 = 3;
 
 /// Format v2: 2-byte elements split into the 8-bit exponent (plane 1, bits 7..14) and sign
 /// plus 7 mantissa bits (plane 0: bit 15 -> bit 7, bits 0..6); every zstd plane modelled as in
@@ -97,7 +102,8 @@ pub struct ChunkDesc {
     pub planes: u8,
     /// Bit `p` set: plane `p` is a zstd frame; clear: plane `p` is stored raw.
     pub plane_zstd: u8,
-    /// `LAYOUT_ROW_MAJOR` or `LAYOUT_MODE_DELTA` (PLANES only; 0 otherwise).
+    /// `LAYOUT_ROW_MAJOR`, `LAYOUT_MODE_DELTA`, `LAYOUT_EXP_MODE_DELTA` or `LAYOUT_FP8` (PLANES
+    /// only; 0 otherwise).
     pub layout: u8,
     /// Rows (tokens) in this chunk.
     pub rows: u32,
@@ -139,6 +145,12 @@ impl ChunkDesc {
         let n = d.planes as usize;
         let ok = match d.codec {
             CODEC_RAW | CODEC_ZSTD => n == 1 && d.plane_zstd == 0 && d.layout == 0 && d.stored[1..] == [0, 0, 0],
+            CODEC_PLANES if d.layout == LAYOUT_FP8 => {
+                n == fp8::STREAMS as usize
+                    && d.plane_zstd & !0b110 == 0
+                    && d.stored[0] == fp8::GEOMETRY_BYTES
+                    && d.stored[3] == 0
+            }
             CODEC_PLANES => {
                 (n == 2 || n == 4)
                     && (d.plane_zstd as usize) < (1 << n)
@@ -319,6 +331,7 @@ pub fn decode_chunk(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<
             Ok(())
         }
         CODEC_ZSTD => zstd_ctx::decompress_exact(payload, out),
+        _ if desc.layout == LAYOUT_FP8 => fp8::decode(desc, payload, out),
         _ => decode_planes(desc, payload, out),
     }
 }

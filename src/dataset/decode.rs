@@ -2,13 +2,14 @@
 
 use rayon::prelude::*;
 
-use crate::codec::decode_chunk;
+use crate::codec::{decode_chunk, fp8_geometry, LAYOUT_FP8};
 use crate::error::{Error, Result};
 use crate::format::record;
 use crate::shard::ShardFile;
 
 /// Decodes record `i` of `shard`, whose checksummed bytes are `rec`, into `outs` (one
-/// buffer per schema tensor, each exactly `n_tokens x row_bytes` long).
+/// buffer per schema tensor, each exactly `n_tokens x stored_row_bytes` long: FP8 tensors
+/// come out quantised, as scales and FP8 bytes per row; `crate::quant::dequantize` follows).
 pub fn decode_record(
     shard: &ShardFile,
     i: usize,
@@ -26,7 +27,7 @@ pub fn decode_record(
         )));
     }
     for (spec, out) in schema.tensors.iter().zip(outs.iter()) {
-        let want = e.n_tokens * spec.row_bytes();
+        let want = e.n_tokens * spec.stored_row_bytes();
         if out.len() as u64 != want {
             return Err(Error::InvalidArgument(format!(
                 "output for tensor {:?} of sample {} is {} bytes; it needs {} tokens x {} bytes = {want}",
@@ -34,7 +35,7 @@ pub fn decode_record(
                 e.sample_id,
                 out.len(),
                 e.n_tokens,
-                spec.row_bytes()
+                spec.stored_row_bytes()
             )));
         }
     }
@@ -43,9 +44,25 @@ pub fn decode_record(
     // Pair each chunk with its slice of the output.
     let mut jobs = Vec::new();
     for ((chunks, spec), out) in layout.tensors.iter().zip(&schema.tensors).zip(outs.iter_mut()) {
-        let row_bytes = spec.row_bytes() as usize;
+        let row_bytes = spec.stored_row_bytes() as usize;
         let mut rest: &mut [u8] = out;
         for c in chunks {
+            if let (Some(p), LAYOUT_FP8) = (&spec.precision, c.desc.layout) {
+                let width = spec.elems_per_row();
+                let want = (width as u32, p.scales_per_row(width) as u32);
+                let found = fp8_geometry(&rec[c.payload_start..]);
+                if found != Some(want) {
+                    return Err(Error::corrupt(
+                        &shard.path,
+                        Some(e.sample_id),
+                        e.offset + c.payload_start as u64,
+                        format!(
+                            "tensor {:?}: FP8 chunk of (channels, scales per row) {found:?}, the schema says {want:?}",
+                            spec.name
+                        ),
+                    ));
+                }
+            }
             let (dst, tail) = std::mem::take(&mut rest).split_at_mut(c.desc.rows as usize * row_bytes);
             rest = tail;
             jobs.push((c, dst));

@@ -12,8 +12,12 @@ use super::decode::decode_record;
 use super::manifest::Manifest;
 use crate::error::{Error, Result};
 use crate::pool;
+use crate::quant;
 use crate::schema::Schema;
 use crate::shard::ShardFile;
+
+/// Output bytes per dequantisation job.
+const DEQUANT_JOB_BYTES: usize = 256 * 1024;
 
 thread_local! {
     /// The calling thread's record buffer, reused across reads (its memory is already mapped).
@@ -196,8 +200,72 @@ impl Dataset {
     }
 
     /// Reads, checksums and decodes the sample at `pos` into `outs` (one buffer per schema
-    /// tensor, each exactly `n_tokens x row_bytes`).
+    /// tensor, each exactly `n_tokens x row_bytes`). FP8 tensors are dequantised into their
+    /// schema dtype on the reader's threads (`read_stored_into` leaves them quantised).
     pub fn read_into(&self, pos: u64, outs: &mut [&mut [u8]]) -> Result<()> {
+        let schema = self.schema();
+        if !schema.has_fp8() {
+            return self.read_stored_into(pos, outs);
+        }
+        let n_tokens = self.entry(pos)?.n_tokens;
+        let mut stored: Vec<Vec<u8>> = Vec::with_capacity(outs.len());
+        for (spec, out) in schema.tensors.iter().zip(outs.iter()) {
+            let want = n_tokens * spec.row_bytes();
+            if spec.precision.is_some() && out.len() as u64 != want {
+                return Err(Error::InvalidArgument(format!(
+                    "output for tensor {:?} is {} bytes; it needs {n_tokens} tokens x {} bytes = {want}",
+                    spec.name,
+                    out.len(),
+                    spec.row_bytes()
+                )));
+            }
+            let n = if spec.precision.is_some() {
+                n_tokens * spec.stored_row_bytes()
+            } else {
+                0
+            };
+            stored.push(vec![0u8; n as usize]);
+        }
+        {
+            let mut views: Vec<&mut [u8]> = schema
+                .tensors
+                .iter()
+                .zip(outs.iter_mut())
+                .zip(stored.iter_mut())
+                .map(|((spec, out), buf)| match spec.precision {
+                    Some(_) => buf.as_mut_slice(),
+                    None => &mut **out,
+                })
+                .collect();
+            self.read_stored_into(pos, &mut views)?;
+        }
+        let pool = pool::shared(self.threads);
+        for ((spec, out), buf) in schema.tensors.iter().zip(outs.iter_mut()).zip(&stored) {
+            if let Some(p) = &spec.precision {
+                let width = spec.elems_per_row() as usize;
+                // Jobs of about 256 KiB of output.
+                let rows = (DEQUANT_JOB_BYTES / spec.row_bytes() as usize).max(1);
+                let (src_step, dst_step) = (
+                    rows * spec.stored_row_bytes() as usize,
+                    rows * spec.row_bytes() as usize,
+                );
+                pool.install(|| {
+                    buf.par_chunks(src_step)
+                        .zip(out.par_chunks_mut(dst_step))
+                        .for_each(|(s, d)| {
+                            let n = d.len() / spec.row_bytes() as usize;
+                            quant::dequantize(s, n, width, p, spec.dtype, d)
+                        })
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads, checksums and decodes the sample at `pos` into `outs` as stored (one buffer per
+    /// schema tensor, each exactly `n_tokens x stored_row_bytes`: FP8 tensors as rows of f32
+    /// scales then FP8 bytes, `crate::quant`).
+    pub fn read_stored_into(&self, pos: u64, outs: &mut [&mut [u8]]) -> Result<()> {
         let e = self.entry(pos)?;
         let shard = &self.shards[e.shard];
         RECORD.with(|buf| {
@@ -269,7 +337,7 @@ impl Dataset {
                                 .schema
                                 .tensors
                                 .iter()
-                                .map(|t| vec![0u8; (e.n_tokens * t.row_bytes()) as usize])
+                                .map(|t| vec![0u8; (e.n_tokens * t.stored_row_bytes()) as usize])
                                 .collect();
                             let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
                             decode_record(&shard, r, &rec, &mut outs, &pool)

@@ -19,12 +19,13 @@ use rayon::prelude::*;
 use super::manifest::{CodecInfo, Manifest, MANIFEST_FORMAT};
 use super::options::WriterOptions;
 use super::resume;
-use crate::codec::{encode_chunk, EncodedChunk};
+use crate::codec::{encode_chunk, encode_fp8, CodecOptions, EncodedChunk};
 use crate::error::{Error, Result};
 use crate::format::{record, FORMAT_VERSION, MAX_KEY_BYTES};
 use crate::layout;
 use crate::pool;
-use crate::schema::Schema;
+use crate::quant::{self, Precision, QuantCounts};
+use crate::schema::{Schema, TensorSpec};
 use crate::shard::ShardBuilder;
 
 /// One sample handed to the writer: its tensors' bytes in schema order, borrowed from the
@@ -57,6 +58,12 @@ pub struct WriterStats {
     pub removed_temp_files: u64,
     /// Committed shards found on resume that the manifest did not list yet, verified and adopted.
     pub adopted_shards: u64,
+    /// Values quantised to FP8 (tensors with FP8 storage).
+    pub fp8_values: u64,
+    /// FP8 values saturated at +-448 (`x / scale` rounded beyond the e4m3fn range).
+    pub fp8_clamped: u64,
+    /// FP8 scale blocks (a token's row, or a block of it) that were all zero: scale 0.
+    pub fp8_zero_blocks: u64,
 }
 
 /// A cheap, cloneable view of a writer's counters, readable while another thread writes.
@@ -82,6 +89,9 @@ impl StatsHandle {
             elapsed_seconds: self.started.elapsed().as_secs_f64(),
             removed_temp_files: self.removed_temp_files,
             adopted_shards: self.adopted_shards,
+            fp8_values: c.fp8_values.load(Relaxed),
+            fp8_clamped: c.fp8_clamped.load(Relaxed),
+            fp8_zero_blocks: c.fp8_zero_blocks.load(Relaxed),
         }
     }
 }
@@ -95,6 +105,9 @@ struct Counters {
     shards: AtomicU64,
     encode_ns: AtomicU64,
     blocked_ns: AtomicU64,
+    fp8_values: AtomicU64,
+    fp8_clamped: AtomicU64,
+    fp8_zero_blocks: AtomicU64,
 }
 
 struct Record {
@@ -248,7 +261,17 @@ impl DatasetWriter {
         }
         self.validate(samples)?;
         let t0 = Instant::now();
-        let records = self.encode(samples);
+        let records = match self.encode(samples) {
+            Ok(r) => r,
+            Err(e) => {
+                // Nothing of the batch was queued: its ids are free again.
+                let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+                for s in samples {
+                    seen.remove(&s.sample_id);
+                }
+                return Err(e);
+            }
+        };
         self.stats
             .counters
             .encode_ns
@@ -315,12 +338,13 @@ impl DatasetWriter {
         Ok(())
     }
 
-    fn encode(&self, samples: &[SampleRef<'_>]) -> Vec<Record> {
+    fn encode(&self, samples: &[SampleRef<'_>]) -> Result<Vec<Record>> {
         // One job per (sample, tensor, chunk of rows), all encoded in parallel.
         let mut jobs = Vec::new();
         for (si, s) in samples.iter().enumerate() {
             for (ti, spec) in self.schema.tensors.iter().enumerate() {
-                let row_bytes = spec.row_bytes();
+                // Chunks hold `chunk_bytes` of decoded bytes: FP8 rows (with their scales) as stored.
+                let row_bytes = spec.stored_row_bytes();
                 let rows_per_chunk = (self.opts.chunk_bytes / row_bytes).clamp(1, u32::MAX as u64 / row_bytes);
                 let mut row = 0;
                 loop {
@@ -335,24 +359,43 @@ impl DatasetWriter {
         }
         let codec = self.opts.codec;
         let schema = &self.schema;
-        let encoded: Vec<EncodedChunk> = self.pool.install(|| {
+        let encoded: Vec<(EncodedChunk, QuantCounts)> = self.pool.install(|| {
             jobs.par_iter()
                 .map(|&(si, ti, row, rows)| {
                     let spec = &schema.tensors[ti];
                     let rb = spec.row_bytes() as usize;
                     let data = &samples[si].tensors[ti][row as usize * rb..(row + rows) as usize * rb];
-                    encode_chunk(data, rows as u32, spec.dtype, &codec)
+                    match &spec.precision {
+                        Some(p) => {
+                            encode_fp8_rows(data, row, rows as usize, spec, p, &codec).map_err(|m| Error::Schema {
+                                sample_id: samples[si].sample_id,
+                                message: m,
+                            })
+                        }
+                        None => Ok((
+                            encode_chunk(data, rows as u32, spec.dtype, &codec),
+                            QuantCounts::default(),
+                        )),
+                    }
                 })
-                .collect()
-        });
+                .collect::<Result<_>>()
+        })?;
+        let mut counts = QuantCounts::default();
+        for (_, c) in &encoded {
+            counts.add(c);
+        }
+        let c = &self.stats.counters;
+        c.fp8_values.fetch_add(counts.values, Relaxed);
+        c.fp8_clamped.fetch_add(counts.clamped, Relaxed);
+        c.fp8_zero_blocks.fetch_add(counts.zero_blocks, Relaxed);
         let mut per_sample: Vec<Vec<Vec<EncodedChunk>>> = samples
             .iter()
             .map(|_| schema.tensors.iter().map(|_| Vec::new()).collect())
             .collect();
-        for (&(si, ti, _, _), chunk) in jobs.iter().zip(encoded) {
+        for (&(si, ti, _, _), (chunk, _)) in jobs.iter().zip(encoded) {
             per_sample[si][ti].push(chunk);
         }
-        samples
+        Ok(samples
             .iter()
             .zip(per_sample)
             .map(|(s, tensors)| {
@@ -366,7 +409,7 @@ impl DatasetWriter {
                     parts,
                 }
             })
-            .collect()
+            .collect())
     }
 
     pub fn stats(&self) -> WriterStats {
@@ -397,6 +440,31 @@ impl DatasetWriter {
         }
         self.join_io()
     }
+}
+
+/// Quantises `rows` rows (starting at row `first` of the sample) to FP8 and entropy-codes them
+/// (chunk layout 3). The error names the first NaN/Inf.
+fn encode_fp8_rows(
+    data: &[u8],
+    first: u64,
+    rows: usize,
+    spec: &TensorSpec,
+    p: &Precision,
+    codec: &CodecOptions,
+) -> std::result::Result<(EncodedChunk, QuantCounts), String> {
+    let width = spec.elems_per_row() as usize;
+    let mut q = vec![0u8; rows * spec.stored_row_bytes() as usize];
+    let counts = quant::quantize(data, spec.dtype, rows, width, p, &mut q).map_err(|nf| {
+        format!(
+            "tensor {:?} holds a NaN or Inf at token {}, channel {}: FP8 storage cannot hold it \
+             (the capture's nonfinite policy skips or refuses such samples before writing)",
+            spec.name,
+            first + nf.row,
+            nf.channel
+        )
+    })?;
+    let n_scales = p.scales_per_row(width as u64) as usize;
+    Ok((encode_fp8(&q, rows, width, n_scales, codec), counts))
 }
 
 impl Drop for DatasetWriter {

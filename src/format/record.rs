@@ -7,7 +7,7 @@
 //! payloads of every chunk, tensor by tensor, chunk by chunk
 //! ```
 
-use crate::codec::{ChunkDesc, EncodedChunk, CHUNK_DESC_BYTES, CODEC_PLANES};
+use crate::codec::{ChunkDesc, EncodedChunk, CHUNK_DESC_BYTES, CODEC_PLANES, LAYOUT_FP8};
 use crate::schema::Schema;
 
 pub const RECORD_MAGIC: &[u8; 4] = b"EREC";
@@ -97,7 +97,16 @@ pub fn parse(rec: &[u8], schema: &Schema, sample_id: u64, n_tokens: u64) -> Resu
         for (k, d) in rec[pos..end].chunks_exact(CHUNK_DESC_BYTES).enumerate() {
             let desc =
                 ChunkDesc::from_bytes(d.try_into().unwrap()).map_err(|e| format!("tensor {:?}: {e}", spec.name))?;
-            if desc.codec == CODEC_PLANES && desc.planes as usize != spec.dtype.size() {
+            let fp8_chunk = desc.codec == CODEC_PLANES && desc.layout == LAYOUT_FP8;
+            if fp8_chunk != (spec.precision.is_some() && desc.codec == CODEC_PLANES) {
+                return Err(format!(
+                    "tensor {:?}: a chunk of layout {} for a tensor {} FP8 storage",
+                    spec.name,
+                    desc.layout,
+                    if spec.precision.is_some() { "with" } else { "without" }
+                ));
+            }
+            if desc.codec == CODEC_PLANES && !fp8_chunk && desc.planes as usize != spec.dtype.size() {
                 return Err(format!(
                     "tensor {:?}: {} byte planes for {} elements",
                     spec.name,
@@ -152,6 +161,7 @@ mod tests {
             name: "x".into(),
             dtype,
             width: Some(4),
+            precision: None,
         }])
         .unwrap()
     }
@@ -194,6 +204,7 @@ mod tests {
             name: "x".into(),
             dtype: DType::Float32,
             width: Some(2),
+            precision: None,
         }])
         .unwrap();
         assert!(parse(&rec, &f32_schema, 9, 3)

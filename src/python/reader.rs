@@ -52,21 +52,15 @@ impl Reader {
     }
 
     /// Decodes the sample at `pos` into `outs` (one writable C-contiguous buffer per schema
-    /// tensor, each exactly `n_tokens x row_bytes`), with the GIL released.
+    /// tensor, each exactly `n_tokens x row_bytes`), FP8 tensors dequantised, with the GIL released.
     fn read_into(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
-        let schema = self.inner.schema();
-        let mut bufs = outs
-            .iter()
-            .enumerate()
-            .map(|(i, o)| {
-                let name = schema.tensors.get(i).map_or("output", |t| t.name.as_str());
-                Borrowed::get(o, true, name)
-            })
-            .collect::<Result<Vec<_>, Error>>()
-            .map_err(py_err(py))?;
-        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Borrowed::bytes_mut).collect();
-        let inner = &self.inner;
-        py.detach(|| inner.read_into(pos, &mut slices)).map_err(py_err(py))
+        self.read(py, pos, outs, true)
+    }
+
+    /// As `read_into`, but FP8 tensors stay as stored: `n_tokens x stored_row_bytes` (per row,
+    /// the f32 scales then the FP8 bytes).
+    fn read_stored_into(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        self.read(py, pos, outs, false)
     }
 
     /// Decodes several samples in one call with the GIL released, on the reader's threads:
@@ -127,5 +121,28 @@ impl Reader {
             .into_iter()
             .map(|b| (b.shard, b.sample_id, b.offset, b.error))
             .collect())
+    }
+}
+
+impl Reader {
+    /// Decodes the sample at `pos` into `outs` with the GIL released; FP8 tensors dequantised or as stored.
+    fn read(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>, dequantize: bool) -> PyResult<()> {
+        let schema = self.inner.schema();
+        let mut bufs = outs
+            .iter()
+            .enumerate()
+            .map(|(i, o)| {
+                let name = schema.tensors.get(i).map_or("output", |t| t.name.as_str());
+                Borrowed::get(o, true, name)
+            })
+            .collect::<Result<Vec<_>, Error>>()
+            .map_err(py_err(py))?;
+        let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Borrowed::bytes_mut).collect();
+        let inner = &self.inner;
+        py.detach(|| match dequantize {
+            true => inner.read_into(pos, &mut slices),
+            false => inner.read_stored_into(pos, &mut slices),
+        })
+        .map_err(py_err(py))
     }
 }

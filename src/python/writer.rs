@@ -173,5 +173,8 @@ pub fn stats_dict<'py>(py: Python<'py>, s: &WriterStats) -> PyResult<Bound<'py, 
     d.set_item("elapsed_seconds", s.elapsed_seconds)?;
     d.set_item("removed_temp_files", s.removed_temp_files)?;
     d.set_item("adopted_shards", s.adopted_shards)?;
+    d.set_item("fp8_values", s.fp8_values)?;
+    d.set_item("fp8_clamped", s.fp8_clamped)?;
+    d.set_item("fp8_zero_blocks", s.fp8_zero_blocks)?;
     Ok(d)
 }

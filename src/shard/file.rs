@@ -95,7 +95,7 @@ impl ShardFile {
             .map(IndexEntry::from_bytes)
             .collect();
         let keys = index[n * INDEX_ENTRY_BYTES as usize..].to_vec();
-        let token_bytes = schema.token_bytes();
+        let token_bytes = schema.token_bytes().max(schema.stored_token_bytes());
         let mut key_starts = Vec::with_capacity(n);
         let (mut expect_offset, mut key_pos) = (data_start, 0usize);
         for (i, e) in entries.iter().enumerate() {

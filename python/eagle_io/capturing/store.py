@@ -184,6 +184,7 @@ class SampleStore:
         target_info: Mapping[str, Any],
         aux_layer_ids: Sequence[int],
         state_dtype: str = "bfloat16",
+        precision: str | None = None,
         tokenizer_identity: Mapping[str, Any] | None = None,
         max_length: int | None = None,
         metadata: Mapping[str, Any] | None = None,
@@ -203,6 +204,8 @@ class SampleStore:
                 (:func:`eagle_io.store.metadata.eagle3_metadata`).
             aux_layer_ids: the captured layers (eagle-io ids, :mod:`eagle_io.capturing.layers`).
             state_dtype: stored dtype name of the states (``"float16"`` warns: bfloat16 is recommended).
+            precision: ``None``/``"bf16"`` (lossless) or ``"fp8"``: the states stored as FP8 e4m3fn with one scale
+                per token, quantised in the writer's encode pass (docs/FORMAT.md 3.1); read back as ``state_dtype``.
             nonfinite, implausible: the value policies (:data:`VALUE_POLICIES`).
             ring_bytes, batch, timeout_s, drop_when_full: the capture ring (:class:`~eagle_io.capturing.ring.RingSink`).
             writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
@@ -225,7 +228,7 @@ class SampleStore:
             max_length=max_length,
             extra=metadata,
         )
-        schema = eagle3_schema(int(target_info["hidden_size"]), len(aux_layer_ids), state_dtype)
+        schema = eagle3_schema(int(target_info["hidden_size"]), len(aux_layer_ids), state_dtype, precision)
         writer = ShardWriter(out_dir, schema, meta, **writer_options)
         done = writer.sample_ids()
         sink = RingSink(writer, ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s, drop_when_full=drop_when_full)

@@ -14,6 +14,7 @@ from . import (
     merge_cmd,
     report_cmd,
     train_draft_cmd,
+    transcode_cmd,
     verify_cmd,
     vocab_cmd,
 )
@@ -31,6 +32,7 @@ COMMANDS = {
     "export-specforge": export_cmd,
     "vocab-map": vocab_cmd,
     "train-draft": train_draft_cmd,
+    "transcode": transcode_cmd,
 }
 
 

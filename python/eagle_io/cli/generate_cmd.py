@@ -52,6 +52,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-bad-records", action="store_true", help="count malformed records instead of failing")
     p.add_argument("--nonfinite", default="raise", choices=["raise", "skip"], help="NaN/Inf states policy")
     p.add_argument(
+        "--precision",
+        default="bf16",
+        choices=["bf16", "fp8"],
+        help="state storage: bf16 (lossless) or fp8 (float8_e4m3fn, one scale per token; lossy, docs/FORMAT.md 3.1)",
+    )
+    p.add_argument(
         "--implausible",
         default="raise",
         choices=["raise", "skip"],
@@ -179,6 +185,7 @@ def _hf_session(args, dataset: str, layer_ids):
         tokenizer_identity=chat_template_identity(tokenizer, _template_kwargs(args, tokenizer)),
         aux_layer_ids=layer_ids,
         max_length=args.max_length,
+        precision=args.precision,
         nonfinite=args.nonfinite,
         implausible=args.implausible,
         metadata={"source_dataset": os.path.basename(dataset), "world_size": args.world_size},
@@ -221,7 +228,12 @@ def _sglang_session(args, dataset: str, layer_ids):
         nonfinite=args.nonfinite,
         implausible=args.implausible,
         ring_bytes=args.ring_bytes,
-        writer_options={"shard_bytes": args.shard_bytes, "threads": args.threads, "resume": args.resume},
+        writer_options={
+            "shard_bytes": args.shard_bytes,
+            "threads": args.threads,
+            "resume": args.resume,
+            "precision": args.precision,
+        },
     )
     engine_args = {"tp_size": args.tp_size, "dp_size": args.dp_size, **_engine_args(args.sglang_arg)}
     engine = launch_capture_engine(path, args.out, options, **engine_args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -83,22 +84,42 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     return out
 
 
-def _check_compatible(first: Dataset, other: Dataset) -> None:
+def _lossless(schema: list) -> list:
+    """``schema`` without storage precisions: what the readers return (FP8 tensors are dequantised)."""
+    return [dataclasses.replace(s, precision=None, scale_block=None) for s in schema]
+
+
+def _check_compatible(first: Dataset, other: Dataset, mix_precisions: bool = False) -> None:
     for key in COMPATIBILITY_KEYS:
         a, b = first.metadata.get(key, _ABSENT), other.metadata.get(key, _ABSENT)
         if a != b:
             raise IncompatibleDatasetError(
                 f"metadata {key!r} differs: {first.manifest_path} has {a!r}, {other.manifest_path} has {b!r}"
             )
-    if first.schema != other.schema:
-        specs_a, specs_b = {s.name: s for s in first.schema}, {s.name: s for s in other.schema}
+    schema_a, schema_b = (
+        (_lossless(first.schema), _lossless(other.schema))
+        if mix_precisions
+        else (
+            first.schema,
+            other.schema,
+        )
+    )
+    if schema_a != schema_b:
+        specs_a, specs_b = {s.name: s for s in schema_a}, {s.name: s for s in schema_b}
         for name in sorted(set(specs_a) | set(specs_b)):
             a, b = specs_a.get(name), specs_b.get(name)
             if a != b:
-                desc = lambda s: _ABSENT if s is None else f"{s.dtype} width {s.width}"  # noqa: E731
+                desc = lambda s: (  # noqa: E731
+                    _ABSENT
+                    if s is None
+                    else f"{s.dtype} width {s.width}" + (f" stored as {s.precision}" * bool(s.precision))
+                )
+                hint = ""
+                if a is not None and b is not None and a.precision != b.precision:
+                    hint = " (pass mix_precisions=True to read both dequantised)"
                 raise IncompatibleDatasetError(
                     f"schema tensor {name!r} differs: {first.manifest_path} has {desc(a)}, "
-                    f"{other.manifest_path} has {desc(b)}"
+                    f"{other.manifest_path} has {desc(b)}{hint}"
                 )
         raise IncompatibleDatasetError(
             f"schema tensor order differs: {first.manifest_path} has {[s.name for s in first.schema]}, "
@@ -160,6 +181,9 @@ class ShardDataset(torch.utils.data.Dataset):
             samples as a running capture commits them and ends when its manifest is marked complete (training
             while capture runs, docs/TRAINING.md). It takes the arguments above and ``poll_s``, ``timeout_s``,
             ``rank``, ``world_size``.
+        mix_precisions: accept datasets whose state tensors differ only in storage precision (bf16 and FP8,
+            docs/FORMAT.md 3.1): every sample is read dequantised into the schema dtype. Off by default, so lossy
+            and lossless data are not mixed by accident.
 
     Raises:
         IncompatibleDatasetError: two datasets whose metadata differ on a key of :data:`COMPATIBILITY_KEYS` or
@@ -187,6 +211,7 @@ class ShardDataset(torch.utils.data.Dataset):
         filter: SampleFilter | None = None,
         threads: int = 1,
         on_corrupt: str = "raise",
+        mix_precisions: bool = False,
         follow: bool = False,
     ) -> None:
         if max_length is not None and max_length < 1:
@@ -204,7 +229,7 @@ class ShardDataset(torch.utils.data.Dataset):
         for ds in self.datasets:
             check_eagle3_dataset(ds, "ShardDataset")
         for ds in self.datasets[1:]:
-            _check_compatible(self.datasets[0], ds)
+            _check_compatible(self.datasets[0], ds, mix_precisions)
 
         owners, positions, lengths, ids = [], [], [], []
         for d, ds in enumerate(self.datasets):

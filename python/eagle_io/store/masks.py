@@ -85,7 +85,7 @@ def mask_counts(path: str | os.PathLike[str], *, progress: Callable[[int, int], 
     mpath = manifest_file(path)
     manifest = read_manifest(mpath)
     schema = ref._parse_schema(manifest["schema"], mpath, None)
-    names = [name for name, _, _ in schema]
+    names = [s[0] for s in schema]
     mask_at = names.index(MASK) if MASK in names else None
     if mask_at is not None and (schema[mask_at][1].itemsize != 1 or schema[mask_at][2] is not None):
         mask_at = None

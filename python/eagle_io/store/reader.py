@@ -12,7 +12,7 @@ import torch
 
 from .. import _native
 from ..errors import InvalidArgumentError, SampleNotFoundError
-from . import layout
+from . import fp8, layout
 from ._tensors import empty, writable_bytes
 from .schema import TensorSpec, from_json
 
@@ -41,9 +41,16 @@ class Dataset:
     Safe in DataLoader workers: after ``fork`` the open files are shared (reads are
     positioned) and the decode pool is rebuilt; with ``spawn`` the object pickles as its path.
 
+    Tensors stored as FP8 (``TensorSpec.precision``, docs/FORMAT.md "FP8 storage") are dequantised on the
+    reader's threads into their schema dtype (``x = e4m3fn(q) * scale``, rounded once). With ``dequantize=False``
+    such a tensor ``name`` comes back as stored: ``name`` ``[L, width]`` ``torch.float8_e4m3fn`` and
+    ``name + "_scales"`` ``[L, S]`` float32 (S = 1 for one scale per token, else ceil(width / scale_block)), so a
+    trainer can dequantise on the GPU (:func:`eagle_io.store.fp8.dequantize`).
+
     Args:
         path: a manifest file, or a directory holding ``manifest.json``.
         threads: decode threads per read (0 = one per CPU).
+        dequantize: False returns FP8 tensors as stored (above).
 
     Raises:
         CorruptRecordError, FormatVersionError, StorageError: when the manifest or a shard
@@ -52,9 +59,10 @@ class Dataset:
             is negative.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, threads: int = 0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, threads: int = 0, dequantize: bool = True) -> None:
         self._path = os.fspath(path)
         self._threads = threads
+        self.dequantize = bool(dequantize)
         _check_threads(threads)
         layout.manifest_file(self._path)  # an unmerged multi-writer root: say so, not "no manifest.json"
         self._native = _native.Reader(self._path, threads)
@@ -64,10 +72,10 @@ class Dataset:
         self.metadata: dict[str, Any] = self.manifest["metadata"]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self._path, "threads": self._threads}
+        return {"path": self._path, "threads": self._threads, "dequantize": self.dequantize}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], threads=state["threads"])  # type: ignore[misc]
+        self.__init__(state["path"], threads=state["threads"], dequantize=state["dequantize"])  # type: ignore[misc]
 
     def __len__(self) -> int:
         return len(self._native)
@@ -87,9 +95,28 @@ class Dataset:
     def read(self, pos: int, *, pin_memory: bool = False) -> dict[str, Any]:
         """Decodes the sample at ``pos`` into new CPU tensors (pinned when ``pin_memory``)."""
         n = self.entry(pos).n_tokens
+        if not self.dequantize and any(s.precision for s in self.schema):
+            return {**self._read_stored(pos, n), "sample_id": self.entry(pos).sample_id}
         out = {s.name: empty(s, n, pin_memory) for s in self.schema}
         self.read_into(pos, out)
         return {**out, "sample_id": self.entry(pos).sample_id}
+
+    def _read_stored(self, pos: int, n: int) -> dict[str, torch.Tensor]:
+        """The sample with FP8 tensors as stored: FP8 bytes and f32 scales (see the class docstring)."""
+        bufs = [
+            torch.empty((n, fp8.stored_row_bytes(s)), dtype=torch.uint8) if s.precision else empty(s, n, False)
+            for s in self.schema
+        ]
+        self._native.read_stored_into(pos, [writable_bytes(b) for b in bufs])
+        out: dict[str, torch.Tensor] = {}
+        for s, b in zip(self.schema, bufs, strict=True):
+            if s.precision:
+                k = 4 * fp8.scales_per_row(s)
+                out[s.name] = b[:, k:].contiguous().view(torch.float8_e4m3fn)
+                out[s.name + "_scales"] = b[:, :k].contiguous().view(torch.float32)
+            else:
+                out[s.name] = b
+        return out
 
     def read_into(self, pos: int, out: dict[str, torch.Tensor]) -> None:
         """Decodes the sample at ``pos`` into caller-provided contiguous CPU tensors, one per

@@ -1,4 +1,4 @@
-"""Pure-Python reference reader for the eagle-io dataset format, version 1 (docs/FORMAT.md).
+"""Pure-Python reference reader for the eagle-io dataset format, version 2 (docs/FORMAT.md).
 
 Written from the specification alone, with numpy, zstandard and the standard library only; it never
 touches ``eagle_io._native`` and also runs as a standalone file. It is slow on purpose: it exists to
@@ -10,7 +10,8 @@ document the format and to cross-check the Rust reader.
 
 Arrays have shape ``[L]`` (width null) or ``[L, width]`` and the schema dtype, little-endian, except
 ``bfloat16``, which numpy lacks: it is returned as ``numpy.uint16`` holding the raw bf16 bits
-(``torch.from_numpy(a).view(torch.bfloat16)`` recovers the tensor). Every violation of the spec raises
+(``torch.from_numpy(a).view(torch.bfloat16)`` recovers the tensor). Tensors stored as FP8 (section 3.1) are
+dequantised into their schema dtype, bit for bit as the Rust reader does. Every violation of the spec raises
 :class:`ReferenceFormatError` naming the file, the sample id (or None) and a byte offset.
 """
 
@@ -32,6 +33,7 @@ RECORD = struct.Struct("<4sIQQ")  # magic, n_tensors, sample_id, n_tokens (4.4)
 TENSOR = struct.Struct("<II")  # n_chunks, reserved (4.4)
 CHUNK = struct.Struct("<BBBBI4I")  # codec, planes, plane_zstd, layout, rows, stored[4] (4.5)
 RAW, ZSTD, PLANES = 0, 1, 2
+LAYOUT_FP8 = 3  # 4.6
 MAX_EXPANSION = 40000  # 4.3: decoded size may not exceed length x 40000
 DTYPES = {  # 3: schema dtype -> numpy dtype of the returned array (bfloat16: raw bits)
     "bool": np.dtype(np.bool_), "uint8": np.dtype("u1"), "int8": np.dtype("i1"), "int16": np.dtype("<i2"),
@@ -109,17 +111,74 @@ def _check_seal(data: bytes, checksum: object, path: str) -> None:
         raise ReferenceFormatError(message, path, None, at)
 
 
-def _parse_schema(schema: object, path: str, offset: int | None) -> list[tuple[str, np.dtype, int | None]]:
-    """Section 3: [(name, numpy dtype, width or None)]."""
+def _parse_schema(schema: object, path: str, offset: int | None) -> list[tuple[str, np.dtype, int | None, object]]:
+    """Section 3: [(name, numpy dtype, width or None, FP8 storage)], FP8 storage being None (stored in the dtype)
+    or the scale block (channels per scale; the width for one scale per token, section 3.1)."""
     try:
-        specs = [(t["name"], t["dtype"], t["width"]) for t in schema["tensors"]]  # type: ignore[index]
+        specs = [(t["name"], t["dtype"], t["width"], t.get("precision")) for t in schema["tensors"]]  # type: ignore[index]
         ok = all(type(n) is str and d in DTYPES and (w is None or (type(w) is int and 1 <= w <= 1 << 24))
-                 for n, d, w in specs)  # fmt: skip
-    except (TypeError, KeyError):
+                 for n, d, w, _ in specs)  # fmt: skip
+        for _, d, w, p in specs:
+            if p is not None:
+                block = p.get("block", w) if type(p) is dict else None
+                ok = ok and set(p) <= {"storage", "block"} and p.get("storage") == "float8_e4m3fn"
+                ok = ok and d in ("bfloat16", "float32") and w is not None and type(block) is int and block >= 1
+    except (TypeError, KeyError, AttributeError):
         ok = False
-    if not ok or len({n for n, _, _ in specs}) != len(specs):
+    if not ok or len({n for n, _, _, _ in specs}) != len(specs):
         raise ReferenceFormatError(f"invalid schema {schema!r}", path, None, offset)
-    return [(n, DTYPES[d], w) for n, d, w in specs]
+    return [(n, DTYPES[d], w, None if p is None else min(p.get("block", w), w)) for n, d, w, p in specs]
+
+
+def _e4m3_values() -> np.ndarray:
+    """Section 3.1: the float32 value of every float8_e4m3fn byte (0x7F, 0xFF: NaN)."""
+    b = np.arange(256)
+    e, m = (b >> 3) & 15, (b & 7).astype(np.float64)
+    mag = np.where(e == 0, m / 512, (1 + m / 8) * 2.0 ** (e - 7))
+    mag = np.where((b & 0x7F) == 0x7F, np.nan, mag)
+    return np.where(b & 0x80, -mag, mag).astype(np.float32)
+
+
+E4M3 = _e4m3_values()
+
+
+def _dequantize(stored: bytes, n_tokens: int, width: int, block: int, dtype: np.dtype) -> bytes:
+    """Section 3.1: rows of f32 scales then FP8 bytes -> ``e4m3(q) x scale`` in float32, rounded once to ``dtype``."""
+    s = -(-width // block)
+    rows = np.frombuffer(stored, np.uint8).reshape(n_tokens, 4 * s + width)
+    scales = rows[:, : 4 * s].copy().view("<f4")
+    values = E4M3[rows[:, 4 * s :]]
+    x = values * np.repeat(scales, block, axis=1)[:, :width]
+    if dtype == np.dtype("<f4"):
+        return x.astype("<f4").tobytes()
+    bits = x.astype("<f4").view("<u4").astype(np.uint64)
+    bf16 = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")  # round to nearest even
+    return np.where(np.isnan(x), ((bits >> 16) | 0x40).astype("<u2"), bf16).tobytes()
+
+
+def _decode_fp8(desc: tuple, payload: bytes, size: int, width: int, n_scales: int) -> bytes:
+    """Section 4.6: a layout-3 chunk -> rows of ``4 n_scales`` scale bytes then ``width`` FP8 bytes."""
+    _, planes, plane_zstd, _, rows, *stored = desc
+    if planes != 3 or plane_zstd & ~0b110 or stored[0] != 8 or stored[3]:
+        raise _Malformed(f"FP8 chunk with planes={planes}, plane_zstd={plane_zstd:#x}, stored={stored}")
+    w, s = struct.unpack_from("<II", payload, 0)
+    if (w, s) != (width, n_scales) or rows * (4 * s + w) != size:
+        raise _Malformed(f"FP8 chunk of {w} channels and {s} scales per row; the schema says {width} and {n_scales}")
+    streams, start = [], 8
+    for p, length in ((1, rows * 4 * s), (2, w + rows + rows * w)):
+        data = payload[start : start + stored[p]]
+        start += stored[p]
+        data = _unzstd(data, length) if plane_zstd >> p & 1 else data
+        if len(data) != length:
+            raise _Malformed(f"FP8 stream {p} of {len(data)} bytes, expected {length}")
+        streams.append(np.frombuffer(data, np.uint8))
+    scales, modelled = streams
+    base, offset = modelled[:w], modelled[w : w + rows]
+    d = modelled[w + rows :].reshape(rows, w)
+    e = ((d >> 4) + (base >> 1) + offset[:, None]) & 15
+    q = (((d ^ base) & 1) << 7) | (e << 3) | ((d >> 1) & 7)
+    scales = scales.reshape(4, rows * s).T.reshape(rows, 4 * s)  # 4 byte planes -> little-endian f32 per row
+    return np.concatenate([scales, q.astype(np.uint8)], axis=1).tobytes()
 
 
 def _unzstd(frame: bytes, size: int) -> bytes:
@@ -235,7 +294,7 @@ class _Shard:
         if index_crc != listed["index_crc32"] or n_records != listed["samples"]:
             fail(f"index_crc32 {index_crc} / n_records {n_records} disagree with the manifest entry {listed}",
                  footer_at)  # fmt: skip
-        row_bytes = sum(dt.itemsize * (w or 1) for _, dt, w in schema)
+        row_bytes = sum(dt.itemsize * (w or 1) for _, dt, w, _ in schema)
         self.entries: list[tuple[int, int, int, int, int, str]] = []
         expect, key_at = 32 + schema_len, 40 * n_records  # key_at: offset in the index
         for i in range(n_records):
@@ -339,7 +398,7 @@ class ReferenceDataset:
         if magic != b"EREC" or n_tensors != len(self.schema) or rec_id != sample_id or rec_tokens != n_tokens:
             fail(f"record header {magic!r}, {n_tensors} tensors, sample {rec_id}, {rec_tokens} tokens disagrees")
         at, chunk_lists = RECORD.size, []
-        for name, _, _ in self.schema:
+        for name, _, _, _ in self.schema:
             if at + TENSOR.size > length:
                 fail(f"tensor {name!r}: chunk table overruns the record")
             n_chunks, reserved = TENSOR.unpack_from(rec, at)
@@ -348,22 +407,33 @@ class ReferenceDataset:
             chunk_lists.append([CHUNK.unpack_from(rec, at + 8 + CHUNK.size * j) for j in range(n_chunks)])
             at += TENSOR.size + CHUNK.size * n_chunks
         out = {}
-        for (name, dtype, width), chunks in zip(self.schema, chunk_lists, strict=True):
-            row_bytes = dtype.itemsize * (width or 1)
+        for (name, dtype, width, block), chunks in zip(self.schema, chunk_lists, strict=True):
+            n_scales = None if block is None else -(-width // block)
+            row_bytes = dtype.itemsize * (width or 1) if block is None else 4 * n_scales + width
             buf, row = bytearray(n_tokens * row_bytes), 0
             for desc in chunks:
                 rows, stored = desc[4], sum(desc[5:])
                 if row + rows > n_tokens or at + stored > length:
                     fail(f"tensor {name!r}: chunk at record byte {at} overruns the rows or the record")
+                fp8_chunk = desc[0] == PLANES and desc[3] == LAYOUT_FP8
+                if fp8_chunk != (block is not None and desc[0] == PLANES):
+                    fail(f"tensor {name!r}: chunk of layout {desc[3]} at record byte {at} for its storage")
                 try:
-                    buf[row * row_bytes : (row + rows) * row_bytes] = _decode_chunk(
-                        desc, rec[at : at + stored], rows * row_bytes, dtype.itemsize
-                    )
+                    payload, size = rec[at : at + stored], rows * row_bytes
+                    buf[row * row_bytes : (row + rows) * row_bytes] = (
+                        _decode_fp8(desc, payload, size, width, n_scales) if fp8_chunk
+                        else _decode_chunk(desc, payload, size, dtype.itemsize)
+                    )  # fmt: skip
                 except (ValueError, zstandard.ZstdError) as e:  # _Malformed, and numpy's size errors
                     fail(f"tensor {name!r}: chunk at record byte {at}: {e}")
                 row, at = row + rows, at + stored
             if row != n_tokens:
                 fail(f"tensor {name!r}: chunks cover {row} rows, expected {n_tokens}")
+            if block is not None:
+                try:
+                    buf = _dequantize(bytes(buf), n_tokens, width, block, dtype)
+                except ValueError as e:
+                    fail(f"tensor {name!r}: {e}")
             array = np.frombuffer(buf, dtype).reshape((n_tokens, width) if width else (n_tokens,))
             if dtype == np.bool_ and (array.view(np.uint8) > 1).any():
                 fail(f"tensor {name!r}: bool value other than 0 or 1")

@@ -14,6 +14,9 @@ DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat
 #: dtype names the hidden states of the EAGLE-3 schema may be stored in.
 STATE_DTYPES = ("bfloat16", "float16", "float32")
 
+#: Lossy storage precisions a floating ``[L, width]`` tensor may declare (bfloat16 or float32 only).
+PRECISIONS = ("float8_e4m3fn",)
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -23,13 +26,49 @@ class TensorSpec:
     name: str
     dtype: str
     width: int | None = None
+    #: Lossy storage: ``"float8_e4m3fn"`` (FP8 with f32 scales, docs/FORMAT.md "FP8 storage") or None (``dtype``,
+    #: lossless). Readers dequantise back into ``dtype``.
+    precision: str | None = None
+    #: Channels per FP8 scale; None = one scale per token over the row (vLLM speculators' choice).
+    scale_block: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidArgumentError(f"tensor {self.name!r}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.precision not in (None, *PRECISIONS):
+            raise InvalidArgumentError(
+                f"tensor {self.name!r}: precision {self.precision!r} is not None or one of {', '.join(PRECISIONS)}"
+            )
+        if self.scale_block is not None and (
+            self.precision is None or type(self.scale_block) is not int or self.scale_block < 1
+        ):
+            raise InvalidArgumentError(
+                f"tensor {self.name!r}: scale_block {self.scale_block!r} needs FP8 precision and an integer >= 1"
+            )
+
+    def to_dict(self) -> dict:
+        """The schema JSON object of this tensor."""
+        d: dict = {"name": self.name, "dtype": self.dtype, "width": self.width}
+        if self.precision is not None:
+            d["precision"] = {"storage": self.precision}
+            if self.scale_block is not None:
+                d["precision"]["block"] = self.scale_block
+        return d
 
 
-def eagle3_schema(hidden_size: int, num_aux_layers: int = 3, dtype: str = "bfloat16") -> list[TensorSpec]:
+def precision_name(precision: str | None) -> str | None:
+    """The schema's name for a storage precision given as ``None``/``"bf16"`` (lossless) or ``"fp8"``/
+    ``"float8_e4m3fn"`` (FP8 with one scale per token). Raises InvalidArgumentError for anything else."""
+    if precision in (None, "bf16", "lossless"):
+        return None
+    if precision in ("fp8", *PRECISIONS):
+        return PRECISIONS[0]
+    raise InvalidArgumentError(f"precision must be 'bf16' (lossless) or 'fp8' (float8_e4m3fn), not {precision!r}")
+
+
+def eagle3_schema(
+    hidden_size: int, num_aux_layers: int = 3, dtype: str = "bfloat16", precision: str | None = None
+) -> list[TensorSpec]:
     """The EAGLE-3 training schema.
 
     - ``input_ids [L]`` int64: the rendered conversation's token ids.
@@ -37,6 +76,9 @@ def eagle3_schema(hidden_size: int, num_aux_layers: int = 3, dtype: str = "bfloa
     - ``aux_hidden_states [L, num_aux_layers * hidden_size]`` ``dtype``: the target's residual
       stream at the inputs of the aux layers, concatenated in ascending layer order.
     - ``hidden_states [L, hidden_size]`` ``dtype``: the target's final post-norm hidden state.
+
+    ``precision="fp8"`` stores both state tensors as FP8 e4m3fn with one scale per token (lossy; read back as
+    ``dtype``, docs/FORMAT.md 3.1); ``dtype`` must then be bfloat16 or float32.
 
     Raises:
         InvalidArgumentError: ``hidden_size`` or ``num_aux_layers`` below 1, or a ``dtype`` that is not one of
@@ -52,16 +94,25 @@ def eagle3_schema(hidden_size: int, num_aux_layers: int = 3, dtype: str = "bfloa
     return [
         TensorSpec("input_ids", "int64"),
         TensorSpec("loss_mask", "uint8"),
-        TensorSpec("aux_hidden_states", dtype, num_aux_layers * hidden_size),
-        TensorSpec("hidden_states", dtype, hidden_size),
+        TensorSpec("aux_hidden_states", dtype, num_aux_layers * hidden_size, precision_name(precision)),
+        TensorSpec("hidden_states", dtype, hidden_size, precision_name(precision)),
     ]
 
 
 def to_json(specs: Iterable[TensorSpec]) -> str:
     """The schema JSON stored in shard headers and manifests."""
-    return json.dumps({"tensors": [{"name": s.name, "dtype": s.dtype, "width": s.width} for s in specs]})
+    return json.dumps({"tensors": [s.to_dict() for s in specs]})
 
 
 def from_json(text: str | bytes) -> list[TensorSpec]:
     """Parses schema JSON."""
-    return [TensorSpec(t["name"], t["dtype"], t["width"]) for t in json.loads(text)["tensors"]]
+    return [
+        TensorSpec(
+            t["name"],
+            t["dtype"],
+            t["width"],
+            (t.get("precision") or {}).get("storage"),
+            (t.get("precision") or {}).get("block"),
+        )
+        for t in json.loads(text)["tensors"]
+    ]

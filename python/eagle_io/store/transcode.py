@@ -1,0 +1,62 @@
+"""Rewrite a dataset with another storage precision (``eagle-io transcode``): every sample, id, key, the metadata
+and the schema's dtypes kept; the state tensors' ``precision`` changed (docs/FORMAT.md 3.1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .reader import Dataset
+from .schema import TensorSpec, precision_name
+from .writer import ShardWriter
+
+#: Samples handed to the writer at once.
+BATCH = 8
+
+
+def transcoded_schema(schema: list[TensorSpec], precision: str | None) -> list[TensorSpec]:
+    """``schema`` with every bfloat16/float32 ``[L, width]`` tensor stored in ``precision`` (``"fp8"`` or
+    ``"bf16"``/None for lossless); other tensors unchanged."""
+    name = precision_name(precision)
+    out = []
+    for s in schema:
+        if s.width is not None and s.dtype in ("bfloat16", "float32"):
+            s = dataclasses.replace(s, precision=name, scale_block=None)
+        out.append(s)
+    return out
+
+
+def transcode(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    precision: str | None,
+    *,
+    threads: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Writes every sample of the dataset ``src`` (read dequantised, in position order) to a new dataset ``dst``
+    whose floating ``[L, width]`` tensors are stored in ``precision``. Returns the writer's stats (``fp8_clamped``
+    counts saturated values); ``progress(done, total)`` is called after each batch. A transcode to FP8 is lossy;
+    back to bf16 it keeps the FP8 values exactly.
+
+    Raises:
+        InvalidArgumentError: an unknown ``precision`` (checked before ``dst`` is created), or ``dst`` already
+            holding a dataset.
+        CorruptRecordError: a sample of ``src`` that does not read.
+    """
+    source = Dataset(src, threads=threads)
+    schema = transcoded_schema(source.schema, precision)
+    level = source.manifest["codec"]["zstd_level"]
+    with ShardWriter(dst, schema, source.metadata, threads=threads, zstd_level=level) as writer:
+        for start in range(0, len(source), BATCH):
+            batch = []
+            for pos in range(start, min(start + BATCH, len(source))):
+                item = source.read(pos)
+                info = source.entry(pos)
+                batch.append((info.sample_id, {s.name: item[s.name] for s in schema}, info.key))
+            writer.write_batch(batch)
+            if progress:
+                progress(start + len(batch), len(source))
+    return writer.stats()
