@@ -279,11 +279,11 @@ fn newer_format_versions_are_refused_by_name() {
     w.close().unwrap();
     let shard = root.join("shards/r00000-000000.eio");
     let mut b = std::fs::read(&shard).unwrap();
-    b[8] = 2;
+    b[8] = 3;
     std::fs::write(&shard, &b).unwrap();
     assert!(matches!(
         eagle_io::shard::ShardFile::open(&shard),
-        Err(Error::FormatVersion { found: 2, .. })
+        Err(Error::FormatVersion { found: 3, .. })
     ));
     let m = std::fs::read_to_string(root.join("manifest.json"))
         .unwrap()
