@@ -223,7 +223,12 @@ def test_cli_train_draft(synthetic, tmp_path, monkeypatch, capsys):
     other.save(tmp_path / "m16.safetensors")
     assert main([*args[:4], "--vocab-map", str(tmp_path / "m16.safetensors"), "--steps", "1"]) == 0
     empty = tmp_path / "empty"
-    with eagle_io.ShardWriter(empty, eagle_io.eagle3_schema(H, K), {"hidden_size": H, "vocab_size": V}, threads=1):
+    with eagle_io.ShardWriter(
+        empty,
+        eagle_io.eagle3_schema(H, K),
+        {"hidden_size": H, "vocab_size": V, "aux_layer_ids": [1, 2, 3], "num_layers": 4},
+        threads=1,
+    ):
         pass
     bad = ["train-draft", str(empty), "--out", str(tmp_path / "r2"), "--vocab-map", str(tmp_path / "m16.safetensors")]
     assert main(bad) == 2
