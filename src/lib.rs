@@ -12,6 +12,7 @@ pub mod pool;
 pub mod ring;
 pub mod schema;
 pub mod shard;
+pub mod storage;
 
 pub use dataset::{Dataset, DatasetWriter, SampleRef, WriterOptions};
 pub use dtype::DType;

@@ -46,7 +46,7 @@ pub struct Manifest {
 impl Manifest {
     /// Reads and checks a manifest file (format name, version).
     pub fn load(path: &Path) -> Result<Manifest> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::storage::read_all(path)?;
         let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
             Error::corrupt(
                 path,
