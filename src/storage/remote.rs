@@ -231,34 +231,37 @@ pub fn get_all(path: &Path) -> Result<Vec<u8>> {
 pub struct RemoteObject {
     url: Url,
     len: u64,
-    /// `(offset, bytes)` fetched at open: the object's last and first bytes.
+    /// `(offset, bytes)` fetched at open: the object's first and last bytes.
     prefetch: Mutex<Vec<(u64, bytes::Bytes)>>,
 }
 
 impl RemoteObject {
-    /// Fetches the object's size and last `TAIL_BYTES` (one GET), then its first `HEAD_BYTES`
-    /// when the object is larger (a second GET).
+    /// Fetches the object's size and first `HEAD_BYTES` (one GET), then its last `TAIL_BYTES`
+    /// when the object is larger (a second GET). (A bounded range, not a suffix one, comes
+    /// first: some S3-compatible servers fail a suffix longer than the object.)
     pub fn open(path: &Path) -> Result<RemoteObject> {
         let url = parse(path)?;
         let key = url.key.clone();
-        let (tail_at, len, tail) = run(&url, move |store| {
+        let (len, head) = run(&url, move |store| {
             Box::pin(async move {
                 let got = store
-                    .get_opts(&key, GetOptions::default().with_range(Some(GetRange::Suffix(TAIL_BYTES))))
+                    .get_opts(&key, GetOptions::default().with_range(Some(GetRange::Bounded(0..HEAD_BYTES))))
                     .await?;
-                let (start, len) = (got.range.start, got.meta.size);
-                Ok((start, len, got.bytes().await?))
+                let len = got.meta.size;
+                Ok((len, got.bytes().await?))
             })
         })?;
-        BYTES.fetch_add(tail.len() as u64, Ordering::Relaxed);
+        BYTES.fetch_add(head.len() as u64, Ordering::Relaxed);
+        let head_len = head.len() as u64;
         let object = RemoteObject {
             url,
             len,
-            prefetch: Mutex::new(vec![(tail_at, tail)]),
+            prefetch: Mutex::new(vec![(0, head)]),
         };
-        if tail_at > 0 {
-            let head = object.get(0, tail_at.min(HEAD_BYTES))?;
-            object.prefetch.lock().unwrap_or_else(|p| p.into_inner()).push((0, head));
+        if len > head_len {
+            let tail_at = len.saturating_sub(TAIL_BYTES).max(head_len);
+            let tail = object.get(tail_at, len - tail_at)?;
+            object.prefetch.lock().unwrap_or_else(|p| p.into_inner()).push((tail_at, tail));
         }
         Ok(object)
     }

@@ -29,7 +29,7 @@ def wait_listening(port: int, proc: subprocess.Popen | None = None, timeout: flo
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"s3s-fs exited with status {proc.returncode} before listening on port {port}")
+            raise RuntimeError(f"s3s-fs exited with status {proc.returncode} before listening on port {port} (see its log)")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             return
@@ -43,11 +43,13 @@ class S3Server:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
+        self.log = open(root.parent / "s3s-fs.log", "wb")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [str(BINARY), "--host", "127.0.0.1", "--port", str(self.port), "--access-key", ACCESS_KEY,
              "--secret-key", SECRET_KEY, str(root)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=self.log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         wait_listening(self.port, self.proc)
 
@@ -74,6 +76,7 @@ class S3Server:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
+        self.log.close()
 
 
 class FaultProxy:
