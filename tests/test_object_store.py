@@ -143,7 +143,7 @@ def test_truncated_object(s3):
 
 
 def test_503_burst_is_retried_and_counted(s3, monkeypatch):
-    url, root, samples = served_dataset(s3)
+    url, _, samples = served_dataset(s3)
     proxy = s3server.FaultProxy(s3.port)
     try:
         monkeypatch.setenv("AWS_ENDPOINT", proxy.endpoint)

@@ -32,6 +32,8 @@ impl ByteSource for LocalFile {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.file.read_exact_at(buf, offset).map_err(|e| Error::io(&self.path, e))
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| Error::io(&self.path, e))
     }
 }

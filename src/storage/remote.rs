@@ -209,7 +209,9 @@ fn storage_error(url: &str, err: object_store::Error, seen: Option<u16>) -> Erro
 /// with the HTTP status of the failed response.
 fn run<T>(
     url: &Url,
-    op: impl FnOnce(Arc<dyn ObjectStore>) -> std::pin::Pin<Box<dyn std::future::Future<Output = object_store::Result<T>> + Send>>,
+    op: impl FnOnce(
+        Arc<dyn ObjectStore>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = object_store::Result<T>> + Send>>,
 ) -> Result<T> {
     let (runtime, store) = client(url)?;
     runtime.block_on(LAST_STATUS.scope(Cell::new(None), async move {
@@ -222,7 +224,9 @@ fn run<T>(
 pub fn get_all(path: &Path) -> Result<Vec<u8>> {
     let url = parse(path)?;
     let key = url.key.clone();
-    let bytes = run(&url, move |store| Box::pin(async move { store.get(&key).await?.bytes().await }))?;
+    let bytes = run(&url, move |store| {
+        Box::pin(async move { store.get(&key).await?.bytes().await })
+    })?;
     BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
     Ok(bytes.to_vec())
 }
@@ -245,7 +249,10 @@ impl RemoteObject {
         let (len, head) = run(&url, move |store| {
             Box::pin(async move {
                 let got = store
-                    .get_opts(&key, GetOptions::default().with_range(Some(GetRange::Bounded(0..HEAD_BYTES))))
+                    .get_opts(
+                        &key,
+                        GetOptions::default().with_range(Some(GetRange::Bounded(0..HEAD_BYTES))),
+                    )
                     .await?;
                 let len = got.meta.size;
                 Ok((len, got.bytes().await?))
@@ -261,7 +268,11 @@ impl RemoteObject {
         if len > head_len {
             let tail_at = len.saturating_sub(TAIL_BYTES).max(head_len);
             let tail = object.get(tail_at, len - tail_at)?;
-            object.prefetch.lock().unwrap_or_else(|p| p.into_inner()).push((tail_at, tail));
+            object
+                .prefetch
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((tail_at, tail));
         }
         Ok(object)
     }
@@ -309,7 +320,10 @@ impl ByteSource for RemoteObject {
             return Err(Error::Storage {
                 url: self.url.full.clone(),
                 status: None,
-                message: format!("read of bytes {offset}..{end} past the end of a {}-byte object", self.len),
+                message: format!(
+                    "read of bytes {offset}..{end} past the end of a {}-byte object",
+                    self.len
+                ),
             });
         }
         buf.copy_from_slice(&self.get(offset, buf.len() as u64)?);

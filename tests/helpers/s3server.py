@@ -29,7 +29,9 @@ def wait_listening(port: int, proc: subprocess.Popen | None = None, timeout: flo
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"s3s-fs exited with status {proc.returncode} before listening on port {port} (see its log)")
+            raise RuntimeError(
+                f"s3s-fs exited with status {proc.returncode} before listening on port {port} (see its log)"
+            )
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             return
