@@ -159,3 +159,19 @@ def test_503_burst_is_retried_and_counted(s3, monkeypatch):
         assert torch.equal(item["hidden_states"].view(torch.uint8), want.view(torch.uint8))
     finally:
         proxy.stop()
+
+
+def test_dataloader_fork_workers_read_from_s3(s3):
+    """Forked workers build their own runtime and clients (the parent's runtime threads do not exist there)."""
+    url, _, samples = served_dataset(s3)
+    ds = eagle_io.Dataset(url)
+    ds[0]  # the parent has used its runtime before forking
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120
+    )
+    seen = {}
+    for item in loader:
+        seen[item["sample_id"]] = item["aux_hidden_states"]
+    assert sorted(seen) == sorted(samples)
+    for sid, t in seen.items():
+        assert torch.equal(t.view(torch.uint8), samples[sid]["aux_hidden_states"].view(torch.uint8))
