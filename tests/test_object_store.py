@@ -175,3 +175,41 @@ def test_dataloader_fork_workers_read_from_s3(s3):
     assert sorted(seen) == sorted(samples)
     for sid, t in seen.items():
         assert torch.equal(t.view(torch.uint8), samples[sid]["aux_hidden_states"].view(torch.uint8))
+
+
+def test_upload_resumes_without_resending_and_refuses_another_dataset(s3, tmp_path):
+    from eagle_io.store.manifest import manifest_bytes, read_manifest
+    from eagle_io.store.remote import upload_dataset
+
+    local = tmp_path / "local"
+    samples = write_dataset(local)
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    s3.bucket(bucket)
+    url = f"s3://{bucket}/run"
+    manifest = read_manifest(local / "manifest.json")
+    files = [s["file"] for s in manifest["shards"]]
+    # An interrupted upload: a staging copy whose manifest lists only the first two shards.
+    partial = tmp_path / "partial"
+    (partial / "shards").mkdir(parents=True)
+    for f in files[:2]:
+        (partial / f).write_bytes((local / f).read_bytes())
+    (partial / "manifest.json").write_bytes(manifest_bytes({**manifest, "shards": manifest["shards"][:2]}))
+    first = upload_dataset(partial, url)
+    assert first.uploaded == files[:2] and first.skipped == []
+    assert len(eagle_io.Dataset(url).manifest["shards"]) == 2
+    second = upload_dataset(local, url)
+    assert second.skipped == files[:2] and second.uploaded == files[2:]
+    assert second.bytes == sum(s["bytes"] for s in manifest["shards"][2:])
+    ds = eagle_io.Dataset(url)
+    assert len(ds) == len(samples)
+    for pos in range(len(ds)):
+        item = ds[pos]
+        want = samples[item["sample_id"]]["aux_hidden_states"]
+        assert torch.equal(item["aux_hidden_states"].view(torch.uint8), want.view(torch.uint8))
+    assert upload_dataset(local, url).uploaded == []
+    # Another dataset's manifest at the same prefix is not overwritten.
+    other = tmp_path / "other"
+    write_dataset(other, n=5)
+    with pytest.raises(eagle_io.IncompatibleDatasetError, match="not an earlier state"):
+        upload_dataset(other, url)
+    assert len(eagle_io.Dataset(url)) == len(samples)

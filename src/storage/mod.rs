@@ -6,12 +6,14 @@
 
 mod local;
 mod remote;
+mod upload;
 
 use std::path::{Path, PathBuf};
 
 use crate::error::Result;
 
 pub use remote::{stats, StorageStats};
+pub use upload::{upload_dataset, UploadReport};
 
 /// A read-only byte source of known length, shared by every reading thread.
 pub trait ByteSource: Send + Sync {

@@ -109,13 +109,15 @@ struct Process {
 static PROCESS: Mutex<Option<Process>> = Mutex::new(None);
 
 /// An object URL split into its store (`s3://bucket`) and the key in it.
-struct Url {
-    full: String,
+pub struct ObjectUrl {
+    pub full: String,
     store: String,
-    key: ObjectPath,
+    pub key: ObjectPath,
 }
 
-fn parse(path: &Path) -> Result<Url> {
+type Url = ObjectUrl;
+
+pub fn parse(path: &Path) -> Result<Url> {
     let full = path.to_string_lossy().into_owned();
     let bad = |what: &str| Error::Storage {
         url: full.clone(),
@@ -207,7 +209,7 @@ fn storage_error(url: &str, err: object_store::Error, seen: Option<u16>) -> Erro
 
 /// Runs one storage operation on the process runtime, mapping its error to `Error::Storage`
 /// with the HTTP status of the failed response.
-fn run<T>(
+pub fn run<T>(
     url: &Url,
     op: impl FnOnce(
         Arc<dyn ObjectStore>,
@@ -229,6 +231,27 @@ pub fn get_all(path: &Path) -> Result<Vec<u8>> {
     })?;
     BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
     Ok(bytes.to_vec())
+}
+
+/// The whole object and its ETag, or `None` when there is no such object (404).
+pub fn get_with_etag(url: &Url) -> Result<Option<(Vec<u8>, Option<String>)>> {
+    let key = url.key.clone();
+    let got = run(url, move |store| {
+        Box::pin(async move {
+            match store.get(&key).await {
+                Ok(r) => {
+                    let etag = r.meta.e_tag.clone();
+                    Ok(Some((r.bytes().await?, etag)))
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    })?;
+    Ok(got.map(|(bytes, etag)| {
+        BYTES.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        (bytes.to_vec(), etag)
+    }))
 }
 
 /// One object, read by ranged GETs.
