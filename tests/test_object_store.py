@@ -4,6 +4,7 @@ reads, the request count per epoch, verify/inspect, ShardDataset, errors naming 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -213,3 +214,29 @@ def test_upload_resumes_without_resending_and_refuses_another_dataset(s3, tmp_pa
     with pytest.raises(eagle_io.IncompatibleDatasetError, match="not an earlier state"):
         upload_dataset(other, url)
     assert len(eagle_io.Dataset(url)) == len(samples)
+
+
+def test_generate_out_s3_uploads_and_resumes(s3, tmp_path, capsys):
+    from helpers.tiny_model import FIXTURE, build_tiny_model_dir
+
+    from eagle_io.cli import main
+
+    model = build_tiny_model_dir(tmp_path / "tiny")
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    s3.bucket(bucket)
+    url = f"s3://{bucket}/run"
+    args = ["generate", "--model", str(model), "--dataset", str(FIXTURE), "--out", url, "--threads", "1",
+            "--staging", str(tmp_path / "stage"), "--limit", "6", "--max-length", "64"]  # fmt: skip
+    assert main([*args, "--summary-json", str(tmp_path / "s.json")]) == 0
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["upload"]["url"] == url and s["upload"]["uploaded"] and s["upload"]["skipped"] == []
+    ds = eagle_io.Dataset(url)
+    assert len(ds) == s["samples_written"] > 0
+    local = eagle_io.Dataset(tmp_path / "stage")
+    for pos in range(len(ds)):
+        assert torch.equal(ds[pos]["hidden_states"].view(torch.uint8), local[pos]["hidden_states"].view(torch.uint8))
+    assert eagle_io.Dataset.verify(url) == []
+    capsys.readouterr()
+    # Resumed: nothing new to capture, nothing sent again.
+    assert main([*args, "--resume"]) == 0
+    assert "upload    " + url + ": 0 shard(s), 0 bytes uploaded" in capsys.readouterr().out
