@@ -105,26 +105,32 @@ fn upload_file(path: &Path, target: &ObjectUrl) -> Result<()> {
         Box::pin(async move {
             let mut upload = WriteMultipart::new_with_chunk_size(store.put_multipart(&key).await?, PART_BYTES);
             let mut buf = vec![0u8; PART_BYTES];
-            loop {
+            let fed: object_store::Result<()> = loop {
                 let n = match file.read(&mut buf) {
                     Ok(n) => n,
                     Err(e) => {
-                        let _ = upload.abort().await;
-                        return Err(object_store::Error::Generic {
+                        break Err(object_store::Error::Generic {
                             store: "local",
                             source: format!("{}: {e}", owned.display()).into(),
-                        });
+                        })
                     }
                 };
                 if n == 0 {
-                    break;
+                    break Ok(());
                 }
                 if let Err(e) = upload.wait_for_capacity(PARTS_IN_FLIGHT).await {
-                    return Err(e);
+                    break Err(e);
                 }
                 upload.write(&buf[..n]);
+            };
+            match fed {
+                // `finish` aborts the upload itself when a part or the completion fails.
+                Ok(()) => upload.finish().await.map(|_| ()),
+                Err(e) => {
+                    let _ = upload.abort().await;
+                    Err(e)
+                }
             }
-            upload.finish().await.map(|_| ())
         })
     })
 }
