@@ -25,6 +25,7 @@ import torch
 
 import eagle_io
 from eagle_io import _native
+from eagle_io.store.remote import upload_dataset
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE.parent / ".bench-data" / "remote"
@@ -58,8 +59,19 @@ def best_epoch(ds: eagle_io.Dataset, repeat: int) -> tuple[float, int]:
     return min(r[0] for r in runs), runs[0][1]
 
 
-def construction(server: s3server.S3Server, bucket: Path, n: int) -> dict:
-    root = bucket / f"tiny-{n}"
+def upload(root: Path, bucket: Path) -> str:
+    """Uploads the local dataset ``root`` through eagle-io's own write path (multipart, manifest last) unless the
+    server holds it already; returns its URL. (Files placed into the server's directory by hand would make s3s-fs
+    hash the whole object on every GET: it keeps the ETag only of objects it received.)"""
+    url = f"s3://{bucket.name}/{root.name}"
+    if not (bucket / root.name / "manifest.json").exists():
+        shutil.rmtree(bucket / root.name, ignore_errors=True)
+        upload_dataset(root, url)
+    return url
+
+
+def construction(bucket: Path, n: int) -> dict:
+    root = WORK / "local" / f"tiny-{n}"
     if not (root / "manifest.json").exists():
         shutil.rmtree(root, ignore_errors=True)
         schema = eagle_io.eagle3_schema(8, 3)
@@ -69,9 +81,10 @@ def construction(server: s3server.S3Server, bucket: Path, n: int) -> dict:
                  "hidden_states": torch.zeros(1, 8, dtype=torch.bfloat16)}  # fmt: skip
             for i in range(n):
                 w.write(i, z)
+    url = upload(root, bucket)
     before = _native.storage_stats()["requests"]
     t0 = time.perf_counter()
-    ds = eagle_io.Dataset(f"s3://{bucket.name}/{root.name}")
+    ds = eagle_io.Dataset(url)
     seconds = time.perf_counter() - t0
     return {"n": len(ds), "shards": len(ds.manifest["shards"]), "seconds": seconds,
             "requests": _native.storage_stats()["requests"] - before}  # fmt: skip
@@ -98,21 +111,22 @@ def main() -> None:
     try:
         bucket = server.root / "bench"
         bucket.mkdir(exist_ok=True)
-        root = bucket / f"real-{args.n}x{args.copies}"
+        root = WORK / "local" / f"real-{args.n}x{args.copies}"
         if not (root / "manifest.json").exists():
             shutil.rmtree(root, ignore_errors=True)
             write(root, samples, args.copies, args.shard_bytes)
+        url = upload(root, bucket)
         local = eagle_io.Dataset(root, threads=1)
         t_local, nbytes = best_epoch(local, repeat)
         s0 = _native.storage_stats()["requests"]
         t0 = time.perf_counter()
-        remote = eagle_io.Dataset(f"s3://bench/{root.name}", threads=1)
+        remote = eagle_io.Dataset(url, threads=1)
         t_open = time.perf_counter() - t0
         s1 = _native.storage_stats()["requests"]
         t_remote, _ = best_epoch(remote, repeat)
         per_epoch = (_native.storage_stats()["requests"] - s1) // repeat
         records, shards = len(remote), len(remote.manifest["shards"])
-        built = construction(server, bucket, 10_000 if args.quick else 100_000)
+        built = construction(bucket, 10_000 if args.quick else 100_000)
     finally:
         server.stop()
     mb = nbytes / 1e6
