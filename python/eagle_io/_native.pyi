@@ -18,6 +18,8 @@ __all__ = [
     "manifest_name",
     "seal_manifest",
     "shard_prefix",
+    "storage_stats",
+    "upload_dataset",
 ]
 
 __version__: str
