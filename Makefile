@@ -52,10 +52,14 @@ chromium:
 	else echo "make chromium: chromium is absent and needs root + apt to install; the browser tests will skip"; fi
 
 # The S3-compatible server that tests/test_object_store.py starts on 127.0.0.1: s3s-fs, a real S3 implementation
-# over a directory (each subdirectory a bucket), built once from crates.io into the ignored tools/ folder.
-S3S_FS := tools/s3s-fs/bin/s3s-fs
+# over a directory (each subdirectory a bucket), built once per machine from crates.io into a cache outside the clone
+# (a fresh clone, as CI makes, reuses it): building it took 32 min of wall time with -j1 on 2 cores shared with
+# three other builds (load ~10); expect several minutes on an idle machine, once.
+S3S_FS_ROOT ?= $(HOME)/.cache/eagle-io/s3s-fs-0.14.0
+S3S_FS := $(S3S_FS_ROOT)/bin/s3s-fs
+export EAGLE_IO_S3S_FS := $(S3S_FS)
 $(S3S_FS):
-	$(CARGO) install s3s-fs --version 0.14.0 --locked --features binary --root tools/s3s-fs
+	$(CARGO) install s3s-fs --version 0.14.0 --locked --features binary --root $(S3S_FS_ROOT)
 s3s-fs: $(S3S_FS)
 
 # The wheel a user would `pip install`, built once and installed into the venv (no Rust needed there).

@@ -1,6 +1,6 @@
 """A real S3-compatible server on 127.0.0.1 for the object-storage tests: s3s-fs (built by `make s3s-fs` into
-tools/), serving a temp directory whose subdirectories are its buckets, and a small fault-injecting proxy in front
-of it (503 bursts). The tests skip, saying why, when the binary is absent."""
+~/.cache/eagle-io/), serving a temp directory whose subdirectories are its buckets, and a small fault-injecting
+proxy in front of it (503 bursts). The tests skip, saying why, when the binary is absent."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-BINARY = Path(os.environ.get("EAGLE_IO_S3S_FS", REPO / "tools" / "s3s-fs" / "bin" / "s3s-fs"))
+# Where `make s3s-fs` installs it (the Makefile also exports the path as EAGLE_IO_S3S_FS).
+BINARY = Path(
+    os.environ.get("EAGLE_IO_S3S_FS", Path.home() / ".cache" / "eagle-io" / "s3s-fs-0.14.0" / "bin" / "s3s-fs")
+)
 ACCESS_KEY, SECRET_KEY = "eagle-io-test", "eagle-io-test-secret"
 
 
