@@ -13,7 +13,7 @@ CARGO   ?= cargo
 PYTEST_ARGS ?=
 export CARGO_TERM_COLOR = never
 
-.PHONY: venv chromium wheel install dev lint fmt test test-fast test-rust test-python stubtest fuzz-short generate bench \
+.PHONY: venv chromium s3s-fs wheel install dev lint fmt test test-fast test-rust test-python stubtest fuzz-short generate bench \
 	clean
 
 # PyPI's only torch is the CUDA build: .venv takes 6.3 GiB, and a clean `make test` (wheels unpacked under $$TMPDIR,
@@ -51,6 +51,17 @@ chromium:
 	    >/dev/null) || echo "make chromium: apt could not install chromium; the browser tests will skip"; \
 	else echo "make chromium: chromium is absent and needs root + apt to install; the browser tests will skip"; fi
 
+# The S3-compatible server that tests/test_object_store.py starts on 127.0.0.1: s3s-fs, a real S3 implementation
+# over a directory (each subdirectory a bucket), built once per machine from crates.io into a cache outside the clone
+# (a fresh clone, as CI makes, reuses it): building it took 32 min of wall time with -j1 on 2 cores shared with
+# three other builds (load ~10); expect several minutes on an idle machine, once.
+S3S_FS_ROOT ?= $(HOME)/.cache/eagle-io/s3s-fs-0.14.0
+S3S_FS := $(S3S_FS_ROOT)/bin/s3s-fs
+export EAGLE_IO_S3S_FS := $(S3S_FS)
+$(S3S_FS):
+	$(CARGO) install s3s-fs --version 0.14.0 --locked --features binary --root $(S3S_FS_ROOT)
+s3s-fs: $(S3S_FS)
+
 # The wheel a user would `pip install`, built once and installed into the venv (no Rust needed there).
 wheel: venv
 	rm -rf dist
@@ -83,14 +94,14 @@ stubtest: install
 	cd tests && ../$(VPY) -m mypy.stubtest eagle_io._native
 
 # Tests run from tests/ against the installed wheel, never the source tree.
-test-python: install
+test-python: install s3s-fs
 	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) .
 
 test: lint test-rust stubtest test-python
 
 # Quick iteration: the Python tests without the `slow` ones (the real model, full ShareGPT, SGLang engines), against
 # an editable build. CI runs everything (`make test`).
-test-fast: dev
+test-fast: dev s3s-fs
 	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS) .
 
 generate: install

@@ -40,6 +40,15 @@ pub enum Error {
     /// The ring buffer stayed full for longer than the producer's timeout.
     #[error("{0}")]
     Timeout(String),
+    /// An object-storage request that failed (after its retries): a missing bucket or object,
+    /// refused credentials, a timeout, a truncated object. `url` names the object (its shard or
+    /// manifest), `status` the HTTP status of the failed response when there was one.
+    #[error("{url}: {message}{}", status_note(.status))]
+    Storage {
+        url: String,
+        status: Option<u16>,
+        message: String,
+    },
     /// A bug in eagle-io rather than in the caller's input: a worker thread panicked or could
     /// not start, or a thread's channel closed unexpectedly.
     #[error("internal error: {0}")]
@@ -49,6 +58,13 @@ pub enum Error {
 fn sample_note(sample_id: &Option<u64>) -> String {
     match sample_id {
         Some(id) => format!(" (sample id {id})"),
+        None => String::new(),
+    }
+}
+
+fn status_note(status: &Option<u16>) -> String {
+    match status {
+        Some(s) => format!(" (HTTP status {s})"),
         None => String::new(),
     }
 }
@@ -92,6 +108,11 @@ impl Error {
             Error::NotFound(m) => Error::NotFound(m.clone()),
             Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
             Error::Timeout(m) => Error::Timeout(m.clone()),
+            Error::Storage { url, status, message } => Error::Storage {
+                url: url.clone(),
+                status: *status,
+                message: message.clone(),
+            },
             Error::Internal(m) => Error::Internal(m.clone()),
         }
     }

@@ -13,6 +13,7 @@ pub mod quant;
 pub mod ring;
 pub mod schema;
 pub mod shard;
+pub mod storage;
 
 pub use dataset::{Dataset, DatasetWriter, SampleRef, WriterOptions};
 pub use dtype::DType;

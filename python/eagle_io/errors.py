@@ -10,6 +10,7 @@ every ``raise`` in the package raises one of these.
 
     EagleIOError
     ├── StorageError (OSError)                   a file operation failed: path, errno
+    │   ├── ObjectStorageError                   an object-storage request failed: url, status
     │   └── TargetNotFoundError (FileNotFoundError)
     ├── CorruptRecordError                       bytes that break docs/FORMAT.md: path, sample_id, offset
     ├── FormatVersionError                       a newer format version: path, found, supported
@@ -53,6 +54,15 @@ class StorageError(EagleIOError, OSError):
 
     path: str
     errno: int | None  # type: ignore[assignment]
+
+
+class ObjectStorageError(StorageError):
+    """An object-storage request that failed after its retries (docs/STORAGE.md): a missing bucket or object,
+    refused credentials, a timeout, a truncated object. Attributes: ``url`` (the object: its shard or manifest;
+    also ``path``), ``status`` (the HTTP status of the failed response, or None), ``errno`` (None)."""
+
+    url: str
+    status: int | None
 
 
 class TargetNotFoundError(StorageError, FileNotFoundError):
@@ -271,6 +281,7 @@ __all__ = [
     "MissingDataPackageError",
     "NonFiniteStatesError",
     "NonFiniteTrainingError",
+    "ObjectStorageError",
     "RingTimeoutError",
     "SGLangCompatError",
     "SampleNotFoundError",

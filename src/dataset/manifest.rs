@@ -46,12 +46,16 @@ pub struct Manifest {
 impl Manifest {
     /// Reads and checks a manifest file (format name, version).
     pub fn load(path: &Path) -> Result<Manifest> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-        let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+        Self::parse(path, &crate::storage::read_all(path)?)
+    }
+
+    /// Checks and parses the bytes of the manifest file or object at `path`.
+    pub fn parse(path: &Path, bytes: &[u8]) -> Result<Manifest> {
+        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
             Error::corrupt(
                 path,
                 None,
-                byte_offset(&bytes, e.line(), e.column()),
+                byte_offset(bytes, e.line(), e.column()),
                 format!("manifest JSON ({e})"),
             )
         })?;
@@ -79,7 +83,7 @@ impl Manifest {
                 supported: FORMAT_VERSION,
             });
         }
-        check_seal(path, &bytes, &value)?;
+        check_seal(path, bytes, &value)?;
         let manifest: Manifest = serde_json::from_value(value)
             .map_err(|e| Error::corrupt(path, None, 0, format!("manifest fields ({e})")))?;
         Schema::new(manifest.schema.tensors.clone())

@@ -56,13 +56,9 @@ pub struct Dataset {
     threads: usize,
 }
 
-/// `path` itself when it is a file, else `path/manifest.json`.
+/// `path` itself when it is a file (or a `.json` object), else `path/manifest.json`.
 pub fn manifest_path(path: &Path) -> PathBuf {
-    if path.is_dir() {
-        path.join("manifest.json")
-    } else {
-        path.to_owned()
-    }
+    crate::storage::resolve(path, crate::layout::MANIFEST_NAME)
 }
 
 fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize) -> Result<ShardFile> {

@@ -9,7 +9,7 @@ use pyo3::types::{PyDict, PyType};
 use crate::error::Error;
 
 /// The Python class of each variant, in `class_of`'s order, imported once per process.
-static CLASSES: [PyOnceLock<Py<PyType>>; 9] = [const { PyOnceLock::new() }; 9];
+static CLASSES: [PyOnceLock<Py<PyType>>; 10] = [const { PyOnceLock::new() }; 10];
 
 /// The index into `CLASSES` and the `eagle_io.errors` class name of `err`'s variant.
 fn class_of(err: &Error) -> (usize, &'static str) {
@@ -23,6 +23,7 @@ fn class_of(err: &Error) -> (usize, &'static str) {
         Error::InvalidArgument(_) => (6, "InvalidArgumentError"),
         Error::Timeout(_) => (7, "RingTimeoutError"),
         Error::Internal(_) => (8, "InternalError"),
+        Error::Storage { .. } => (9, "ObjectStorageError"),
     }
 }
 
@@ -49,6 +50,12 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             attrs.set_item("supported", supported)?;
         }
         Error::Schema { sample_id, .. } => attrs.set_item("sample_id", sample_id)?,
+        Error::Storage { url, status, .. } => {
+            attrs.set_item("path", url)?;
+            attrs.set_item("url", url)?;
+            attrs.set_item("status", status)?;
+            attrs.set_item("errno", None::<i32>)?;
+        }
         Error::Incompatible(_)
         | Error::NotFound(_)
         | Error::InvalidArgument(_)

@@ -14,6 +14,7 @@ mod manifest;
 mod reader;
 mod sink;
 mod slot;
+mod storage;
 mod writer;
 
 #[pymodule]
@@ -27,6 +28,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(layout::shard_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::load_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::seal_manifest, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::storage_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::upload_dataset, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", crate::format::FORMAT_VERSION)?;
     m.add("DEFAULTS", defaults(m.py())?)?;

@@ -11,7 +11,8 @@ use crate::dataset::Dataset;
 use crate::error::Error;
 
 /// One problem found by `verify`: shard path, sample id (None: whole shard), offset, message.
-type PyBadRecord = (PathBuf, Option<u64>, u64, String);
+/// Paths go to Python as `str`: a `pathlib.Path` would fold an object URL's `s3://` to `s3:/`.
+type PyBadRecord = (String, Option<u64>, u64, String);
 
 #[pyclass(module = "eagle_io._native", frozen)]
 pub struct Reader {
@@ -107,8 +108,8 @@ impl Reader {
     }
 
     #[getter]
-    fn manifest_path(&self) -> PathBuf {
-        self.inner.manifest_path().to_owned()
+    fn manifest_path(&self) -> String {
+        self.inner.manifest_path().to_string_lossy().into_owned()
     }
 
     /// Full check of the dataset at `path`: `[(shard_path, sample_id or None, offset, error)]`,
@@ -119,7 +120,7 @@ impl Reader {
         let bad = py.detach(|| Dataset::verify(&path, threads)).map_err(py_err(py))?;
         Ok(bad
             .into_iter()
-            .map(|b| (b.shard, b.sample_id, b.offset, b.error))
+            .map(|b| (b.shard.to_string_lossy().into_owned(), b.sample_id, b.offset, b.error))
             .collect())
     }
 }

@@ -1,9 +1,7 @@
 //! Opening a committed shard: header, schema, footer and index are read and validated
-//! (two small reads, no payload); records are read with positioned reads (`pread`), which
-//! share no file position, so one open file serves every thread and forked process.
+//! (two small reads, no payload); records are read from a `storage::ByteSource`: a local file
+//! with positioned reads (`pread`) or an object with ranged GETs.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -11,6 +9,7 @@ use crate::format::{
     Footer, Header, IndexEntry, FOOTER_BYTES, FORMAT_VERSION, HEADER_BYTES, INDEX_ENTRY_BYTES, MAX_SCHEMA_BYTES,
 };
 use crate::schema::Schema;
+use crate::storage::{self, ByteSource};
 
 /// zstd cannot expand a frame by more than this factor (an RLE block of 128 KiB is a few
 /// bytes); a record claiming a larger decoded size is corrupt, and is refused before any
@@ -19,7 +18,7 @@ const MAX_EXPANSION: u64 = 40_000;
 
 pub struct ShardFile {
     pub path: PathBuf,
-    file: File,
+    source: Box<dyn ByteSource>,
     pub schema: Schema,
     pub footer: Footer,
     pub file_len: u64,
@@ -31,8 +30,8 @@ pub struct ShardFile {
 impl ShardFile {
     /// Opens and validates a shard. Errors name the file and the byte offset of what is wrong.
     pub fn open(path: &Path) -> Result<ShardFile> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let file_len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        let source = storage::open(path)?;
+        let file_len = source.len();
         let corrupt = |offset: u64, what: String| Error::corrupt(path, None, offset, what);
         if file_len < HEADER_BYTES + FOOTER_BYTES {
             return Err(corrupt(
@@ -42,7 +41,7 @@ impl ShardFile {
         }
         let read = |offset: u64, len: u64| -> Result<Vec<u8>> {
             let mut buf = vec![0u8; len as usize];
-            file.read_exact_at(&mut buf, offset).map_err(|e| Error::io(path, e))?;
+            source.read_at(&mut buf, offset)?;
             Ok(buf)
         };
         let head = read(0, HEADER_BYTES)?;
@@ -128,9 +127,10 @@ impl ShardFile {
                 "index (records or keys do not cover the shard)".into(),
             ));
         }
+        source.forget_prefetch();
         Ok(ShardFile {
             path: path.to_owned(),
-            file,
+            source,
             schema,
             footer,
             file_len,
@@ -151,9 +151,7 @@ impl ShardFile {
     pub fn read_record(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
         let e = &self.entries[i];
         buf.resize(e.length as usize, 0);
-        self.file
-            .read_exact_at(buf, e.offset)
-            .map_err(|err| Error::io(&self.path, err))?;
+        self.source.read_at(buf, e.offset)?;
         if crc32fast::hash(buf) != e.crc32 {
             return Err(Error::corrupt(
                 &self.path,

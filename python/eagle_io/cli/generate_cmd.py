@@ -32,7 +32,17 @@ ESTIMATED_RATIO = 1.35  # expected compression of bf16 states (benches/README.md
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dataset", help="ShareGPT/OpenAI-style JSON or JSONL (default: embedded ShareGPT)")
-    p.add_argument("--out", required=True, help="output dataset directory")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="output dataset directory, or an object-storage prefix s3://bucket/run (written to --staging, then "
+        "uploaded: docs/STORAGE.md)",
+    )
+    p.add_argument(
+        "--staging",
+        help="local directory a --out s3://... capture is written to before its upload (default: "
+        "./eagle-io-staging/BUCKET/PREFIX); keep it for --resume",
+    )
     p.add_argument("--max-length", type=int, default=2048, help="truncate samples to this many tokens")
     p.add_argument("--batch-size", type=int, default=4, help="samples per forward (padding is never stored)")
     p.add_argument("--limit", type=int, help="use only the first N source records")
@@ -257,6 +267,11 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None:
         records = takewhile(lambda c: c.index < args.limit, records)
     layer_ids = args.aux_layer_ids  # checked against the target where it is known (HFCapture / the SGLang launch)
+    remote = args.out if layout.is_url(args.out) else None
+    if remote is not None:
+        args.out = args.staging or os.path.join("eagle-io-staging", remote.split("://", 1)[1].strip("/"))
+    elif args.staging:
+        raise InvalidArgumentError(f"--staging is for an object-storage --out (s3://...), not {args.out}")
     opener = _sglang_session if args.backend == "sglang" else _hf_session
     session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
     try:
@@ -268,6 +283,16 @@ def run(args: argparse.Namespace) -> int:
 
         merged = merge_ranks(args.out)
         summary["manifest"], summary["merge_warnings"] = merged.manifest, merged.warnings
+    if remote is not None and layout.dataset_manifests(args.out):
+        from ..store.remote import upload_dataset
+
+        up = upload_dataset(args.out, remote)
+        summary["upload"] = {"url": remote, "staging": args.out, "uploaded": up.uploaded, "skipped": up.skipped,
+                             "bytes": up.bytes}  # fmt: skip
+        print(
+            f"upload    {remote}: {len(up.uploaded)} shard(s), {up.bytes:,} bytes uploaded; {len(up.skipped)} "
+            f"already there; manifest written last (staging {args.out})"
+        )
     if args.summary_json:
         with open(args.summary_json, "w") as f:
             json.dump(summary, f, indent=2)

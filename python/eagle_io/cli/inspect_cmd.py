@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import MissingDataPackageError
 from ..report.figures import mask_figures, percentiles
+from ..store.layout import is_url
 from ..store.masks import mask_counts
 from ..store.reader import Dataset
 
@@ -23,6 +24,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def mask_summary(path: str) -> dict:
     """Supervised-token figures (:func:`eagle_io.report.figures.mask_figures`, without the histogram) from the
     loss_mask tensors alone, plus ``bytes_read``; ``{"error": why}`` when they cannot be read."""
+    if is_url(path):
+        return {"error": "loss-mask figures read shard files with the reference reader: local datasets only"}
     try:
         counts = mask_counts(path)
     except MissingDataPackageError as e:

@@ -77,7 +77,10 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         raise InvalidArgumentError("ShardDataset needs at least one dataset path")
     seen: dict[str, str] = {}
     for p in out:
-        real = os.path.realpath(os.path.join(p, layout.MANIFEST) if os.path.isdir(p) else p)
+        if layout.is_url(p):
+            real = layout.manifest_file(p)
+        else:
+            real = os.path.realpath(os.path.join(p, layout.MANIFEST) if os.path.isdir(p) else p)
         if real in seen:
             raise InvalidArgumentError(f"manifest {real} is listed twice (as {seen[real]!r} and {p!r})")
         seen[real] = p

@@ -28,6 +28,7 @@ __all__ = [
     "atomic_file",
     "dataset_manifests",
     "is_shard_temp",
+    "is_url",
     "lock_writers",
     "manifest_file",
     "manifest_name",
@@ -78,9 +79,16 @@ def dataset_manifests(path: str | os.PathLike[str]) -> list[Path]:
     return rank_manifests(p)
 
 
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is an object-storage URL (``s3://bucket/run``; docs/STORAGE.md) rather than a local path."""
+    scheme, sep, _ = os.fspath(path).partition("://")
+    return bool(sep) and scheme.isalnum()
+
+
 def manifest_file(path: str | os.PathLike[str]) -> str:
     """The one manifest a single dataset path names: ``path`` itself when it is not a directory, else
-    ``path/manifest.json`` (as :class:`eagle_io.Dataset` opens it).
+    ``path/manifest.json`` (as :class:`eagle_io.Dataset` opens it). An object URL names its manifest when it
+    ends in ``.json``, else the prefix holding ``manifest.json``.
 
     Raises:
         InvalidArgumentError: ``path`` is a multi-writer root not merged yet (no ``manifest.json``, rank manifests):
@@ -88,6 +96,8 @@ def manifest_file(path: str | os.PathLike[str]) -> str:
             open reports as a StorageError naming it).
     """
     p = os.fspath(path)
+    if is_url(p):
+        return p if p.endswith(".json") else f"{p.rstrip('/')}/{MANIFEST}"
     if not os.path.isdir(p):
         return p
     single = os.path.join(p, MANIFEST)

@@ -1,0 +1,43 @@
+"""Object storage from Python (docs/STORAGE.md): uploading a committed local dataset, and this process's request
+counters. Reading needs nothing here: every dataset path may be an ``s3://bucket/prefix`` URL."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .. import _native
+from . import layout
+
+
+@dataclass(frozen=True)
+class UploadReport:
+    """What :func:`upload_dataset` did: shard files sent now and those the remote manifest already listed (never
+    sent again), and the bytes sent."""
+
+    uploaded: list[str]
+    skipped: list[str]
+    bytes: int
+
+
+def upload_dataset(path: str | os.PathLike[str], url: str) -> UploadReport:
+    """Uploads the committed dataset at ``path`` (a directory with ``manifest.json`` or a manifest file) to the object
+    prefix ``url`` (``s3://bucket/run``): each shard the remote manifest does not list yet as a multipart upload
+    (aborted on failure), then the manifest last with a conditional PUT (create-only for a new dataset, if-match on
+    the remote manifest's ETag for an update). Running it again after an interruption sends only what is missing.
+
+    Raises:
+        IncompatibleDatasetError: the remote manifest is not an earlier state of this dataset (other schema or
+            shards), or another writer changed it during the upload.
+        ObjectStorageError: a request failed after its retries (names the object's URL and the HTTP status).
+        StorageError, CorruptRecordError: the local manifest or a shard file cannot be read.
+    """
+    uploaded, skipped, nbytes = _native.upload_dataset(layout.manifest_file(path), url)
+    return UploadReport(uploaded, skipped, nbytes)
+
+
+def storage_stats() -> dict[str, int]:
+    """This process's object-storage counters: ``requests`` (HTTP requests sent, retries included), ``retried``
+    (responses 5xx / 429, timeouts and connection errors, retried with exponential backoff) and ``bytes`` (payload
+    bytes read)."""
+    return _native.storage_stats()

@@ -1,0 +1,29 @@
+//! `eagle_io._native.storage_stats` (this process's object-storage counters) and
+//! `upload_dataset` (src/storage/).
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+
+use super::errors::py_err;
+
+/// `{"requests", "retried", "bytes"}`: HTTP requests sent (retries included), requests that
+/// failed transiently (5xx, 429, timeout) and were retried with backoff, payload bytes read.
+#[pyfunction]
+pub fn storage_stats() -> std::collections::BTreeMap<&'static str, u64> {
+    let s = crate::storage::stats();
+    [("requests", s.requests), ("retried", s.retried), ("bytes", s.bytes)]
+        .into_iter()
+        .collect()
+}
+
+/// Uploads the committed dataset whose manifest is `manifest` to the object prefix `url`:
+/// shards the remote manifest does not list yet (multipart), then the manifest (conditional
+/// PUT). Returns `(uploaded shard files, skipped shard files, bytes uploaded)`.
+#[pyfunction]
+pub fn upload_dataset(py: Python<'_>, manifest: PathBuf, url: String) -> PyResult<(Vec<String>, Vec<String>, u64)> {
+    let r = py
+        .detach(|| crate::storage::upload_dataset(&manifest, std::path::Path::new(&url)))
+        .map_err(py_err(py))?;
+    Ok((r.uploaded, r.skipped, r.bytes))
+}

@@ -1,0 +1,136 @@
+//! Uploading a committed local dataset to object storage, resumably: every shard the remote
+//! manifest does not list yet goes up as a multipart upload (aborted when it fails, so no
+//! partial object is left under the shard's name), and the manifest goes last, with a
+//! conditional PUT (`If-None-Match: *` for a new dataset, `If-Match: <etag>` for an update),
+//! so two writers never overwrite each other and no manifest lists a shard not fully uploaded.
+
+use std::io::Read;
+use std::path::Path;
+
+use object_store::{ObjectStoreExt, PutMode, PutPayload, UpdateVersion, WriteMultipart};
+
+use super::remote::{self, ObjectUrl};
+use crate::dataset::Manifest;
+use crate::error::{Error, Result};
+
+/// Part size of the multipart uploads (S3's minimum is 5 MiB, except for the last part).
+const PART_BYTES: usize = 8 << 20;
+/// Parts in flight per upload.
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// What [`upload_dataset`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UploadReport {
+    /// Shard files uploaded now, in manifest order.
+    pub uploaded: Vec<String>,
+    /// Shard files the remote manifest already listed (not sent again).
+    pub skipped: Vec<String>,
+    /// Bytes of the shards uploaded now.
+    pub bytes: u64,
+}
+
+/// Uploads the dataset whose manifest is `local_manifest` to the prefix `url` (the manifest
+/// keeps its file name there). Errors: the remote manifest lists shards the local one does not
+/// (another dataset), or it changed during the upload (another writer): `Incompatible`; any
+/// failed request: `Storage` naming the object.
+pub fn upload_dataset(local_manifest: &Path, url: &Path) -> Result<UploadReport> {
+    let local = Manifest::load(local_manifest)?;
+    let name = local_manifest
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| Error::InvalidArgument(format!("{}: not a manifest file", local_manifest.display())))?;
+    let root = url.to_string_lossy().trim_end_matches('/').to_owned();
+    let manifest_url = remote::parse(Path::new(&format!("{root}/{name}")))?;
+    let (remote_manifest, etag) = match remote::get_with_etag(&manifest_url)? {
+        Some((bytes, etag)) => (Some(Manifest::parse(Path::new(&manifest_url.full), &bytes)?), etag),
+        None => (None, None),
+    };
+    let mut report = UploadReport::default();
+    let listed = remote_manifest.as_ref().map_or(0, |m| m.shards.len());
+    if let Some(m) = &remote_manifest {
+        let prefix_matches = m.schema == local.schema
+            && m.shards.len() <= local.shards.len()
+            && m.shards.iter().zip(&local.shards).all(|(a, b)| a == b);
+        if !prefix_matches {
+            return Err(Error::Incompatible(format!(
+                "{}: the remote manifest is not an earlier state of {} (other schema or shards): not overwritten",
+                manifest_url.full,
+                local_manifest.display()
+            )));
+        }
+        report.skipped = m.shards.iter().map(|s| s.file.clone()).collect();
+    }
+    for shard in &local.shards[listed..] {
+        let path = Manifest::shard_path(local_manifest, shard);
+        let target = remote::parse(Path::new(&format!("{root}/{}", shard.file)))?;
+        upload_file(&path, &target)?;
+        report.uploaded.push(shard.file.clone());
+        report.bytes += shard.bytes;
+    }
+    let bytes = std::fs::read(local_manifest).map_err(|e| Error::io(local_manifest, e))?;
+    let mode = match remote_manifest {
+        Some(_) => PutMode::Update(UpdateVersion {
+            e_tag: etag,
+            version: None,
+        }),
+        None => PutMode::Create,
+    };
+    let key = manifest_url.key.clone();
+    let put = remote::run(&manifest_url, move |store| {
+        Box::pin(async move {
+            store
+                .put_opts(&key, PutPayload::from(bytes), mode.into())
+                .await
+                .map(|_| ())
+        })
+    });
+    match put {
+        Err(Error::Storage { status: Some(412), .. }) | Err(Error::Storage { status: Some(409), .. }) => {
+            Err(Error::Incompatible(format!(
+                "{}: another writer changed the manifest during this upload; its shards are uploaded, the manifest \
+                 is not (upload again to merge nothing: resolve which dataset is meant first)",
+                manifest_url.full
+            )))
+        }
+        other => other.map(|_| report),
+    }
+}
+
+/// One local file to one object, as a multipart upload aborted on failure.
+fn upload_file(path: &Path, target: &ObjectUrl) -> Result<()> {
+    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let key = target.key.clone();
+    let owned = path.to_owned();
+    remote::run(target, move |store| {
+        Box::pin(async move {
+            let mut upload = WriteMultipart::new_with_chunk_size(store.put_multipart(&key).await?, PART_BYTES);
+            let mut buf = vec![0u8; PART_BYTES];
+            let fed: object_store::Result<()> = loop {
+                let n = match file.read(&mut buf) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        break Err(object_store::Error::Generic {
+                            store: "local",
+                            source: format!("{}: {e}", owned.display()).into(),
+                        })
+                    }
+                };
+                if n == 0 {
+                    break Ok(());
+                }
+                if let Err(e) = upload.wait_for_capacity(PARTS_IN_FLIGHT).await {
+                    break Err(e);
+                }
+                upload.write(&buf[..n]);
+            };
+            match fed {
+                // `finish` aborts the upload itself when a part or the completion fails.
+                Ok(()) => upload.finish().await.map(|_| ()),
+                Err(e) => {
+                    let _ = upload.abort().await;
+                    Err(e)
+                }
+            }
+        })
+    })
+}
