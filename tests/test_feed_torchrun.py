@@ -1,8 +1,9 @@
 """(slow) The distributed training feed under ``torchrun --nproc-per-node 2`` (gloo, CPU) on a real dataset (the
-embedded SmolLM2 over 10 ShareGPT records, several shards): per epoch the union of the samples the two ranks
-trained on is the dataset, each sample once; a job SIGKILLed mid-epoch and started again from its checkpoints
-continues exactly (each rank's sequence equals the uninterrupted run's: nothing repeated, lost or reordered).
-The rank program is tests/helpers/torchrun_feed.py."""
+embedded SmolLM2 over 10 ShareGPT records, several shards) that ``eagle-io generate --out s3://...`` wrote to the
+real local object store (s3s-fs) and ``verify`` checked there; both ranks read it from the store. Per epoch the
+union of the samples the two ranks trained on is the dataset, each sample once; a job SIGKILLed mid-epoch and
+started again from its checkpoints continues exactly (each rank's sequence equals the uninterrupted run's: nothing
+repeated, lost or reordered). The rank program is tests/helpers/torchrun_feed.py."""
 
 from __future__ import annotations
 
@@ -24,19 +25,39 @@ HELPER = Path(__file__).resolve().parent / "helpers" / "torchrun_feed.py"
 
 @pytest.fixture(scope="module")
 def real_dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("torchrun") / "run"
-    args = ["generate", "--out", str(out), "--limit", "10", "--max-length", "64", "--batch-size", "5"]
-    assert main([*args, "--shard-bytes", "300000", "--skip-bad-records"]) == 0
-    ds = eagle_io.Dataset(out)
-    assert len(ds) >= 6 and len(ds.manifest["shards"]) >= 3
-    return out, sorted(ds.entry(p).sample_id for p in range(len(ds)))
+    """``(s3:// URL, sorted sample ids)`` of the generated dataset; the server's endpoint and keys are in
+    ``os.environ`` for the module (the torchrun ranks inherit them)."""
+    from helpers import s3server
+
+    if s3server.available() is not None:
+        pytest.skip(str(s3server.available()))
+    tmp = tmp_path_factory.mktemp("torchrun")
+    server = s3server.S3Server(tmp / "s3root")
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        server.bucket("feed")
+        url = "s3://feed/run"
+        args = ["generate", "--out", url, "--staging", str(tmp / "stage"), "--limit", "10", "--max-length", "64"]
+        assert main([*args, "--batch-size", "5", "--shard-bytes", "300000", "--skip-bad-records"]) == 0
+        assert eagle_io.Dataset.verify(url) == []
+        ds = eagle_io.Dataset(url)
+        assert len(ds) >= 6 and len(ds.manifest["shards"]) >= 3
+        yield url, sorted(ds.entry(p).sample_id for p in range(len(ds)))
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-def torchrun(dataset: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+def torchrun(dataset: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
     out.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(HELPER)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*cmd, str(dataset), str(out), *extra], env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run([*cmd, dataset, str(out), *extra], env=env, capture_output=True, text=True, timeout=600)
 
 
 def results(out: Path) -> list[dict]:
