@@ -69,19 +69,9 @@ impl Reader {
     /// not overlap. Raises the error of the first failing item (a `CorruptRecordError` names its
     /// sample id, file and offset); the other items are decoded all the same.
     fn read_batch(&self, py: Python<'_>, items: Vec<(u64, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
-        let schema = self.inner.schema();
         let mut held = Vec::with_capacity(items.len());
         for (pos, outs) in &items {
-            let bufs = outs
-                .iter()
-                .enumerate()
-                .map(|(i, o)| {
-                    let name = schema.tensors.get(i).map_or("output", |t| t.name.as_str());
-                    Borrowed::get(o, true, name)
-                })
-                .collect::<Result<Vec<_>, Error>>()
-                .map_err(py_err(py))?;
-            held.push((*pos, bufs));
+            held.push((*pos, self.borrow_outputs(outs).map_err(py_err(py))?));
         }
         let mut spans: Vec<(usize, usize)> = held
             .iter()
@@ -127,17 +117,20 @@ impl Reader {
 
 impl Reader {
     /// Decodes the sample at `pos` into `outs` with the GIL released; FP8 tensors dequantised or as stored.
-    fn read(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>, dequantize: bool) -> PyResult<()> {
+    /// Borrows one writable output buffer per schema tensor (an error names the tensor).
+    fn borrow_outputs(&self, outs: &[Bound<'_, PyAny>]) -> Result<Vec<Borrowed>, Error> {
         let schema = self.inner.schema();
-        let mut bufs = outs
-            .iter()
+        outs.iter()
             .enumerate()
             .map(|(i, o)| {
                 let name = schema.tensors.get(i).map_or("output", |t| t.name.as_str());
                 Borrowed::get(o, true, name)
             })
-            .collect::<Result<Vec<_>, Error>>()
-            .map_err(py_err(py))?;
+            .collect()
+    }
+
+    fn read(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>, dequantize: bool) -> PyResult<()> {
+        let mut bufs = self.borrow_outputs(&outs).map_err(py_err(py))?;
         let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Borrowed::bytes_mut).collect();
         let inner = &self.inner;
         py.detach(|| match dequantize {
