@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import zstandard
+from benchkit import best, write_section
 from realdata import CACHE, load_states
 
 import eagle_io
@@ -36,17 +37,6 @@ def pmap(fn, items, threads):
         return [fn(x) for x in items]
     with ThreadPoolExecutor(threads) as ex:
         return list(ex.map(fn, items))
-
-
-def best(fn, repeat):
-    """(least wall seconds, least CPU seconds of the whole process, results) of ``repeat`` calls of ``fn``."""
-    walls, cpus, outs = [], [], []
-    for _ in range(repeat):
-        t0, c0 = time.perf_counter(), time.process_time()
-        outs.append(fn())
-        walls.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
-    return min(walls), min(cpus), outs
 
 
 def specforge_dict(s):
@@ -231,23 +221,6 @@ def render(results, raw):
             tc = extra["codec_s"]
             lines.append(f"| eagle-io, codec only | {t} | | {mb / tc:.0f} | {z[t][1][0] / tc:.2f} | | | | |")
     return "\n".join(lines) + "\n"
-
-
-def write_section(tag, heading, body):
-    """Replaces (or appends) the block between this tag's markers in benches/README.md."""
-    path = HERE / "README.md"
-    text = (
-        path.read_text()
-        if path.exists()
-        else "# eagle-io benches\n\nScripts in this folder; data from `realdata.py`.\n"
-    )
-    begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
-    block = f"{begin}\n{heading}\n\n{body}{end}"
-    if begin in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,10 @@ import argparse
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from benchkit import best
 from realdata import CACHE, load_states
 
 import eagle_io
@@ -26,17 +26,6 @@ try:  # zstd-1 of the raw bytes (python zstandard), the baseline; a machine with
     from bench_codec import bench_zstd
 except ImportError:
     bench_zstd = None
-
-
-def best(fn, repeat):
-    """(least wall seconds, least CPU seconds of the whole process, results) of ``repeat`` calls of ``fn``."""
-    walls, cpus, outs = [], [], []
-    for _ in range(repeat):
-        t0, c0 = time.perf_counter(), time.process_time()
-        outs.append(fn())
-        walls.append(time.perf_counter() - t0)
-        cpus.append(time.process_time() - c0)
-    return min(walls), min(cpus), outs
 
 
 def bench_eagle(samples, d: Path, threads: int, repeat: int, batch: int = 4):

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from benchkit import write_section
 
 import eagle_io
 from eagle_io.feed import PaddingCollator, ShardDataset
@@ -519,19 +520,6 @@ def verdict(rows, crows) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_section(body: str) -> None:
-    """Replaces (or appends) this bench's block between its markers in benches/README.md; other blocks stay."""
-    path = HERE / "README.md"
-    text = path.read_text() if path.exists() else "# eagle-io benches\n"
-    begin, end = "<!-- bench_loader:begin -->", "<!-- bench_loader:end -->"
-    block = f"{begin}\n## Training feed: loader throughput and construction (bench_loader.py)\n\n{body}{end}"
-    if begin in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=44, help="real conversations (realdata.py's cache states-N.pt)")
@@ -581,7 +569,7 @@ def main() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     (WORK / "results.json").write_text(json.dumps({"rows": rows, "construction": crows, "readme": body}, indent=1))
     if not args.no_readme:
-        write_section(body)
+        write_section("bench_loader", "## Training feed: loader throughput and construction (bench_loader.py)", body)
 
 
 NOTES = """\

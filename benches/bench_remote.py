@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from benchkit import write_section
 
 import eagle_io
 from eagle_io import _native
@@ -154,20 +155,8 @@ def main() -> None:
     body = "\n".join(lines) + "\n"
     print(body)
     cmd = "`.venv/bin/python benches/bench_remote.py" + (" --quick`" if args.quick else "`")
-    write_section(f"Command: {cmd}\n\n{body}")
-
-
-def write_section(body: str) -> None:
-    """Replaces (or appends) this bench's block between its markers in benches/README.md; other blocks stay."""
-    path = HERE / "README.md"
-    text = path.read_text()
-    begin, end = "<!-- bench_remote:begin -->", "<!-- bench_remote:end -->"
-    block = f"{begin}\n## Object storage: reads from a local S3 server vs local disk (bench_remote.py)\n\n{body}{end}"
-    if begin in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
+    heading = "## Object storage: reads from a local S3 server vs local disk (bench_remote.py)"
+    write_section("bench_remote", heading, f"Command: {cmd}\n\n{body}")
 
 
 if __name__ == "__main__":

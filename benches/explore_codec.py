@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import torch
-from bench_codec import write_section
+from benchkit import write_section
 from realdata import load_states
 
 STATES = ("aux_hidden_states", "hidden_states")
