@@ -19,6 +19,20 @@ def make_sample(sample_id: int, n_tokens: int, hidden: int = 32, k: int = 3) -> 
     }
 
 
+def write_samples(root, first_id: int, lengths, hidden: int) -> dict[int, dict[str, torch.Tensor]]:
+    """Writes ``make_sample(first_id + i, lengths[i])`` for every length into a dataset at ``root`` (several shards
+    of 20 kB); returns ``{sample_id: sample}``."""
+    samples = {first_id + i: make_sample(first_id + i, n, hidden=hidden) for i, n in enumerate(lengths)}
+    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(hidden), {}, shard_bytes=20_000, threads=1) as w:
+        w.write_batch([(sid, s, "") for sid, s in samples.items()])
+    return samples
+
+
+def flat(batches):
+    """The items of a list of batches, in order."""
+    return [i for b in batches for i in b]
+
+
 @pytest.fixture
 def small_dataset(tmp_path):
     """A closed 12-sample dataset over several shards; returns (root, {sample_id: sample})."""

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import eagle_io
-from conftest import make_sample
+from conftest import flat, write_samples
 from eagle_io.feed import (
     LengthGroupedBatchSampler,
     PackingCollator,
@@ -25,18 +25,11 @@ H = 8
 LENGTHS = [(i * 37) % 23 + 1 for i in range(60)]  # 1..23 tokens, deterministic
 
 
-def flat(batches):
-    return [i for b in batches for i in b]
-
-
 @pytest.fixture(scope="module")
 def feed_dataset(tmp_path_factory):
     """40 samples (ids 1000+i, lengths 1..23) in several shards; returns (root, {sample_id: sample})."""
     root = tmp_path_factory.mktemp("feed")
-    samples = {1000 + i: make_sample(1000 + i, LENGTHS[i], hidden=H) for i in range(40)}
-    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(H), {}, shard_bytes=20_000, threads=1) as w:
-        w.write_batch([(sid, s, "") for sid, s in samples.items()])
-    return root, samples
+    return root, write_samples(root, 1000, LENGTHS[:40], H)
 
 
 def test_permutation_is_a_fixed_function_of_seed_and_epoch():

@@ -12,25 +12,18 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import eagle_io
-from conftest import make_sample
+from conftest import flat, write_samples
 from eagle_io.feed import LengthGroupedBatchSampler, PaddingCollator, RankSampler, ShardDataset
 
 H = 8
 LENGTHS = [(i * 37) % 23 + 1 for i in range(60)]
 
 
-def flat(batches):
-    return [i for b in batches for i in b]
-
-
 @pytest.fixture(scope="module")
 def feed_dataset(tmp_path_factory):
     """37 samples (ids 500+i) in several shards; returns (root, {sample_id: sample})."""
     root = tmp_path_factory.mktemp("resume")
-    samples = {500 + i: make_sample(500 + i, LENGTHS[i], hidden=H) for i in range(37)}
-    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(H), {}, shard_bytes=20_000, threads=1) as w:
-        w.write_batch([(sid, s, "") for sid, s in samples.items()])
-    return root, samples
+    return root, write_samples(root, 500, LENGTHS[:37], H)
 
 
 @pytest.mark.parametrize(("n", "world", "mode"), [(37, 2, {"batch_size": 4}), (58, 3, {"max_tokens": 48}),
