@@ -19,6 +19,10 @@ def make_sample(sample_id: int, n_tokens: int, hidden: int = 32, k: int = 3) -> 
     }
 
 
+#: Token counts of the feed tests' samples: 1..23, deterministic.
+FEED_LENGTHS = [(i * 37) % 23 + 1 for i in range(60)]
+
+
 def write_samples(root, first_id: int, lengths, hidden: int) -> dict[int, dict[str, torch.Tensor]]:
     """Writes ``make_sample(first_id + i, lengths[i])`` for every length into a dataset at ``root`` (several shards
     of 20 kB); returns ``{sample_id: sample}``."""

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import eagle_io
+from conftest import FEED_LENGTHS as LENGTHS
 from conftest import flat, write_samples
 from eagle_io.feed import (
     LengthGroupedBatchSampler,
@@ -22,7 +23,6 @@ from eagle_io.feed import (
 )
 
 H = 8
-LENGTHS = [(i * 37) % 23 + 1 for i in range(60)]  # 1..23 tokens, deterministic
 
 
 @pytest.fixture(scope="module")

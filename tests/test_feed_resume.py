@@ -12,11 +12,11 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import eagle_io
+from conftest import FEED_LENGTHS as LENGTHS
 from conftest import flat, write_samples
 from eagle_io.feed import LengthGroupedBatchSampler, PaddingCollator, RankSampler, ShardDataset
 
 H = 8
-LENGTHS = [(i * 37) % 23 + 1 for i in range(60)]
 
 
 @pytest.fixture(scope="module")
