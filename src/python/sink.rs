@@ -68,20 +68,9 @@ impl CaptureSink {
             return Err(py_err(py)(e));
         }
         let me = slf.borrow();
-        let need = n_tokens.checked_mul(me.inner.token_bytes());
-        if !cancelled && need != Some(slot.len() as u64) {
-            let message = format!(
-                "ring slot {} holds {} bytes; {n_tokens} tokens of the schema need {}",
-                slot.id(),
-                slot.len(),
-                need.map_or("more than 2**64".into(), |n| n.to_string())
-            );
-            return Err(py_err(py)(Error::Schema { sample_id, message }));
-        }
-        slot.hand_over().map_err(py_err(py))?;
+        let (id, len) = (slot.id(), slot.len());
         me.inner
-            .ring()
-            .commit(slot.id(), sample_id, key, n_tokens, cancelled)
+            .commit(id, len, sample_id, key, n_tokens, cancelled, || slot.hand_over())
             .map_err(py_err(py))
     }
 

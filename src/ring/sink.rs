@@ -22,16 +22,10 @@ pub struct CaptureSink {
     thread: Option<JoinHandle<Result<Manifest>>>,
 }
 
-/// Splits a committed slot into the schema's tensors and checks the sizes add up.
-fn sample_ref<'a>(ring: &'a Ring, writer: &DatasetWriter, c: &'a Committed) -> Result<SampleRef<'a>> {
+/// Splits a committed slot into the schema's tensors (`CaptureSink::commit` checked that its
+/// rows fill it exactly).
+fn sample_ref<'a>(ring: &'a Ring, writer: &DatasetWriter, c: &'a Committed) -> SampleRef<'a> {
     let schema = writer.schema();
-    let need = c.n_tokens * schema.token_bytes();
-    if need != c.len as u64 {
-        return Err(Error::Schema {
-            sample_id: c.sample_id,
-            message: format!("ring slot holds {} bytes; {} tokens need {need}", c.len, c.n_tokens),
-        });
-    }
     // SAFETY: a committed slot is not written again until `release`, which happens after
     // the references built here are dropped (end of `write_batch`).
     let mut rest = unsafe { ring.arena.slice(c.offset, c.len) };
@@ -44,12 +38,12 @@ fn sample_ref<'a>(ring: &'a Ring, writer: &DatasetWriter, c: &'a Committed) -> R
             head
         })
         .collect();
-    Ok(SampleRef {
+    SampleRef {
         sample_id: c.sample_id,
         key: &c.key,
         n_tokens: c.n_tokens,
         tensors,
-    })
+    }
 }
 
 fn pump(ring: &Ring, mut writer: DatasetWriter, batch: usize) -> Result<Manifest> {
@@ -58,13 +52,12 @@ fn pump(ring: &Ring, mut writer: DatasetWriter, batch: usize) -> Result<Manifest
         if taken.is_empty() {
             return writer.close();
         }
-        let written = taken
+        let refs: Vec<_> = taken
             .iter()
             .filter(|c| !c.cancelled)
             .map(|c| sample_ref(ring, &writer, c))
-            .collect::<Result<Vec<_>>>()
-            .and_then(|refs| writer.write_batch(&refs));
-        if let Err(e) = written {
+            .collect();
+        if let Err(e) = writer.write_batch(&refs) {
             ring.fail(&e);
             return Err(e);
         }
@@ -92,12 +85,35 @@ impl CaptureSink {
         })
     }
 
-    /// Bytes of one token's row over the whole schema: a slot of `n` tokens holds `n` times this.
-    pub fn token_bytes(&self) -> u64 {
-        self.token_bytes
+    /// Commits reserved slot `id` of `len` bytes holding `n_tokens` rows of the schema (or, with
+    /// `cancelled`, abandons it). `hand_over` runs once the rows are known to fill the slot exactly
+    /// and before the sink thread can see it: the producer's last chance to stop writing the slot.
+    ///
+    /// Errors: `Schema` when `n_tokens` rows do not fill the slot exactly (nothing is handed over:
+    /// the slot stays reserved and the sink keeps running); `hand_over`'s error; `InvalidArgument`
+    /// for a slot that is not reserved.
+    #[allow(clippy::too_many_arguments)]
+    pub fn commit(
+        &self,
+        id: u64,
+        len: usize,
+        sample_id: u64,
+        key: String,
+        n_tokens: u64,
+        cancelled: bool,
+        hand_over: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let need = n_tokens.checked_mul(self.token_bytes);
+        if !cancelled && need != Some(len as u64) {
+            let need = need.map_or("more than 2**64".into(), |n| n.to_string());
+            let message = format!("ring slot {id} holds {len} bytes; {n_tokens} tokens of the schema need {need}");
+            return Err(Error::Schema { sample_id, message });
+        }
+        hand_over()?;
+        self.ring.commit(id, sample_id, key, n_tokens, cancelled)
     }
 
-    /// The ring: producers `reserve` and `commit` slots on it.
+    /// The ring: producers `reserve` slots on it (and `commit` them through the sink).
     pub fn ring(&self) -> &Ring {
         &self.ring
     }
