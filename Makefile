@@ -94,16 +94,18 @@ fuzz-short:
 stubtest: install
 	cd tests && ../$(VPY) -m mypy.stubtest eagle_io._native
 
-# Tests run from tests/ against the installed wheel, never the source tree.
+# Tests run from tests/ against the installed wheel, never the source tree, on two pytest-xdist workers (a whole file
+# per worker, so module fixtures are built once; conftest.py hands out the files with slow tests first).
+XDIST ?= -n 2 --dist loadfile
 test-python: install s3s-fs
-	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) .
+	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS) .
 
 test: lint test-rust stubtest test-python
 
 # Quick iteration: the Python tests without the `slow` ones (the real model, full ShareGPT, SGLang engines), against
 # an editable build. CI runs everything (`make test`).
 test-fast: dev s3s-fs
-	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS) .
+	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider -m "not slow" $(XDIST) $(PYTEST_ARGS) .
 
 generate: install
 	$(VENV)/bin/eagle-io generate --out runs/smollm2-sharegpt --limit 100 --skip-bad-records --resume $(ARGS)

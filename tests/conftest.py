@@ -8,6 +8,14 @@ import torch
 import eagle_io
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Runs the files holding ``slow`` tests first (a stable reorder, the same in every pytest-xdist worker): the
+    Makefile runs the files on two workers (``--dist loadfile``), and a 5-minute file taken last would leave one
+    worker idle for those minutes."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 def make_sample(sample_id: int, n_tokens: int, hidden: int = 32, k: int = 3) -> dict[str, torch.Tensor]:
     """A sample of the EAGLE-3 schema with hidden-state-like bf16 values, seeded by ``sample_id``."""
     g = torch.Generator().manual_seed(sample_id)
