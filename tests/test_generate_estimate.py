@@ -63,3 +63,13 @@ def test_generate_without_limit_refuses_an_output_larger_than_the_free_disk(tmp_
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model loader's progress bars
     assert last.startswith("eagle-io generate: InvalidArgumentError: estimated output") and "exceeds free disk" in last
     assert "for 300 samples (300 records counted, 100% of those read gave a sample)" in last, last
+
+
+@pytest.mark.parametrize(("precision", "ratio"), [("bf16", 1.35), ("fp8", 2.3)])
+def test_the_disk_estimate_uses_the_expected_ratio_of_the_storage_precision(tmp_path, precision, ratio):
+    from eagle_io.store.schema import EXPECTED_RATIO, precision_name
+
+    assert EXPECTED_RATIO[precision_name(precision)] == ratio
+    # 1,000 samples x 1,000 tokens x 11,529 bytes per token (SmolLM2: 8 + 1 + 2 x 576 x 10) / ratio
+    line = generate_cmd._disk_check(str(tmp_path), 1000, 1000, 11_529, "counted", 2048, ratio)
+    assert f"estimated output {11_529e6 / ratio / 1e9:,.2f} GB for 1,000 samples" in line, line

@@ -24,6 +24,7 @@ every ``raise`` in the package raises one of these.
     │   ├── ImplausibleStatesError               all-zero or copied states (broken wiring): sample_id, kind, row
     │   ├── CaptureRefusedError                  a request the SGLang capture cannot store exactly
     │   ├── SpecForgeFileError                   an unreadable SpecForge file: path
+    │   ├── SpeculatorsFileError                 an unreadable vLLM speculators hs_{i}.safetensors file: path
     │   └── CheckpointError                      an unreadable checkpoint or config: path
     ├── DatasetFormatError (ValueError)          a source record that is not a conversation
     ├── SampleRejected                           a conversation that yields no trainable sample: reason
@@ -168,6 +169,15 @@ class SpecForgeFileError(InvalidArgumentError):
         self.reason = message
 
 
+class SpeculatorsFileError(InvalidArgumentError):
+    """A vLLM speculators ``hs_{i}.safetensors`` file that cannot be read or is inconsistent. ``path`` names it."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.reason = message
+
+
 class CheckpointError(InvalidArgumentError):
     """A checkpoint directory, ``config.json`` or safetensors header that cannot be read. Attribute: ``path``."""
 
@@ -289,6 +299,7 @@ __all__ = [
     "SchemaError",
     "ServingGuardError",
     "SpecForgeFileError",
+    "SpeculatorsFileError",
     "StorageError",
     "TargetNotFoundError",
     "VocabMappingMismatchError",

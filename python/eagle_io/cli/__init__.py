@@ -20,6 +20,8 @@ from . import (
 )
 from .layer_ids_arg import attach_id_lists
 from .specforge_cmd import export_cmd, import_cmd
+from .speculators_cmd import export_cmd as export_speculators_cmd
+from .speculators_cmd import import_cmd as import_speculators_cmd
 
 COMMANDS = {
     "generate": generate_cmd,
@@ -30,6 +32,8 @@ COMMANDS = {
     "check-serving": check_serving_cmd,
     "import-specforge": import_cmd,
     "export-specforge": export_cmd,
+    "import-speculators": import_speculators_cmd,
+    "export-speculators": export_speculators_cmd,
     "vocab-map": vocab_cmd,
     "train-draft": train_draft_cmd,
     "transcode": transcode_cmd,

@@ -22,11 +22,10 @@ from itertools import chain, islice, takewhile
 from .. import defaults
 from ..errors import InvalidArgumentError
 from ..store import layout
+from ..store.schema import EXPECTED_RATIO, precision_name
 from ..store.values import IMPLAUSIBLE
 from .generate_summary import human_summary, nothing_written
 from .layer_ids_arg import layer_ids_arg
-
-ESTIMATED_RATIO = 1.35  # expected compression of bf16 states (benches/README.md), for the disk check
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -120,8 +119,10 @@ def _estimate(args, total: int, head: list, last: int, done: int) -> tuple[float
     return n + rate * left, f"{total:,} records counted, {rate:.0%} of those read gave a sample"
 
 
-def _disk_check(out: str, samples: float, mean_tokens: float, token_bytes: int, how: str, max_length: int) -> str:
-    need = samples * mean_tokens * token_bytes / ESTIMATED_RATIO
+def _disk_check(
+    out: str, samples: float, mean_tokens: float, token_bytes: int, how: str, max_length: int, ratio: float
+) -> str:
+    need = samples * mean_tokens * token_bytes / ratio
     os.makedirs(out, exist_ok=True)
     free = shutil.disk_usage(out).free
     basis = f"{samples:,.0f} samples ({how}) of {mean_tokens:,.0f} tokens on average (max length {max_length})"
@@ -340,7 +341,8 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
         if head and not args.no_disk_check:  # every run: the records are counted
             mean = sum(len(s.input_ids) for s in head) / len(head)
             n, how = _estimate(args, total, head, seen["last"], already[0])
-            print(_disk_check(args.out, n, mean, token_bytes, how, args.max_length))
+            ratio = EXPECTED_RATIO[precision_name(args.precision)]
+            print(_disk_check(args.out, n, mean, token_bytes, how, args.max_length, ratio))
         print(f"resume    {len(session.done):,} samples already committed" if session.done else "fresh run")
         log = CaptureLog(
             log_path(args.out, args.rank, args.world_size),

@@ -17,6 +17,10 @@ STATE_DTYPES = ("bfloat16", "float16", "float32")
 #: Lossy storage precisions a floating ``[L, width]`` tensor may declare (bfloat16 or float32 only).
 PRECISIONS = ("float8_e4m3fn",)
 
+#: Expected compression of the states (raw bf16 bytes / stored bytes) per storage precision (None: lossless), for
+#: disk estimates; set a little below what benches/README.md measures on real states (lossless 1.465x, FP8 2.40x).
+EXPECTED_RATIO = {None: 1.35, "float8_e4m3fn": 2.3}
+
 
 @dataclass(frozen=True)
 class TensorSpec:

@@ -1,0 +1,103 @@
+"""vLLM speculators interop: `import-speculators` (its hs_{i}.safetensors files into verified shards) and
+`export-speculators` (shards into that layout). This module exposes two subcommands: :data:`import_cmd` and
+:data:`export_cmd`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from types import SimpleNamespace
+
+from .. import defaults
+from .progress import callback
+
+
+def _import_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", help="speculators hidden-states directory (hs_{i}.safetensors)")
+    p.add_argument("--out", required=True, help="new eagle-io dataset directory")
+    masks = p.add_mutually_exclusive_group(required=True)
+    masks.add_argument(
+        "--preprocessed",
+        help="speculators' preprocessed dataset (datasets.save_to_disk, columns input_ids and loss_mask): the "
+        "loss masks, row i for hs_i (needs the `datasets` package)",
+    )
+    masks.add_argument("--all-ones-loss-mask", action="store_true", help="store a loss mask of ones (recorded)")
+    p.add_argument(
+        "--target",
+        help="target HF checkpoint directory: its final RMSNorm (model.norm.weight, rms_norm_eps) computes the "
+        "post-norm hidden_states eagle-io's trainer reads",
+    )
+    p.add_argument("--precision", default="bf16", choices=["bf16", "fp8"], help="state storage (fp8: lossy)")
+    p.add_argument("--shard-bytes", type=int, default=defaults.SHARD_BYTES, help="shard size (bytes)")
+    p.add_argument("--threads", type=int, default=defaults.THREADS, help="encoding threads (0 = one per CPU)")
+
+
+def _preprocessed_masks(path: str):
+    """``loss_masks(idx, token_ids)`` from speculators' preprocessed dataset, checking its input_ids."""
+    import torch
+
+    from ..errors import InvalidArgumentError, MissingDataPackageError
+
+    try:
+        from datasets import load_from_disk
+    except ImportError as e:
+        raise MissingDataPackageError("datasets", f"--preprocessed reads {path} with it") from e
+    data = load_from_disk(path)
+
+    def masks(idx: int, token_ids: torch.Tensor) -> torch.Tensor:
+        if idx >= len(data):
+            raise InvalidArgumentError(f"{path}: no row {idx} (it has {len(data)}) for hs_{idx}.safetensors")
+        row = data[idx]
+        if list(row["input_ids"]) != token_ids.tolist():
+            raise InvalidArgumentError(f"{path}: row {idx}'s input_ids differ from hs_{idx}.safetensors' token_ids")
+        return torch.as_tensor(row["loss_mask"])
+
+    return masks
+
+
+def _import_run(args: argparse.Namespace) -> int:
+    from ..interop.speculators import TargetNorm, import_speculators
+
+    norm = TargetNorm.from_checkpoint(args.target) if args.target else None
+    masks = _preprocessed_masks(args.preprocessed) if args.preprocessed else None
+    with callback("file", "import") as progress:
+        summary = import_speculators(
+            args.dir,
+            args.out,
+            loss_masks=masks,
+            all_ones_loss_mask=args.all_ones_loss_mask,
+            target_norm=norm,
+            precision=args.precision,
+            shard_bytes=args.shard_bytes,
+            threads=args.threads,
+            progress=progress,
+        )
+    print(json.dumps(summary.as_dict(), indent=2))
+    return 0
+
+
+def _export_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="eagle-io dataset with a last_hidden_states_pre_norm tensor (import-speculators)")
+    p.add_argument("--out", required=True, help="output directory (speculators' --hidden-states-path)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing hs_{i}.safetensors files")
+
+
+def _export_run(args: argparse.Namespace) -> int:
+    from ..interop.speculators import export_speculators
+
+    with callback("file", "export") as progress:
+        res = export_speculators(args.path, args.out, overwrite=args.overwrite, progress=progress)
+    print(json.dumps(res, indent=2))
+    return 0
+
+
+import_cmd = SimpleNamespace(
+    __doc__="Import vLLM speculators hidden-state files (hs_{i}.safetensors) into verified eagle-io shards.",
+    add_parser=_import_parser,
+    run=_import_run,
+)
+export_cmd = SimpleNamespace(
+    __doc__="Export an eagle-io dataset as vLLM speculators hidden-state files (hs_{i}.safetensors).",
+    add_parser=_export_parser,
+    run=_export_run,
+)
