@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use super::buffers::Borrowed;
 use super::errors::py_err;
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, ReadOptions};
 use crate::error::Error;
 
 /// One problem found by `verify`: shard path, sample id (None: whole shard), offset, message.
@@ -22,11 +22,27 @@ pub struct Reader {
 #[pymethods]
 impl Reader {
     /// Opens the dataset at `path` (a manifest file or a directory holding `manifest.json`)
-    /// from its manifest and shard indexes alone.
+    /// from its manifest and shard indexes alone. `in_flight`, `coalesce_gap` and `part_bytes`
+    /// set how a batch's records are fetched from object storage (None: `DEFAULTS`).
     #[new]
-    #[pyo3(signature = (path, threads = 0))]
-    fn new(py: Python<'_>, path: PathBuf, threads: usize) -> PyResult<Reader> {
-        let inner = py.detach(|| Dataset::open(&path, threads)).map_err(py_err(py))?;
+    #[pyo3(signature = (path, threads = 0, in_flight = None, coalesce_gap = None, part_bytes = None))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        threads: usize,
+        in_flight: Option<usize>,
+        coalesce_gap: Option<u64>,
+        part_bytes: Option<u64>,
+    ) -> PyResult<Reader> {
+        let mut options = ReadOptions {
+            threads,
+            ..ReadOptions::default()
+        };
+        let fetch = &mut options.fetch;
+        fetch.in_flight = in_flight.unwrap_or(fetch.in_flight);
+        fetch.coalesce_gap = coalesce_gap.unwrap_or(fetch.coalesce_gap);
+        fetch.part_bytes = part_bytes.unwrap_or(fetch.part_bytes);
+        let inner = py.detach(|| Dataset::open_with(&path, &options)).map_err(py_err(py))?;
         Ok(Reader { inner })
     }
 

@@ -147,12 +147,23 @@ impl ShardFile {
         std::str::from_utf8(bytes).expect("validated at open")
     }
 
+    /// The object behind this shard when it is read by ranged GETs (`None` for a file).
+    pub fn remote(&self) -> Option<&storage::RemoteObject> {
+        self.source.remote()
+    }
+
     /// Reads record `i` into `buf` and verifies its checksum.
     pub fn read_record(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
         let e = &self.entries[i];
         buf.resize(e.length as usize, 0);
         self.source.read_at(buf, e.offset)?;
-        if crc32fast::hash(buf) != e.crc32 {
+        self.check_record(i, buf)
+    }
+
+    /// Verifies that `rec` holds record `i` (its length and checksum), e.g. bytes a batch fetched.
+    pub fn check_record(&self, i: usize, rec: &[u8]) -> Result<()> {
+        let e = &self.entries[i];
+        if rec.len() as u64 != e.length || crc32fast::hash(rec) != e.crc32 {
             return Err(Error::corrupt(
                 &self.path,
                 Some(e.sample_id),

@@ -4,6 +4,7 @@
 //! `SCHEME://` is an object URL (`s3://bucket/run/manifest.json`); anything else is a file.
 //! URLs are carried in `PathBuf`s like file paths, so errors name them the same way.
 
+mod fetch;
 mod local;
 mod remote;
 mod upload;
@@ -12,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::Result;
 
-pub use remote::{stats, StorageStats};
+pub use fetch::{FetchOptions, Fetcher};
+pub use remote::{stats, RemoteObject, StorageStats};
 pub use upload::{upload_dataset, UploadReport};
 
 /// A read-only byte source of known length, shared by every reading thread.
@@ -31,6 +33,12 @@ pub trait ByteSource: Send + Sync {
 
     /// Drops what opening prefetched (an object's first and last bytes); reads still work.
     fn forget_prefetch(&self) {}
+
+    /// The object behind this source when its records are fetched by ranged GETs, which a
+    /// batch read coalesces and runs concurrently ([`Fetcher`]); `None` for a file.
+    fn remote(&self) -> Option<&RemoteObject> {
+        None
+    }
 }
 
 /// Whether `path` is an object URL (`scheme://...`) rather than a local path.

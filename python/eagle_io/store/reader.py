@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .. import _native
+from ..defaults import REMOTE_IN_FLIGHT
 from ..errors import InvalidArgumentError, SampleNotFoundError
 from . import fp8, layout
 from ._tensors import empty, writable_bytes
@@ -51,31 +52,47 @@ class Dataset:
         path: a manifest file, or a directory holding ``manifest.json``.
         threads: decode threads per read (0 = one per CPU).
         dequantize: False returns FP8 tensors as stored (above).
+        in_flight: object storage only: ranged GETs in flight at once for this reader in :meth:`read_batch`
+            (default :data:`eagle_io.defaults.REMOTE_IN_FLIGHT`); a batch's adjacent records are fetched by one
+            GET (docs/STORAGE.md).
 
     Raises:
         CorruptRecordError, FormatVersionError, StorageError: when the manifest or a shard
             index cannot be trusted; reads raise CorruptRecordError on a bad record.
-        InvalidArgumentError: ``path`` is a multi-writer root not merged yet (``eagle-io merge`` it), or ``threads``
+        InvalidArgumentError: ``path`` is a multi-writer root not merged yet (``eagle-io merge`` it), ``threads``
             is negative.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, threads: int = 0, dequantize: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        threads: int = 0,
+        dequantize: bool = True,
+        in_flight: int = REMOTE_IN_FLIGHT,
+    ) -> None:
         self._path = os.fspath(path)
         self._threads = threads
+        self._in_flight = in_flight
         self.dequantize = bool(dequantize)
         _check_threads(threads)
+        if type(in_flight) is not int or in_flight < 1:
+            raise InvalidArgumentError(f"in_flight must be an integer >= 1, not {in_flight!r}")
         layout.manifest_file(self._path)  # an unmerged multi-writer root: say so, not "no manifest.json"
-        self._native = _native.Reader(self._path, threads)
+        self._native = _native.Reader(self._path, threads, in_flight)
         self.manifest_path: str = os.fspath(self._native.manifest_path)
         self.manifest: dict[str, Any] = json.loads(self._native.manifest_json)
         self.schema: list[TensorSpec] = from_json(json.dumps(self.manifest["schema"]))
         self.metadata: dict[str, Any] = self.manifest["metadata"]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self._path, "threads": self._threads, "dequantize": self.dequantize}
+        return {"path": self._path, "threads": self._threads, "dequantize": self.dequantize,
+                "in_flight": self._in_flight}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], threads=state["threads"], dequantize=state["dequantize"])  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            state["path"], threads=state["threads"], dequantize=state["dequantize"], in_flight=state["in_flight"]
+        )
 
     def __len__(self) -> int:
         return len(self._native)
@@ -135,7 +152,8 @@ class Dataset:
     def read_batch(self, items: Sequence[tuple[int, dict[str, torch.Tensor]]]) -> None:
         """:meth:`read_into` for several samples in one call: ``[(pos, out)]``, each ``out`` as for
         :meth:`read_into`, the outputs of different items not overlapping. All records are read (one positioned
-        read each), checksummed and decoded on the reader's ``threads`` with the GIL released once.
+        read each; from object storage, a batch's adjacent records by one ranged GET, up to ``in_flight`` GETs at
+        once), checksummed and decoded on the reader's ``threads`` with the GIL released once.
 
         Raises:
             InvalidArgumentError: a tensor of the wrong size, dtype or device, not writable, or overlapping
