@@ -37,3 +37,5 @@ REMOTE_COALESCE_GAP: int = _CORE["remote_coalesce_gap"]
 """Records of one shard object at most this many bytes apart are fetched by one ranged GET in a batch read."""
 REMOTE_PART_BYTES: int = _CORE["remote_part_bytes"]
 """Most bytes per ranged GET: a coalesced span stops there; a longer record is fetched in parts of this size."""
+CACHE_BYTES: int = _CORE["cache_bytes"]
+"""Size cap of a read-through cache directory (``Dataset(..., cache_dir=)``), least recently used shards evicted."""

@@ -3,7 +3,7 @@
 
 use crate::codec::CodecOptions;
 use crate::layout;
-use crate::storage::FetchOptions;
+use crate::storage::{CacheOptions, FetchOptions};
 
 /// Writer settings. `Default` gives 1 GiB shards of 1 MiB chunks, the codec's default (zstd
 /// level -1000 with Huffman literals), one encoding thread per CPU and 64 records in flight:
@@ -50,4 +50,6 @@ pub struct ReadOptions {
     pub threads: usize,
     /// How records are fetched from object storage (ignored for local files).
     pub fetch: FetchOptions,
+    /// A local read-through cache of the shard objects (ignored for local files).
+    pub cache: Option<CacheOptions>,
 }

@@ -16,7 +16,7 @@ use crate::pool;
 use crate::quant;
 use crate::schema::Schema;
 use crate::shard::ShardFile;
-use crate::storage::Fetcher;
+use crate::storage::{self, CacheOptions, CachedObject, FetchOptions, Fetcher};
 
 /// Output bytes per dequantisation job.
 const DEQUANT_JOB_BYTES: usize = 256 * 1024;
@@ -65,7 +65,10 @@ pub fn manifest_path(path: &Path) -> PathBuf {
     crate::storage::resolve(path, crate::layout::MANIFEST_NAME)
 }
 
-fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize) -> Result<ShardFile> {
+/// A shard's copy in a read-through cache, and how to fill it.
+type Cached<'a> = Option<(&'a CacheOptions, FetchOptions)>;
+
+fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize, cache: Cached<'_>) -> Result<ShardFile> {
     let summary = &manifest.shards[i];
     let escapes = Path::new(&summary.file)
         .components()
@@ -82,8 +85,40 @@ fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize) -> Result<Sh
         ));
     }
     let path = Manifest::shard_path(manifest_path, summary);
-    let shard = ShardFile::open(&path)?;
-    let mismatch = if shard.schema != manifest.schema {
+    let shard = match cache.filter(|_| storage::is_url(&path)) {
+        None => ShardFile::open(&path)?,
+        Some((cache, fetch)) => {
+            let open = || -> Result<(ShardFile, bool)> {
+                let source = CachedObject::open(&path, cache, summary.bytes, fetch)?;
+                let hit = source.is_cached();
+                Ok((ShardFile::from_source(&path, Box::new(source))?, hit))
+            };
+            match open() {
+                Ok((shard, hit)) if !hit || mismatch(manifest, i, &shard).is_none() => shard,
+                // A cached copy that fails its checks: deleted, and the object read again.
+                Ok(_) | Err(Error::Corrupt { .. }) => {
+                    storage::discard_cached(&path, cache)?;
+                    open()?.0
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    match mismatch(manifest, i, &shard) {
+        Some(what) => Err(Error::corrupt(
+            &path,
+            None,
+            0,
+            format!("shard ({what} differs from {})", manifest_path.display()),
+        )),
+        None => Ok(shard),
+    }
+}
+
+/// What of `shard` differs from the manifest's entry `i`, if anything.
+fn mismatch(manifest: &Manifest, i: usize, shard: &ShardFile) -> Option<&'static str> {
+    let summary = &manifest.shards[i];
+    if shard.schema != manifest.schema {
         Some("its schema")
     } else if shard.file_len != summary.bytes {
         Some("its size")
@@ -103,15 +138,6 @@ fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize) -> Result<Sh
         Some("its decoded size")
     } else {
         None
-    };
-    match mismatch {
-        Some(what) => Err(Error::corrupt(
-            &path,
-            None,
-            0,
-            format!("shard ({what} differs from {})", manifest_path.display()),
-        )),
-        None => Ok(shard),
     }
 }
 
@@ -134,7 +160,14 @@ impl Dataset {
         let manifest_path = manifest_path(path);
         let manifest = Manifest::load(&manifest_path)?;
         let shards = (0..manifest.shards.len())
-            .map(|i| open_listed(&manifest_path, &manifest, i))
+            .map(|i| {
+                open_listed(
+                    &manifest_path,
+                    &manifest,
+                    i,
+                    options.cache.as_ref().map(|c| (c, options.fetch)),
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut starts = Vec::with_capacity(shards.len());
         let mut by_id = HashMap::new();
@@ -371,7 +404,7 @@ impl Dataset {
         let pool = pool::shared(threads);
         let mut bad = Vec::new();
         for i in 0..manifest.shards.len() {
-            let shard = match open_listed(&manifest_path, &manifest, i) {
+            let shard = match open_listed(&manifest_path, &manifest, i, None) {
                 Ok(s) => s,
                 Err(err) => {
                     bad.push(BadRecord {

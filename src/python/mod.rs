@@ -64,5 +64,6 @@ fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("remote_in_flight", fetch.in_flight)?;
     d.set_item("remote_coalesce_gap", fetch.coalesce_gap)?;
     d.set_item("remote_part_bytes", fetch.part_bytes)?;
+    d.set_item("cache_bytes", crate::storage::DEFAULT_CACHE_BYTES)?;
     Ok(d)
 }

@@ -4,6 +4,7 @@
 //! `SCHEME://` is an object URL (`s3://bucket/run/manifest.json`); anything else is a file.
 //! URLs are carried in `PathBuf`s like file paths, so errors name them the same way.
 
+mod cache;
 mod fetch;
 mod local;
 mod remote;
@@ -13,6 +14,9 @@ use std::path::{Path, PathBuf};
 
 use crate::error::Result;
 
+pub use cache::{
+    discard as discard_cached, stats as cache_stats, CacheOptions, CacheStats, CachedObject, DEFAULT_CACHE_BYTES,
+};
 pub use fetch::{FetchOptions, Fetcher};
 pub use remote::{stats, RemoteObject, StorageStats};
 pub use upload::{upload_dataset, UploadReport};
@@ -38,6 +42,12 @@ pub trait ByteSource: Send + Sync {
     /// batch read coalesces and runs concurrently ([`Fetcher`]); `None` for a file.
     fn remote(&self) -> Option<&RemoteObject> {
         None
+    }
+
+    /// Deletes a cached copy this source reads from (it failed a record's checksum) and reads
+    /// from the store from now on; false when there is no such copy.
+    fn drop_copy(&self) -> bool {
+        false
     }
 }
 

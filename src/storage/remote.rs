@@ -300,6 +300,15 @@ impl RemoteObject {
         Ok(object)
     }
 
+    /// The object at `path`, of `len` bytes as its manifest says, without a request.
+    pub fn sized(path: &Path, len: u64) -> Result<RemoteObject> {
+        Ok(RemoteObject {
+            url: parse(path)?,
+            len,
+            prefetch: Mutex::new(Vec::new()),
+        })
+    }
+
     /// Bytes `offset..offset + len` in one ranged GET; fewer bytes than asked is an error.
     fn get(&self, offset: u64, len: u64) -> Result<bytes::Bytes> {
         self.runtime()?.block_on(self.range_future(offset, len))

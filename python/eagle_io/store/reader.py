@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import _native
-from ..defaults import REMOTE_IN_FLIGHT
+from ..defaults import CACHE_BYTES, REMOTE_IN_FLIGHT
 from ..errors import InvalidArgumentError, SampleNotFoundError
 from . import fp8, layout
 from ._tensors import empty, writable_bytes
@@ -55,12 +55,20 @@ class Dataset:
         in_flight: object storage only: ranged GETs in flight at once for this reader in :meth:`read_batch`
             (default :data:`eagle_io.defaults.REMOTE_IN_FLIGHT`); a batch's adjacent records are fetched by one
             GET (docs/STORAGE.md).
+        cache_dir: object storage only: a local directory keeping read-through copies of the shard objects (the
+            first read of a shard downloads it whole; a copy is used only when its size, footer and index match
+            the manifest, and every record is checksummed; a bad copy is deleted and read again). Several
+            readers and processes may share one. None (default): no cache.
+        cache_bytes: the cache's size cap in bytes (default :data:`eagle_io.defaults.CACHE_BYTES`); least
+            recently used shards are evicted to stay under it; a shard larger than the cap is read uncached.
+            ``_native.storage_stats()`` counts ``cache_hits``, ``cache_fills``, ``cache_evicted``,
+            ``cache_refetched`` and ``cache_too_big``.
 
     Raises:
         CorruptRecordError, FormatVersionError, StorageError: when the manifest or a shard
             index cannot be trusted; reads raise CorruptRecordError on a bad record.
         InvalidArgumentError: ``path`` is a multi-writer root not merged yet (``eagle-io merge`` it), ``threads``
-            is negative.
+            is negative, ``in_flight`` < 1 or ``cache_bytes`` < 0.
     """
 
     def __init__(
@@ -70,16 +78,21 @@ class Dataset:
         threads: int = 0,
         dequantize: bool = True,
         in_flight: int = REMOTE_IN_FLIGHT,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         self._path = os.fspath(path)
         self._threads = threads
         self._in_flight = in_flight
+        self._cache = (None if cache_dir is None else os.fspath(cache_dir), cache_bytes)
         self.dequantize = bool(dequantize)
         _check_threads(threads)
         if type(in_flight) is not int or in_flight < 1:
             raise InvalidArgumentError(f"in_flight must be an integer >= 1, not {in_flight!r}")
+        if type(cache_bytes) is not int or cache_bytes < 0:
+            raise InvalidArgumentError(f"cache_bytes must be an integer >= 0, not {cache_bytes!r}")
         layout.manifest_file(self._path)  # an unmerged multi-writer root: say so, not "no manifest.json"
-        self._native = _native.Reader(self._path, threads, in_flight)
+        self._native = _native.Reader(self._path, threads, in_flight, None, None, self._cache[0], cache_bytes)
         self.manifest_path: str = os.fspath(self._native.manifest_path)
         self.manifest: dict[str, Any] = json.loads(self._native.manifest_json)
         self.schema: list[TensorSpec] = from_json(json.dumps(self.manifest["schema"]))
@@ -87,12 +100,13 @@ class Dataset:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self._path, "threads": self._threads, "dequantize": self.dequantize,
-                "in_flight": self._in_flight}  # fmt: skip
+                "in_flight": self._in_flight, "cache": self._cache}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(  # type: ignore[misc]
-            state["path"], threads=state["threads"], dequantize=state["dequantize"], in_flight=state["in_flight"]
-        )
+            state["path"], threads=state["threads"], dequantize=state["dequantize"], in_flight=state["in_flight"],
+            cache_dir=state["cache"][0], cache_bytes=state["cache"][1],
+        )  # fmt: skip
 
     def __len__(self) -> int:
         return len(self._native)
