@@ -110,3 +110,30 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| Error::io(&tmp, e))?;
     commit_rename(&tmp, path)
 }
+
+/// Where the read-through cache `dir` keeps its copy of the object `url` (`scheme://bucket/key`):
+/// `dir/scheme/bucket/key`. A URL with an empty, `.` or `..` part has no place there.
+pub fn cache_entry(dir: &Path, url: &str) -> Result<PathBuf> {
+    let bad = || Error::InvalidArgument(format!("{url}: no cache entry for this URL (an empty, . or .. part)"));
+    let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
+    let mut path = dir.join(scheme);
+    for part in rest.split('/') {
+        if part.is_empty() || part == "." || part == ".." {
+            return Err(bad());
+        }
+        path.push(part);
+    }
+    Ok(path)
+}
+
+/// The temporary name process `pid` downloads a cache entry under before its atomic rename
+/// (`.NAME.PID.tmp`: processes filling the same entry never share one).
+pub fn cache_temp_path(entry: &Path, pid: u32) -> PathBuf {
+    let name = entry.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+    entry.with_file_name(format!("{TEMP_PREFIX}{name}.{pid}{TEMP_SUFFIX}"))
+}
+
+/// Whether `name` is a temporary name (of a file being written, or a cache entry being filled).
+pub fn is_temp_name(name: &str) -> bool {
+    name.starts_with(TEMP_PREFIX) && name.ends_with(TEMP_SUFFIX)
+}

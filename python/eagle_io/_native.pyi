@@ -81,7 +81,16 @@ class RingSlot:
 
 @final
 class Reader:
-    def __new__(cls, path: str | PathLike[str], threads: int = 0) -> Reader: ...
+    def __new__(
+        cls,
+        path: str | PathLike[str],
+        threads: int = 0,
+        in_flight: int | None = None,
+        coalesce_gap: int | None = None,
+        part_bytes: int | None = None,
+        cache_dir: str | PathLike[str] | None = None,
+        cache_bytes: int | None = None,
+    ) -> Reader: ...
     def __len__(self) -> int: ...
     def entry(self, pos: int) -> tuple[int, int, str]: ...
     def position(self, sample_id: int) -> int | None: ...

@@ -1,6 +1,7 @@
 """Every tunable's default, defined once: in the Rust core (``WriterOptions::default`` in
 ``src/dataset/writer.rs``, ``CodecOptions::default`` in ``src/codec/mod.rs``, the ring's constants in
-``src/ring/mod.rs``), exported as ``eagle_io._native.DEFAULTS``. The writer, the capture ring, ``eagle_io.capture``,
+``src/ring/mod.rs``, ``FetchOptions::default`` in ``src/storage/fetch.rs``), exported as
+``eagle_io._native.DEFAULTS``. The writer, the capture ring, ``eagle_io.capture``, the object-storage reader,
 the SGLang capture, ``import-specforge`` and the command line all take their defaults from here.
 """
 
@@ -30,3 +31,11 @@ FOLLOW_TIMEOUT_S: float = _CORE["follow_timeout_s"]
 """Seconds a followed capture may go without committing a shard (nor completing) before ``CaptureStalledError``."""
 STOP_TIMEOUT_S: float = _CORE["stop_timeout_s"]
 """Seconds ``stop_capture`` / ``SGLangCapture.close`` wait for every SGLang scheduler to drain, commit and answer."""
+REMOTE_IN_FLIGHT: int = _CORE["remote_in_flight"]
+"""Object-storage requests in flight at once per reader (a batch read's ranged GETs)."""
+REMOTE_COALESCE_GAP: int = _CORE["remote_coalesce_gap"]
+"""Records of one shard object at most this many bytes apart are fetched by one ranged GET in a batch read."""
+REMOTE_PART_BYTES: int = _CORE["remote_part_bytes"]
+"""Most bytes per ranged GET: a coalesced span stops there; a longer record is fetched in parts of this size."""
+CACHE_BYTES: int = _CORE["cache_bytes"]
+"""Size cap of a read-through cache directory (``Dataset(..., cache_dir=)``), least recently used shards evicted."""

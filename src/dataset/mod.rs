@@ -9,6 +9,6 @@ mod resume;
 mod writer;
 
 pub use manifest::{seal as seal_manifest, Manifest, MANIFEST_FORMAT, UNSEALED_CHECKSUM};
-pub use options::WriterOptions;
+pub use options::{ReadOptions, WriterOptions};
 pub use reader::{BadRecord, Dataset, Entry};
 pub use writer::{DatasetWriter, SampleRef, StatsHandle, WriterStats};

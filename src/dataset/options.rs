@@ -3,6 +3,7 @@
 
 use crate::codec::CodecOptions;
 use crate::layout;
+use crate::storage::{CacheOptions, FetchOptions};
 
 /// Writer settings. `Default` gives 1 GiB shards of 1 MiB chunks, the codec's default (zstd
 /// level -1000 with Huffman literals), one encoding thread per CPU and 64 records in flight:
@@ -39,4 +40,16 @@ impl Default for WriterOptions {
             resume: false,
         }
     }
+}
+
+/// Reader settings. `Default` gives one decode thread per CPU and the object-storage fetch
+/// defaults of [`FetchOptions`] (exported to Python as `_native.DEFAULTS`).
+#[derive(Debug, Clone, Default)]
+pub struct ReadOptions {
+    /// Decode threads per read (0 = one per CPU).
+    pub threads: usize,
+    /// How records are fetched from object storage (ignored for local files).
+    pub fetch: FetchOptions,
+    /// A local read-through cache of the shard objects (ignored for local files).
+    pub cache: Option<CacheOptions>,
 }

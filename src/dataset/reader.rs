@@ -10,11 +10,13 @@ use rayon::prelude::*;
 
 use super::decode::decode_record;
 use super::manifest::Manifest;
+use super::options::ReadOptions;
 use crate::error::{Error, Result};
 use crate::pool;
 use crate::quant;
 use crate::schema::Schema;
 use crate::shard::ShardFile;
+use crate::storage::{self, CacheOptions, CachedObject, FetchOptions, Fetcher};
 
 /// Output bytes per dequantisation job.
 const DEQUANT_JOB_BYTES: usize = 256 * 1024;
@@ -54,6 +56,8 @@ pub struct Dataset {
     starts: Vec<u64>,
     by_id: HashMap<u64, u64>,
     threads: usize,
+    /// Fetches a batch's records from object storage (coalesced, bounded concurrency).
+    fetcher: Fetcher,
 }
 
 /// `path` itself when it is a file (or a `.json` object), else `path/manifest.json`.
@@ -61,7 +65,10 @@ pub fn manifest_path(path: &Path) -> PathBuf {
     crate::storage::resolve(path, crate::layout::MANIFEST_NAME)
 }
 
-fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize) -> Result<ShardFile> {
+/// A shard's copy in a read-through cache, and how to fill it.
+type Cached<'a> = Option<(&'a CacheOptions, FetchOptions)>;
+
+fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize, cache: Cached<'_>) -> Result<ShardFile> {
     let summary = &manifest.shards[i];
     let escapes = Path::new(&summary.file)
         .components()
@@ -78,8 +85,40 @@ fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize) -> Result<Sh
         ));
     }
     let path = Manifest::shard_path(manifest_path, summary);
-    let shard = ShardFile::open(&path)?;
-    let mismatch = if shard.schema != manifest.schema {
+    let shard = match cache.filter(|_| storage::is_url(&path)) {
+        None => ShardFile::open(&path)?,
+        Some((cache, fetch)) => {
+            let open = || -> Result<(ShardFile, bool)> {
+                let source = CachedObject::open(&path, cache, summary.bytes, fetch)?;
+                let hit = source.is_cached();
+                Ok((ShardFile::from_source(&path, Box::new(source))?, hit))
+            };
+            match open() {
+                Ok((shard, hit)) if !hit || mismatch(manifest, i, &shard).is_none() => shard,
+                // A cached copy that fails its checks: deleted, and the object read again.
+                Ok(_) | Err(Error::Corrupt { .. }) => {
+                    storage::discard_cached(&path, cache)?;
+                    open()?.0
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    match mismatch(manifest, i, &shard) {
+        Some(what) => Err(Error::corrupt(
+            &path,
+            None,
+            0,
+            format!("shard ({what} differs from {})", manifest_path.display()),
+        )),
+        None => Ok(shard),
+    }
+}
+
+/// What of `shard` differs from the manifest's entry `i`, if anything.
+fn mismatch(manifest: &Manifest, i: usize, shard: &ShardFile) -> Option<&'static str> {
+    let summary = &manifest.shards[i];
+    if shard.schema != manifest.schema {
         Some("its schema")
     } else if shard.file_len != summary.bytes {
         Some("its size")
@@ -99,26 +138,36 @@ fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize) -> Result<Sh
         Some("its decoded size")
     } else {
         None
-    };
-    match mismatch {
-        Some(what) => Err(Error::corrupt(
-            &path,
-            None,
-            0,
-            format!("shard ({what} differs from {})", manifest_path.display()),
-        )),
-        None => Ok(shard),
     }
 }
 
 impl Dataset {
     /// Opens the dataset whose manifest is `path` (or `path/manifest.json`). `threads`
-    /// decode threads per read (0 = one per CPU).
+    /// decode threads per read (0 = one per CPU); the other reader settings at their defaults.
     pub fn open(path: &Path, threads: usize) -> Result<Dataset> {
+        Self::open_with(
+            path,
+            &ReadOptions {
+                threads,
+                ..ReadOptions::default()
+            },
+        )
+    }
+
+    /// Opens the dataset whose manifest is `path` (or `path/manifest.json`) with `options`.
+    pub fn open_with(path: &Path, options: &ReadOptions) -> Result<Dataset> {
+        let fetcher = Fetcher::new(options.fetch)?;
         let manifest_path = manifest_path(path);
         let manifest = Manifest::load(&manifest_path)?;
         let shards = (0..manifest.shards.len())
-            .map(|i| open_listed(&manifest_path, &manifest, i))
+            .map(|i| {
+                open_listed(
+                    &manifest_path,
+                    &manifest,
+                    i,
+                    options.cache.as_ref().map(|c| (c, options.fetch)),
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut starts = Vec::with_capacity(shards.len());
         let mut by_id = HashMap::new();
@@ -143,7 +192,8 @@ impl Dataset {
             shards,
             starts,
             by_id,
-            threads,
+            threads: options.threads,
+            fetcher,
         })
     }
 
@@ -199,9 +249,14 @@ impl Dataset {
     /// tensor, each exactly `n_tokens x row_bytes`). FP8 tensors are dequantised into their
     /// schema dtype on the reader's threads (`read_stored_into` leaves them quantised).
     pub fn read_into(&self, pos: u64, outs: &mut [&mut [u8]]) -> Result<()> {
+        self.read_into_with(pos, outs, None)
+    }
+
+    /// `read_into`, from the record's bytes when `fetched` holds them (a batch's fetch).
+    fn read_into_with(&self, pos: u64, outs: &mut [&mut [u8]], fetched: Option<&[u8]>) -> Result<()> {
         let schema = self.schema();
         if !schema.has_fp8() {
-            return self.read_stored_into(pos, outs);
+            return self.read_stored_with(pos, outs, fetched);
         }
         let n_tokens = self.entry(pos)?.n_tokens;
         let mut stored: Vec<Vec<u8>> = Vec::with_capacity(outs.len());
@@ -233,7 +288,7 @@ impl Dataset {
                     None => &mut **out,
                 })
                 .collect();
-            self.read_stored_into(pos, &mut views)?;
+            self.read_stored_with(pos, &mut views, fetched)?;
         }
         let pool = pool::shared(self.threads);
         for ((spec, out), buf) in schema.tensors.iter().zip(outs.iter_mut()).zip(&stored) {
@@ -262,8 +317,17 @@ impl Dataset {
     /// schema tensor, each exactly `n_tokens x stored_row_bytes`: FP8 tensors as rows of f32
     /// scales then FP8 bytes, `crate::quant`).
     pub fn read_stored_into(&self, pos: u64, outs: &mut [&mut [u8]]) -> Result<()> {
+        self.read_stored_with(pos, outs, None)
+    }
+
+    /// `read_stored_into`, from the record's bytes when `fetched` holds them (checksummed here).
+    fn read_stored_with(&self, pos: u64, outs: &mut [&mut [u8]], fetched: Option<&[u8]>) -> Result<()> {
         let e = self.entry(pos)?;
         let shard = &self.shards[e.shard];
+        if let Some(rec) = fetched {
+            shard.check_record(e.record, rec)?;
+            return decode_record(shard, e.record, rec, outs, &pool::shared(self.threads));
+        }
         RECORD.with(|buf| {
             let rec = &mut *buf.borrow_mut();
             shard.read_record(e.record, rec)?;
@@ -271,19 +335,50 @@ impl Dataset {
         })
     }
 
-    /// Reads, checksums and decodes several samples in one call, all on the decode pool (one
-    /// positioned read per record, each into its pool thread's reused buffer): `items` pairs a
-    /// position with its output buffers, as for `read_into`. Every item is attempted; on failure
-    /// the error of the first failing item in `items` order is returned.
+    /// Reads, checksums and decodes several samples in one call, all on the decode pool: `items`
+    /// pairs a position with its output buffers, as for `read_into`. Records in local files are
+    /// read on the pool (one positioned read each, into its thread's reused buffer); records in
+    /// objects are fetched first, all together ([`Fetcher`]: adjacent records coalesced into one
+    /// ranged GET, several GETs in flight). Every item is attempted; on failure the error of the
+    /// first failing item in `items` order is returned.
     pub fn read_batch(&self, items: &mut [(u64, Vec<&mut [u8]>)]) -> Result<()> {
+        let fetched = self.fetch_remote(items);
         let pool = pool::shared(self.threads);
         let results: Vec<Result<()>> = pool.install(|| {
             items
                 .par_iter_mut()
-                .map(|(pos, outs)| self.read_into(*pos, outs))
+                .zip(fetched.into_par_iter())
+                .map(|((pos, outs), rec)| match rec {
+                    Some(Ok(rec)) => self.read_into_with(*pos, outs, Some(&rec)),
+                    Some(Err(e)) => Err(e),
+                    None => self.read_into(*pos, outs),
+                })
                 .collect()
         });
         results.into_iter().collect()
+    }
+
+    /// The bytes of each item's record when it lives in an object (`None` for a file or a bad
+    /// position, which `read_into` then reads or reports).
+    fn fetch_remote(&self, items: &[(u64, Vec<&mut [u8]>)]) -> Vec<Option<Result<Vec<u8>>>> {
+        let mut requests = Vec::new();
+        let mut which = Vec::new();
+        for (k, (pos, _)) in items.iter().enumerate() {
+            let Ok(e) = self.entry(*pos) else { continue };
+            let shard = &self.shards[e.shard];
+            if let Some(object) = shard.remote() {
+                let ie = &shard.entries[e.record];
+                requests.push((object, ie.offset, ie.length));
+                which.push(k);
+            }
+        }
+        let mut out: Vec<Option<Result<Vec<u8>>>> = (0..items.len()).map(|_| None).collect();
+        if !requests.is_empty() {
+            for (k, got) in which.into_iter().zip(self.fetcher.fetch(&requests)) {
+                out[k] = Some(got);
+            }
+        }
+        out
     }
 
     /// Reads the sample at `pos` into new buffers, one per schema tensor.
@@ -309,7 +404,7 @@ impl Dataset {
         let pool = pool::shared(threads);
         let mut bad = Vec::new();
         for i in 0..manifest.shards.len() {
-            let shard = match open_listed(&manifest_path, &manifest, i) {
+            let shard = match open_listed(&manifest_path, &manifest, i, None) {
                 Ok(s) => s,
                 Err(err) => {
                     bad.push(BadRecord {

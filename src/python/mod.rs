@@ -44,8 +44,8 @@ const FOLLOW_TIMEOUT_S: f64 = 3600.0;
 /// Seconds `stop_capture` waits for every SGLang scheduler to drain, commit and answer.
 const STOP_TIMEOUT_S: f64 = 600.0;
 
-/// Every tunable's default, defined once in the core (`WriterOptions::default`, `src/ring/mod.rs`, the
-/// feed's follow and SGLang stop constants above); `eagle_io.defaults` reads them from here.
+/// Every tunable's default, defined once in the core (`WriterOptions::default`, `FetchOptions::default`,
+/// `src/ring/mod.rs`, the feed's follow and SGLang stop constants above); `eagle_io.defaults` reads them from here.
 fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let w = WriterOptions::default();
     let d = PyDict::new(py);
@@ -60,5 +60,10 @@ fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("follow_poll_s", FOLLOW_POLL_S)?;
     d.set_item("follow_timeout_s", FOLLOW_TIMEOUT_S)?;
     d.set_item("stop_timeout_s", STOP_TIMEOUT_S)?;
+    let fetch = crate::storage::FetchOptions::default();
+    d.set_item("remote_in_flight", fetch.in_flight)?;
+    d.set_item("remote_coalesce_gap", fetch.coalesce_gap)?;
+    d.set_item("remote_part_bytes", fetch.part_bytes)?;
+    d.set_item("cache_bytes", crate::storage::DEFAULT_CACHE_BYTES)?;
     Ok(d)
 }

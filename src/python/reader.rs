@@ -7,8 +7,9 @@ use pyo3::prelude::*;
 
 use super::buffers::Borrowed;
 use super::errors::py_err;
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, ReadOptions};
 use crate::error::Error;
+use crate::storage::{CacheOptions, DEFAULT_CACHE_BYTES};
 
 /// One problem found by `verify`: shard path, sample id (None: whole shard), offset, message.
 /// Paths go to Python as `str`: a `pathlib.Path` would fold an object URL's `s3://` to `s3:/`.
@@ -22,11 +23,35 @@ pub struct Reader {
 #[pymethods]
 impl Reader {
     /// Opens the dataset at `path` (a manifest file or a directory holding `manifest.json`)
-    /// from its manifest and shard indexes alone.
+    /// from its manifest and shard indexes alone. `in_flight`, `coalesce_gap` and `part_bytes`
+    /// set how a batch's records are fetched from object storage (None: `DEFAULTS`); `cache_dir`
+    /// keeps local copies of the shard objects, at most `cache_bytes` (None: `DEFAULTS`) in all.
     #[new]
-    #[pyo3(signature = (path, threads = 0))]
-    fn new(py: Python<'_>, path: PathBuf, threads: usize) -> PyResult<Reader> {
-        let inner = py.detach(|| Dataset::open(&path, threads)).map_err(py_err(py))?;
+    #[pyo3(signature = (path, threads = 0, in_flight = None, coalesce_gap = None, part_bytes = None, cache_dir = None, cache_bytes = None))]
+    #[allow(clippy::too_many_arguments)] // the keyword arguments of the Python constructor
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        threads: usize,
+        in_flight: Option<usize>,
+        coalesce_gap: Option<u64>,
+        part_bytes: Option<u64>,
+        cache_dir: Option<PathBuf>,
+        cache_bytes: Option<u64>,
+    ) -> PyResult<Reader> {
+        let mut options = ReadOptions {
+            threads,
+            ..ReadOptions::default()
+        };
+        let fetch = &mut options.fetch;
+        fetch.in_flight = in_flight.unwrap_or(fetch.in_flight);
+        fetch.coalesce_gap = coalesce_gap.unwrap_or(fetch.coalesce_gap);
+        fetch.part_bytes = part_bytes.unwrap_or(fetch.part_bytes);
+        options.cache = cache_dir.map(|dir| CacheOptions {
+            dir,
+            max_bytes: cache_bytes.unwrap_or(DEFAULT_CACHE_BYTES),
+        });
+        let inner = py.detach(|| Dataset::open_with(&path, &options)).map_err(py_err(py))?;
         Ok(Reader { inner })
     }
 

@@ -7,14 +7,26 @@ use pyo3::prelude::*;
 
 use super::errors::py_err;
 
-/// `{"requests", "retried", "bytes"}`: HTTP requests sent (retries included), requests that
-/// failed transiently (5xx, 429, timeout) and were retried with backoff, payload bytes read.
+/// `{"requests", "retried", "bytes", "cache_*"}`: HTTP requests sent (retries included), requests
+/// that failed transiently (5xx, 429, timeout) and were retried with backoff, payload bytes read;
+/// the read-through cache's `cache_hits`, `cache_fills`, `cache_evicted` (LRU), `cache_refetched`
+/// (a copy that failed a check) and `cache_too_big` (shards over the cap, read uncached).
 #[pyfunction]
 pub fn storage_stats() -> std::collections::BTreeMap<&'static str, u64> {
     let s = crate::storage::stats();
-    [("requests", s.requests), ("retried", s.retried), ("bytes", s.bytes)]
-        .into_iter()
-        .collect()
+    let c = crate::storage::cache_stats();
+    [
+        ("requests", s.requests),
+        ("retried", s.retried),
+        ("bytes", s.bytes),
+        ("cache_hits", c.hits),
+        ("cache_fills", c.fills),
+        ("cache_evicted", c.evicted),
+        ("cache_refetched", c.refetched),
+        ("cache_too_big", c.too_big),
+    ]
+    .into_iter()
+    .collect()
 }
 
 /// Uploads the committed dataset whose manifest is `manifest` to the object prefix `url`:

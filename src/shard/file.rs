@@ -30,7 +30,11 @@ pub struct ShardFile {
 impl ShardFile {
     /// Opens and validates a shard. Errors name the file and the byte offset of what is wrong.
     pub fn open(path: &Path) -> Result<ShardFile> {
-        let source = storage::open(path)?;
+        Self::from_source(path, storage::open(path)?)
+    }
+
+    /// Opens and validates the shard `path` read from `source` (e.g. a cached copy).
+    pub fn from_source(path: &Path, source: Box<dyn ByteSource>) -> Result<ShardFile> {
         let file_len = source.len();
         let corrupt = |offset: u64, what: String| Error::corrupt(path, None, offset, what);
         if file_len < HEADER_BYTES + FOOTER_BYTES {
@@ -147,12 +151,30 @@ impl ShardFile {
         std::str::from_utf8(bytes).expect("validated at open")
     }
 
+    /// The object behind this shard when it is read by ranged GETs (`None` for a file).
+    pub fn remote(&self) -> Option<&storage::RemoteObject> {
+        self.source.remote()
+    }
+
     /// Reads record `i` into `buf` and verifies its checksum.
     pub fn read_record(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
         let e = &self.entries[i];
         buf.resize(e.length as usize, 0);
         self.source.read_at(buf, e.offset)?;
-        if crc32fast::hash(buf) != e.crc32 {
+        match self.check_record(i, buf) {
+            Err(_) if self.source.drop_copy() => {
+                // A bad cached copy, now deleted: read the record from the store.
+                self.source.read_at(buf, e.offset)?;
+                self.check_record(i, buf)
+            }
+            checked => checked,
+        }
+    }
+
+    /// Verifies that `rec` holds record `i` (its length and checksum), e.g. bytes a batch fetched.
+    pub fn check_record(&self, i: usize, rec: &[u8]) -> Result<()> {
+        let e = &self.entries[i];
+        if rec.len() as u64 != e.length || crc32fast::hash(rec) != e.crc32 {
             return Err(Error::corrupt(
                 &self.path,
                 Some(e.sample_id),

@@ -4,6 +4,8 @@
 //! `SCHEME://` is an object URL (`s3://bucket/run/manifest.json`); anything else is a file.
 //! URLs are carried in `PathBuf`s like file paths, so errors name them the same way.
 
+mod cache;
+mod fetch;
 mod local;
 mod remote;
 mod upload;
@@ -12,7 +14,11 @@ use std::path::{Path, PathBuf};
 
 use crate::error::Result;
 
-pub use remote::{stats, StorageStats};
+pub use cache::{
+    discard as discard_cached, stats as cache_stats, CacheOptions, CacheStats, CachedObject, DEFAULT_CACHE_BYTES,
+};
+pub use fetch::{FetchOptions, Fetcher};
+pub use remote::{stats, RemoteObject, StorageStats};
 pub use upload::{upload_dataset, UploadReport};
 
 /// A read-only byte source of known length, shared by every reading thread.
@@ -31,6 +37,18 @@ pub trait ByteSource: Send + Sync {
 
     /// Drops what opening prefetched (an object's first and last bytes); reads still work.
     fn forget_prefetch(&self) {}
+
+    /// The object behind this source when its records are fetched by ranged GETs, which a
+    /// batch read coalesces and runs concurrently ([`Fetcher`]); `None` for a file.
+    fn remote(&self) -> Option<&RemoteObject> {
+        None
+    }
+
+    /// Deletes a cached copy this source reads from (it failed a record's checksum) and reads
+    /// from the store from now on; false when there is no such copy.
+    fn drop_copy(&self) -> bool {
+        false
+    }
 }
 
 /// Whether `path` is an object URL (`scheme://...`) rather than a local path.

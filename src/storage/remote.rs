@@ -300,25 +300,56 @@ impl RemoteObject {
         Ok(object)
     }
 
+    /// The object at `path`, of `len` bytes as its manifest says, without a request.
+    pub fn sized(path: &Path, len: u64) -> Result<RemoteObject> {
+        Ok(RemoteObject {
+            url: parse(path)?,
+            len,
+            prefetch: Mutex::new(Vec::new()),
+        })
+    }
+
     /// Bytes `offset..offset + len` in one ranged GET; fewer bytes than asked is an error.
     fn get(&self, offset: u64, len: u64) -> Result<bytes::Bytes> {
-        let key = self.url.key.clone();
-        let got = run(&self.url, move |store| {
-            Box::pin(async move { store.get_range(&key, offset..offset + len).await })
-        })?;
-        BYTES.fetch_add(got.len() as u64, Ordering::Relaxed);
-        if got.len() as u64 != len {
-            return Err(Error::Storage {
-                url: self.url.full.clone(),
-                status: None,
-                message: format!(
-                    "truncated object: {} of {len} bytes at byte offset {offset} (the object is shorter than its \
-                     index says)",
-                    got.len()
-                ),
-            });
-        }
-        Ok(got)
+        self.runtime()?.block_on(self.range_future(offset, len))
+    }
+
+    /// The process's storage runtime, which runs [`RemoteObject::range_future`]s.
+    pub fn runtime(&self) -> Result<Arc<Runtime>> {
+        Ok(client(&self.url)?.0)
+    }
+
+    /// The ranged GET of bytes `offset..offset + len` as a task for the storage runtime (it
+    /// owns what it needs); fewer bytes than asked is an error naming the object and offset.
+    pub fn range_future(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<bytes::Bytes>> + Send>> {
+        let store = match client(&self.url) {
+            Ok((_, store)) => store,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        let (full, key) = (self.url.full.clone(), self.url.key.clone());
+        Box::pin(LAST_STATUS.scope(Cell::new(None), async move {
+            let got = store
+                .get_range(&key, offset..offset + len)
+                .await
+                .map_err(|e| storage_error(&full, e, LAST_STATUS.with(|s| s.get())))?;
+            BYTES.fetch_add(got.len() as u64, Ordering::Relaxed);
+            if got.len() as u64 != len {
+                return Err(Error::Storage {
+                    url: full,
+                    status: None,
+                    message: format!(
+                        "truncated object: {} of {len} bytes at byte offset {offset} (the object is shorter than \
+                         its index says)",
+                        got.len()
+                    ),
+                });
+            }
+            Ok(got)
+        }))
     }
 }
 
@@ -351,6 +382,10 @@ impl ByteSource for RemoteObject {
         }
         buf.copy_from_slice(&self.get(offset, buf.len() as u64)?);
         Ok(())
+    }
+
+    fn remote(&self) -> Option<&RemoteObject> {
+        Some(self)
     }
 
     fn forget_prefetch(&self) {

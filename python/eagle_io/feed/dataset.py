@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..defaults import CACHE_BYTES
 from ..errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError, SampleNotFoundError
 from ..store import layout
 from ..store.eagle3 import check_eagle3_dataset
@@ -184,6 +185,8 @@ class ShardDataset(torch.utils.data.Dataset):
             samples as a running capture commits them and ends when its manifest is marked complete (training
             while capture runs, docs/TRAINING.md). It takes the arguments above and ``poll_s``, ``timeout_s``,
             ``rank``, ``world_size``.
+        cache_dir, cache_bytes: object storage only: a local read-through cache of the shard objects and its size
+            cap (:class:`eagle_io.Dataset`); a later epoch then reads the local copies.
         mix_precisions: accept datasets whose state tensors differ only in storage precision (bf16 and FP8,
             docs/FORMAT.md 3.1): every sample is read dequantised into the schema dtype. Off by default, so lossy
             and lossless data are not mixed by accident.
@@ -216,6 +219,8 @@ class ShardDataset(torch.utils.data.Dataset):
         on_corrupt: str = "raise",
         mix_precisions: bool = False,
         follow: bool = False,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int = CACHE_BYTES,
     ) -> None:
         if max_length is not None and max_length < 1:
             raise InvalidArgumentError(f"max_length must be >= 1 or None, got {max_length}")
@@ -228,7 +233,8 @@ class ShardDataset(torch.utils.data.Dataset):
         #: Records skipped in this process under ``on_corrupt="skip"`` (DataLoader workers each keep their own;
         #: batches carry theirs in ``batch["skipped"]``).
         self.skipped: list[SkippedRecord] = []
-        self.datasets = [Dataset(p, threads=threads) for p in self.paths]
+        self.cache = (None if cache_dir is None else os.fspath(cache_dir), cache_bytes)
+        self.datasets = [Dataset(p, threads=threads, cache_dir=cache_dir, cache_bytes=cache_bytes) for p in self.paths]
         for ds in self.datasets:
             check_eagle3_dataset(ds, "ShardDataset")
         for ds in self.datasets[1:]:
@@ -405,6 +411,7 @@ class ShardDataset(torch.utils.data.Dataset):
             "max_length": self.max_length,
             "threads": self.threads,
             "on_corrupt": self.on_corrupt,
+            "cache": self.cache,
             "owner": self._owner,
             "pos": self._pos,
             "stored_lengths": self._stored_lengths,
@@ -412,8 +419,9 @@ class ShardDataset(torch.utils.data.Dataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.paths, self.max_length, self.threads = state["paths"], state["max_length"], state["threads"]
-        self.on_corrupt, self.skipped = state["on_corrupt"], []
-        self.datasets = [Dataset(p, threads=self.threads) for p in self.paths]
+        self.on_corrupt, self.skipped, self.cache = state["on_corrupt"], [], state["cache"]
+        self.datasets = [Dataset(p, threads=self.threads, cache_dir=self.cache[0], cache_bytes=self.cache[1])
+                         for p in self.paths]  # fmt: skip
         self._owner, self._pos, self._stored_lengths = state["owner"], state["pos"], state["stored_lengths"]
 
     def __repr__(self) -> str:

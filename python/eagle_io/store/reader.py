@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .. import _native
+from ..defaults import CACHE_BYTES, REMOTE_IN_FLIGHT
 from ..errors import InvalidArgumentError, SampleNotFoundError
 from . import fp8, layout
 from ._tensors import empty, writable_bytes
@@ -51,31 +52,61 @@ class Dataset:
         path: a manifest file, or a directory holding ``manifest.json``.
         threads: decode threads per read (0 = one per CPU).
         dequantize: False returns FP8 tensors as stored (above).
+        in_flight: object storage only: ranged GETs in flight at once for this reader in :meth:`read_batch`
+            (default :data:`eagle_io.defaults.REMOTE_IN_FLIGHT`); a batch's adjacent records are fetched by one
+            GET (docs/STORAGE.md).
+        cache_dir: object storage only: a local directory keeping read-through copies of the shard objects (the
+            first read of a shard downloads it whole; a copy is used only when its size, footer and index match
+            the manifest, and every record is checksummed; a bad copy is deleted and read again). Several
+            readers and processes may share one. None (default): no cache.
+        cache_bytes: the cache's size cap in bytes (default :data:`eagle_io.defaults.CACHE_BYTES`); least
+            recently used shards are evicted to stay under it; a shard larger than the cap is read uncached.
+            ``_native.storage_stats()`` counts ``cache_hits``, ``cache_fills``, ``cache_evicted``,
+            ``cache_refetched`` and ``cache_too_big``.
 
     Raises:
         CorruptRecordError, FormatVersionError, StorageError: when the manifest or a shard
             index cannot be trusted; reads raise CorruptRecordError on a bad record.
-        InvalidArgumentError: ``path`` is a multi-writer root not merged yet (``eagle-io merge`` it), or ``threads``
-            is negative.
+        InvalidArgumentError: ``path`` is a multi-writer root not merged yet (``eagle-io merge`` it), ``threads``
+            is negative, ``in_flight`` < 1 or ``cache_bytes`` < 0.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, threads: int = 0, dequantize: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        threads: int = 0,
+        dequantize: bool = True,
+        in_flight: int = REMOTE_IN_FLIGHT,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int = CACHE_BYTES,
+    ) -> None:
         self._path = os.fspath(path)
         self._threads = threads
+        self._in_flight = in_flight
+        self._cache = (None if cache_dir is None else os.fspath(cache_dir), cache_bytes)
         self.dequantize = bool(dequantize)
         _check_threads(threads)
+        if type(in_flight) is not int or in_flight < 1:
+            raise InvalidArgumentError(f"in_flight must be an integer >= 1, not {in_flight!r}")
+        if type(cache_bytes) is not int or cache_bytes < 0:
+            raise InvalidArgumentError(f"cache_bytes must be an integer >= 0, not {cache_bytes!r}")
         layout.manifest_file(self._path)  # an unmerged multi-writer root: say so, not "no manifest.json"
-        self._native = _native.Reader(self._path, threads)
+        self._native = _native.Reader(self._path, threads, in_flight, None, None, self._cache[0], cache_bytes)
         self.manifest_path: str = os.fspath(self._native.manifest_path)
         self.manifest: dict[str, Any] = json.loads(self._native.manifest_json)
         self.schema: list[TensorSpec] = from_json(json.dumps(self.manifest["schema"]))
         self.metadata: dict[str, Any] = self.manifest["metadata"]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self._path, "threads": self._threads, "dequantize": self.dequantize}
+        return {"path": self._path, "threads": self._threads, "dequantize": self.dequantize,
+                "in_flight": self._in_flight, "cache": self._cache}  # fmt: skip
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], threads=state["threads"], dequantize=state["dequantize"])  # type: ignore[misc]
+        self.__init__(  # type: ignore[misc]
+            state["path"], threads=state["threads"], dequantize=state["dequantize"], in_flight=state["in_flight"],
+            cache_dir=state["cache"][0], cache_bytes=state["cache"][1],
+        )  # fmt: skip
 
     def __len__(self) -> int:
         return len(self._native)
@@ -135,7 +166,8 @@ class Dataset:
     def read_batch(self, items: Sequence[tuple[int, dict[str, torch.Tensor]]]) -> None:
         """:meth:`read_into` for several samples in one call: ``[(pos, out)]``, each ``out`` as for
         :meth:`read_into`, the outputs of different items not overlapping. All records are read (one positioned
-        read each), checksummed and decoded on the reader's ``threads`` with the GIL released once.
+        read each; from object storage, a batch's adjacent records by one ranged GET, up to ``in_flight`` GETs at
+        once), checksummed and decoded on the reader's ``threads`` with the GIL released once.
 
         Raises:
             InvalidArgumentError: a tensor of the wrong size, dtype or device, not writable, or overlapping
