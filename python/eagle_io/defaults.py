@@ -30,3 +30,6 @@ FOLLOW_TIMEOUT_S: float = _CORE["follow_timeout_s"]
 """Seconds a followed capture may go without committing a shard (nor completing) before ``CaptureStalledError``."""
 STOP_TIMEOUT_S: float = _CORE["stop_timeout_s"]
 """Seconds ``stop_capture`` / ``SGLangCapture.close`` wait for every SGLang scheduler to drain, commit and answer."""
+STAGING_BYTES: int = _CORE["staging_bytes"]
+"""Bytes of committed shards a capture to object storage (``out_dir="s3://..."``) keeps staged awaiting upload
+before it blocks; the shard being written comes on top (docs/STORAGE.md)."""

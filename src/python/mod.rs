@@ -43,9 +43,12 @@ const FOLLOW_POLL_S: f64 = 1.0;
 const FOLLOW_TIMEOUT_S: f64 = 3600.0;
 /// Seconds `stop_capture` waits for every SGLang scheduler to drain, commit and answer.
 const STOP_TIMEOUT_S: f64 = 600.0;
+/// Bytes of committed shards a capture to object storage may keep staged, awaiting upload,
+/// before it blocks (on top of the shard being written): four default shards.
+const STAGING_BYTES: u64 = 4 << 30;
 
 /// Every tunable's default, defined once in the core (`WriterOptions::default`, `src/ring/mod.rs`, the
-/// feed's follow and SGLang stop constants above); `eagle_io.defaults` reads them from here.
+/// feed's follow, SGLang stop and upload staging constants above); `eagle_io.defaults` reads them from here.
 fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let w = WriterOptions::default();
     let d = PyDict::new(py);
@@ -60,5 +63,6 @@ fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("follow_poll_s", FOLLOW_POLL_S)?;
     d.set_item("follow_timeout_s", FOLLOW_TIMEOUT_S)?;
     d.set_item("stop_timeout_s", STOP_TIMEOUT_S)?;
+    d.set_item("staging_bytes", STAGING_BYTES)?;
     Ok(d)
 }
