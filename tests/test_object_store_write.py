@@ -5,6 +5,10 @@ manifest when the staging is gone, a killed upload (no manifest entry at a parti
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -112,3 +116,68 @@ def test_staging_is_for_object_storage_only(tmp_path):
 
     with pytest.raises(eagle_io.InvalidArgumentError, match="staging_bytes must be an integer >= 1"):
         StagedUpload(tmp_path / "m.json", "s3://b/run", staging_bytes=0)
+
+
+def killed_upload(proxy, local, url, stall) -> None:
+    """Runs ``upload_dataset(local, url)`` in a child through ``proxy``, SIGKILLs it once a request ``stall``
+    matches hangs."""
+    proxy.stall, proxy.stalled = stall, threading.Event()
+    code = f"from eagle_io.store.remote import upload_dataset; upload_dataset({str(local)!r}, {url!r})"
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "AWS_ENDPOINT": proxy.endpoint})
+    try:
+        assert proxy.stalled.wait(120), "the upload never reached the stalled request"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    proxy.stall = None
+
+
+def test_killed_upload_leaves_no_manifest_entry_at_a_partial_object_and_resumes(s3, tmp_path, capsys):  # noqa: F811
+    from eagle_io.cli import main
+    from eagle_io.store.manifest import manifest_bytes
+    from eagle_io.store.remote import orphan_objects, upload_dataset
+
+    local = tmp_path / "local"
+    samples = write_dataset(local)
+    url = new_bucket(s3)
+    manifest = read_manifest(local / "manifest.json")
+    files = [s["file"] for s in manifest["shards"]]
+    assert len(files) >= 3
+    partial = tmp_path / "partial"  # the dataset as it was when its first two shards had committed
+    (partial / "shards").mkdir(parents=True)
+    for f in files[:2]:
+        (partial / f).write_bytes((local / f).read_bytes())
+    (partial / "manifest.json").write_bytes(manifest_bytes({**manifest, "shards": manifest["shards"][:2]}))
+    assert upload_dataset(partial, url).uploaded == files[:2]
+    proxy = s3server.FaultProxy(s3.port)
+    try:
+        # 1. Killed while a part of the third shard is in flight: the manifest still lists two whole shards, and
+        # no object stands under the third shard's name.
+        killed_upload(proxy, local, url, lambda m, p: m == "PUT" and files[2] in p and "partNumber" in p)
+        ds = eagle_io.Dataset(url)
+        assert [s["file"] for s in ds.manifest["shards"]] == files[:2] and eagle_io.Dataset.verify(url) == []
+        assert orphan_objects(url) == []
+        # 2. Killed after every shard's upload completed, before the manifest's PUT: those shards are orphans, which
+        # verify lists (and leaves), still passing the dataset the manifest describes.
+        killed_upload(proxy, local, url, lambda m, p: m == "PUT" and p.split("?")[0].endswith("/run/manifest.json"))
+        assert len(eagle_io.Dataset(url)) == sum(s["samples"] for s in manifest["shards"][:2])
+        want = [(f"{url}/{s['file']}", s["bytes"]) for s in manifest["shards"][2:]]
+        assert orphan_objects(url) == want
+    finally:
+        proxy.stop()
+    capsys.readouterr()
+    assert main(["verify", url, "--no-values"]) == 0, "orphans do not fail verify"
+    out = capsys.readouterr().out
+    for u, n in want:
+        assert f"ORPHAN {u}: {n:,} bytes that no manifest names" in out
+    assert f"orphans   {len(want)} object(s), {sum(n for _, n in want):,} bytes" in out
+    assert orphan_objects(url) == want, "verify deleted nothing"
+    # 3. Resumed: the missing shards are sent (again), the manifest last; nothing is orphaned any more.
+    again = upload_dataset(local, url)
+    assert again.skipped == files[:2] and again.uploaded == files[2:]
+    ds = eagle_io.Dataset(url)
+    assert sorted(ds[p]["sample_id"] for p in range(len(ds))) == sorted(samples) and eagle_io.Dataset.verify(url) == []
+    assert orphan_objects(url) == []
+    assert main(["verify", url, "--no-values"]) == 0
+    assert "orphans   0 object(s), 0 bytes" in capsys.readouterr().out

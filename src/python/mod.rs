@@ -30,6 +30,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(manifest::seal_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(storage::storage_stats, m)?)?;
     m.add_function(wrap_pyfunction!(storage::upload_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::list_objects, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::put_manifest, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", crate::format::FORMAT_VERSION)?;
     m.add("DEFAULTS", defaults(m.py())?)?;

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::Result;
 
-pub use remote::{stats, StorageStats};
-pub use upload::{upload_dataset, UploadReport};
+pub use remote::{list as list_objects, stats, StorageStats};
+pub use upload::{put_manifest, upload_dataset, UploadReport};
 
 /// A read-only byte source of known length, shared by every reading thread.
 pub trait ByteSource: Send + Sync {

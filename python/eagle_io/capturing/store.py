@@ -26,7 +26,7 @@ from ..errors import ImplausibleStatesError, InvalidArgumentError, NonFiniteStat
 from ..store import layout, value_stats, values
 from ..store.metadata import eagle3_metadata
 from ..store.schema import eagle3_schema
-from ..store.upload import StagedUpload, default_staging, fetch_remote_manifest
+from ..store.upload import StagedUpload, fetch_remote_manifest, local_dir
 from ..store.writer import ShardWriter
 from .ring import RingSink, check_ring_options
 
@@ -248,7 +248,7 @@ class SampleStore:
         if url is None and staging is not None:
             raise InvalidArgumentError(f"staging is for an object-storage out_dir (s3://...), not {out_dir}")
         if url is not None:
-            out_dir = staging if staging is not None else default_staging(url)
+            out_dir = local_dir(url, staging)
             rank, world = writer_options.get("rank", 0), writer_options.get("world_size", 1)
             if writer_options.get("resume"):
                 fetch_remote_manifest(url, os.path.join(out_dir, layout.manifest_name(rank, world)))

@@ -25,6 +25,14 @@ def default_staging(url: str) -> str:
     return os.path.join("eagle-io-staging", url.split("://", 1)[1].strip("/"))
 
 
+def local_dir(out_dir: str | os.PathLike[str], staging: str | os.PathLike[str] | None = None) -> str:
+    """The local directory a capture into ``out_dir`` writes its files in: ``out_dir`` itself, or for an object URL
+    ``staging`` (default :func:`default_staging`), where the SGLang capture's stop and answer files also live."""
+    if not layout.is_url(out_dir):
+        return os.fspath(out_dir)
+    return os.fspath(staging) if staging is not None else default_staging(os.fspath(out_dir))
+
+
 def fetch_remote_manifest(url: str, staging_manifest: str | os.PathLike[str]) -> bool:
     """Copies the manifest of the remote dataset ``url`` to ``staging_manifest`` (an atomic write) when the staging
     directory has none, so a capture resumed on another machine (or after its staging was lost) continues the remote
