@@ -39,3 +39,6 @@ REMOTE_PART_BYTES: int = _CORE["remote_part_bytes"]
 """Most bytes per ranged GET: a coalesced span stops there; a longer record is fetched in parts of this size."""
 CACHE_BYTES: int = _CORE["cache_bytes"]
 """Size cap of a read-through cache directory (``Dataset(..., cache_dir=)``), least recently used shards evicted."""
+STAGING_BYTES: int = _CORE["staging_bytes"]
+"""Bytes of committed shards a capture to object storage (``out_dir="s3://..."``) keeps staged awaiting upload
+before it blocks; the shard being written comes on top (docs/STORAGE.md)."""

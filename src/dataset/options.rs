@@ -25,6 +25,9 @@ pub struct WriterOptions {
     pub manifest_name: String,
     /// Continue an existing dataset instead of refusing to touch it.
     pub resume: bool,
+    /// The object prefix (`s3://bucket/run`) this root's committed shards are uploaded to: on
+    /// resume, a listed shard whose local copy was removed after its upload is read from there.
+    pub uploaded_to: Option<std::path::PathBuf>,
 }
 
 impl Default for WriterOptions {
@@ -38,6 +41,7 @@ impl Default for WriterOptions {
             shard_prefix: layout::shard_prefix(0),
             manifest_name: layout::MANIFEST_NAME.into(),
             resume: false,
+            uploaded_to: None,
         }
     }
 }

@@ -68,7 +68,11 @@ pub fn prepare(root: &Path, manifest_path: &Path, opts: &WriterOptions, fresh: M
     manifest.complete = false;
     let mut seen = HashSet::new();
     for summary in &manifest.shards {
-        let path = Manifest::shard_path(manifest_path, summary);
+        let mut path = Manifest::shard_path(manifest_path, summary);
+        if let (false, Some(remote)) = (path.exists(), &opts.uploaded_to) {
+            // Uploaded, and its staged copy removed: the object is read in its place.
+            path = crate::storage::resolve(remote, &summary.file);
+        }
         let shard = ShardFile::open(&path)?;
         if summary_of(&shard, &summary.file) != *summary {
             return Err(Error::corrupt(
@@ -109,7 +113,18 @@ pub fn prepare(root: &Path, manifest_path: &Path, opts: &WriterOptions, fresh: M
     for t in &temps {
         std::fs::remove_file(t).map_err(|e| Error::io(t, e))?;
     }
-    let next_seq = committed.iter().map(|(seq, _)| seq + 1).max().unwrap_or(0);
+    // Listed shards count too: an uploaded shard's staged copy is gone, and its name is taken.
+    let listed_seqs = manifest.shards.iter().filter_map(|s| {
+        let name = s.file.rsplit('/').next().unwrap_or(&s.file);
+        layout::shard_seq(name, &opts.shard_prefix)
+    });
+    let next_seq = committed
+        .iter()
+        .map(|(seq, _)| *seq)
+        .chain(listed_seqs)
+        .map(|seq| seq + 1)
+        .max()
+        .unwrap_or(0);
     Ok(Prepared {
         manifest,
         seen,

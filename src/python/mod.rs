@@ -30,6 +30,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(manifest::seal_manifest, m)?)?;
     m.add_function(wrap_pyfunction!(storage::storage_stats, m)?)?;
     m.add_function(wrap_pyfunction!(storage::upload_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::list_objects, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::put_manifest, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("FORMAT_VERSION", crate::format::FORMAT_VERSION)?;
     m.add("DEFAULTS", defaults(m.py())?)?;
@@ -43,9 +45,13 @@ const FOLLOW_POLL_S: f64 = 1.0;
 const FOLLOW_TIMEOUT_S: f64 = 3600.0;
 /// Seconds `stop_capture` waits for every SGLang scheduler to drain, commit and answer.
 const STOP_TIMEOUT_S: f64 = 600.0;
+/// Bytes of committed shards a capture to object storage may keep staged, awaiting upload,
+/// before it blocks (on top of the shard being written): four default shards.
+const STAGING_BYTES: u64 = 4 << 30;
 
 /// Every tunable's default, defined once in the core (`WriterOptions::default`, `FetchOptions::default`,
-/// `src/ring/mod.rs`, the feed's follow and SGLang stop constants above); `eagle_io.defaults` reads them from here.
+/// `src/ring/mod.rs`, the feed's follow, SGLang stop and upload staging constants above); `eagle_io.defaults` reads
+/// them from here.
 fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let w = WriterOptions::default();
     let d = PyDict::new(py);
@@ -65,5 +71,6 @@ fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("remote_coalesce_gap", fetch.coalesce_gap)?;
     d.set_item("remote_part_bytes", fetch.part_bytes)?;
     d.set_item("cache_bytes", crate::storage::DEFAULT_CACHE_BYTES)?;
+    d.set_item("staging_bytes", STAGING_BYTES)?;
     Ok(d)
 }

@@ -1,5 +1,5 @@
 //! `eagle_io._native.storage_stats` (this process's object-storage counters) and
-//! `upload_dataset` (src/storage/).
+//! `upload_dataset`, `list_objects`, `put_manifest` (src/storage/).
 
 use std::path::PathBuf;
 
@@ -38,4 +38,23 @@ pub fn upload_dataset(py: Python<'_>, manifest: PathBuf, url: String) -> PyResul
         .detach(|| crate::storage::upload_dataset(&manifest, std::path::Path::new(&url)))
         .map_err(py_err(py))?;
     Ok((r.uploaded, r.skipped, r.bytes))
+}
+
+/// `[(url, bytes)]` of the objects directly under the prefix `url` and under `url/{sub}` for
+/// each of `subs`, in key order.
+#[pyfunction]
+pub fn list_objects(py: Python<'_>, url: String, subs: Vec<String>) -> PyResult<Vec<(String, u64)>> {
+    let subs: Vec<&str> = subs.iter().map(String::as_str).collect();
+    py.detach(|| crate::storage::list_objects(std::path::Path::new(&url), &subs))
+        .map_err(py_err(py))
+}
+
+/// Puts the manifest `data` at the object URL `url` with a conditional PUT (create-only, or
+/// if-match on the ETag of the one there now): `IncompatibleDatasetError` when another writer
+/// got in between.
+#[pyfunction]
+pub fn put_manifest(py: Python<'_>, data: &[u8], url: String) -> PyResult<()> {
+    let data = data.to_vec();
+    py.detach(|| crate::storage::put_manifest(data, std::path::Path::new(&url)))
+        .map_err(py_err(py))
 }

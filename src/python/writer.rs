@@ -77,7 +77,7 @@ fn borrow_sample(schema: &Schema, (sample_id, _, tensors): &PySample<'_>) -> Res
 #[pymethods]
 impl Writer {
     #[new]
-    #[pyo3(signature = (root, schema_json, metadata_json, *, shard_bytes, chunk_bytes, threads, zstd_level, queue_depth, shard_prefix, manifest_name, resume))]
+    #[pyo3(signature = (root, schema_json, metadata_json, *, shard_bytes, chunk_bytes, threads, zstd_level, queue_depth, shard_prefix, manifest_name, resume, uploaded_to=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -92,6 +92,7 @@ impl Writer {
         shard_prefix: String,
         manifest_name: String,
         resume: bool,
+        uploaded_to: Option<PathBuf>,
     ) -> PyResult<Writer> {
         let schema = Schema::from_json(schema_json.as_bytes())
             .map_err(|e| py_err(py)(Error::InvalidArgument(format!("schema: {e}"))))?;
@@ -106,6 +107,7 @@ impl Writer {
             shard_prefix,
             manifest_name,
             resume,
+            uploaded_to,
         };
         let inner = py
             .detach(|| DatasetWriter::create(&root, schema, metadata, opts))

@@ -18,8 +18,8 @@ pub use cache::{
     discard as discard_cached, stats as cache_stats, CacheOptions, CacheStats, CachedObject, DEFAULT_CACHE_BYTES,
 };
 pub use fetch::{FetchOptions, Fetcher};
-pub use remote::{stats, RemoteObject, StorageStats};
-pub use upload::{upload_dataset, UploadReport};
+pub use remote::{list as list_objects, stats, RemoteObject, StorageStats};
+pub use upload::{put_manifest, upload_dataset, UploadReport};
 
 /// A read-only byte source of known length, shared by every reading thread.
 pub trait ByteSource: Send + Sync {

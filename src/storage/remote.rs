@@ -254,6 +254,29 @@ pub fn get_with_etag(url: &Url) -> Result<Option<(Vec<u8>, Option<String>)>> {
     }))
 }
 
+/// The objects directly under the prefix `path` and under `path/{sub}` for each `sub`: their
+/// URLs and sizes, in key order (one LIST request per folder, more only past 1000 objects).
+pub fn list(path: &Path, subs: &[&str]) -> Result<Vec<(String, u64)>> {
+    let root = path.to_string_lossy().trim_end_matches('/').to_owned();
+    let mut out = Vec::new();
+    for folder in std::iter::once(root.clone()).chain(subs.iter().map(|s| format!("{root}/{s}"))) {
+        let url = parse(Path::new(&folder))?;
+        let prefix = url.key.clone();
+        let listed = run(&url, move |store| {
+            Box::pin(async move { store.list_with_delimiter(Some(&prefix)).await })
+        })?;
+        let base = &url.store;
+        out.extend(
+            listed
+                .objects
+                .into_iter()
+                .map(|m| (format!("{base}/{}", m.location), m.size)),
+        );
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// One object, read by ranged GETs.
 pub struct RemoteObject {
     url: Url,

@@ -34,7 +34,10 @@ pub struct UploadReport {
 /// (another dataset), or it changed during the upload (another writer): `Incompatible`; any
 /// failed request: `Storage` naming the object.
 pub fn upload_dataset(local_manifest: &Path, url: &Path) -> Result<UploadReport> {
-    let local = Manifest::load(local_manifest)?;
+    // The bytes put last are the ones parsed now: a writer still committing may replace the file
+    // meanwhile, and a manifest read later could list a shard not uploaded.
+    let bytes = std::fs::read(local_manifest).map_err(|e| Error::io(local_manifest, e))?;
+    let local = Manifest::parse(local_manifest, &bytes)?;
     let name = local_manifest
         .file_name()
         .and_then(|n| n.to_str())
@@ -67,16 +70,27 @@ pub fn upload_dataset(local_manifest: &Path, url: &Path) -> Result<UploadReport>
         report.uploaded.push(shard.file.clone());
         report.bytes += shard.bytes;
     }
-    let bytes = std::fs::read(local_manifest).map_err(|e| Error::io(local_manifest, e))?;
-    let mode = match remote_manifest {
-        Some(_) => PutMode::Update(UpdateVersion {
-            e_tag: etag,
-            version: None,
-        }),
+    put_conditional(&manifest_url, bytes, remote_manifest.is_some().then_some(etag)).map_err(|e| match e {
+        Error::Incompatible(_) => Error::Incompatible(format!(
+            "{}: another writer changed the manifest during this upload; its shards are uploaded, the manifest \
+             is not (upload again to merge nothing: resolve which dataset is meant first)",
+            manifest_url.full
+        )),
+        other => other,
+    })?;
+    Ok(report)
+}
+
+/// Puts `bytes` at `url` with a conditional PUT: create-only when `etag` is None, else only
+/// if the object still has that ETag. Errors: the condition failed (another writer):
+/// `Incompatible`; any other failed request: `Storage`.
+fn put_conditional(url: &ObjectUrl, bytes: Vec<u8>, etag: Option<Option<String>>) -> Result<()> {
+    let mode = match etag {
+        Some(e_tag) => PutMode::Update(UpdateVersion { e_tag, version: None }),
         None => PutMode::Create,
     };
-    let key = manifest_url.key.clone();
-    let put = remote::run(&manifest_url, move |store| {
+    let key = url.key.clone();
+    let put = remote::run(url, move |store| {
         Box::pin(async move {
             store
                 .put_opts(&key, PutPayload::from(bytes), mode.into())
@@ -87,13 +101,21 @@ pub fn upload_dataset(local_manifest: &Path, url: &Path) -> Result<UploadReport>
     match put {
         Err(Error::Storage { status: Some(412), .. }) | Err(Error::Storage { status: Some(409), .. }) => {
             Err(Error::Incompatible(format!(
-                "{}: another writer changed the manifest during this upload; its shards are uploaded, the manifest \
-                 is not (upload again to merge nothing: resolve which dataset is meant first)",
-                manifest_url.full
+                "{}: another writer created or changed it meanwhile: not overwritten",
+                url.full
             )))
         }
-        other => other.map(|_| report),
+        other => other,
     }
+}
+
+/// Puts the manifest `bytes` at the object URL `url` (a merged manifest): created when there
+/// is none, else replacing the one there only if no other writer changed it since it was read
+/// now (If-Match on its ETag). Errors: `Incompatible` when another writer got in between.
+pub fn put_manifest(bytes: Vec<u8>, url: &Path) -> Result<()> {
+    let target = remote::parse(url)?;
+    let etag = remote::get_with_etag(&target)?.map(|(_, etag)| etag);
+    put_conditional(&target, bytes, etag)
 }
 
 /// One local file to one object, as a multipart upload aborted on failure.

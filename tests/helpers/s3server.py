@@ -12,6 +12,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # Where `make s3s-fs` installs it (the Makefile also exports the path as EAGLE_IO_S3S_FS).
@@ -85,9 +86,13 @@ class S3Server:
 
 class FaultProxy:
     """Forwards HTTP requests to ``port`` unchanged (so signatures still match), except that the next
-    ``fail_next`` requests are answered 503 without being forwarded."""
+    ``fail_next`` requests are answered 503 without being forwarded, and a request for which ``stall(method, path)``
+    is true is never answered (``stalled`` is set; the request hangs until ``stop``)."""
 
     def __init__(self, port: int) -> None:
+        self.stall: Callable[[str, str], bool] | None = None
+        self.stalled = threading.Event()
+        self.release = threading.Event()
         self.fail_next = 0
         self.failed = 0
         self.forwarded = 0
@@ -101,6 +106,10 @@ class FaultProxy:
 
             def _any(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if proxy.stall is not None and proxy.stall(self.command, self.path):
+                    proxy.stalled.set()  # the client hangs here until it is killed (or the proxy stops)
+                    proxy.release.wait(120)
+                    return
                 if proxy.fail_next > 0:
                     proxy.fail_next -= 1
                     proxy.failed += 1
@@ -138,6 +147,7 @@ class FaultProxy:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
+        self.release.set()
         self.server.shutdown()
         self.server.server_close()
 

@@ -26,6 +26,7 @@ from ..errors import ImplausibleStatesError, InvalidArgumentError, NonFiniteStat
 from ..store import layout, value_stats, values
 from ..store.metadata import eagle3_metadata
 from ..store.schema import eagle3_schema
+from ..store.upload import StagedUpload, fetch_remote_manifest, local_dir
 from ..store.writer import ShardWriter
 from .ring import RingSink, check_ring_options
 
@@ -172,6 +173,8 @@ class SampleStore:
         self._closed = False
         self._close_error: Exception | None = None
         self._stats_written = False
+        self.upload: StagedUpload | None = None  # set by create() for an object-storage out_dir
+        self.upload_report: dict[str, Any] | None = None
         self._lock = threading.Lock()
         if state_dtype == torch.float16:
             warnings.warn(FP16_WARNING.format(what="storage (state_dtype)"), stacklevel=2)
@@ -194,9 +197,17 @@ class SampleStore:
         batch: int = defaults.RING_BATCH,
         timeout_s: float = defaults.RING_TIMEOUT_S,
         drop_when_full: bool = False,
+        staging: str | os.PathLike[str] | None = None,
+        staging_bytes: int = defaults.STAGING_BYTES,
         **writer_options: Any,
     ) -> SampleStore:
         """Opens (or, with ``resume=True``, continues) the EAGLE-3 dataset in ``out_dir`` behind a capture ring.
+
+        ``out_dir`` may be an object-storage prefix (``s3://bucket/run``, docs/STORAGE.md): the dataset is then
+        written to the local directory ``staging`` (default ``./eagle-io-staging/BUCKET/PREFIX``), each shard uploaded
+        when it commits and its staged copy removed (:class:`eagle_io.store.upload.StagedUpload`), the manifest
+        last; :meth:`put_forward` blocks while more than ``staging_bytes`` of committed shards await upload. Resuming
+        continues the remote dataset (its manifest is fetched when the staging directory has none).
 
         Args:
             target_info: ``num_layers``, ``hidden_size``, ``vocab_size`` (and ``model_id``, ``files``,
@@ -210,9 +221,13 @@ class SampleStore:
             ring_bytes, batch, timeout_s, drop_when_full: the capture ring (:class:`~eagle_io.capturing.ring.RingSink`).
             writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
                 ``world_size``, ``resume``...).
+            staging, staging_bytes: for an object-storage ``out_dir`` only (above).
 
         Raises:
-            InvalidArgumentError: ``out_dir`` holds this writer's data without ``resume``, a bad option, a
+            ObjectStorageError: a request to the object store failed (at resume, or an upload, raised by
+                :meth:`put_forward` / :meth:`close`), naming the object's URL and the HTTP status.
+            InvalidArgumentError: ``out_dir`` holds this writer's data without ``resume``, a bad option, ``staging``
+                with a local ``out_dir``, a
                 ``target_info`` without positive ``num_layers`` / ``hidden_size`` / ``vocab_size``, or a
                 ``state_dtype`` that is not floating.
             IncompatibleDatasetError: resuming a dataset of another schema or metadata.
@@ -229,10 +244,20 @@ class SampleStore:
             extra=metadata,
         )
         schema = eagle3_schema(int(target_info["hidden_size"]), len(aux_layer_ids), state_dtype, precision)
+        url = os.fspath(out_dir) if layout.is_url(out_dir) else None
+        if url is None and staging is not None:
+            raise InvalidArgumentError(f"staging is for an object-storage out_dir (s3://...), not {out_dir}")
+        if url is not None:
+            out_dir = local_dir(url, staging)
+            rank, world = writer_options.get("rank", 0), writer_options.get("world_size", 1)
+            if writer_options.get("resume"):
+                fetch_remote_manifest(url, os.path.join(out_dir, layout.manifest_name(rank, world)))
+            writer_options["uploaded_to"] = url
         writer = ShardWriter(out_dir, schema, meta, **writer_options)
+        upload = None if url is None else StagedUpload(writer.manifest_path, url, staging_bytes=staging_bytes)
         done = writer.sample_ids()
         sink = RingSink(writer, ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s, drop_when_full=drop_when_full)
-        return cls(
+        store = cls(
             sink,
             state_dtype=getattr(torch, state_dtype),
             max_length=max_length,
@@ -243,6 +268,8 @@ class SampleStore:
             manifest_path=writer.manifest_path,
             aux_layer_ids=aux_layer_ids,
         )
+        store.upload = upload
+        return store
 
     def check(self, sample_id: Any, input_ids: Any, loss_mask: Any) -> None:
         """:func:`check_sample` with this store's ``max_length`` and ``vocab_size``."""
@@ -302,9 +329,12 @@ class SampleStore:
             ImplausibleStatesError: all-zero or copied states under ``implausible="raise"``.
             SchemaError: tensors that do not fit the dataset's schema.
             RingTimeoutError: the writers could not keep up for the ring's timeout.
+            ObjectStorageError, IncompatibleDatasetError: uploading to an object-storage ``out_dir`` failed.
         """
         if not samples:
             return []
+        if self.upload is not None:
+            self.upload.wait_for_room()
         source = forward_dtype or aux_hidden_states.dtype
         self._note_source_dtype(source)
         stats = values.row_stats(aux_hidden_states, hidden_states)
@@ -435,6 +465,8 @@ class SampleStore:
 
         Raises:
             StorageError, InternalError: the writer failed while committing (what it committed before stays valid).
+            ObjectStorageError, IncompatibleDatasetError: the last uploads to an object-storage ``out_dir`` failed
+                (the shards not uploaded stay staged: resume to complete it).
         """
         with self._lock:
             if not self._closed:
@@ -447,6 +479,12 @@ class SampleStore:
             self._stats_written = True
         if write_stats:
             self._write_value_stats()
+            if self.upload is not None:
+                try:
+                    self.upload_report = self.upload.finish()
+                except Exception as e:
+                    with self._lock:
+                        self._close_error = e
         with self._lock:
             if self._close_error is not None:
                 raise self._close_error

@@ -34,13 +34,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         required=True,
-        help="output dataset directory, or an object-storage prefix s3://bucket/run (written to --staging, then "
-        "uploaded: docs/STORAGE.md)",
+        help="output dataset directory, or an object-storage prefix s3://bucket/run (written to --staging, each "
+        "shard uploaded as it commits, the manifest last: docs/STORAGE.md)",
     )
     p.add_argument(
         "--staging",
-        help="local directory a --out s3://... capture is written to before its upload (default: "
-        "./eagle-io-staging/BUCKET/PREFIX); keep it for --resume",
+        help="local directory a --out s3://... capture is staged in (default: ./eagle-io-staging/BUCKET/PREFIX); "
+        "uploaded shards are removed from it, --resume continues from the remote manifest",
     )
     p.add_argument("--max-length", type=int, default=2048, help="truncate samples to this many tokens")
     p.add_argument("--batch-size", type=int, default=4, help="samples per forward (padding is never stored)")
@@ -189,9 +189,10 @@ def _hf_session(args, dataset: str, layer_ids):
 
     model, tokenizer, info = load_target(args.model, dtype=getattr(torch, args.dtype))
     print(f"target    {info['model_id']}: {info['num_layers']} layers, hidden {info['hidden_size']}, {args.dtype}")
+    remote = {"staging": args.out} if args.remote else {}  # each shard uploaded as it commits
     session = capture(
         model,
-        args.out,
+        args.remote or args.out,
         target_info=info,
         tokenizer_identity=chat_template_identity(tokenizer, _template_kwargs(args, tokenizer)),
         aux_layer_ids=layer_ids,
@@ -206,6 +207,7 @@ def _hf_session(args, dataset: str, layer_ids):
         rank=args.rank,
         world_size=args.world_size,
         resume=args.resume,
+        **remote,
     )
     return session, tokenizer, info, lambda: None
 
@@ -268,9 +270,11 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None:
         records = takewhile(lambda c: c.index < args.limit, records)
     layer_ids = args.aux_layer_ids  # checked against the target where it is known (HFCapture / the SGLang launch)
-    remote = args.out if layout.is_url(args.out) else None
+    remote = args.remote = args.out if layout.is_url(args.out) else None
     if remote is not None:
-        args.out = args.staging or os.path.join("eagle-io-staging", remote.split("://", 1)[1].strip("/"))
+        from ..store.upload import default_staging
+
+        args.out = args.staging or default_staging(remote)
     elif args.staging:
         raise InvalidArgumentError(f"--staging is for an object-storage --out (s3://...), not {args.out}")
     opener = _sglang_session if args.backend == "sglang" else _hf_session
@@ -284,7 +288,14 @@ def run(args: argparse.Namespace) -> int:
 
         merged = merge_ranks(args.out)
         summary["manifest"], summary["merge_warnings"] = merged.manifest, merged.warnings
-    if remote is not None and layout.dataset_manifests(args.out):
+    uploaded = getattr(getattr(session, "_store", None), "upload_report", None)
+    if uploaded is not None:  # the HF backend uploaded each shard as it committed
+        summary["upload"] = uploaded
+        print(
+            f"upload    {remote}: {len(uploaded['uploaded'])} shard(s), {uploaded['bytes']:,} bytes uploaded as they "
+            f"committed ({uploaded['blocked_seconds']:.1f} s blocked on a full staging); manifest written last"
+        )
+    elif remote is not None and layout.dataset_manifests(args.out):  # SGLang: the engine wrote to the staging
         from ..store.remote import upload_dataset
 
         up = upload_dataset(args.out, remote)

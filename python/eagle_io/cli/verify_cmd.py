@@ -1,11 +1,14 @@
 """Read, checksum and decode every record, then check the decoded states' values; list every bad record and value
-problem. Exit 1 for a bad record or NaN/Inf states, and under --strict for implausible states too."""
+problem. Exit 1 for a bad record or NaN/Inf states, and under --strict for implausible states too. A dataset on
+object storage also gets its orphan objects listed (objects under its prefix that no manifest names: an interrupted
+upload), never deleted; they do not fail the run."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..errors import EagleIOError
+from ..store.layout import is_url
 from ..store.manifest import read_manifest
 from ..store.masks import manifest_file
 from ..store.reader import Dataset
@@ -40,10 +43,24 @@ def run(args: argparse.Namespace) -> int:
     else:
         ds = Dataset(args.path, threads=1)
         print(f"OK {len(ds):,} samples in {len(ds.manifest['shards'])} shard(s) verified")
+    if is_url(args.path):
+        _orphans(args.path)
     if args.no_values:
         return 1 if bad else 0
     failed = _values(args)
     return 1 if bad or failed else 0
+
+
+def _orphans(url: str) -> None:
+    """Lists the objects under the dataset's prefix that no manifest names (nothing is deleted)."""
+    from ..store.remote import orphan_objects
+
+    orphans = orphan_objects(url)
+    for u, n in orphans:
+        print(f"ORPHAN {u}: {n:,} bytes that no manifest names (an interrupted upload?); not deleted")
+    total = sum(n for _, n in orphans)
+    print(f"orphans   {len(orphans)} object(s), {total:,} bytes (incomplete multipart uploads are not listed: abort "
+          "them with a lifecycle rule, docs/STORAGE.md)")  # fmt: skip
 
 
 def _values(args: argparse.Namespace) -> bool:

@@ -21,7 +21,13 @@ from typing import Any
 import torch
 
 from .. import defaults
-from ..errors import CaptureStalledError, CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError
+from ..errors import (
+    CaptureStalledError,
+    CorruptRecordError,
+    IncompatibleDatasetError,
+    InvalidArgumentError,
+    ObjectStorageError,
+)
 from ..store import layout
 from ..store.eagle3 import check_eagle3_dataset
 from ..store.manifest import read_manifest
@@ -43,8 +49,11 @@ class CaptureProgress:
 
 def manifest_to_follow(path: str | os.PathLike[str]) -> str:
     """The manifest a followed path stands for, whether the capture created it yet or not: a ``.json`` path is a
-    manifest file, anything else a dataset root (its ``manifest.json``)."""
+    manifest file, anything else a dataset root (its ``manifest.json``); an object URL likewise
+    (``s3://bucket/run/manifest.json``)."""
     p = os.fspath(path)
+    if layout.is_url(p):
+        return layout.manifest_file(p)
     return p if p.endswith(".json") and not os.path.isdir(p) else os.path.join(p, layout.MANIFEST)
 
 
@@ -53,11 +62,20 @@ def capture_progress(manifest: str) -> CaptureProgress | None:
     :func:`manifest_to_follow`), read from the manifest alone; None while the manifest does not exist yet.
 
     Raises:
-        CorruptRecordError, FormatVersionError, StorageError: the manifest exists but cannot be read or trusted.
+        CorruptRecordError, FormatVersionError, StorageError: the manifest exists but cannot be read or trusted
+            (ObjectStorageError: a request for a remote one failed, other than with 404).
     """
-    if not os.path.exists(manifest):
+    if layout.is_url(manifest):
+        try:
+            m = read_manifest(manifest)
+        except ObjectStorageError as e:
+            if e.status == 404:  # the capture has not uploaded it yet
+                return None
+            raise
+    elif not os.path.exists(manifest):
         return None
-    m = read_manifest(manifest)
+    else:
+        m = read_manifest(manifest)
     return CaptureProgress(sum(int(s["samples"]) for s in m["shards"]), len(m["shards"]), bool(m["complete"]))
 
 

@@ -1,5 +1,5 @@
-"""Object storage from Python (docs/STORAGE.md): uploading a committed local dataset, and this process's request
-counters. Reading needs nothing here: every dataset path may be an ``s3://bucket/prefix`` URL."""
+"""Object storage from Python (docs/STORAGE.md): uploading a committed local dataset, listing orphan objects, and
+this process's request counters. Reading needs nothing here: every dataset path may be an ``s3://bucket/prefix`` URL."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from .. import _native
 from . import layout
+from .manifest import read_manifest
 
 
 @dataclass(frozen=True)
@@ -41,3 +42,26 @@ def storage_stats() -> dict[str, int]:
     (responses 5xx / 429, timeouts and connection errors, retried with exponential backoff) and ``bytes`` (payload
     bytes read)."""
     return _native.storage_stats()
+
+
+def orphan_objects(url: str) -> list[tuple[str, int]]:
+    """The objects under the dataset prefix ``url`` (and its ``shards/``) that no manifest there names: shards of an
+    upload interrupted after the shard's upload completed but before the manifest listed it (a shard whose multipart
+    upload was interrupted leaves no object; S3 keeps its parts until aborted, which a lifecycle rule
+    ``AbortIncompleteMultipartUpload`` does: docs/STORAGE.md). Nothing is deleted. Returns ``[(url, bytes)]`` in
+    key order.
+
+    Raises:
+        ObjectStorageError: a LIST or GET failed (names the URL and the HTTP status).
+        CorruptRecordError: a manifest under the prefix cannot be trusted.
+    """
+    prefix = url.rstrip("/")
+    if prefix.endswith(".json"):
+        prefix = prefix.rsplit("/", 1)[0]
+    objects = _native.list_objects(prefix, [layout.SHARD_DIR])
+    top = [u for u, _ in objects if u.rsplit("/", 1)[0] == prefix]
+    manifests = [u for u in top if u.endswith("/" + layout.MANIFEST) or layout.RANK_MANIFEST.match(u.rsplit("/", 1)[1])]
+    named = set(manifests)
+    for m in manifests:
+        named.update(f"{prefix}/{s['file']}" for s in read_manifest(m)["shards"])
+    return [(u, n) for u, n in objects if u not in named]

@@ -40,6 +40,9 @@ class ShardWriter:
             manifest is ``manifest.r{rank:05}.json`` so ranks sharing a root never collide.
         world_size: number of writers sharing ``root``.
         resume: continue an existing dataset (its schema and metadata must match).
+        uploaded_to: the object prefix (``s3://bucket/run``) this root's committed shards are uploaded to
+            (:mod:`eagle_io.store.upload`): on resume, a listed shard whose staged copy was removed after its upload
+            is read from there.
 
     Raises:
         InvalidArgumentError: ``root`` already holds this writer's data and ``resume`` is False,
@@ -62,6 +65,7 @@ class ShardWriter:
         rank: int = 0,
         world_size: int = 1,
         resume: bool = False,
+        uploaded_to: str | None = None,
     ) -> None:
         for name, value, low in (("world_size", world_size, 1), ("rank", rank, 0), ("threads", threads, 0)):
             if type(value) is not int or value < low:
@@ -93,6 +97,7 @@ class ShardWriter:
             shard_prefix=layout.shard_prefix(rank),
             manifest_name=manifest_name,
             resume=resume,
+            uploaded_to=uploaded_to,
         )
         self.manifest_path = os.path.join(self.root, manifest_name)
 

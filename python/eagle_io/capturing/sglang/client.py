@@ -17,6 +17,7 @@ from ... import defaults
 from ...errors import CaptureStopTimeoutError, InvalidArgumentError, StorageError
 from ...store import layout
 from ...store.manifest import read_manifest
+from ...store.upload import local_dir
 from .protocol import (
     ENV_CAPTURE_DIR,
     ENV_CAPTURE_OPTIONS,
@@ -146,7 +147,8 @@ class SGLangCaptureSession:
         **writer_options: Any,
     ) -> None:
         self.engine = engine
-        self.out_dir = os.fspath(out_dir)
+        self.url = os.fspath(out_dir)  # the dataset: a directory, or an object-storage prefix (staged locally)
+        self.out_dir = local_dir(self.url, writer_options.get("staging"))
         self.dp_size = int(getattr(engine.server_args, "dp_size", 1) or 1)
         self.manifest_path = _manifests(self.out_dir, self.dp_size)[0] if self.dp_size == 1 else self.out_dir
         self.counts = dict.fromkeys(("submitted", "already_done"), 0)
@@ -160,7 +162,7 @@ class SGLangCaptureSession:
                 )
             engine.collective_rpc(
                 "eagle_io_capture_start",
-                out_dir=self.out_dir,
+                out_dir=self.url,
                 **capture_options(
                     state_dtype=state_dtype,
                     metadata=metadata,

@@ -25,6 +25,7 @@ from ...errors import InvalidArgumentError
 from ...serving import sglang_compat as compat
 from ...serving import sglang_probe as probe
 from ...store import layout
+from ...store.upload import local_dir
 from ..store import ForwardSample, SampleStore, check_sample
 from .protocol import (
     ENV_CAPTURE_DIR,
@@ -72,7 +73,10 @@ class _SchedulerCapture:
             raise InvalidArgumentError(
                 "the radix cache is on: shared prefixes would not be recomputed; launch with disable_radix_cache=True"
             )
-        self.out_dir, self.dp_rank, self.max_length = out_dir, t["dp_rank"], options.get("max_length")
+        # An object-storage out_dir (s3://...) is staged locally: the stop and answer files live in the staging.
+        staging = (options.get("writer_options") or {}).get("staging")
+        self.out_dir, self.dp_rank = local_dir(out_dir, staging), t["dp_rank"]
+        self.max_length = options.get("max_length")
         self.vocab_size = int(t["vocab_size"])
         self.writes = t["tp_rank"] == 0
         self.store: SampleStore | None = None
@@ -103,7 +107,7 @@ class _SchedulerCapture:
             **dict(options.get("writer_options") or {}),
         )
         # A stop file present now asks an earlier run to stop: only another token stops this one.
-        self.stale_token = read_token(os.path.join(out_dir, STOP_FILE))
+        self.stale_token = read_token(os.path.join(self.out_dir, STOP_FILE))
         self.answer_lock = threading.Lock()
 
     def on_forward(self, batch: Any, result: Any) -> None:

@@ -1,0 +1,183 @@
+"""Captures written to a real S3-compatible server (s3s-fs, tests/helpers/s3server.py): each shard uploaded as it
+commits with bounded staging, a follower of the remote dataset seeing the shards land, resume from the remote
+manifest when the staging is gone, a killed upload (no manifest entry at a partial object, resume completes it) and
+`verify` listing orphan objects."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+from helpers import s3server
+from test_object_store import s3, write_dataset  # noqa: F401  (s3: the server fixture)
+
+import eagle_io
+from eagle_io.capturing.store import ForwardSample, SampleStore
+from eagle_io.store.manifest import read_manifest
+
+pytestmark = pytest.mark.skipif(s3server.available() is not None, reason=str(s3server.available()))
+
+HIDDEN, LAYERS = 16, [1, 2, 3]
+INFO = {"num_layers": 6, "hidden_size": HIDDEN, "vocab_size": 1000, "model_id": "tiny"}
+
+
+def new_bucket(server) -> str:
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    server.bucket(bucket)
+    return f"s3://{bucket}/run"
+
+
+def forward(first: int, n: int, length: int = 24):
+    """``n`` samples of ``length`` tokens from id ``first``: the forward's states and rows."""
+    g = torch.Generator().manual_seed(first)
+    aux = torch.randn(n * length, len(LAYERS) * HIDDEN, generator=g).to(torch.bfloat16)
+    final = torch.randn(n * length, HIDDEN, generator=g).to(torch.bfloat16)
+    rows = [ForwardSample(first + i, [(first + i + j) % 1000 for j in range(length)], [1] * length, i * length, length)
+            for i in range(n)]  # fmt: skip
+    return aux, final, rows
+
+
+def capture(url, staging, ids, **options):
+    """Captures the samples ``ids`` (in forwards of 4) into ``url``; returns the store after close."""
+    store = SampleStore.create(url, target_info=INFO, aux_layer_ids=LAYERS, staging=staging, shard_bytes=6_000,
+                               threads=1, **options)  # fmt: skip
+    for first in ids[::4]:
+        store.put_forward(*forward(first, min(4, ids[-1] + 1 - first)))
+    store.close()
+    return store
+
+
+def check_remote(url, ids):
+    ds = eagle_io.Dataset(url)
+    assert ds.manifest["complete"] and sorted(ds[p]["sample_id"] for p in range(len(ds))) == list(ids)
+    for p in range(0, len(ds), 5):
+        item = ds[p]
+        sid = item["sample_id"]
+        first = sid - sid % 4
+        _, final, _ = forward(first, 4)
+        i = sid - first
+        assert torch.equal(item["hidden_states"].view(torch.uint8), final[i * 24 : (i + 1) * 24].view(torch.uint8))
+    assert eagle_io.Dataset.verify(url) == []
+    return ds
+
+
+def test_capture_to_s3_uploads_each_shard_as_it_commits(s3, tmp_path):  # noqa: F811
+    url = new_bucket(s3)
+    staging = tmp_path / "stage"
+    seen: list[int] = []
+    follower = eagle_io.ShardDataset(url, follow=True, poll_s=0.05, timeout_s=120)
+    reader = threading.Thread(target=lambda: seen.extend(int(x["sample_id"]) for x in follower))
+    reader.start()
+    store = SampleStore.create(url, target_info=INFO, aux_layer_ids=LAYERS, staging=staging, shard_bytes=6_000,
+                               threads=1, staging_bytes=1)  # fmt: skip
+    for first in range(0, 40, 4):
+        store.put_forward(*forward(first, 4))
+    # Before close: the remote manifest lists committed shards, is not complete, and no staged copy of a listed
+    # shard is left (staging_bytes=1: each put waited for the uploads of the shards committed before).
+    deadline = time.monotonic() + 60
+    while not (remote := read_manifest(f"{url}/manifest.json"))["shards"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert remote["shards"] and not remote["complete"]
+    store.close()
+    reader.join(timeout=120)
+    assert not reader.is_alive() and sorted(seen) == list(range(40)), "the follower saw every sample once"
+    ds = check_remote(url, range(40))
+    report = store.upload_report
+    assert report["uploaded"] == [s["file"] for s in ds.manifest["shards"]] and len(report["uploaded"]) > 2
+    assert report["bytes"] == sum(s["bytes"] for s in ds.manifest["shards"])
+    assert list((staging / "shards").iterdir()) == [], "every uploaded shard's staged copy is removed"
+    assert read_manifest(staging / "manifest.json")["complete"]
+
+
+def test_resume_continues_the_remote_dataset_without_its_staging(s3, tmp_path):  # noqa: F811
+    url = new_bucket(s3)
+    capture(url, tmp_path / "a", list(range(16)))
+    first = [s["file"] for s in eagle_io.Dataset(url).manifest["shards"]]
+    # Another machine: an empty staging directory; the remote manifest and shards are read back.
+    store = capture(url, tmp_path / "b", list(range(32)), resume=True)
+    assert store.counts["already_done"] == 16 and store.counts["written"] == 16
+    ds = check_remote(url, range(32))
+    files = [s["file"] for s in ds.manifest["shards"]]
+    assert files[: len(first)] == first and len(set(files)) == len(files) > len(first)
+    assert store.upload_report["uploaded"] == files[len(first) :]
+
+
+def test_staging_is_for_object_storage_only(tmp_path):
+    with pytest.raises(eagle_io.InvalidArgumentError, match="staging is for an object-storage out_dir"):
+        SampleStore.create(tmp_path / "d", target_info=INFO, aux_layer_ids=LAYERS, staging=tmp_path / "s")
+    from eagle_io.store.upload import StagedUpload
+
+    with pytest.raises(eagle_io.InvalidArgumentError, match="staging_bytes must be an integer >= 1"):
+        StagedUpload(tmp_path / "m.json", "s3://b/run", staging_bytes=0)
+
+
+def killed_upload(proxy, local, url, stall) -> None:
+    """Runs ``upload_dataset(local, url)`` in a child through ``proxy``, SIGKILLs it once a request ``stall``
+    matches hangs."""
+    proxy.stall, proxy.stalled = stall, threading.Event()
+    code = f"from eagle_io.store.remote import upload_dataset; upload_dataset({str(local)!r}, {url!r})"
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "AWS_ENDPOINT": proxy.endpoint})
+    try:
+        assert proxy.stalled.wait(120), "the upload never reached the stalled request"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    proxy.stall = None
+
+
+def test_killed_upload_leaves_no_manifest_entry_at_a_partial_object_and_resumes(s3, tmp_path, capsys):  # noqa: F811
+    from eagle_io.cli import main
+    from eagle_io.store.manifest import manifest_bytes
+    from eagle_io.store.remote import orphan_objects, upload_dataset
+
+    local = tmp_path / "local"
+    samples = write_dataset(local)
+    url = new_bucket(s3)
+    manifest = read_manifest(local / "manifest.json")
+    files = [s["file"] for s in manifest["shards"]]
+    assert len(files) >= 3
+    partial = tmp_path / "partial"  # the dataset as it was when its first two shards had committed
+    (partial / "shards").mkdir(parents=True)
+    for f in files[:2]:
+        (partial / f).write_bytes((local / f).read_bytes())
+    (partial / "manifest.json").write_bytes(manifest_bytes({**manifest, "shards": manifest["shards"][:2]}))
+    assert upload_dataset(partial, url).uploaded == files[:2]
+    proxy = s3server.FaultProxy(s3.port)
+    try:
+        # 1. Killed while a part of the third shard is in flight: the manifest still lists two whole shards, and
+        # no object stands under the third shard's name.
+        killed_upload(proxy, local, url, lambda m, p: m == "PUT" and files[2] in p and "partNumber" in p)
+        ds = eagle_io.Dataset(url)
+        assert [s["file"] for s in ds.manifest["shards"]] == files[:2] and eagle_io.Dataset.verify(url) == []
+        assert orphan_objects(url) == []
+        # 2. Killed after every shard's upload completed, before the manifest's PUT: those shards are orphans, which
+        # verify lists (and leaves), still passing the dataset the manifest describes.
+        killed_upload(proxy, local, url, lambda m, p: m == "PUT" and p.split("?")[0].endswith("/run/manifest.json"))
+        assert len(eagle_io.Dataset(url)) == sum(s["samples"] for s in manifest["shards"][:2])
+        want = [(f"{url}/{s['file']}", s["bytes"]) for s in manifest["shards"][2:]]
+        assert orphan_objects(url) == want
+    finally:
+        proxy.stop()
+    capsys.readouterr()
+    assert main(["verify", url, "--no-values"]) == 0, "orphans do not fail verify"
+    out = capsys.readouterr().out
+    for u, n in want:
+        assert f"ORPHAN {u}: {n:,} bytes that no manifest names" in out
+    assert f"orphans   {len(want)} object(s), {sum(n for _, n in want):,} bytes" in out
+    assert orphan_objects(url) == want, "verify deleted nothing"
+    # 3. Resumed: the missing shards are sent (again), the manifest last; nothing is orphaned any more.
+    again = upload_dataset(local, url)
+    assert again.skipped == files[:2] and again.uploaded == files[2:]
+    ds = eagle_io.Dataset(url)
+    assert sorted(ds[p]["sample_id"] for p in range(len(ds))) == sorted(samples) and eagle_io.Dataset.verify(url) == []
+    assert orphan_objects(url) == []
+    assert main(["verify", url, "--no-values"]) == 0
+    assert "orphans   0 object(s), 0 bytes" in capsys.readouterr().out
