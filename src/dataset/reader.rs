@@ -22,6 +22,9 @@ use crate::storage::{self, CacheOptions, CachedObject, FetchOptions, Fetcher};
 const DEQUANT_JOB_BYTES: usize = 256 * 1024;
 
 thread_local! {
+    /// The calling thread's stored rows of FP8 tensors (one buffer per schema tensor), reused
+    /// across reads.
+    static STORED: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
     /// The calling thread's record buffer, reused across reads (its memory is already mapped).
     static RECORD: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
@@ -259,8 +262,20 @@ impl Dataset {
             return self.read_stored_with(pos, outs, fetched);
         }
         let n_tokens = self.entry(pos)?.n_tokens;
-        let mut stored: Vec<Vec<u8>> = Vec::with_capacity(outs.len());
-        for (spec, out) in schema.tensors.iter().zip(outs.iter()) {
+        // A pool thread may start another read while waiting inside this one: that read gets
+        // buffers of its own.
+        STORED.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut stored) => self.read_fp8_into(pos, n_tokens, outs, &mut stored),
+            Err(_) => self.read_fp8_into(pos, n_tokens, outs, &mut Vec::new()),
+        })
+    }
+
+    /// `read_into` of a schema with FP8 tensors, their stored rows decoded into `stored` (the
+    /// calling thread's buffers, resized: decoding writes every byte).
+    fn read_fp8_into(&self, pos: u64, n_tokens: u64, outs: &mut [&mut [u8]], stored: &mut Vec<Vec<u8>>) -> Result<()> {
+        let schema = self.schema();
+        stored.resize_with(outs.len(), Vec::new);
+        for (i, (spec, out)) in schema.tensors.iter().zip(outs.iter()).enumerate() {
             let want = n_tokens * spec.row_bytes();
             if spec.precision.is_some() && out.len() as u64 != want {
                 return Err(Error::InvalidArgument(format!(
@@ -275,7 +290,7 @@ impl Dataset {
             } else {
                 0
             };
-            stored.push(vec![0u8; n as usize]);
+            stored[i].resize(n as usize, 0);
         }
         {
             let mut views: Vec<&mut [u8]> = schema
@@ -291,7 +306,7 @@ impl Dataset {
             self.read_stored_with(pos, &mut views, fetched)?;
         }
         let pool = pool::shared(self.threads);
-        for ((spec, out), buf) in schema.tensors.iter().zip(outs.iter_mut()).zip(&stored) {
+        for ((spec, out), buf) in schema.tensors.iter().zip(outs.iter_mut()).zip(stored.iter()) {
             if let Some(p) = &spec.precision {
                 let width = spec.elems_per_row() as usize;
                 // Jobs of about 256 KiB of output.

@@ -453,8 +453,32 @@ fn encode_fp8_rows(
     codec: &CodecOptions,
 ) -> std::result::Result<(EncodedChunk, QuantCounts), String> {
     let width = spec.elems_per_row() as usize;
-    let mut q = vec![0u8; rows * spec.stored_row_bytes() as usize];
-    let counts = quant::quantize(data, spec.dtype, rows, width, p, &mut q).map_err(|nf| {
+    FP8_ROWS.with_borrow_mut(|q| {
+        // `quantize` writes every byte: only growth is zero-filled.
+        let n = rows * spec.stored_row_bytes() as usize;
+        q.resize(n, 0);
+        quantize_and_encode(data, first, rows, width, spec, p, codec, &mut q[..n])
+    })
+}
+
+thread_local! {
+    /// The encoding thread's quantised rows, reused across chunks (a fresh buffer per chunk
+    /// would cost a page fault per page).
+    static FP8_ROWS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+#[allow(clippy::too_many_arguments)]
+fn quantize_and_encode(
+    data: &[u8],
+    first: u64,
+    rows: usize,
+    width: usize,
+    spec: &TensorSpec,
+    p: &Precision,
+    codec: &CodecOptions,
+    q: &mut [u8],
+) -> std::result::Result<(EncodedChunk, QuantCounts), String> {
+    let counts = quant::quantize(data, spec.dtype, rows, width, p, q).map_err(|nf| {
         format!(
             "tensor {:?} holds a NaN or Inf at token {}, channel {}: FP8 storage cannot hold it \
              (the capture's nonfinite policy skips or refuses such samples before writing)",
@@ -464,7 +488,7 @@ fn encode_fp8_rows(
         )
     })?;
     let n_scales = p.scales_per_row(width as u64) as usize;
-    Ok((encode_fp8(&q, rows, width, n_scales, codec), counts))
+    Ok((encode_fp8(q, rows, width, n_scales, codec), counts))
 }
 
 impl Drop for DatasetWriter {

@@ -24,7 +24,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +89,9 @@ class SpeculatorsImport:
     num_aux_layers: int | None = None
     dtype: str | None = None
     post_norm: bool = False
-    files: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "files"}
+        return dict(self.__dict__)
 
 
 def list_speculators_files(root: str | os.PathLike[str]) -> list[tuple[int, str]]:
@@ -240,7 +239,6 @@ def import_speculators(
             writer.write(idx, sample, key=os.path.basename(path))
             summary.imported += 1
             summary.tokens += n
-            summary.files.append(path)
             if progress:
                 progress(done, len(files))
     summary.manifest = writer.manifest_path

@@ -162,23 +162,54 @@ def _decode_fp8(desc: tuple, payload: bytes, size: int, width: int, n_scales: in
     if planes != 3 or plane_zstd & ~0b110 or stored[0] != 8 or stored[3]:
         raise _Malformed(f"FP8 chunk with planes={planes}, plane_zstd={plane_zstd:#x}, stored={stored}")
     w, s = struct.unpack_from("<II", payload, 0)
-    if (w, s) != (width, n_scales) or rows * (4 * s + w) != size:
-        raise _Malformed(f"FP8 chunk of {w} channels and {s} scales per row; the schema says {width} and {n_scales}")
+    s, flags = s & 0xFFFFFF, s >> 24  # model flags: 1 = residuals by channel class, 2 = scales as bf16 amax
+    if (w, s) != (width, n_scales) or rows * (4 * s + w) != size or flags & ~3:
+        raise _Malformed(
+            f"FP8 chunk of {w} channels, {s} scales per row, flags {flags:#x}; the schema says {width} and {n_scales}"
+        )
+    elem = 2 if flags & 2 else 4
     streams, start = [], 8
-    for p, length in ((1, rows * 4 * s), (2, w + rows + rows * w)):
+    for p, length in ((1, rows * elem * s), (2, w + rows + rows * w)):
         data = payload[start : start + stored[p]]
         start += stored[p]
-        data = _unzstd(data, length) if plane_zstd >> p & 1 else data
+        if plane_zstd >> p & 1:
+            data = _unzstd_classes(data, w, rows) if p == 2 and flags & 1 else _unzstd(data, length)
         if len(data) != length:
             raise _Malformed(f"FP8 stream {p} of {len(data)} bytes, expected {length}")
         streams.append(np.frombuffer(data, np.uint8))
     scales, modelled = streams
     base, offset = modelled[:w], modelled[w : w + rows]
-    d = modelled[w + rows :].reshape(rows, w)
-    e = ((d >> 4) + (base >> 1) + offset[:, None]) & 15
+    if flags & 1:  # channel by channel, channels stably sorted by class (base bits 5..7)
+        d = np.empty((rows, w), np.uint8)
+        d[:, np.argsort(base >> 5, kind="stable")] = modelled[w + rows :].reshape(w, rows).T
+    else:
+        d = modelled[w + rows :].reshape(rows, w)
+    e = ((d >> 4) + ((base >> 1) & 15) + offset[:, None]) & 15
     q = (((d ^ base) & 1) << 7) | (e << 3) | ((d >> 1) & 7)
-    scales = scales.reshape(4, rows * s).T.reshape(rows, 4 * s)  # 4 byte planes -> little-endian f32 per row
+    if elem == 2:  # scale = f32(amax as bf16) / 448
+        amax = scales.reshape(2, rows * s).T.copy().view("<u2").astype("<u4") << 16
+        scales = (amax.view("<f4") / np.float32(448.0)).astype("<f4").view(np.uint8).reshape(rows, 4 * s)
+    else:
+        scales = scales.reshape(4, rows * s).T.reshape(rows, 4 * s)  # 4 byte planes -> little-endian f32 per row
     return np.concatenate([scales, q.astype(np.uint8)], axis=1).tobytes()
+
+
+def _unzstd_classes(data: bytes, width: int, rows: int) -> bytes:
+    """Stream 2 of a class-ordered FP8 chunk: zstd frames of the bases and offsets, then of each non-empty class's
+    residuals (section 4.6)."""
+    parts, out = [width + rows], []
+    for size in parts:
+        d = zstandard.ZstdDecompressor().decompressobj()
+        out.append(d.decompress(data))
+        if len(out[-1]) != size:
+            raise _Malformed(f"FP8 stream 2 frame of {len(out[-1])} bytes, expected {size}")
+        data = d.unused_data
+        if len(parts) == 1:
+            counts = np.bincount(np.frombuffer(out[0][:width], np.uint8) >> 5, minlength=8)
+            parts.extend(int(n) * rows for n in counts if n)
+    if data:
+        raise _Malformed(f"FP8 stream 2: {len(data)} bytes follow its last frame")
+    return b"".join(out)
 
 
 def _unzstd(frame: bytes, size: int) -> bytes:
