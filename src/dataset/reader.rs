@@ -89,19 +89,21 @@ fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize, cache: Cache
     let shard = match cache.filter(|_| storage::is_url(&path)) {
         None => ShardFile::open(&path)?,
         Some((cache, fetch)) => {
-            let open = || -> Result<(ShardFile, bool)> {
+            // (the shard or its open error, whether it came from a cached copy)
+            let open = || -> Result<(Result<ShardFile>, bool)> {
                 let source = CachedObject::open(&path, cache, summary.bytes, fetch)?;
                 let hit = source.is_cached();
-                Ok((ShardFile::from_source(&path, Box::new(source))?, hit))
+                Ok((ShardFile::from_source(&path, Box::new(source)), hit))
             };
-            match open() {
-                Ok((shard, hit)) if !hit || mismatch(manifest, i, &shard).is_none() => shard,
+            match open()? {
+                (Ok(shard), false) => shard,
+                (Ok(shard), true) if mismatch(manifest, i, &shard).is_none() => shard,
                 // A cached copy that fails its checks: deleted, and the object read again.
-                Ok(_) | Err(Error::Corrupt { .. }) => {
+                (Ok(_) | Err(Error::Corrupt { .. }), true) => {
                     storage::discard_cached(&path, cache)?;
-                    open()?.0
+                    open()?.0?
                 }
-                Err(e) => return Err(e),
+                (Err(e), _) => return Err(e),
             }
         }
     };
