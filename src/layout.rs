@@ -137,3 +137,23 @@ pub fn cache_temp_path(entry: &Path, pid: u32) -> PathBuf {
 pub fn is_temp_name(name: &str) -> bool {
     name.starts_with(TEMP_PREFIX) && name.ends_with(TEMP_SUFFIX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_entries_mirror_the_url_and_refuse_dot_parts() {
+        let dir = Path::new("/c");
+        assert_eq!(
+            cache_entry(dir, "s3://b/run/shards/r00000-000001.eio").unwrap(),
+            Path::new("/c/s3/b/run/shards/r00000-000001.eio")
+        );
+        for bad in ["s3://b/../x.eio", "s3://b//x.eio", "s3://b/./x", "no-scheme"] {
+            assert!(cache_entry(dir, bad).is_err(), "{bad}");
+        }
+        let tmp = cache_temp_path(Path::new("/c/s3/b/x.eio"), 42);
+        assert_eq!(tmp, Path::new("/c/s3/b/.x.eio.42.tmp"));
+        assert!(is_temp_name(&tmp.file_name().unwrap().to_string_lossy()) && !is_temp_name("x.eio"));
+    }
+}

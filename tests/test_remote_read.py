@@ -80,6 +80,23 @@ def test_a_long_span_is_fetched_in_parts(s3):
         assert_same(out, samples[local.entry(p).sample_id])
 
 
+def test_requests_in_flight_are_bounded_per_reader(s3, monkeypatch):
+    url, _, _ = served_dataset(s3, n=24)
+    proxy = s3server.FaultProxy(s3.port)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT", proxy.endpoint)  # a new client: the endpoint is part of its key
+        for bound in (2, 5):
+            ds = eagle_io.Dataset(url)
+            ds._native = _native.Reader(url, 0, bound, 0, 2_000)  # 2 kB parts: dozens of GETs per batch
+            proxy.most_at_once = 0
+            before = proxy.forwarded
+            ds.read_batch([(p, outputs(ds, p)) for p in range(len(ds))])
+            assert proxy.forwarded - before > 3 * bound
+            assert 2 <= proxy.most_at_once <= bound, (bound, proxy.most_at_once)
+    finally:
+        proxy.stop()
+
+
 def test_in_flight_must_be_positive(s3):
     url, _, _ = served_dataset(s3, n=2)
     with pytest.raises(eagle_io.InvalidArgumentError, match="in_flight"):

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use rayon::prelude::*;
 
@@ -91,19 +92,21 @@ fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize, cache: Cache
     let shard = match cache.filter(|_| storage::is_url(&path)) {
         None => ShardFile::open(&path)?,
         Some((cache, fetch)) => {
-            let open = || -> Result<(ShardFile, bool)> {
+            // (the shard or its open error, whether it came from a cached copy)
+            let open = || -> Result<(Result<ShardFile>, bool)> {
                 let source = CachedObject::open(&path, cache, summary.bytes, fetch)?;
                 let hit = source.is_cached();
-                Ok((ShardFile::from_source(&path, Box::new(source))?, hit))
+                Ok((ShardFile::from_source(&path, Box::new(source)), hit))
             };
-            match open() {
-                Ok((shard, hit)) if !hit || mismatch(manifest, i, &shard).is_none() => shard,
+            match open()? {
+                (Ok(shard), false) => shard,
+                (Ok(shard), true) if mismatch(manifest, i, &shard).is_none() => shard,
                 // A cached copy that fails its checks: deleted, and the object read again.
-                Ok(_) | Err(Error::Corrupt { .. }) => {
+                (Ok(_) | Err(Error::Corrupt { .. }), true) => {
                     storage::discard_cached(&path, cache)?;
-                    open()?.0
+                    open()?.0?
                 }
-                Err(e) => return Err(e),
+                (Err(e), _) => return Err(e),
             }
         }
     };
@@ -357,43 +360,39 @@ impl Dataset {
     /// ranged GET, several GETs in flight). Every item is attempted; on failure the error of the
     /// first failing item in `items` order is returned.
     pub fn read_batch(&self, items: &mut [(u64, Vec<&mut [u8]>)]) -> Result<()> {
-        let fetched = self.fetch_remote(items);
         let pool = pool::shared(self.threads);
-        let results: Vec<Result<()>> = pool.install(|| {
-            items
-                .par_iter_mut()
-                .zip(fetched.into_par_iter())
-                .map(|((pos, outs), rec)| match rec {
-                    Some(Ok(rec)) => self.read_into_with(*pos, outs, Some(&rec)),
-                    Some(Err(e)) => Err(e),
-                    None => self.read_into(*pos, outs),
-                })
-                .collect()
-        });
-        results.into_iter().collect()
-    }
-
-    /// The bytes of each item's record when it lives in an object (`None` for a file or a bad
-    /// position, which `read_into` then reads or reports).
-    fn fetch_remote(&self, items: &[(u64, Vec<&mut [u8]>)]) -> Vec<Option<Result<Vec<u8>>>> {
-        let mut requests = Vec::new();
-        let mut which = Vec::new();
-        for (k, (pos, _)) in items.iter().enumerate() {
-            let Ok(e) = self.entry(*pos) else { continue };
-            let shard = &self.shards[e.shard];
-            if let Some(object) = shard.remote() {
+        let results: Vec<Mutex<Result<()>>> = items.iter().map(|_| Mutex::new(Ok(()))).collect();
+        let (requests, remote): (Vec<_>, Vec<usize>) = items
+            .iter()
+            .enumerate()
+            .filter_map(|(k, (pos, _))| {
+                let e = self.entry(*pos).ok()?;
+                let shard = &self.shards[e.shard];
                 let ie = &shard.entries[e.record];
-                requests.push((object, ie.offset, ie.length));
-                which.push(k);
+                Some(((shard.remote()?, ie.offset, ie.length), k))
+            })
+            .unzip();
+        let mut slots: Vec<Option<&mut BatchItem<'_>>> = items.iter_mut().map(Some).collect();
+        // The calling thread fetches (blocked outside the pool) while the pool decodes what is in.
+        pool.in_place_scope(|scope| {
+            let is_remote: std::collections::HashSet<usize> = remote.iter().copied().collect();
+            for (k, slot) in slots.iter_mut().enumerate() {
+                if !is_remote.contains(&k) {
+                    let (item, result) = (slot.take().expect("each item once"), &results[k]);
+                    scope.spawn(move |_| *lock(result) = self.read_into(item.0, &mut item.1));
+                }
             }
-        }
-        let mut out: Vec<Option<Result<Vec<u8>>>> = (0..items.len()).map(|_| None).collect();
-        if !requests.is_empty() {
-            for (k, got) in which.into_iter().zip(self.fetcher.fetch(&requests)) {
-                out[k] = Some(got);
-            }
-        }
-        out
+            self.fetcher.fetch_each(&requests, |j, rec| {
+                let k = remote[j];
+                let (item, result) = (slots[k].take().expect("each item once"), &results[k]);
+                scope.spawn(move |_| {
+                    *lock(result) = rec.and_then(|rec| self.read_into_with(item.0, &mut item.1, Some(&rec)))
+                });
+            });
+        });
+        results
+            .into_iter()
+            .try_for_each(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Reads the sample at `pos` into new buffers, one per schema tensor.
@@ -461,6 +460,13 @@ impl Dataset {
         }
         Ok(bad)
     }
+}
+
+/// A position and its output buffers, one per schema tensor (`Dataset::read_batch`).
+type BatchItem<'a> = (u64, Vec<&'a mut [u8]>);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn corrupt_offset(err: &Error) -> u64 {

@@ -113,6 +113,17 @@ impl Fetcher {
     /// The bytes of each request `(object, offset, len)`, in order: coalesced and fetched as
     /// the module doc says. A request whose GET failed gets that GET's error.
     pub fn fetch(&self, requests: &[(&RemoteObject, u64, u64)]) -> Vec<Result<Vec<u8>>> {
+        let mut out: Vec<Option<Result<Vec<u8>>>> = (0..requests.len()).map(|_| None).collect();
+        self.fetch_each(requests, |i, got| out[i] = Some(got));
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Internal("a fetched record was in no span".into()))))
+            .collect()
+    }
+
+    /// As [`Fetcher::fetch`], handing each request's bytes (or error) to `ready(index, bytes)`
+    /// on the calling thread as soon as its span is in, so the caller can decode while later
+    /// spans are still in flight.
+    pub fn fetch_each(&self, requests: &[(&RemoteObject, u64, u64)], mut ready: impl FnMut(usize, Result<Vec<u8>>)) {
         let mut objects: Vec<&RemoteObject> = Vec::new();
         let keyed: Vec<(usize, u64, u64)> = requests
             .iter()
@@ -128,68 +139,61 @@ impl Fetcher {
             })
             .collect();
         let spans = plan(&keyed, self.options.coalesce_gap, self.options.part_bytes);
-        let mut out: Vec<Option<Result<Vec<u8>>>> = (0..requests.len()).map(|_| None).collect();
-        let fetched = self.get_spans(&objects, &spans);
-        for (span, got) in spans.iter().zip(fetched) {
+        let Some(first) = objects.first() else { return };
+        let runtime = match first.runtime() {
+            Ok(r) => r,
+            Err(e) => {
+                for i in 0..requests.len() {
+                    ready(i, Err(e.duplicate()));
+                }
+                return;
+            }
+        };
+        // Every part of every span starts now (bounded by the reader's permits); spans are
+        // awaited in order, each handed over when its last part is in.
+        let mut handles = Vec::with_capacity(spans.len());
+        for span in &spans {
+            let parts: Vec<_> = parts(&span.bytes, self.options.part_bytes)
+                .into_iter()
+                .map(|part| {
+                    let job = objects[span.object].range_future(part.start, part.end - part.start);
+                    let permits = self.permits.clone();
+                    runtime.spawn(async move {
+                        let _permit = permits.acquire_owned().await;
+                        job.await
+                    })
+                })
+                .collect();
+            handles.push(parts);
+        }
+        for (span, parts) in spans.iter().zip(handles) {
+            let got = runtime.block_on(async {
+                let mut buf: Option<Vec<u8>> = None;
+                for handle in parts {
+                    let bytes = handle
+                        .await
+                        .unwrap_or_else(|e| Err(Error::Internal(format!("an object-storage request panicked: {e}"))))?;
+                    match &mut buf {
+                        None => buf = Some(bytes.to_vec()),
+                        Some(b) => b.extend_from_slice(&bytes),
+                    }
+                }
+                Ok::<_, Error>(buf.unwrap_or_default())
+            });
             for &m in &span.members {
                 let (_, offset, len) = keyed[m];
-                out[m] = Some(match &got {
-                    Ok(bytes) => {
-                        let at = (offset - span.bytes.start) as usize;
-                        Ok(bytes[at..at + len as usize].to_vec())
-                    }
-                    Err(e) => Err(e.duplicate()),
-                });
+                ready(
+                    m,
+                    match &got {
+                        Ok(bytes) => {
+                            let at = (offset - span.bytes.start) as usize;
+                            Ok(bytes[at..at + len as usize].to_vec())
+                        }
+                        Err(e) => Err(e.duplicate()),
+                    },
+                );
             }
         }
-        out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::Internal("a fetched record was in no span".into()))))
-            .collect()
-    }
-
-    /// The bytes of every span, its parts fetched concurrently under the reader's bound.
-    fn get_spans(&self, objects: &[&RemoteObject], spans: &[Span]) -> Vec<Result<Vec<u8>>> {
-        let mut jobs = Vec::new();
-        for (k, span) in spans.iter().enumerate() {
-            for part in parts(&span.bytes, self.options.part_bytes) {
-                jobs.push((k, objects[span.object].range_future(part.start, part.end - part.start)));
-            }
-        }
-        let Some(runtime) = objects.first().map(|o| o.runtime()) else {
-            return Vec::new();
-        };
-        let runtime = match runtime {
-            Ok(r) => r,
-            Err(e) => return spans.iter().map(|_| Err(e.duplicate())).collect(),
-        };
-        let handles: Vec<_> = jobs
-            .into_iter()
-            .map(|(k, job)| {
-                let permits = self.permits.clone();
-                let handle = runtime.spawn(async move {
-                    let _permit = permits.acquire_owned().await;
-                    job.await
-                });
-                (k, handle)
-            })
-            .collect();
-        let mut out: Vec<Result<Vec<u8>>> = spans
-            .iter()
-            .map(|s| Ok(Vec::with_capacity((s.bytes.end - s.bytes.start) as usize)))
-            .collect();
-        runtime.block_on(async {
-            for (k, handle) in handles {
-                let got = handle
-                    .await
-                    .unwrap_or_else(|e| Err(Error::Internal(format!("an object-storage request panicked: {e}"))));
-                match (&mut out[k], got) {
-                    (Ok(buf), Ok(bytes)) => buf.extend_from_slice(&bytes),
-                    (slot @ Ok(_), Err(e)) => *slot = Err(e),
-                    (Err(_), _) => {}
-                }
-            }
-        });
-        out
     }
 }
 

@@ -7,6 +7,7 @@
 mod cache;
 mod fetch;
 mod local;
+mod profile;
 mod remote;
 mod upload;
 

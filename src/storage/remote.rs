@@ -163,12 +163,13 @@ fn client(url: &Url) -> Result<(Arc<Runtime>, Arc<dyn ObjectStore>)> {
     let endpoint = std::env::var("AWS_ENDPOINT")
         .or_else(|_| std::env::var("AWS_ENDPOINT_URL"))
         .unwrap_or_default();
-    let cache_key = format!("{} {endpoint}", url.store);
+    let profile_name = std::env::var("AWS_PROFILE").unwrap_or_default();
+    let cache_key = format!("{} {endpoint} {profile_name}", url.store);
     if let Some(store) = process.stores.get(&cache_key) {
         return Ok((process.runtime.clone(), store.clone()));
     }
     let store: Arc<dyn ObjectStore> = if url.store.starts_with("s3://") {
-        let built = AmazonS3Builder::from_env()
+        let built = with_profile(AmazonS3Builder::from_env(), &url.full)?
             .with_url(url.store.clone())
             .with_http_connector(CountingConnector::default())
             .build()
@@ -185,6 +186,40 @@ fn client(url: &Url) -> Result<(Arc<Runtime>, Arc<dyn ObjectStore>)> {
     };
     process.stores.insert(cache_key, store.clone());
     Ok((process.runtime.clone(), store))
+}
+
+/// `builder` with what the AWS profile sets (`super::profile`) and the environment does not.
+fn with_profile(mut builder: AmazonS3Builder, url: &str) -> Result<AmazonS3Builder> {
+    let profile = super::profile::load().map_err(|e| match e {
+        Error::Storage { url: file, message, .. } => Error::Storage {
+            url: url.to_owned(),
+            status: None,
+            message: format!("{file}: {message}"),
+        },
+        other => other,
+    })?;
+    let unset = |vars: &[&str]| vars.iter().all(|v| std::env::var_os(v).is_none());
+    if unset(&["AWS_ACCESS_KEY_ID"]) {
+        if let Some(key) = profile.access_key_id {
+            builder = builder.with_access_key_id(key);
+        }
+        if let Some(secret) = profile.secret_access_key {
+            builder = builder.with_secret_access_key(secret);
+        }
+        if let Some(token) = profile.session_token {
+            builder = builder.with_token(token);
+        }
+    }
+    if let Some(region) = profile.region.filter(|_| unset(&["AWS_REGION", "AWS_DEFAULT_REGION"])) {
+        builder = builder.with_region(region);
+    }
+    if let Some(endpoint) = profile
+        .endpoint_url
+        .filter(|_| unset(&["AWS_ENDPOINT", "AWS_ENDPOINT_URL"]))
+    {
+        builder = builder.with_endpoint(endpoint);
+    }
+    Ok(builder)
 }
 
 /// The HTTP status `err` stands for, when its variant says it.

@@ -87,7 +87,8 @@ class S3Server:
 class FaultProxy:
     """Forwards HTTP requests to ``port`` unchanged (so signatures still match), except that the next
     ``fail_next`` requests are answered 503 without being forwarded, and a request for which ``stall(method, path)``
-    is true is never answered (``stalled`` is set; the request hangs until ``stop``)."""
+    is true is never answered (``stalled`` is set; the request hangs until ``stop``). ``most_at_once`` is the
+    largest number of requests it has forwarded concurrently."""
 
     def __init__(self, port: int) -> None:
         self.stall: Callable[[str, str], bool] | None = None
@@ -96,6 +97,8 @@ class FaultProxy:
         self.fail_next = 0
         self.failed = 0
         self.forwarded = 0
+        self.at_once = self.most_at_once = 0
+        lock = threading.Lock()
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -119,11 +122,18 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(msg)
                     return
-                proxy.forwarded += 1
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                conn.request(self.command, self.path, body=body, headers=dict(self.headers))
-                resp = conn.getresponse()
-                data = resp.read()
+                with lock:
+                    proxy.forwarded += 1
+                    proxy.at_once += 1
+                    proxy.most_at_once = max(proxy.most_at_once, proxy.at_once)
+                try:
+                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                    conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    with lock:
+                        proxy.at_once -= 1
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in ("content-length", "transfer-encoding", "connection"):
