@@ -19,6 +19,7 @@ from helpers import s3server
 from test_object_store import s3, write_dataset  # noqa: F401  (s3: the server fixture)
 
 import eagle_io
+from eagle_io import _native
 from eagle_io.capturing.store import ForwardSample, SampleStore
 from eagle_io.store.manifest import read_manifest
 
@@ -122,8 +123,13 @@ def killed_upload(proxy, local, url, stall) -> None:
     """Runs ``upload_dataset(local, url)`` in a child through ``proxy``, SIGKILLs it once a request ``stall``
     matches hangs."""
     proxy.stall, proxy.stalled = stall, threading.Event()
-    code = f"from eagle_io.store.remote import upload_dataset; upload_dataset({str(local)!r}, {url!r})"
-    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "AWS_ENDPOINT": proxy.endpoint})
+    # The child loads the extension module alone (not the package, which imports torch): a cheap process.
+    code = (
+        "import importlib.util, sys; s = importlib.util.spec_from_file_location('eagle_io._native', sys.argv[1]); "
+        "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); m.upload_dataset(sys.argv[2], sys.argv[3])"
+    )
+    args = [sys.executable, "-c", code, _native.__file__, str(local / "manifest.json"), url]
+    child = subprocess.Popen(args, env={**os.environ, "AWS_ENDPOINT": proxy.endpoint})
     try:
         assert proxy.stalled.wait(120), "the upload never reached the stalled request"
     finally:
