@@ -19,6 +19,7 @@ from helpers import s3server
 from test_object_store import s3, write_dataset  # noqa: F401  (s3: the server fixture)
 
 import eagle_io
+from eagle_io import _native
 from eagle_io.capturing.store import ForwardSample, SampleStore
 from eagle_io.store.manifest import read_manifest
 
@@ -122,8 +123,13 @@ def killed_upload(proxy, local, url, stall) -> None:
     """Runs ``upload_dataset(local, url)`` in a child through ``proxy``, SIGKILLs it once a request ``stall``
     matches hangs."""
     proxy.stall, proxy.stalled = stall, threading.Event()
-    code = f"from eagle_io.store.remote import upload_dataset; upload_dataset({str(local)!r}, {url!r})"
-    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "AWS_ENDPOINT": proxy.endpoint})
+    # The child loads the extension module alone (not the package, which imports torch): a cheap process.
+    code = (
+        "import importlib.util, sys; s = importlib.util.spec_from_file_location('eagle_io._native', sys.argv[1]); "
+        "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); m.upload_dataset(sys.argv[2], sys.argv[3])"
+    )
+    args = [sys.executable, "-c", code, _native.__file__, str(local / "manifest.json"), url]
+    child = subprocess.Popen(args, env={**os.environ, "AWS_ENDPOINT": proxy.endpoint})
     try:
         assert proxy.stalled.wait(120), "the upload never reached the stalled request"
     finally:
@@ -181,3 +187,30 @@ def test_killed_upload_leaves_no_manifest_entry_at_a_partial_object_and_resumes(
     assert orphan_objects(url) == []
     assert main(["verify", url, "--no-values"]) == 0
     assert "orphans   0 object(s), 0 bytes" in capsys.readouterr().out
+
+
+def test_merge_of_a_remote_multi_writer_root(s3, capsys):  # noqa: F811
+    from test_merge import write_rank
+
+    from eagle_io.cli import main
+    from eagle_io.store.manifest import manifest_bytes
+    from eagle_io.store.merge import merge_ranks
+
+    bucket = f"b{uuid.uuid4().hex[:12]}"
+    root, url = s3.bucket(bucket) / "run", f"s3://{bucket}/run"  # files written in the server's directory are objects
+    for r in range(2):
+        write_rank(root, r, 2, [i for i in range(10) if i % 2 == r])
+    report = merge_ranks(url, expected_ids=range(10))
+    assert report.written and report.manifest == f"{url}/manifest.json" and report.ok
+    assert report.ranks == ["manifest.r00000.json", "manifest.r00001.json"]
+    ds = eagle_io.Dataset(url)
+    assert sorted(ds[p]["sample_id"] for p in range(len(ds))) == list(range(10)) and ds.manifest["complete"]
+    # Merging again replaces it (if-match on its ETag); the CLI takes the URL.
+    capsys.readouterr()
+    assert main(["merge", url, "--expect-records", "10"]) == 0
+    assert f"-> {url}/manifest.json" in capsys.readouterr().out
+    # A manifest.json listing shards no rank lists (another dataset) is not overwritten.
+    m = read_manifest(f"{url}/manifest.json")
+    (root / "manifest.json").write_bytes(manifest_bytes({**m, "shards": [{**m["shards"][0], "file": "shards/x.eio"}]}))
+    with pytest.raises(eagle_io.IncompatibleDatasetError, match=r"manifest.json lists shards/x.eio"):
+        merge_ranks(url)

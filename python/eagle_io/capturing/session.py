@@ -168,7 +168,11 @@ def capture(
     drop_when_full: bool = False,
     **writer_options: Any,
 ) -> CaptureSession:
-    """Starts capturing EAGLE-3 training data from ``target`` into ``out_dir``.
+    """Starts capturing EAGLE-3 training data from ``target`` into ``out_dir``: a directory, or an object-storage
+    prefix ``s3://bucket/run`` (docs/STORAGE.md: written to a local staging directory, each shard uploaded when it
+    commits and its staged copy removed, the manifest last with a conditional PUT; ``staging=`` and
+    ``staging_bytes=`` among ``writer_options`` set the directory and the bound on committed shards awaiting upload,
+    default :data:`eagle_io.defaults.STAGING_BYTES`).
 
     ``target`` is a Hugging Face Llama-like model (the reference path, :mod:`eagle_io.capturing.hf`), or an
     ``sglang.Engine`` launched in capture-only mode (:mod:`eagle_io.capturing.sglang`, docs/SERVING.md). Each
@@ -193,7 +197,11 @@ def capture(
             (:mod:`eagle_io.store.values`).
         ring_bytes, timeout_s, drop_when_full: the capture ring (:class:`eagle_io.capturing.ring.RingSink`).
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
-            ``world_size``, ``resume``, ...).
+            ``world_size``, ``resume``, ...), and ``staging`` / ``staging_bytes`` for an object-storage ``out_dir``.
+
+    Raises:
+        ObjectStorageError: a request to the object store failed (names the URL and the HTTP status), at start
+            (resume), while capturing or at exit.
     """
     from .sglang import client as sglang_client
 

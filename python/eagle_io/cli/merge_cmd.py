@@ -8,7 +8,9 @@ import os
 import sys
 from typing import Any
 
+from .. import _native
 from ..errors import EagleIOError
+from ..store.layout import is_url
 from ..store.manifest import read_manifest
 from ..store.merge import MergeReport, expected_from_source, merge_ranks
 from .progress import callback
@@ -17,7 +19,11 @@ SHOW = 20  # ids listed per problem before "..."
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("root", help="output root shared by the ranks (holds manifest.rNNNNN.json files)")
+    p.add_argument(
+        "root",
+        help="output root shared by the ranks (holds manifest.rNNNNN.json files), or such an object-storage prefix "
+        "s3://bucket/run (docs/STORAGE.md)",
+    )
     expect = p.add_mutually_exclusive_group()
     expect.add_argument("--expect-records", type=int, metavar="N", help="sample ids 0..N-1 are expected")
     expect.add_argument(
@@ -40,10 +46,15 @@ def _ids(ids: list[int]) -> str:
 
 
 def _rank_metadata(root: str) -> dict[str, Any]:
-    for name in sorted(os.listdir(root)):
+    if is_url(root):  # an object-storage prefix: the manifests directly under it
+        paths = sorted(u for u, _ in _native.list_objects(root, []))
+    else:
+        paths = [os.path.join(root, name) for name in sorted(os.listdir(root))]
+    for path in paths:
+        name = os.path.basename(path)
         if name.startswith("manifest") and name.endswith(".json"):
             try:
-                meta = read_manifest(os.path.join(root, name))["metadata"]
+                meta = read_manifest(path)["metadata"]
                 return meta if isinstance(meta, dict) else {}
             except EagleIOError:
                 continue

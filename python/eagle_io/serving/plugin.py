@@ -32,7 +32,9 @@ Environment switches (read when the plugin loads and at startup):
 ``EAGLE_IO_ACCEPT_WATCHDOG``    ``1``        ``0``: not installed.
 ``EAGLE_IO_ACCEPT_WINDOW``      ``256``      request steps per watchdog window.
 ``EAGLE_IO_SGLANG_CAPTURE``     ``1``        ``0``: no capture hook / RPC method (``capturing.sglang.scheduler``).
-``EAGLE_IO_CAPTURE_DIR``        unset        a directory: each scheduler starts capturing into it at startup.
+``EAGLE_IO_CAPTURE_DIR``        unset        a directory, or an ``s3://`` prefix (staged locally, each shard
+                                             uploaded as it commits: docs/STORAGE.md): each scheduler starts
+                                             capturing into it at startup.
 ``EAGLE_IO_CAPTURE_OPTIONS``    ``{}``       JSON options of that capture (``client.capture_options``).
 ``EAGLE_IO_GUARD_REPORT``       unset        a file path: each scheduler process appends one JSON line with
                                              the startup guard's facts and verdict (for health checks).

@@ -20,10 +20,10 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
-from .. import FORMAT_VERSION, __version__
-from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from .. import FORMAT_VERSION, __version__, _native
+from ..errors import CorruptRecordError, EagleIOError, IncompatibleDatasetError, InvalidArgumentError
 from . import layout
-from .manifest import manifest_bytes
+from .manifest import manifest_bytes, read_manifest
 from .reader import Dataset
 
 
@@ -100,16 +100,72 @@ def _schema_difference(a: dict, b: dict) -> str:
     return "differs"
 
 
-def _scan_shards(root: Path, listed: set[str], report: MergeReport) -> None:
-    shard_dir = root / layout.SHARD_DIR
-    if not shard_dir.is_dir():
-        return
-    for p in sorted(shard_dir.iterdir()):
-        rel = f"{layout.SHARD_DIR}/{p.name}"
-        if layout.SHARD_FILE.match(p.name) and rel not in listed:
+def _scan_shards(names: Iterable[str], listed: set[str], report: MergeReport) -> None:
+    """Sorts the file names found in ``shards/`` into unlisted committed shards and temporary files."""
+    for name in sorted(names):
+        rel = f"{layout.SHARD_DIR}/{name}"
+        if layout.SHARD_FILE.match(name) and rel not in listed:
             report.unlisted_shards.append(rel)
-        elif layout.is_shard_temp(p.name):
+        elif layout.is_shard_temp(name):
             report.temp_files.append(rel)
+
+
+class _Local:
+    """A root on the local filesystem: the merged manifest is written atomically, once it opens."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.merged = root, str(root / layout.MANIFEST)
+
+    def at(self, name: str) -> str:
+        return str(self.root / name)
+
+    def shard_names(self) -> list[str]:
+        shard_dir = self.root / layout.SHARD_DIR
+        return [p.name for p in shard_dir.iterdir()] if shard_dir.is_dir() else []
+
+    def previous_shards(self) -> list[str] | None:
+        """The shard files the existing merged manifest lists; None when there is none."""
+        path = Path(self.merged)
+        if not path.exists():
+            return None
+        try:
+            return [s.get("file") for s in json.loads(path.read_text()).get("shards", [])]
+        except (ValueError, AttributeError, TypeError, KeyError):
+            return ["(unreadable manifest)"]
+
+    def write(self, data: bytes) -> None:
+        # Written only once it opens (shard paths are relative to the manifest's directory: the same for the temp).
+        layout.write_atomic(self.merged, data, check=lambda tmp: Dataset(tmp, threads=1))
+
+
+class _Remote:
+    """A dataset prefix on object storage: the merged manifest is put with a conditional PUT (create-only, or
+    if-match on the ETag of the one read), so a concurrent writer is never overwritten."""
+
+    def __init__(self, url: str) -> None:
+        self.root = url.rstrip("/")
+        self.merged = f"{self.root}/{layout.MANIFEST}"
+        self.objects = [u[len(self.root) + 1 :] for u, _ in _native.list_objects(self.root, [layout.SHARD_DIR])]
+
+    def at(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def rank_manifests(self) -> list[str]:
+        return sorted(n for n in self.objects if layout.RANK_MANIFEST.match(n))
+
+    def shard_names(self) -> list[str]:
+        return [n.split("/", 1)[1] for n in self.objects if n.startswith(layout.SHARD_DIR + "/")]
+
+    def previous_shards(self) -> list[str] | None:
+        if layout.MANIFEST not in self.objects:
+            return None
+        try:
+            return [s["file"] for s in read_manifest(self.merged)["shards"]]
+        except CorruptRecordError:
+            return ["(unreadable manifest)"]
+
+    def write(self, data: bytes) -> None:
+        _native.put_manifest(data, self.merged)
 
 
 def _audit_rank_numbers(ranks: list[str], metadata: Any, report: MergeReport) -> None:
@@ -140,7 +196,9 @@ def merge_ranks(
 
     Args:
         root: a directory holding ``manifest.r00000.json``... (several writers), or only
-            ``manifest.json`` (one writer: audited, nothing to write).
+            ``manifest.json`` (one writer: audited, nothing to write); or such an object-storage prefix
+            (``s3://bucket/run``, docs/STORAGE.md), where the merged manifest is put with a conditional PUT
+            (no writer lock exists there: merge once every rank's upload finished).
         expected_ids: the sample ids the run should hold (e.g. ``range(n_records)``, or
             :func:`expected_from_source`); missing and unexpected ids are reported.
         skipped: record indices the source yields no sample for -> why (reported as such).
@@ -154,10 +212,22 @@ def merge_ranks(
         IncompatibleDatasetError: ranks disagree on the schema or metadata (naming the key), or
             ``manifest.json`` lists shards no rank lists (a single-writer dataset shares the root).
         InvalidArgumentError: no manifest in ``root``, or a writer still holds one of them.
+        ObjectStorageError: a request for a remote ``root`` failed (names the URL and the HTTP status);
+            IncompatibleDatasetError too when another writer changed its ``manifest.json`` meanwhile.
         CorruptRecordError, FormatVersionError, StorageError: a rank's manifest or a shard it
             lists cannot be trusted (as :class:`eagle_io.Dataset` raises); StorageError also when
             the merged manifest or a lock file cannot be written.
     """
+    if layout.is_url(root):
+        remote = _Remote(os.fspath(root))
+        report = MergeReport(root=remote.root)
+        ranks = remote.rank_manifests()
+        if not ranks and layout.MANIFEST not in remote.objects:
+            raise InvalidArgumentError(
+                f"{remote.root} holds no manifest.json and no rank manifest (manifest.rNNNNN.json)"
+            )
+        names = ranks or [layout.MANIFEST]
+        return _merge(remote, ranks, names, expected_ids, skipped, write, report, progress)
     root = Path(root)
     report = MergeReport(root=str(root))
     if not root.is_dir():
@@ -173,19 +243,20 @@ def merge_ranks(
     # The writers' own locks: no rank writer runs while its manifest is read, no writer of manifest.json is live.
     locked = names + ([layout.MANIFEST] if ranks else [])
     with layout.lock_writers(root, locked, busy="merge once every rank has finished"):
-        return _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report, progress)
+        return _merge(_Local(root), ranks, names, expected_ids, skipped, write, report, progress)
 
 
-def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report: MergeReport, progress) -> MergeReport:
+def _merge(where, ranks, names, expected_ids, skipped, write, report: MergeReport, progress) -> MergeReport:
+    root = where.root
     report.ranks = names if ranks else []
-    total = sum(s["samples"] for name in names for s in _listed_shards(root / name)) if progress else 0
+    total = sum(s["samples"] for name in names for s in _listed_shards(where.at(name))) if progress else 0
     done = 0
     first: dict | None = None
     holders: dict[int, list[str]] = {}
     shards: list[dict] = []
     listed_by: dict[str, str] = {}
     for name in names:
-        ds = Dataset(root / name, threads=1)
+        ds = Dataset(where.at(name), threads=1)
         m = ds.manifest
         if first is None:
             first = m
@@ -241,19 +312,16 @@ def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report
         report.missing = sorted(expected - holders.keys())
         report.unexpected = sorted(holders.keys() - expected)
     report.skipped_by_source = dict(sorted((skipped or {}).items()))
-    _scan_shards(root, set(listed_by), report)
+    _scan_shards(where.shard_names(), set(listed_by), report)
     if not ranks:
-        report.manifest = str(merged_path)
+        report.manifest = where.merged
         return report
-    if merged_path.exists():
-        try:
-            previous = json.loads(merged_path.read_text())
-            foreign = [s["file"] for s in previous.get("shards", []) if s.get("file") not in listed_by]
-        except (ValueError, AttributeError, TypeError, KeyError):
-            foreign = ["(unreadable manifest)"]
+    previous = where.previous_shards()
+    if previous is not None:
+        foreign = [f for f in previous if f not in listed_by]
         if foreign:
             raise IncompatibleDatasetError(
-                f"{merged_path} lists {', '.join(foreign[:3])}, which no rank manifest lists: a single-writer "
+                f"{where.merged} lists {', '.join(foreign[:3])}, which no rank manifest lists: a single-writer "
                 "dataset shares this root; refusing to overwrite its manifest"
             )
     if write and not report.duplicates:
@@ -267,19 +335,18 @@ def _merge(root, ranks, names, merged_path, expected_ids, skipped, write, report
             "shards": shards,
             "complete": report.complete,
         }
-        # Written only once it opens (shard paths are relative to the manifest's directory: the same for the temp).
-        layout.write_atomic(merged_path, manifest_bytes(merged), check=lambda tmp: Dataset(tmp, threads=1))
-        report.manifest = str(merged_path)
+        where.write(manifest_bytes(merged))
+        report.manifest = where.merged
         report.written = True
     return report
 
 
-def _listed_shards(path: Path) -> list[dict]:
+def _listed_shards(path: str) -> list[dict]:
     """The shard entries a manifest lists, for a progress total (empty when it cannot be read: the merge itself
     reports that)."""
     try:
-        return json.loads(path.read_text())["shards"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return read_manifest(path)["shards"]
+    except EagleIOError:
         return []
 
 

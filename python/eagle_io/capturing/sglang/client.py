@@ -58,17 +58,22 @@ def committed_ids(out_dir: str | os.PathLike[str], dp_size: int = 1) -> set[int]
 
 
 def stop_capture(
-    out_dir: str | os.PathLike[str], dp_size: int = 1, timeout_s: float = defaults.STOP_TIMEOUT_S
+    out_dir: str | os.PathLike[str],
+    dp_size: int = 1,
+    timeout_s: float = defaults.STOP_TIMEOUT_S,
+    staging: str | os.PathLike[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Asks every writing scheduler of the capture into ``out_dir`` to drain, commit and answer (see the module
-    docstring); waits for the ``dp_size`` answers and returns them, in DP rank order.
+    docstring); waits for the ``dp_size`` answers and returns them, in DP rank order. For an object-storage
+    ``out_dir`` (``s3://...``) the stop and answer files live in its local ``staging`` directory (the capture's
+    ``writer_options["staging"]``, default ``./eagle-io-staging/BUCKET/PREFIX``).
 
     Raises:
         StorageError: a writer failed while closing (the answer's error, naming the rank).
         CaptureStopTimeoutError: not every rank answered within ``timeout_s`` (a scheduler died, or no capture
             runs; a ``TimeoutError``).
     """
-    out_dir = os.fspath(out_dir)
+    out_dir = local_dir(out_dir, staging)
     token = uuid.uuid4().hex
     for old in glob.glob(os.path.join(glob.escape(out_dir), f"{STOP_FILE}.r*.json")):
         os.remove(old)
