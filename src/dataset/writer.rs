@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::manifest::{CodecInfo, Manifest, MANIFEST_FORMAT};
 use super::options::WriterOptions;
 use super::resume;
-use crate::codec::{encode_chunk, encode_fp8, CodecOptions, EncodedChunk};
+use crate::codec::{encode_chunk, encode_fp8, recycle_payload, CodecOptions, EncodedChunk};
 use crate::error::{Error, Result};
 use crate::format::{record, FORMAT_VERSION, MAX_KEY_BYTES};
 use crate::layout;
@@ -511,6 +511,8 @@ impl IoThread {
         let b = self.builder.as_mut().expect("created above");
         let before = b.len();
         b.append(rec.sample_id, &rec.key, rec.n_tokens, rec.raw_bytes, &rec.parts)?;
+        // Written: the payload buffers go back to the encoders, pages mapped (`codec::recycle_payload`).
+        rec.parts.into_iter().for_each(recycle_payload);
         let c = &self.counters;
         c.samples.fetch_add(1, Relaxed);
         c.tokens.fetch_add(rec.n_tokens, Relaxed);
