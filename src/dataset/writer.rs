@@ -449,7 +449,7 @@ impl DatasetWriter {
 const WIDE_ROW_BYTES: u64 = 16 << 10;
 /// Rows of a chunk of wide rows at least: each chunk estimates and stores its own channel
 /// modes, which 24 rows (1 MiB of 21,504-wide rows) paid for in ratio and encode time
-/// (ratio 1.444 -> 1.455 and encode 2.5x faster at 64 rows; benches/README.md).
+/// (at 64 rows: ratio 1.444 -> 1.465 and encode 539 -> 766 MB/CPU-s; benches/README.md).
 const MIN_WIDE_CHUNK_ROWS: u64 = 64;
 
 /// Rows per chunk of a tensor whose rows are `row_bytes` as stored: `chunk_bytes` of them, but
