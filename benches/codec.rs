@@ -1,10 +1,10 @@
-//! One-core codec throughput on real states: `cargo bench --bench codec -- FILE WIDTH [LEVEL]`.
+//! One-core codec throughput on real states: `cargo bench --bench codec -- FILE WIDTH [LEVEL [ROWS]]`.
 //! FILE holds raw little-endian bf16 rows of WIDTH values (e.g. aux states written by
 //! `benches/realdata.py --dump`); without arguments it uses synthetic hidden-state-like data.
 //! Prints ratio and encode/decode MB per CPU-second of this thread (steadier than wall time
 //! on a shared machine) for the chunk codec alone (no I/O, no CRC).
 
-use eagle_io::codec::{decode_chunk, encode_chunk, CodecOptions};
+use eagle_io::codec::{decode_chunk, encode_chunk, recycle_payload, CodecOptions};
 use eagle_io::DType;
 
 /// CPU seconds this thread has run (user + system).
@@ -43,7 +43,11 @@ fn main() {
         _ => (synthetic(20_000, 1728), 1728),
     };
     let row_bytes = width * 2;
-    let rows_per_chunk = ((1 << 20) / row_bytes).max(1);
+    // An optional fourth argument sets the rows per chunk (default: the writer's, 1 MiB of rows).
+    let rows_per_chunk = match args.get(4) {
+        Some(r) => r.parse::<usize>().expect("ROWS"),
+        None => ((1 << 20) / row_bytes).max(1),
+    };
     let chunks: Vec<&[u8]> = data.chunks(rows_per_chunk * row_bytes).collect();
     // An optional third argument runs one level only (e.g. under `perf record`).
     let levels: Vec<i32> = match args.get(3) {
@@ -52,11 +56,15 @@ fn main() {
     };
     for level in levels {
         let opts = CodecOptions { zstd_level: level };
-        let t0 = thread_cpu_seconds();
         let enc: Vec<_> = chunks
             .iter()
             .map(|c| encode_chunk(c, (c.len() / row_bytes) as u32, DType::Bfloat16, &opts))
             .collect();
+        // Timed as the writer runs: each payload goes back to the pool once written.
+        let t0 = thread_cpu_seconds();
+        for c in &chunks {
+            recycle_payload(encode_chunk(c, (c.len() / row_bytes) as u32, DType::Bfloat16, &opts).payload);
+        }
         let enc_s = thread_cpu_seconds() - t0;
         let stored: usize = enc.iter().map(|e| e.payload.len()).sum();
         let mut out = vec![0u8; rows_per_chunk * row_bytes];

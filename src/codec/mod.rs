@@ -6,6 +6,7 @@
 mod fp8;
 mod fused;
 mod mode_delta;
+mod payload_pool;
 mod planes;
 mod zstd_ctx;
 
@@ -14,6 +15,7 @@ use std::cell::RefCell;
 use crate::dtype::DType;
 
 pub use fp8::{encode as encode_fp8, geometry as fp8_geometry};
+pub use payload_pool::give_back as recycle_payload;
 
 thread_local! {
     /// Per-thread work buffers, reused across chunks: fresh megabyte buffers would cost a
@@ -236,7 +238,8 @@ fn encode_fused(data: &[u8], rows: usize, layout: u8, opts: &CodecOptions) -> En
         rows: rows as u32,
         ..Default::default()
     };
-    let mut payload = Vec::with_capacity(plane_len + zstd::zstd_safe::compress_bound(cols + plane_len));
+    // A recycled buffer (`payload_pool.rs`): its pages are mapped already, so filling it costs no faults.
+    let mut payload = payload_pool::take(plane_len + zstd::zstd_safe::compress_bound(cols + plane_len));
     payload.resize(plane_len, 0);
     with_work(cols + plane_len, 0, |modelled, _| {
         let (modes, delta) = modelled.split_at_mut(cols);

@@ -12,7 +12,8 @@ use crate::storage::{CacheOptions, FetchOptions};
 pub struct WriterOptions {
     /// A shard is committed once it reaches this many bytes.
     pub shard_bytes: u64,
-    /// Target decoded bytes per chunk (whole rows; at least one row).
+    /// Target decoded bytes per chunk (whole rows; at least one row, and at least 64 unquantised rows
+    /// of 16 KiB or more: `writer.rs`, `chunk_rows`).
     pub chunk_bytes: u64,
     /// Encoding threads (0 = one per CPU).
     pub threads: usize,

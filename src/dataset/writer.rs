@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use super::manifest::{CodecInfo, Manifest, MANIFEST_FORMAT};
 use super::options::WriterOptions;
 use super::resume;
-use crate::codec::{encode_chunk, encode_fp8, CodecOptions, EncodedChunk};
+use crate::codec::{encode_chunk, encode_fp8, recycle_payload, CodecOptions, EncodedChunk};
 use crate::error::{Error, Result};
 use crate::format::{record, FORMAT_VERSION, MAX_KEY_BYTES};
 use crate::layout;
@@ -345,7 +345,7 @@ impl DatasetWriter {
             for (ti, spec) in self.schema.tensors.iter().enumerate() {
                 // Chunks hold `chunk_bytes` of decoded bytes: FP8 rows (with their scales) as stored.
                 let row_bytes = spec.stored_row_bytes();
-                let rows_per_chunk = (self.opts.chunk_bytes / row_bytes).clamp(1, u32::MAX as u64 / row_bytes);
+                let rows_per_chunk = chunk_rows(self.opts.chunk_bytes, row_bytes, spec.precision.is_none());
                 let mut row = 0;
                 loop {
                     let rows = rows_per_chunk.min(s.n_tokens - row);
@@ -444,6 +444,26 @@ impl DatasetWriter {
 
 /// Quantises `rows` rows (starting at row `first` of the sample) to FP8 and entropy-codes them
 /// (chunk layout 3). The error names the first NaN/Inf.
+/// Rows of `row_bytes` at or above which a chunk holds at least `MIN_WIDE_CHUNK_ROWS` rows
+/// (8,192 bf16 channels: production-width states, e.g. Kimi-K2.5's 21,504-wide aux rows).
+const WIDE_ROW_BYTES: u64 = 16 << 10;
+/// Rows of a chunk of wide rows at least: each chunk estimates and stores its own channel
+/// modes, which 24 rows (1 MiB of 21,504-wide rows) paid for in ratio and encode time
+/// (at 64 rows: ratio 1.444 -> 1.465 and encode 539 -> 766 MB/CPU-s; benches/README.md).
+const MIN_WIDE_CHUNK_ROWS: u64 = 64;
+
+/// Rows per chunk of a tensor whose rows are `row_bytes` as stored: `chunk_bytes` of them, but
+/// at least `MIN_WIDE_CHUNK_ROWS` wide rows (unquantised tensors: FP8 chunks keep `chunk_bytes`).
+fn chunk_rows(chunk_bytes: u64, row_bytes: u64, unquantised: bool) -> u64 {
+    let rows = chunk_bytes / row_bytes;
+    let rows = if unquantised && row_bytes >= WIDE_ROW_BYTES {
+        rows.max(MIN_WIDE_CHUNK_ROWS)
+    } else {
+        rows
+    };
+    rows.clamp(1, u32::MAX as u64 / row_bytes)
+}
+
 fn encode_fp8_rows(
     data: &[u8],
     first: u64,
@@ -535,6 +555,8 @@ impl IoThread {
         let b = self.builder.as_mut().expect("created above");
         let before = b.len();
         b.append(rec.sample_id, &rec.key, rec.n_tokens, rec.raw_bytes, &rec.parts)?;
+        // Written: the payload buffers go back to the encoders, pages mapped (`codec::recycle_payload`).
+        rec.parts.into_iter().for_each(recycle_payload);
         let c = &self.counters;
         c.samples.fetch_add(1, Relaxed);
         c.tokens.fetch_add(rec.n_tokens, Relaxed);
@@ -555,5 +577,22 @@ impl IoThread {
         self.manifest.store(&self.manifest_path)?;
         self.counters.shards.fetch_add(1, Relaxed);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_rows;
+
+    #[test]
+    fn wide_rows_are_chunked_at_least_64_at_a_time() {
+        let mib = 1 << 20;
+        assert_eq!(chunk_rows(mib, 2 * 1728, true), 303); // narrow: chunk_bytes of rows
+        assert_eq!(chunk_rows(mib, 2 * 7168, true), 73);
+        assert_eq!(chunk_rows(mib, 2 * 21_504, true), 64); // 24 rows fit; 64 at least
+        assert_eq!(chunk_rows(mib, 2 * 21_504, false), 24); // FP8 chunks keep chunk_bytes
+        assert_eq!(chunk_rows(4 << 20, 2 * 21_504, true), 97);
+        assert_eq!(chunk_rows(100, 2 * 32, true), 1);
+        assert_eq!(chunk_rows(1, 2 * 32, true), 1);
     }
 }

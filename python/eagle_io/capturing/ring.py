@@ -14,9 +14,9 @@ import json
 import queue
 import threading
 from collections.abc import Mapping
-from contextlib import nullcontext
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import _native, defaults
@@ -153,21 +153,28 @@ class RingSink:
 
     def _copy_into(self, slot: Any, ts: list[torch.Tensor], sizes: list[int], on_gpu: bool) -> Any:
         """Copies ``ts`` back to back into ``slot``; on the GPU asynchronously, returning the copy's CUDA event.
-        The slot's tensor view dies with this call, before the slot is committed (the ring's contract)."""
+        The slot's array or tensor view dies with this call, before the slot is committed (the ring's contract)."""
+        if not on_gpu:
+            # One single-threaded memcpy per tensor: torch's copy_ of a few MB spreads over its intra-op threads
+            # and cost 3x the CPU (benches/README.md, capture ring path).
+            host = np.frombuffer(slot, dtype=np.uint8)
+            offset = 0
+            for t, size in zip(ts, sizes, strict=True):
+                if size:
+                    np.copyto(host[offset : offset + size], t.contiguous().reshape(-1).view(torch.uint8).numpy())
+                offset += size
+            return None
         dst = torch.frombuffer(slot, dtype=torch.uint8) if len(slot) else torch.empty(0, dtype=torch.uint8)
-        if on_gpu:
-            self._stream.wait_stream(torch.cuda.current_stream())
+        self._stream.wait_stream(torch.cuda.current_stream())
         offset = 0
-        with torch.cuda.stream(self._stream) if on_gpu else nullcontext():
+        with torch.cuda.stream(self._stream):
             for t, size in zip(ts, sizes, strict=True):
                 if size:
                     src = t.contiguous().reshape(-1).view(torch.uint8)
-                    dst[offset : offset + size].copy_(src, non_blocking=on_gpu)
-                    if on_gpu and src.is_cuda:
+                    dst[offset : offset + size].copy_(src, non_blocking=True)
+                    if src.is_cuda:
                         src.record_stream(self._stream)
                 offset += size
-            if not on_gpu:
-                return None
             event = torch.cuda.Event()
             event.record(self._stream)
             return event

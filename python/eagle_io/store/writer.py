@@ -30,7 +30,8 @@ class ShardWriter:
         metadata: JSON-serialisable facts every consumer needs (target model, layer ids and
             their convention, tokenizer...); stored in the manifest; must match on resume.
         shard_bytes: shard size at which a shard is committed (bytes).
-        chunk_bytes: decoded bytes per codec chunk (whole rows).
+        chunk_bytes: decoded bytes per codec chunk (whole rows; rows of 16 KiB or more, e.g. 8,192+ bf16 channels,
+            go at least 64 to a chunk).
         threads: encoding threads (0 = one per CPU).
         zstd_level: zstd level of the byte planes of floating tensors (literals always Huffman-coded; the
             default, :data:`eagle_io.defaults.ZSTD_LEVEL`, is order-0 entropy coding at high speed, see
