@@ -268,14 +268,21 @@ impl Dataset {
         // A pool thread may start another read while waiting inside this one: that read gets
         // buffers of its own.
         STORED.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut stored) => self.read_fp8_into(pos, n_tokens, outs, &mut stored),
-            Err(_) => self.read_fp8_into(pos, n_tokens, outs, &mut Vec::new()),
+            Ok(mut stored) => self.read_fp8_into(pos, n_tokens, outs, fetched, &mut stored),
+            Err(_) => self.read_fp8_into(pos, n_tokens, outs, fetched, &mut Vec::new()),
         })
     }
 
     /// `read_into` of a schema with FP8 tensors, their stored rows decoded into `stored` (the
     /// calling thread's buffers, resized: decoding writes every byte).
-    fn read_fp8_into(&self, pos: u64, n_tokens: u64, outs: &mut [&mut [u8]], stored: &mut Vec<Vec<u8>>) -> Result<()> {
+    fn read_fp8_into(
+        &self,
+        pos: u64,
+        n_tokens: u64,
+        outs: &mut [&mut [u8]],
+        fetched: Option<&[u8]>,
+        stored: &mut Vec<Vec<u8>>,
+    ) -> Result<()> {
         let schema = self.schema();
         stored.resize_with(outs.len(), Vec::new);
         for (i, (spec, out)) in schema.tensors.iter().zip(outs.iter()).enumerate() {
