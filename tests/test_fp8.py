@@ -190,3 +190,12 @@ def test_shard_dataset_mixes_bf16_and_fp8_only_when_asked(tmp_path):
             assert torch.equal(x, y)
         else:
             assert 0 < ((y - x).norm() / x.norm()).item() < 0.03
+    # The follow view takes the same option (and reads the same values).
+    with pytest.raises(eagle_io.IncompatibleDatasetError, match=r"mix_precisions=True"):
+        list(eagle_io.ShardDataset([roots["bf16"], roots["fp8"]], follow=True, timeout_s=5))
+    followed = eagle_io.ShardDataset([roots["bf16"], roots["fp8"]], follow=True, mix_precisions=True, timeout_s=5)
+    got = {item["sample_id"]: item["aux_hidden_states"] for item in followed}
+    assert sorted(got) == list(range(6))
+    for i in range(6):
+        item = ds[i]
+        assert torch.equal(got[item["sample_id"]], item["aux_hidden_states"])

@@ -122,3 +122,14 @@ def test_shard_dataset_passes_the_cache_on_and_pickles_it(s3, tmp_path):
     clone = pickle.loads(pickle.dumps(sd))
     assert ids(clone) == sorted(samples)
     assert requests() - before == 1, "the manifest only: every shard from the cache"
+
+
+def test_follow_passes_the_cache_on(s3, tmp_path):
+    url, _, samples = served_dataset(s3, n=12)
+    shards = eagle_io.Dataset(url).manifest["shards"]
+    for fills, hits in ((len(shards), 0), (0, len(shards))):  # a second follow reads the copies the first filled
+        before = _native.storage_stats()
+        follower = eagle_io.ShardDataset(url, follow=True, cache_dir=tmp_path / "c", timeout_s=10)
+        assert sorted(item["sample_id"] for item in follower) == sorted(samples)
+        d = delta(before)
+        assert (d["cache_fills"], d["cache_hits"]) == (fills, hits)

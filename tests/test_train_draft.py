@@ -64,28 +64,30 @@ def synthetic_head(seed: int = 0) -> TargetHead:
     )
 
 
-@pytest.fixture
-def synthetic(tmp_path):
-    """24 samples of 40 tokens whose aux states carry the next position's final state (a learnable signal);
-    tokens are the head's argmax, all loss-masked. Returns (root, head)."""
+def write_synthetic(root, n: int, length: int, nan_at: tuple[int, int] | None = None) -> TargetHead:
+    """Writes ``n`` samples of ``length`` tokens whose aux states carry the next position's final state (a learnable
+    signal); tokens are the head's argmax, all loss-masked. ``nan_at=(sample_id, row)`` puts a NaN in that final
+    state. Returns the head."""
     head = synthetic_head()
     g = torch.Generator().manual_seed(1)
-    root = tmp_path / "syn"
     meta = {"hidden_size": H, "vocab_size": V, "aux_layer_ids": [1, 2, 3], "num_layers": 4}
     with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(H, K), meta, threads=1) as w:
-        for i in range(24):
-            hid = torch.randn(40, H, generator=g)
-            aux = torch.cat([torch.roll(hid, -1, 0), torch.randn(40, 2 * H, generator=g)], 1)
-            w.write(
-                i,
-                {
-                    "input_ids": (hid @ head.lm_head.T).argmax(-1),
-                    "loss_mask": torch.ones(40, dtype=torch.uint8),
-                    "aux_hidden_states": aux.bfloat16(),
-                    "hidden_states": hid.bfloat16(),
-                },
-            )
-    return root, head
+        for i in range(n):
+            hid = torch.randn(length, H, generator=g)
+            aux = torch.cat([torch.roll(hid, -1, 0), torch.randn(length, 2 * H, generator=g)], 1)
+            ids = (hid @ head.lm_head.T).argmax(-1)
+            if nan_at is not None and i == nan_at[0]:
+                hid[nan_at[1], 3] = float("nan")
+            tensors = {"input_ids": ids, "loss_mask": torch.ones(length, dtype=torch.uint8)}
+            w.write(i, {**tensors, "aux_hidden_states": aux.bfloat16(), "hidden_states": hid.bfloat16()})
+    return head
+
+
+@pytest.fixture
+def synthetic(tmp_path):
+    """24 samples of 40 tokens (:func:`write_synthetic`). Returns (root, head)."""
+    root = tmp_path / "syn"
+    return root, write_synthetic(root, 24, 40)
 
 
 def test_training_batches_follow_the_shift_contract(tmp_path):

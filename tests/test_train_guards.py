@@ -8,9 +8,8 @@ import os
 
 import pytest
 import torch
-from test_train_draft import H, K, V, synthetic, synthetic_head  # noqa: F401  (synthetic is a fixture)
+from test_train_draft import H, V, synthetic, synthetic_head, write_synthetic  # noqa: F401  (synthetic is a fixture)
 
-import eagle_io
 from eagle_io.cli import main, train_draft_cmd
 from eagle_io.draft import TrainConfig, build_draft, save_draft, train_draft
 from eagle_io.errors import NonFiniteTrainingError
@@ -21,20 +20,8 @@ CFG = TrainConfig(steps=4, batch_size=4, lr=3e-3, warmup_steps=1, eval_samples=4
 
 def _with_nan(tmp_path, sample_id: int, row: int):
     """The synthetic dataset's recipe, 12 samples of 16 tokens, with a NaN in one final state."""
-    head = synthetic_head()
-    g = torch.Generator().manual_seed(1)
     root = tmp_path / "nan"
-    meta = {"hidden_size": H, "vocab_size": V, "aux_layer_ids": [1, 2, 3], "num_layers": 4}
-    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(H, K), meta, threads=1) as w:
-        for i in range(12):
-            hid = torch.randn(16, H, generator=g)
-            aux = torch.cat([torch.roll(hid, -1, 0), torch.randn(16, 2 * H, generator=g)], 1)
-            ids = (hid @ head.lm_head.T).argmax(-1)
-            if i == sample_id:
-                hid[row, 3] = float("nan")
-            tensors = {"input_ids": ids, "loss_mask": torch.ones(16, dtype=torch.uint8)}
-            w.write(i, {**tensors, "aux_hidden_states": aux.bfloat16(), "hidden_states": hid.bfloat16()})
-    return root, head
+    return root, write_synthetic(root, 12, 16, nan_at=(sample_id, row))
 
 
 @pytest.mark.parametrize(("sample_id", "where"), [(0, r"step \d+"), (5, "evaluation")])  # seed 0 holds out 1, 5, 8, 9

@@ -97,7 +97,8 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
     Args:
         paths: dataset roots (their ``manifest.json``) or manifest files, created by the capture or not yet;
             an existing root without ``manifest.json`` stands for its per-rank manifests at construction.
-        max_length, filter, threads, on_corrupt: as for :class:`eagle_io.feed.ShardDataset`; a sample skipped
+        max_length, filter, threads, on_corrupt, mix_precisions, cache_dir, cache_bytes: as for
+            :class:`eagle_io.feed.ShardDataset`; a sample skipped
             under ``on_corrupt="skip"`` is left out (never replaced), logged and appended to :attr:`skipped`
             (``item`` is its position in its capture).
         poll_s: seconds between two looks at the manifests (default :data:`eagle_io.defaults.FOLLOW_POLL_S`).
@@ -121,6 +122,9 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
         filter: Any = None,
         threads: int = 1,
         on_corrupt: str = "raise",
+        mix_precisions: bool = False,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int = defaults.CACHE_BYTES,
         poll_s: float = defaults.FOLLOW_POLL_S,
         timeout_s: float | None = defaults.FOLLOW_TIMEOUT_S,
         rank: int = 0,
@@ -137,6 +141,9 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
         self.manifests = [manifest_to_follow(p) for p in expand_paths(paths)]
         self.max_length, self.filter, self.threads, self.on_corrupt = max_length, filter, threads, on_corrupt
         self.poll_s, self.timeout_s, self.rank, self.world_size = poll_s, timeout_s, rank, world_size
+        self.mix_precisions = mix_precisions
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_bytes = cache_bytes
         #: Records skipped in this process under ``on_corrupt="skip"`` (see :class:`ShardDataset`).
         self.skipped: list = []
 
@@ -146,10 +153,10 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
         return self.rank * workers + worker, self.world_size * workers
 
     def _open(self, d: int, first: Dataset | None) -> Dataset:
-        ds = Dataset(self.manifests[d], threads=self.threads)
+        ds = Dataset(self.manifests[d], threads=self.threads, cache_dir=self.cache_dir, cache_bytes=self.cache_bytes)
         check_eagle3_dataset(ds, "ShardDataset(follow=True)")
         if first is not None:
-            _check_compatible(first, ds)
+            _check_compatible(first, ds, self.mix_precisions)
         return ds
 
     def _read(self, ds: Dataset, d: int, p: int) -> dict[str, Any] | None:
