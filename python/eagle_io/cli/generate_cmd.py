@@ -245,6 +245,7 @@ def _sglang_session(args, dataset: str, layer_ids):
             f"{args.out} was captured by {ranks or 1} DP rank(s): resume it with --dp-size {ranks or 1} (each rank "
             "resumes its own manifest)"
         )
+    check_out_dir(args, dataset)  # before the checkpoint is made and the engine launched
     path, tokenizer, info = target_checkpoint(args.model)
     print(f"target    {info['model_id']} through SGLang ({path}): tp {args.tp_size}, dp {args.dp_size}")
     options = capture_options(
@@ -293,7 +294,8 @@ def run(args: argparse.Namespace) -> int:
         args.out = args.staging or default_staging(remote)
     elif args.staging:
         raise InvalidArgumentError(f"--staging is for an object-storage --out (s3://...), not {args.out}")
-    check_out_dir(args, dataset)  # before the target loads: a dataset there that this run cannot continue
+    if args.backend == "hf":
+        check_out_dir(args, dataset)  # before the target loads: a dataset there that this run cannot continue
     opener = _sglang_session if args.backend == "sglang" else _hf_session
     session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
     try:
