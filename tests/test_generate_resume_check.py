@@ -9,7 +9,9 @@ import json
 import pytest
 
 import eagle_io
-from eagle_io.cli import main
+from eagle_io.cli import generate_cmd, main
+from eagle_io.cli.resume_check import RESUME_HINT
+from eagle_io.errors import IncompatibleDatasetError
 
 META = {"max_length": 2048, "source_dataset": "src.jsonl", "world_size": 1, "aux_layer_ids": [2, 15, 27]}
 
@@ -34,7 +36,7 @@ def test_resume_with_another_max_length_stops_before_the_model_loads_and_says_ho
     assert "IncompatibleDatasetError" in err and "TargetNotFound" not in err, err
     assert f"{tmp_path / 'run' / 'manifest.json'}: cannot resume" in err
     assert "--max-length 2048 (this run: 4096)" in err and "--aux-layer-ids" not in err  # only what differs
-    assert "--out DIR (make generate OUT=DIR)" in err and "same options" in err
+    assert err.rstrip().endswith(f": {RESUME_HINT}") and "OUT=DIR" in RESUME_HINT
 
 
 def test_every_known_difference_is_listed(captured, capsys):
@@ -62,3 +64,18 @@ def test_the_same_options_pass_the_check_and_reach_the_model_loader(captured, ca
     assert main([*base, "--resume"]) == 2
     err = capsys.readouterr().err
     assert "TargetNotFoundError" in err and "no-model does not exist" in err, err
+
+
+def test_a_difference_found_after_loading_the_target_gets_the_same_hint(captured, monkeypatch, capsys):
+    _, base = captured
+
+    def loaded(*_):  # what the writer says when the loaded target's tokenizer differs from the recorded one
+        raise IncompatibleDatasetError("run/manifest.json: cannot resume: metadata differs in tokenizer")
+
+    monkeypatch.setattr(generate_cmd, "_hf_session", loaded)
+    assert main([*base, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"IncompatibleDatasetError: run/manifest.json: cannot resume: metadata differs in tokenizer: {RESUME_HINT}\n"
+        == (err.split("generate: ", 1)[1])
+    )

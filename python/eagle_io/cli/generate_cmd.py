@@ -20,13 +20,13 @@ from collections.abc import Iterator
 from itertools import chain, islice, takewhile
 
 from .. import defaults
-from ..errors import InvalidArgumentError
+from ..errors import IncompatibleDatasetError, InvalidArgumentError
 from ..store import layout
 from ..store.schema import EXPECTED_RATIO, precision_name
 from ..store.values import IMPLAUSIBLE
 from .generate_summary import human_summary, nothing_written
 from .layer_ids_arg import layer_ids_arg
-from .resume_check import check_out_dir
+from .resume_check import RESUME_HINT, check_out_dir
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -297,7 +297,10 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "hf":
         check_out_dir(args, dataset)  # before the target loads: a dataset there that this run cannot continue
     opener = _sglang_session if args.backend == "sglang" else _hf_session
-    session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
+    try:
+        session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
+    except IncompatibleDatasetError as e:  # what only the loaded target tells (its tokenizer, layers...) differs
+        raise IncompatibleDatasetError(f"{e}: {RESUME_HINT}") from e
     try:
         summary = _capture(args, session, tokenizer, info, records, stats, t_start)
     finally:

@@ -15,6 +15,12 @@ from ..store import layout
 from ..store.manifest import read_manifest
 from ..store.schema import precision_name
 
+RESUME_HINT = (
+    "rerun with the options it was captured with to continue it, or write a new dataset elsewhere with --out DIR "
+    "(make generate OUT=DIR)"
+)
+"""The way out of a capture that cannot be resumed, ending each such error of ``eagle-io generate``."""
+
 
 def _stored_precision(manifest: dict[str, Any]) -> str | None:
     """The storage precision of the manifest's states (None: lossless)."""
@@ -78,6 +84,5 @@ def check_out_dir(args: argparse.Namespace, dataset: str) -> None:
     diffs = differences(args, dataset, read_manifest(paths[0]))
     if diffs:
         raise IncompatibleDatasetError(
-            f"{paths[0]}: cannot resume: that capture was made with " + "; ".join(diffs) + ". Rerun with the same "
-            "options to continue it, or write a new dataset elsewhere with --out DIR (make generate OUT=DIR)"
+            f"{paths[0]}: cannot resume: that capture was made with " + "; ".join(diffs) + f": {RESUME_HINT}"
         )
