@@ -13,7 +13,13 @@ from eagle_io.cli import generate_cmd, main
 from eagle_io.cli.resume_check import RESUME_HINT
 from eagle_io.errors import IncompatibleDatasetError
 
-META = {"max_length": 2048, "source_dataset": "src.jsonl", "world_size": 1, "aux_layer_ids": [2, 15, 27]}
+META = {
+    "target_model": {"model_id": "no-model"},
+    "max_length": 2048,
+    "source_dataset": "src.jsonl",
+    "world_size": 1,
+    "aux_layer_ids": [2, 15, 27],
+}
 
 
 @pytest.fixture
@@ -40,15 +46,16 @@ def test_resume_with_another_max_length_stops_before_the_model_loads_and_says_ho
 
 
 def test_every_known_difference_is_listed(captured, capsys):
-    _, base = captured
+    tmp_path, base = captured
     argv = [*base, "--resume", "--dataset", __file__, "--aux-layer-ids", "1,2,3", "--precision", "fp8"]
+    argv += ["--model", str(tmp_path / "other-model")]
     assert main(argv) == 2
     err = capsys.readouterr().err
     parts = (
         "--dataset src.jsonl (this run: test_generate_resume_check.py)",
         "--aux-layer-ids 2,15,27 (this run: 1,2,3)",
     )
-    for part in (*parts, "--precision bf16 (this run: fp8)"):
+    for part in (*parts, "--precision bf16 (this run: fp8)", "--model no-model (this run: other-model)"):
         assert part in err, err
 
 

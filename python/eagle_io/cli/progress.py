@@ -53,7 +53,7 @@ def bar(total: int | None, unit: str, desc: str | None = None, *, unit_scale: bo
         file=sys.stderr if tty else LineStream(sys.stderr),
         unit_scale=unit_scale,
         mininterval=TTY_INTERVAL_S if tty else defaults.PROGRESS_LOG_S,
-        maxinterval=max(TTY_INTERVAL_S, defaults.PROGRESS_LOG_S),
+        maxinterval=10.0 if tty else max(10.0, defaults.PROGRESS_LOG_S),  # tqdm's 10 s would redraw sooner
         dynamic_ncols=tty,
     )
 

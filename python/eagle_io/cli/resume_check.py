@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import Any
 
 from .. import __version__
@@ -34,7 +35,8 @@ def _stored_precision(manifest: dict[str, Any]) -> str | None:
 def differences(args: argparse.Namespace, dataset: str, manifest: dict[str, Any]) -> list[str]:
     """The options of this run (``args``, ``dataset`` the source file) that differ from those ``manifest``'s capture
     was made with, each as ``"--option THEN (this run: NOW)"``; only what is known before the target is loaded
-    (the target itself, its tokenizer and layer count are compared by the writer after loading)."""
+    (the target by its file or directory name; its tokenizer and layer count are compared by the writer after
+    loading)."""
     meta = manifest.get("metadata") or {}
     out = []
 
@@ -42,6 +44,12 @@ def differences(args: argparse.Namespace, dataset: str, manifest: dict[str, Any]
         if then != now:
             out.append(f"{option} {then} (this run: {now})")
 
+    target = meta.get("target_model")
+    if isinstance(target, dict) and "model_id" in target:
+        from ..capturing.models import default_gguf_path
+
+        model = Path(args.model).expanduser().resolve() if args.model else default_gguf_path()
+        compare("--model", target["model_id"], model.name)  # the .gguf file's or the HF directory's name
     if "max_length" in meta:
         compare("--max-length", meta["max_length"], args.max_length)
     if "source_dataset" in meta:
