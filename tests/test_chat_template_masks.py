@@ -290,3 +290,17 @@ def test_answer_starting_with_whitespace_stays_exact(family: str, family_tokeniz
     assert tok.decode(sample.input_ids.tolist()) == tok.apply_chat_template(
         conv(("user", "show me"), ("assistant", answer)).messages, tokenize=False
     )
+
+
+def test_portable_tokenizer_names_hold_on_another_machine(tmp_path, monkeypatch) -> None:
+    from eagle_io.data.chat import portable_tokenizer_name
+
+    hub = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert portable_tokenizer_name(hub) == (hub, None)  # a hub id is kept
+    (tmp_path / "models" / "tok").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert portable_tokenizer_name(str(tmp_path / "models" / "tok")) == ("models/tok", None)  # under the work dir
+    assert locate_tokenizer({"tokenizer": "models/tok"}) == "models/tok"
+    monkeypatch.chdir(tmp_path / "models" / "tok")
+    assert portable_tokenizer_name(str(tmp_path / "models")) == (str(tmp_path / "models"), None)  # elsewhere: as is
+    assert locate_tokenizer({"tokenizer": "models/tok"}) is None

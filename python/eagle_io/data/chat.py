@@ -325,7 +325,9 @@ def portable_tokenizer_name(name_or_path: str) -> tuple[str, str | None]:
             pkg = f"{dists[0]} {importlib.metadata.version(dists[0])}" if dists else None
             return rel.as_posix(), pkg
     cwd = Path.cwd().resolve()
-    return (path.relative_to(cwd).as_posix(), None) if path.is_relative_to(cwd) and path != cwd else (str(path), None)
+    if cwd.parent != cwd and path.is_relative_to(cwd) and path != cwd:  # not when the working directory is /
+        return path.relative_to(cwd).as_posix(), None
+    return str(path), None
 
 
 def locate_tokenizer(identity: Any) -> str | None:
