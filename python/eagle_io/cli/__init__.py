@@ -46,7 +46,8 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        shown = action.option_strings and action.default not in (None, False, [], argparse.SUPPRESS)
+        none = action.default is None or action.default is False or action.default == [] or action.default == ""
+        shown = action.option_strings and not none and action.default is not argparse.SUPPRESS
         if not shown or "default" in text:
             return text
         return f"{text} (default: %(default)s)"
