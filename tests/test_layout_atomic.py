@@ -3,6 +3,10 @@ the old content and no temporary behind."""
 
 from __future__ import annotations
 
+import os
+import stat
+import tempfile
+
 import pytest
 
 from eagle_io.errors import StorageError
@@ -52,3 +56,46 @@ def test_atomic_dir_loser_of_a_race_leaves_the_winners_copy(tmp_path):
         out.mkdir()  # another process renamed its copy first
         (out / "f").write_text("theirs")
     assert (out / "f").read_text() == "theirs" and [p.name for p in tmp_path.iterdir()] == ["abc"]
+
+
+@pytest.fixture(params=[0o022, 0o027])
+def umask(request):
+    old = os.umask(request.param)
+    yield request.param
+    os.umask(old)
+
+
+def test_committed_files_get_the_mode_a_plain_open_gives(tmp_path, umask):
+    want = 0o666 & ~umask
+    assert layout.created_mode() == want
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x")
+    layout.write_atomic(tmp_path / "f", b"x")
+    stale = layout.temp_path(tmp_path / "g")
+    stale.write_bytes(b"")
+    os.chmod(stale, 0o600)  # a leftover temp file of a crashed writer, reused by open()
+    layout.write_atomic(tmp_path / "g", b"x")
+    with layout.atomic_dir(tmp_path / "d") as d:
+        fd, name = tempfile.mkstemp(dir=d)  # 0o600, as libraries' temp files are
+        os.close(fd)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (plain, tmp_path / "f", tmp_path / "g")}
+    modes["in dir"] = stat.S_IMODE((tmp_path / "d" / os.path.basename(name)).stat().st_mode)
+    assert modes == {"plain": want, "f": want, "g": want, "in dir": want}
+
+
+def test_save_draft_commits_its_files_with_the_umask_mode(tmp_path, umask):
+    import torch
+
+    from eagle_io.draft import save_draft
+    from eagle_io.draft.model import Eagle3Draft, Eagle3DraftConfig
+
+    torch.manual_seed(0)
+    cfg = Eagle3DraftConfig(64, 16, 16, 16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=16)
+    draft = Eagle3Draft(cfg)
+    t2d = torch.zeros(64, dtype=torch.bool)
+    t2d[:16] = True  # the draft vocabulary: the first 16 target ids (d2t offsets 0)
+    draft.set_vocab_mapping(torch.zeros(16, dtype=torch.int64), t2d)
+    paths = save_draft(draft, tmp_path / "draft", [1, 2, 3], target={"num_layers": 4})
+    modes = {k: stat.S_IMODE(os.stat(p).st_mode) for k, p in paths.items()}
+    assert modes == {"weights": 0o666 & ~umask, "config": 0o666 & ~umask}
+    assert sorted(os.listdir(tmp_path / "draft")) == ["config.json", "model.safetensors"]  # no temp left

@@ -58,3 +58,21 @@ def test_count_records_matches_the_file_and_stops_at_limit(tmp_path):
     with pytest.raises(StorageError, match=r"cannot read the dataset .*missing\.json: No such file") as e:
         count_records(tmp_path / "missing.json")
     assert e.value.errno == errno.ENOENT
+
+
+def test_off_a_terminal_each_progress_state_is_a_full_line_at_the_interval_from_defaults(monkeypatch, capsys):
+    from eagle_io import defaults
+    from eagle_io.cli import progress
+
+    assert defaults.PROGRESS_LOG_S == 30.0  # the Rust core's default (src/python/mod.rs)
+    monkeypatch.setattr(defaults, "PROGRESS_LOG_S", 0.0)  # every update draws
+    b = progress.bar(4, "record", "capture")
+    for _ in range(4):
+        b.update(1)
+    b.close()
+    err = capsys.readouterr().err
+    assert "\r" not in err, repr(err)
+    lines = err.splitlines()
+    states = [line.split("|")[0] for line in lines]
+    assert states == [f"capture: {p:3d}%" for p in (0, 25, 50, 75, 100, 100)], lines
+    assert all(line.endswith("]") and " 4/4 " in lines[-1] for line in lines), lines

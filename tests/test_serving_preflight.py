@@ -512,6 +512,29 @@ def test_cli_exit_codes_and_json(tmp_path, capsys):
     assert out[0]["fix"] == "launch with --speculative-algorithm EAGLE3"
 
 
+def test_cli_target_may_be_a_gguf_package_dir_served_from_its_hf_checkpoint(tmp_path, monkeypatch, capsys):
+    from eagle_io.capturing import models
+
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    package = tmp_path / "llm_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    gguf = package / "m.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    converted = []
+    monkeypatch.setattr(models, "target_checkpoint", lambda m: (converted.append(m), t, None, {})[1:])
+    for target in (package, gguf):  # the package directory, or its .gguf file
+        assert cli(["--target", str(target), "--draft", str(d), "--speculative-algorithm", "EAGLE3"]) == 0
+        out, err = capsys.readouterr()
+        assert "OK: no problems found" in out and f"served from its HF checkpoint {t} (pass that to SGLang" in err
+    assert converted == [gguf, gguf]
+    (package / "other.gguf").write_bytes(b"GGUF")
+    (tmp_path / "empty").mkdir()
+    for bad, found in ((package, "2 .gguf files"), (tmp_path / "empty", "no .gguf file")):
+        with pytest.raises(CheckpointError, match=f"no config.json and {found}: pass an HF model directory"):
+            cli(["--target", str(bad), "--draft", str(d)])
+
+
 def test_cli_reads_sglang_launch_args_after_dashdash(tmp_path, capsys):
     t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
     argv = [

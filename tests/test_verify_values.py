@@ -41,7 +41,8 @@ def test_nan_written_through_the_writer_fails_verify(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "OK 5 samples in 1 shard(s) verified" in out, "the records themselves are sound"
     assert "VALUE FAIL nonfinite: sample 4: NaN/Inf in captured hidden_states at token row 2 (1 bad rows)" in out
-    assert "values    5 samples, 20 tokens decoded and checked: nonfinite 1, zero_sample 0" in out
+    want = "values    5 samples, 20 tokens decoded and checked; samples with a problem, by kind: nonfinite 1, "
+    assert want + "zero_sample 0, zero_rows 0, copied_rows 0\n" in out, out
     assert main(["verify", str(tmp_path), "--no-values"]) == 0
 
 

@@ -2,7 +2,8 @@
 ``src/dataset/writer.rs``, ``CodecOptions::default`` in ``src/codec/mod.rs``, the ring's constants in
 ``src/ring/mod.rs``, ``FetchOptions::default`` in ``src/storage/fetch.rs``), exported as
 ``eagle_io._native.DEFAULTS``. The writer, the capture ring, ``eagle_io.capture``, the object-storage reader,
-the SGLang capture, ``import-specforge`` and the command line all take their defaults from here.
+the SGLang capture, ``import-specforge`` and the command line (options, progress lines) all take their defaults
+from here.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ FOLLOW_TIMEOUT_S: float = _CORE["follow_timeout_s"]
 """Seconds a followed capture may go without committing a shard (nor completing) before ``CaptureStalledError``."""
 STOP_TIMEOUT_S: float = _CORE["stop_timeout_s"]
 """Seconds ``stop_capture`` / ``SGLangCapture.close`` wait for every SGLang scheduler to drain, commit and answer."""
+PROGRESS_LOG_S: float = _CORE["progress_log_s"]
+"""Seconds between two progress lines when stderr is not a terminal (each a full line; a terminal gets a bar)."""
 REMOTE_IN_FLIGHT: int = _CORE["remote_in_flight"]
 """Object-storage requests in flight at once per reader (a batch read's ranged GETs)."""
 REMOTE_COALESCE_GAP: int = _CORE["remote_coalesce_gap"]

@@ -45,12 +45,15 @@ const FOLLOW_POLL_S: f64 = 1.0;
 const FOLLOW_TIMEOUT_S: f64 = 3600.0;
 /// Seconds `stop_capture` waits for every SGLang scheduler to drain, commit and answer.
 const STOP_TIMEOUT_S: f64 = 600.0;
+/// Seconds between two progress lines of a command whose stderr is not a terminal (a log file, CI): each a
+/// full line, where a terminal gets one bar redrawn in place.
+const PROGRESS_LOG_S: f64 = 30.0;
 /// Bytes of committed shards a capture to object storage may keep staged, awaiting upload,
 /// before it blocks (on top of the shard being written): four default shards.
 const STAGING_BYTES: u64 = 4 << 30;
 
 /// Every tunable's default, defined once in the core (`WriterOptions::default`, `FetchOptions::default`,
-/// `src/ring/mod.rs`, the feed's follow, SGLang stop and upload staging constants above); `eagle_io.defaults` reads
+/// `src/ring/mod.rs`, the feed's follow, SGLang stop, progress and upload staging constants above); `eagle_io.defaults` reads
 /// them from here.
 fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let w = WriterOptions::default();
@@ -66,6 +69,7 @@ fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("follow_poll_s", FOLLOW_POLL_S)?;
     d.set_item("follow_timeout_s", FOLLOW_TIMEOUT_S)?;
     d.set_item("stop_timeout_s", STOP_TIMEOUT_S)?;
+    d.set_item("progress_log_s", PROGRESS_LOG_S)?;
     let fetch = crate::storage::FetchOptions::default();
     d.set_item("remote_in_flight", fetch.in_flight)?;
     d.set_item("remote_coalesce_gap", fetch.coalesce_gap)?;

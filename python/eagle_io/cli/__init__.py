@@ -40,12 +40,31 @@ COMMANDS = {
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``eagle-io``. Returns the process exit code (0 ok, 1 problems found, 2 errors)."""
+class HelpFormatter(argparse.HelpFormatter):
+    """Each option's help ends with its default (``(default: 2048)``) unless the text already says it, or there is
+    none to show (``None``, a flag's ``False``, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        none = action.default is None or action.default is False or action.default == [] or action.default == ""
+        shown = action.option_strings and not none and action.default is not argparse.SUPPRESS
+        if not shown or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``eagle-io`` parser: one subparser per :data:`COMMANDS` entry."""
     parser = argparse.ArgumentParser(prog="eagle-io", description="EAGLE-3 draft training data tools.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, mod in COMMANDS.items():
-        mod.add_parser(sub.add_parser(name, help=mod.__doc__, description=mod.__doc__))
+        mod.add_parser(sub.add_parser(name, help=mod.__doc__, description=mod.__doc__, formatter_class=HelpFormatter))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``eagle-io``. Returns the process exit code (0 ok, 1 problems found, 2 errors)."""
+    parser = build_parser()
     args = parser.parse_args(attach_id_lists(sys.argv[1:] if argv is None else argv))
     try:
         return COMMANDS[args.command].run(args)

@@ -20,12 +20,13 @@ from collections.abc import Iterator
 from itertools import chain, islice, takewhile
 
 from .. import defaults
-from ..errors import InvalidArgumentError
+from ..errors import IncompatibleDatasetError, InvalidArgumentError
 from ..store import layout
 from ..store.schema import EXPECTED_RATIO, precision_name
 from ..store.values import IMPLAUSIBLE
 from .generate_summary import human_summary, nothing_written
 from .layer_ids_arg import layer_ids_arg
+from .resume_check import RESUME_HINT, check_out_dir
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -55,8 +56,19 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-bytes", type=int, default=defaults.SHARD_BYTES, help="shard size (bytes)")
     p.add_argument("--threads", type=int, default=defaults.THREADS, help="encoding threads (0 = one per CPU)")
     p.add_argument("--ring-bytes", type=int, default=defaults.RING_BYTES, help="capture ring size (bytes)")
-    p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)))
-    p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=int(os.environ.get("RANK", 0)),
+        help="this writer's rank: it captures the records whose index %% world-size is its rank, into its own "
+        "manifest (then `eagle-io merge`); default $RANK, else 0",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=int(os.environ.get("WORLD_SIZE", 1)),
+        help="writers sharing --out, one process each (torchrun sets $WORLD_SIZE); default $WORLD_SIZE, else 1",
+    )
     p.add_argument("--resume", action="store_true", help="continue a run: regenerate only what is not committed")
     p.add_argument("--skip-bad-records", action="store_true", help="count malformed records instead of failing")
     p.add_argument("--nonfinite", default="raise", choices=["raise", "skip"], help="NaN/Inf states policy")
@@ -107,16 +119,20 @@ def _batches(samples: Iterator, batch_size: int, window: int = 8) -> Iterator[li
 
 
 def _estimate(args, total: int, head: list, last: int, done: int) -> tuple[float, str]:
-    """(samples this rank will still write, how that was found) from the first ``head`` samples: all of them when
-    the source ended there; else their rate per record read times the records left of ``total`` (this rank's
-    share, counted). ``last``: the last source index read; ``done``: this rank's records already committed."""
+    """(samples this rank will still write, how that was found) from the first ``head`` samples, tokenized before
+    the capture starts: all of them when the source ended there; else their rate per record tokenized times the
+    records left of ``total`` (this rank's share, counted). ``last``: the last source index read; ``done``: this
+    rank's records already committed."""
     n = len(head)
     if n < 4 * args.batch_size:
         return n, "counted: the source ended within the first batches"
     read = len(range(args.rank, last + 1, args.world_size))  # this rank's records read so far
-    rate = n / max(1, read - done)  # samples per record not yet committed
+    sampled = max(1, read - done)  # of them, those not committed yet: tokenized for the head
+    rate = n / sampled  # samples per record not yet committed
     left = max(0, total - read)
-    return n + rate * left, f"{total:,} records counted, {rate:.0%} of those read gave a sample"
+    how = f"{total:,} records to read; the first {sampled:,} tokenized gave {n:,} samples ({rate:.0%})"
+    how += ", assumed for the rest"
+    return n + rate * left, how
 
 
 def _disk_check(
@@ -229,6 +245,7 @@ def _sglang_session(args, dataset: str, layer_ids):
             f"{args.out} was captured by {ranks or 1} DP rank(s): resume it with --dp-size {ranks or 1} (each rank "
             "resumes its own manifest)"
         )
+    check_out_dir(args, dataset)  # before the checkpoint is made and the engine launched
     path, tokenizer, info = target_checkpoint(args.model)
     print(f"target    {info['model_id']} through SGLang ({path}): tp {args.tp_size}, dp {args.dp_size}")
     options = capture_options(
@@ -277,8 +294,13 @@ def run(args: argparse.Namespace) -> int:
         args.out = args.staging or default_staging(remote)
     elif args.staging:
         raise InvalidArgumentError(f"--staging is for an object-storage --out (s3://...), not {args.out}")
+    if args.backend == "hf":
+        check_out_dir(args, dataset)  # before the target loads: a dataset there that this run cannot continue
     opener = _sglang_session if args.backend == "sglang" else _hf_session
-    session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
+    try:
+        session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
+    except IncompatibleDatasetError as e:  # what only the loaded target tells (its tokenizer, layers...) differs
+        raise IncompatibleDatasetError(f"{e}: {RESUME_HINT}") from e
     try:
         summary = _capture(args, session, tokenizer, info, records, stats, t_start)
     finally:

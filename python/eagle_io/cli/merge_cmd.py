@@ -68,9 +68,10 @@ def _load_tokenizer(choice: str, root: str) -> tuple[Any, int | None, str]:
         return None, max_length, "none"
     path = choice
     if choice == "auto":
-        ident = meta.get("tokenizer")
-        path = ident.get("tokenizer") if isinstance(ident, dict) else None
-        if not (isinstance(path, str) and os.path.isdir(path)):
+        from ..data.chat import locate_tokenizer
+
+        path = locate_tokenizer(meta.get("tokenizer"))
+        if path is None:
             return None, max_length, "none (the manifest names no local tokenizer directory)"
     from transformers import AutoTokenizer
 

@@ -1,4 +1,6 @@
-"""Progress bars for the long commands: a total and an ETA on a terminal, a line every 30 s otherwise.
+"""Progress bars for the long commands: a bar with a total and an ETA on a terminal; otherwise (a log file, CI) a
+full line at most every :data:`eagle_io.defaults.PROGRESS_LOG_S` seconds while the work advances, plus the first
+and the last.
 
 Bars go to stderr, so a command's stdout (JSON, summaries) stays clean.
 """
@@ -9,14 +11,38 @@ import contextlib
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import IO, Any
 
-TTY_INTERVAL_S = 2.0
-LOG_INTERVAL_S = 30.0  # not a terminal: one line per this many seconds
+from .. import defaults
+
+TTY_INTERVAL_S = 2.0  # a terminal's bar is redrawn at most this often
+
+
+class LineStream:
+    """A stream for tqdm off a terminal: each state tqdm draws (``"\\r" + line + padding``) becomes one full line;
+    the blank writes that erase or end a bar are dropped."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def write(self, s: str) -> None:
+        line = s.replace("\r", "").strip()
+        if line:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    @property
+    def encoding(self) -> str | None:
+        """The stream's encoding (tqdm draws its bar in Unicode blocks when it is UTF-8)."""
+        return getattr(self.stream, "encoding", None)
 
 
 def bar(total: int | None, unit: str, desc: str | None = None, *, unit_scale: bool = False) -> Any:
-    """A tqdm bar on stderr; ``total`` None when unknown (then no ETA)."""
+    """A tqdm bar on stderr; ``total`` None when unknown (then no ETA). Off a terminal it prints full lines, at most
+    one per ``defaults.PROGRESS_LOG_S`` seconds (:class:`LineStream`)."""
     from tqdm import tqdm
 
     tty = sys.stderr.isatty()
@@ -24,9 +50,10 @@ def bar(total: int | None, unit: str, desc: str | None = None, *, unit_scale: bo
         total=total,
         unit=unit,
         desc=desc,
-        file=sys.stderr,
+        file=sys.stderr if tty else LineStream(sys.stderr),
         unit_scale=unit_scale,
-        mininterval=TTY_INTERVAL_S if tty else LOG_INTERVAL_S,
+        mininterval=TTY_INTERVAL_S if tty else defaults.PROGRESS_LOG_S,
+        maxinterval=10.0 if tty else max(10.0, defaults.PROGRESS_LOG_S),  # tqdm's 10 s would redraw sooner
         dynamic_ncols=tty,
     )
 

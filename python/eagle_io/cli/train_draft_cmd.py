@@ -21,16 +21,18 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         type=int,
         help="when no --vocab-map: build one of this size (default 4096); with --vocab-map it must equal the map's",
     )
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps (one batch each)")
     p.add_argument("--batch-size", type=int, default=4, help="samples per step")
     p.add_argument("--max-length", type=int, default=512, help="truncate samples to this many tokens")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup-steps", type=int, default=20)
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
+    p.add_argument("--warmup-steps", type=int, default=20, help="steps of linear learning-rate warmup")
     p.add_argument("--eval-samples", type=int, help="held-out samples (default 10%% of the dataset)")
-    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps")
+    p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (0: only at the end)")
     p.add_argument("--intermediate-size", type=int, help="draft MLP width (default: the target's)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the draft's initial weights, the split and the batch order"
+    )
     p.add_argument(
         "--on-corrupt",
         default="raise",

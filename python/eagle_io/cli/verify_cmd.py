@@ -73,8 +73,11 @@ def _values(args: argparse.Namespace) -> bool:
     if not r["checked"]:
         print("values    not checked: the schema has no aux_hidden_states [L, k*H] / hidden_states [L, H] pair")
         return False
-    counts = ", ".join(f"{k} {r['counts'][k]}" for k in KINDS)
-    print(f"values    {r['samples']:,} samples, {r['tokens']:,} tokens decoded and checked: {counts} (samples)")
+    counts = ", ".join(f"{k} {r['counts'][k]:,}" for k in KINDS)
+    print(
+        f"values    {r['samples']:,} samples, {r['tokens']:,} tokens decoded and checked; samples with a problem, "
+        f"by kind: {counts}"
+    )
     blocks = r["absmax"]["blocks"]
     print("max |x|   " + ", ".join(f"{b} {v:.4g}" for b, v in zip(blocks, r["absmax"]["values"], strict=True)))
     for kind in KINDS:

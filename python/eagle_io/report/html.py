@@ -79,6 +79,7 @@ def _summary(f: dict[str, Any]) -> str:
 def _metadata(f: dict[str, Any]) -> str:
     m = f["metadata"] if isinstance(f["metadata"], dict) else {}
     tok = m.get("tokenizer") if isinstance(m.get("tokenizer"), dict) else {}
+    pkg = tok.get("tokenizer_package")
     target = m.get("target_model")
     rows = [
         ("target", json.dumps(target) if isinstance(target, (dict, list)) else target),
@@ -88,7 +89,7 @@ def _metadata(f: dict[str, Any]) -> str:
         ("aux layer convention", m.get("aux_layer_convention")),
         ("state dtype", m.get("dtype")),
         ("max_length", m.get("max_length")),
-        ("tokenizer", tok.get("tokenizer")),
+        ("tokenizer", f"{tok.get('tokenizer')}" + (f" (package {pkg})" if pkg else "")),
         ("chat template sha256", tok.get("chat_template_sha256")),
         ("loss mask method", tok.get("loss_mask_method")),
     ]  # fmt: skip

@@ -26,6 +26,7 @@ __all__ = [
     "SHARD_DIR",
     "SHARD_FILE",
     "atomic_file",
+    "created_mode",
     "dataset_manifests",
     "is_shard_temp",
     "is_url",
@@ -134,6 +135,22 @@ def storage_error(path: str | os.PathLike[str], e: OSError) -> StorageError:
     return err
 
 
+def created_mode() -> int:
+    """``0o666 & ~umask``: the permissions a plain ``open(path, "w")`` gives a new file, which every file the atomic
+    writes below commit gets too (a temporary file made by another means, e.g. ``mkstemp``, would be ``0o600``).
+    The umask is read from ``/proc/self/status``; where that is missing, by setting and restoring it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -144,10 +161,11 @@ def _fsync_dir(directory: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike[str], *, check: Callable[[Path], object] | None = None) -> Iterator[IO[bytes]]:
-    """Writes ``path`` atomically: yields a binary file open on :func:`temp_path`; on a clean exit fsyncs and
-    closes it, runs ``check(temp_path)`` if given (e.g. open the written manifest), renames it over ``path`` and
-    fsyncs the directory, so a crash leaves the old file or the new one, never a torn one. On an exception (in the
-    block or from ``check``) the temp file is removed and ``path`` is untouched.
+    """Writes ``path`` atomically: yields a binary file open on :func:`temp_path` (mode :func:`created_mode`, as a plain
+    ``open`` would create ``path``); on a clean exit fsyncs and closes it, runs ``check(temp_path)`` if given (e.g. open
+    the written manifest), renames it over ``path`` and fsyncs the directory, so a crash leaves the old file or the new
+    one, never a torn one. On an exception (in the block or from ``check``) the temp file is removed and ``path`` is
+    untouched.
 
     Raises:
         StorageError: an OS error, naming the file.
@@ -160,6 +178,7 @@ def atomic_file(path: str | os.PathLike[str], *, check: Callable[[Path], object]
         raise storage_error(tmp, e) from e
     try:
         with f:
+            os.fchmod(f.fileno(), created_mode())  # a leftover temp file of another mode is reused by open()
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -181,7 +200,8 @@ def atomic_file(path: str | os.PathLike[str], *, check: Callable[[Path], object]
 @contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Builds directory ``path`` atomically: yields an empty temporary directory beside it (``.NAME.PID.tmp``, one
-    per process, so concurrent builders never share one); on a clean exit fsyncs every file in it, renames it to
+    per process, so concurrent builders never share one); on a clean exit gives every file in it the mode of a plain
+    ``open`` (:func:`created_mode`; a library's temporary files are often ``0o600``), fsyncs it, renames it to
     ``path`` and fsyncs the parent. When another process renamed its copy first, this one is removed (both hold the
     same content). On an exception the temporary directory is removed and ``path`` is untouched.
 
@@ -199,8 +219,10 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise storage_error(tmp, e) from e
     try:
         yield tmp
+        mode = created_mode()
         for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
             with open(f, "rb") as fh:
+                os.fchmod(fh.fileno(), mode)
                 os.fsync(fh.fileno())
         try:
             os.rename(tmp, target)
