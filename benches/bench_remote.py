@@ -3,7 +3,9 @@ tests/helpers/s3server.py) and from local disk in one run: samples/s, MB/s of de
 and construction time over 100k samples from object storage. Reads one sample at a time (``ds[pos]``: one GET
 each) and in batches (``read_batch``, the ``ShardDataset.read_many`` / DataLoader path: adjacent records coalesced,
 ``in_flight`` GETs at once), in position order and shuffled; and the server's own ceiling (N ``curl`` ranged GETs
-in flight, no eagle-io).
+in flight, no eagle-io). When ``nginx`` is installed (``apt-get install nginx-light``; the bench alone uses it), the
+batched reads are repeated against nginx serving the same object files over HTTP (the GET/HEAD-with-Range subset of
+S3 that reads use; sendfile): a server that is not the wall, so that row measures eagle-io's reader itself.
 
     .venv/bin/python benches/bench_remote.py            # prints, and writes its section of benches/README.md
     .venv/bin/python benches/bench_remote.py --quick    # 10k samples for construction, one repeat
@@ -104,6 +106,38 @@ def curl_ceiling(root: Path, bucket: str, key: str, size: int, in_flight: int, s
         proc.wait(timeout=10)
 
 
+def nginx_rows(served: Path, url: str, local: eagle_io.Dataset, orders: dict, repeat: int, batch: int) -> list:
+    """The default batched reads against nginx serving ``served`` (the s3s-fs directory, whose files are the
+    objects) on 127.0.0.1: ``(label, local seconds, remote seconds, requests per epoch)`` rows; [] without nginx."""
+    if shutil.which("nginx") is None:
+        return []
+    port = s3server.free_port()
+    conf = WORK / "nginx.conf"
+    conf.write_text(
+        f"worker_processes 1; pid {WORK}/nginx.pid; error_log {WORK}/nginx-error.log; daemon off;\n"
+        "events { worker_connections 256; }\n"
+        f"http {{ access_log off; sendfile on; server {{ listen 127.0.0.1:{port}; root {served}; }} }}\n"
+    )
+    proc = subprocess.Popen(["nginx", "-c", str(conf), "-p", str(WORK)], stderr=subprocess.DEVNULL)
+    endpoint = os.environ["AWS_ENDPOINT"]
+    try:
+        s3server.wait_listening(port, proc)
+        os.environ["AWS_ENDPOINT"] = f"http://127.0.0.1:{port}"  # a new client: one is kept per endpoint
+        rows = []
+        for label, order in orders.items():
+            t_l, _ = best_epoch(local, repeat, order, batch)
+            ds = eagle_io.Dataset(url, threads=1)
+            r0 = _native.storage_stats()["requests"]
+            t_r, _ = best_epoch(ds, repeat, order, batch)
+            rows.append((f"nginx: batches of {batch}, {label}, in_flight={defaults.REMOTE_IN_FLIGHT}", t_l, t_r,
+                         (_native.storage_stats()["requests"] - r0) // repeat))  # fmt: skip
+        return rows
+    finally:
+        os.environ["AWS_ENDPOINT"] = endpoint
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def upload(root: Path, bucket: Path) -> str:
     """Uploads the local dataset ``root`` through eagle-io's own write path (multipart, manifest last) unless the
     server holds it already; returns its URL. (Files placed into the server's directory by hand would make s3s-fs
@@ -175,7 +209,8 @@ def main() -> None:
         shuffled = list(range(records))
         random.Random(0).shuffle(shuffled)
         rows = []  # (label, local seconds, remote seconds, requests per epoch)
-        for label, order in (("position order", list(range(records))), ("shuffled", shuffled)):
+        orders = {"position order": list(range(records)), "shuffled": shuffled}
+        for label, order in orders.items():
             t_l, _ = best_epoch(local, repeat, order, args.batch)
             for in_flight in (1, 4, defaults.REMOTE_IN_FLIGHT, 16):
                 ds = eagle_io.Dataset(url, threads=1, in_flight=in_flight)
@@ -188,6 +223,7 @@ def main() -> None:
         ceiling = [(n, curl_ceiling(server.root, bucket.name, f"{root.name}/{biggest['file']}", biggest["bytes"],
                                     n, int(record_mb))) for n in (1, 4, 8, 16)]  # fmt: skip
         built = construction(bucket, 10_000 if args.quick else 100_000)
+        fast = nginx_rows(server.root, url, local, orders, repeat, args.batch)
     finally:
         server.stop()
     mb = nbytes / 1e6
@@ -205,7 +241,7 @@ def main() -> None:
         f"| one sample at a time (`ds[pos]`) | {records / t_local:.0f} | {records / t_remote:.0f} | "
         f"{mb / t_remote:.0f} | {ratio:.2f} | {per_epoch} + {s1 - s0} to open |",
     ]
-    for label, t_l, t_r, req in rows:
+    for label, t_l, t_r, req in rows + fast:
         lines.append(f"| {label} | {records / t_l:.0f} | {records / t_r:.0f} | {mb / t_r:.0f} | {t_l / t_r:.2f} "
                      f"| {req} |")  # fmt: skip
     lines += [
@@ -217,7 +253,14 @@ def main() -> None:
         "",
         f"- throughput, default batch read (in_flight={defaults.REMOTE_IN_FLIGHT}): object store / local disk = "
         + ", ".join(f"{t_l / t_r:.2f} ({label.split(', ')[1]})" for label, t_l, t_r, _ in default_rows)
-        + f"; one sample at a time {ratio:.2f} (target >= 0.80).",
+        + f"; one sample at a time {ratio:.2f} (target >= 0.80)"
+        + (
+            "; against nginx (the reader itself): "
+            + ", ".join(f"{t_l / t_r:.2f} ({lb.split(', ')[1]})" for lb, t_l, t_r, _ in fast)
+            if fast
+            else "; nginx not installed: the reader alone not measured"
+        )
+        + ".",
         f"- requests: one at a time {per_epoch} per epoch + {s1 - s0} at open = {per_epoch + s1 - s0}; batched "
         + ", ".join(f"{req} ({label.split(', ')[1]})" for label, _, _, req in default_rows)
         + f" per epoch; target <= records + shards x 3 = {records + 3 * shards}.",
