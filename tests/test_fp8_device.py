@@ -79,10 +79,11 @@ def test_clamps_are_counted_as_the_core_counts_them(tmp_path):
 @pytest.mark.parametrize("block", [None, 24])
 def test_quantising_before_the_copy_writes_the_same_shard_bytes(tmp_path, block):
     samples = {i: edge_sample(i, [7, 40, 130][i % 3]) for i in range(7)}
+    samples[7] = make_sample(7, 0)  # a 0-token sample: empty rows quantise too
     host = ring_write(tmp_path / "host", samples, quantize_on_device=None, block=block)
     dev = ring_write(tmp_path / "dev", samples, quantize_on_device=True, block=block)
     assert shard_bytes(tmp_path / "host") == shard_bytes(tmp_path / "dev")
-    assert (host["fp8_quantized_before_copy"], dev["fp8_quantized_before_copy"]) == (0, 7)
+    assert (host["fp8_quantized_before_copy"], dev["fp8_quantized_before_copy"]) == (0, 8)
     for key in ("fp8_values", "fp8_clamped", "fp8_zero_blocks", "samples", "raw_bytes"):
         assert host[key] == dev[key], key
     assert dev["fp8_values"] == sum(4 * 32 * [7, 40, 130][i % 3] for i in range(7))

@@ -57,7 +57,7 @@ def _quantize(x: torch.Tensor, block: int | None) -> tuple[torch.Tensor, torch.T
     # 448 (ties to even), as in the Rust core.
     clamped = (y.abs() > 464.0).sum()
     q = y.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q.reshape(x.shape[0], -1)[:, :w], scale.squeeze(-1), clamped
+    return q.flatten(1)[:, :w], scale.squeeze(-1), clamped
 
 
 def quantize_rows(x: torch.Tensor, block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +70,8 @@ def quantize_rows(x: torch.Tensor, block: int | None = None) -> tuple[torch.Tens
     applies the nonfinite policy first.
     """
     q, scales, clamped = _quantize(x, block)
-    rows = torch.cat([scales.contiguous().view(torch.uint8), q.contiguous().view(torch.uint8)], dim=1)
+    scale_bytes = scales.reshape(-1).view(torch.uint8).reshape(scales.shape[0], 4 * scales.shape[1])
+    rows = torch.cat([scale_bytes, q.contiguous().view(torch.uint8)], dim=1)
     return rows, clamped
 
 
@@ -79,6 +80,5 @@ def dequantize(
 ) -> torch.Tensor:
     """``q [L, W]`` float8_e4m3fn and ``scales [L, S]`` float32 (``block`` channels per scale, None: one per row)
     -> ``[L, W]`` ``dtype``, as the Rust reader does: ``e4m3fn(q) * scale`` in float32, rounded once into ``dtype``."""
-    n, _ = q.shape
     qb, w = _blocks(q.float(), block)
-    return (qb * scales.float().unsqueeze(-1)).reshape(n, -1)[:, :w].to(dtype)
+    return (qb * scales.float().unsqueeze(-1)).flatten(1)[:, :w].to(dtype)
