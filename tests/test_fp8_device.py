@@ -145,3 +145,14 @@ def test_cuda_states_are_quantised_on_the_gpu_with_the_same_shard_bytes(tmp_path
     rows, clamped = fp8.quantize_rows(samples[1]["aux_hidden_states"].cuda())
     assert rows.is_cuda and clamped.is_cuda
     assert torch.equal(rows.cpu(), fp8.quantize_rows(samples[1]["aux_hidden_states"])[0])
+
+
+def test_a_slot_declared_quantised_must_hold_the_stored_rows(tmp_path):
+    for precision, n_bytes, match in ((None, 265, "stores no tensor as FP8"), ("fp8", 265, "holds 265 bytes")):
+        w = eagle_io.ShardWriter(tmp_path / str(precision), eagle_io.eagle3_schema(32, precision=precision), {})
+        sink = RingSink(w, ring_bytes=1 << 16)._sink
+        slot = sink.reserve(n_bytes, 1.0, False)
+        with pytest.raises(SchemaError, match=match):
+            sink.commit(slot, 4, "", 1, fp8_clamped=0)  # 1 bf16 token (265 bytes) declared quantised (145 needed)
+        sink.commit(slot, 4, "", 1, cancelled=True)
+        sink.close()
