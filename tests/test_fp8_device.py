@@ -72,8 +72,10 @@ def test_clamps_are_counted_as_the_core_counts_them(tmp_path):
     with eagle_io.ShardWriter(tmp_path / "d", specs, {}) as w:
         w.write(0, {"x": x})
         core = w.stats()["fp8_clamped"]
+    x0 = x.clone()
     _, clamped = fp8.quantize_rows(x)
     assert core == int(clamped) == 2
+    assert torch.equal(x, x0)  # a float32 input is not the quantiser's scratch buffer
 
 
 @pytest.mark.parametrize("block", [None, 24])

@@ -48,15 +48,16 @@ def quantize(x: torch.Tensor, block: int | None = None) -> tuple[torch.Tensor, t
 
 def _quantize(x: torch.Tensor, block: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`quantize` with the clamp count left on ``x``'s device (a 0-d int64 tensor: no host sync)."""
-    xb, w = _blocks(x.float(), block)
+    # A float32 copy of its own, divided and clamped in place: one [L, W] float32 buffer (GPU memory) besides abs's.
+    xb, w = _blocks(x.to(torch.float32, copy=True), block)
     scale = xb.abs().amax(-1, keepdim=True) / E4M3_MAX
     zero = scale == 0
     # A zero block stores bytes 0 (its -0.0 values too, as the Rust core writes them).
-    y = torch.where(zero, 0.0, xb / torch.where(zero, torch.ones_like(scale), scale))
+    y = xb.div_(torch.where(zero, 1.0, scale)).masked_fill_(zero, 0.0)
     # Above 464 (the midpoint to the next, non-finite, code) rounding would leave the range; 464 itself rounds to
     # 448 (ties to even), as in the Rust core.
-    clamped = (y.abs() > 464.0).sum()
-    q = y.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    clamped = ((y > 464.0) | (y < -464.0)).sum()
+    q = y.clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.flatten(1)[:, :w], scale.squeeze(-1), clamped
 
 
