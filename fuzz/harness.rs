@@ -199,6 +199,7 @@ pub fn original() -> &'static Original {
                 key,
                 n_tokens: n,
                 tensors: data.iter().map(|v| v.as_slice()).collect(),
+                prequantised: None,
             }])
             .unwrap();
             samples.insert(id, (key.to_owned(), n, data));

@@ -213,6 +213,53 @@ pub fn quantize(
     Ok(counts)
 }
 
+/// Checks `rows` stored rows quantised elsewhere (`src`, laid out as [`quantize`] writes them:
+/// the torch quantiser of `eagle_io.store.fp8` on the source device) before they are stored as
+/// given: every scale finite and not negative (a NaN or Inf in a block makes its scale NaN or
+/// Inf), every byte of a block whose scale is 0 zero, no byte a NaN code (`0x7F`, `0xFF`).
+/// Returns what quantising counted, but `clamped` (the quantiser reports it), or the row at
+/// fault and what is wrong with it.
+pub fn check_quantised(src: &[u8], rows: usize, width: usize, p: &Precision) -> Result<QuantCounts, (u64, String)> {
+    let block = p.block_len(width as u64) as usize;
+    let n_scales = p.scales_per_row(width as u64) as usize;
+    let mut counts = QuantCounts {
+        values: (rows * width) as u64,
+        ..Default::default()
+    };
+    for (r, row) in src.chunks_exact(4 * n_scales + width).enumerate().take(rows) {
+        let (scales, bytes) = row.split_at(4 * n_scales);
+        for (j, qs) in bytes.chunks(block).enumerate() {
+            let scale = f32::from_le_bytes(scales[4 * j..4 * j + 4].try_into().unwrap());
+            let bad = |what: String| (r as u64, format!("scale {j} (channels from {}) {what}", j * block));
+            if !scale.is_finite() {
+                return Err(bad(format!(
+                    "is {scale}: the block holds a NaN or Inf, which FP8 cannot store"
+                )));
+            }
+            if scale.is_sign_negative() {
+                return Err(bad(format!("is {scale}; scales are amax / 448, never negative")));
+            }
+            if scale == 0.0 {
+                counts.zero_blocks += 1;
+                if let Some(c) = qs.iter().position(|&q| q != 0) {
+                    return Err(bad(format!(
+                        "is 0 but channel {} holds byte {:#04x}; a zero block stores zeros",
+                        j * block + c,
+                        qs[c]
+                    )));
+                }
+            } else if let Some(c) = qs.iter().position(|&q| q & 0x7F == 0x7F) {
+                return Err(bad(format!(
+                    "covers channel {} holding {:#04x}, an e4m3fn NaN",
+                    j * block + c,
+                    qs[c]
+                )));
+            }
+        }
+    }
+    Ok(counts)
+}
+
 /// Dequantises `rows` stored rows (`src`, as [`quantize`] writes them) into `dst`
 /// (`rows x width` elements of `dtype`): `x = e4m3fn(q) x scale`, rounded once into `dtype`.
 pub fn dequantize(src: &[u8], rows: usize, width: usize, p: &Precision, dtype: DType, dst: &mut [u8]) {

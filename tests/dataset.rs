@@ -74,6 +74,7 @@ fn write_samples(w: &mut DatasetWriter, ids: &[(u64, u64)]) {
             key: k,
             n_tokens: n,
             tensors: d.iter().map(|v| v.as_slice()).collect(),
+            prequantised: None,
         })
         .collect();
     w.write_batch(&samples).unwrap();
@@ -147,6 +148,7 @@ fn invalid_samples_are_refused_before_anything_is_written() {
             key: "",
             n_tokens: 5,
             tensors: d.iter().map(|v| v.as_slice()).collect(),
+            prequantised: None,
         }
     }
     let err = w.write_batch(&[s(1, &good), s(2, &short)]).unwrap_err();
@@ -355,4 +357,91 @@ fn the_manifest_checksum_covers_metadata_and_names_the_digits_offset() {
     // Sealing is deterministic: the loaded manifest stores back to the very same bytes.
     std::fs::write(&path, &good).unwrap();
     assert_eq!(Manifest::load(&path).unwrap().to_sealed_bytes(), good.as_bytes());
+}
+
+#[test]
+fn rows_quantised_on_the_source_device_make_the_same_shards_as_the_writers_own() {
+    use eagle_io::quant::{quantize, Precision};
+    let mut schema = eagle3_schema(16);
+    for t in &mut schema.tensors[2..] {
+        t.precision = Some(Precision::PER_TOKEN);
+    }
+    let ids: Vec<(u64, u64)> = vec![(1, 7), (2, 300), (3, 0)];
+    let given: Vec<Vec<Vec<u8>>> = ids
+        .iter()
+        .map(|&(id, n)| (0..4).map(|t| tensor_bytes(&schema, id, t, n)).collect())
+        .collect();
+    // The same rows quantised before the writer sees them (as the GPU quantiser does).
+    let quantised: Vec<Vec<Vec<u8>>> = given
+        .iter()
+        .zip(&ids)
+        .map(|(ts, &(_, n))| {
+            let mut ts = ts.clone();
+            for (t, spec) in schema.tensors.iter().enumerate().skip(2) {
+                let mut q = vec![0u8; (n * spec.stored_row_bytes()) as usize];
+                let w = spec.elems_per_row() as usize;
+                quantize(&ts[t], spec.dtype, n as usize, w, &Precision::PER_TOKEN, &mut q).unwrap();
+                ts[t] = q;
+            }
+            ts
+        })
+        .collect();
+    let mut shards = Vec::new();
+    for (data, prequantised) in [(&given, None), (&quantised, Some(5))] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = DatasetWriter::create(dir.path(), schema.clone(), serde_json::json!({}), small_opts()).unwrap();
+        let samples: Vec<SampleRef> = ids
+            .iter()
+            .zip(data)
+            .map(|(&(id, n), d)| SampleRef {
+                sample_id: id,
+                key: "",
+                n_tokens: n,
+                tensors: d.iter().map(|v| v.as_slice()).collect(),
+                prequantised,
+            })
+            .collect();
+        w.write_batch(&samples).unwrap();
+        let m = w.close().unwrap();
+        let s = w.stats();
+        assert_eq!(s.fp8_values, 307 * 4 * 16);
+        // The given rows' quantiser counted 5 clamps per sample (the writer's own found none).
+        assert_eq!(s.fp8_clamped, prequantised.map_or(0, |c| 3 * c));
+        assert_eq!(
+            m.shards.iter().map(|s| s.raw_bytes).sum::<u64>(),
+            307 * schema.token_bytes()
+        );
+        let files: Vec<Vec<u8>> = m
+            .shards
+            .iter()
+            .map(|s| std::fs::read(dir.path().join(&s.file)).unwrap())
+            .collect();
+        shards.push(files);
+    }
+    assert_eq!(shards[0], shards[1]);
+
+    // Rows that no quantiser of the core's rules makes are refused, naming sample, tensor and token.
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = DatasetWriter::create(dir.path(), schema.clone(), serde_json::json!({}), small_opts()).unwrap();
+    let mut bad = quantised[1].clone();
+    let rb = schema.tensors[3].stored_row_bytes() as usize;
+    bad[3][4 * rb..4 * rb + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    fn sample(d: &[Vec<u8>], n: u64) -> SampleRef<'_> {
+        SampleRef {
+            sample_id: 9,
+            key: "",
+            n_tokens: n,
+            tensors: d.iter().map(|v| v.as_slice()).collect(),
+            prequantised: Some(0),
+        }
+    }
+    let err = w.write_batch(&[sample(&bad, 300)]).unwrap_err().to_string();
+    assert!(
+        err.contains("sample 9") && err.contains("\"hidden_states\"") && err.contains("token 4"),
+        "{err}"
+    );
+    assert!(err.contains("is NaN"), "{err}");
+    // Given in the dtype's size while declared quantised: the byte count is wrong.
+    let err = w.write_batch(&[sample(&given[1], 300)]).unwrap_err().to_string();
+    assert!(err.contains("(FP8 scales and bytes)"), "{err}");
 }

@@ -21,3 +21,7 @@ def test_capture_overhead_smoke_runs_every_phase_and_verifies(tmp_path):
     assert r["forward_seconds_per_batch"] > 0 and r["capture_seconds_per_batch"] > 0
     assert 0 < r["sustained_ring_high_water_bytes"] <= r["sustained_ring_capacity"]
     assert r["sustained_ratio"] > 1.0, "bf16 states compress"
+    # The FP8 phases: on CPU the writer quantises (the GPU quantises before the copy: fp8_quantized_before_copy).
+    assert r["fp8_samples_written"] >= 2 * 3 * 2 and r["fp8_quantized_before_copy"] == 0
+    assert r["fp8_values"] == r["fp8_samples_written"] * 32 * 4 * 64 and r["fp8_clamped"] == 0
+    assert r["fp8_sustained_ratio_vs_bf16"] > 1.9

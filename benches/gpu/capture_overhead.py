@@ -10,6 +10,9 @@ Phases (each timed with CUDA events / wall clock, one JSON object out):
 * ``sustained``: the capture again until ``--sustain-s`` seconds, then close (drain + commit): tokens/s and GB/s
   of bf16 states into committed shards with ``--threads`` encode threads, ring high-water, producer stall.
   Then ``Dataset.verify`` over everything written.
+* ``fp8_capture`` and ``fp8_sustained``: the same two phases with ``precision="fp8"`` (``--fp8-sustain-s``; 0 skips
+  both): the ring quantises the states on the GPU before the copy (``eagle_io.store.fp8.quantize_rows``: about half
+  the bytes cross PCIe, ``fp8_committed_bytes_vs_bf16``) and the writer stores them as given.
 
 Usage (on the lent GPU machine, from the repository root with the built extension importable)::
 
@@ -48,11 +51,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="encode threads")
     p.add_argument("--ring-gib", type=float, default=16.0, help="capture ring size in the overhead phase")
     p.add_argument("--sustain-s", type=float, default=60.0, help="length of the sustained phase")
+    p.add_argument("--fp8-sustain-s", type=float, default=30.0, help="length of the FP8 sustained phase (0: no FP8)")
     p.add_argument("--smoke", action="store_true", help="tiny widths on whatever device: checks the script runs")
     args = p.parse_args(argv)
     if args.smoke:
         args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate, args.vocab = 64, 8, 4, 2, 128, 256
         args.batch, args.seq_len, args.batches, args.warmup, args.ring_gib, args.sustain_s = 2, 32, 3, 1, 0.0625, 0.5
+        args.fp8_sustain_s = min(args.fp8_sustain_s, 0.5)
     return args
 
 
@@ -107,12 +112,16 @@ def time_forward(model, args, device) -> float:
     return (time.perf_counter() - t0) / args.batches
 
 
-def time_capture(model, info, args, device, out: Path, *, ring_bytes: int, seconds: float | None) -> dict:
+def time_capture(
+    model, info, args, device, out: Path, *, ring_bytes: int, seconds: float | None, precision: str | None = None
+) -> dict:
     """Captures batches (``--batches`` after warm-up, or for ``seconds``); returns timings and the stats."""
     import eagle_io
 
     it = batches(args, 1 << 20 if seconds is None else 1 << 30)
-    cap = eagle_io.capture(model, out, target_info=info, threads=args.threads, ring_bytes=ring_bytes)
+    cap = eagle_io.capture(
+        model, out, target_info=info, threads=args.threads, ring_bytes=ring_bytes, precision=precision
+    )
     n_batches, t0 = 0, None
     with cap:
         for n in range(10**9):
@@ -153,7 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     per_batch = small["submit_seconds"] / small["batches"]
     sustained = time_capture(model, info, args, device, out / "sustained", ring_bytes=eagle_io.defaults.RING_BYTES,
                              seconds=args.sustain_s)  # fmt: skip
+    fp8_small = fp8_sustained = None
+    if args.fp8_sustain_s > 0:
+        fp8_small = time_capture(model, info, args, device, out / "fp8_overhead", ring_bytes=int(args.ring_gib * 2**30),
+                                 seconds=None, precision="fp8")  # fmt: skip
+        fp8_sustained = time_capture(model, info, args, device, out / "fp8_sustained",
+                                     ring_bytes=eagle_io.defaults.RING_BYTES, seconds=args.fp8_sustain_s,
+                                     precision="fp8")  # fmt: skip
     bad = eagle_io.Dataset.verify(out / "sustained") + eagle_io.Dataset.verify(out / "overhead")
+    if fp8_small is not None:
+        bad += eagle_io.Dataset.verify(out / "fp8_sustained") + eagle_io.Dataset.verify(out / "fp8_overhead")
     s = sustained["stats"]
     tokens = sustained["batches"] * tokens_per_batch
     result = {
@@ -178,6 +196,24 @@ def main(argv: list[str] | None = None) -> int:
         "samples_written": small["stats"]["written"] + s["written"],
         "verify_bad_records": len(bad),
     }
+    if fp8_small is not None:
+        f, fs = fp8_small["stats"], fp8_sustained["stats"]
+        fp8_per_batch = fp8_small["submit_seconds"] / fp8_small["batches"]
+        fp8_tokens = fp8_sustained["batches"] * tokens_per_batch
+        result.update({
+            "fp8_capture_seconds_per_batch": fp8_per_batch,
+            "fp8_overhead": fp8_per_batch / forward_s - 1,
+            "fp8_quantized_before_copy": f["fp8_quantized_before_copy"] + fs["fp8_quantized_before_copy"],
+            "fp8_committed_bytes_vs_bf16": (f["committed_bytes"] / max(1, f["written"]))
+            / (small["stats"]["committed_bytes"] / max(1, small["stats"]["written"])),
+            "fp8_sustained_tokens_per_second": fp8_tokens / fp8_sustained["closed_seconds"],
+            "fp8_sustained_submit_tokens_per_second": fp8_tokens / fp8_sustained["submit_seconds"],
+            "fp8_sustained_producer_stall_seconds": fs["producer_stall_seconds"],
+            "fp8_sustained_ratio_vs_bf16": fs["raw_bytes"] / max(1, fs["stored_bytes"]),
+            "fp8_values": f["fp8_values"] + fs["fp8_values"],
+            "fp8_clamped": f["fp8_clamped"] + fs["fp8_clamped"],
+            "fp8_samples_written": f["written"] + fs["written"],
+        })  # fmt: skip
     (out / "capture_overhead.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return 0 if not bad else 1

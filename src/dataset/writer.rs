@@ -36,6 +36,23 @@ pub struct SampleRef<'a> {
     pub key: &'a str,
     pub n_tokens: u64,
     pub tensors: Vec<&'a [u8]>,
+    /// `Some(clamped)`: every tensor with FP8 storage is given quantised already, as its stored
+    /// rows (per token `S` f32 scales then `W` e4m3fn bytes, docs/FORMAT.md 3.1), by a quantiser
+    /// with the core's rules (`eagle_io.store.fp8`, on the source device before its copy) that
+    /// saturated `clamped` values; the writer checks the rows (`quant::check_quantised`) and
+    /// codes them as given. `None`: every tensor is given in its dtype (FP8 ones quantised here).
+    pub prequantised: Option<u64>,
+}
+
+impl SampleRef<'_> {
+    /// Bytes per token of `spec` as this sample gives it (`stored_row_bytes` when prequantised).
+    pub fn given_row_bytes(spec: &TensorSpec, prequantised: bool) -> u64 {
+        if prequantised {
+            spec.stored_row_bytes()
+        } else {
+            spec.row_bytes()
+        }
+    }
 }
 
 /// Counters of a writer, as of the call.
@@ -321,15 +338,21 @@ impl DatasetWriter {
                 )));
             }
             for (spec, data) in self.schema.tensors.iter().zip(&s.tensors) {
-                let expected = s.n_tokens.checked_mul(spec.row_bytes());
+                let row_bytes = SampleRef::given_row_bytes(spec, s.prequantised.is_some());
+                let expected = s.n_tokens.checked_mul(row_bytes);
                 if expected != Some(data.len() as u64) {
+                    let quantised = if row_bytes != spec.row_bytes() {
+                        " (FP8 scales and bytes)"
+                    } else {
+                        ""
+                    };
                     return Err(err(format!(
-                        "tensor {:?} holds {} bytes; {} tokens x {} bytes per token = {} expected",
+                        "tensor {:?} holds {} bytes; {} tokens x {} bytes per token{quantised} = {} expected",
                         spec.name,
                         data.len(),
                         s.n_tokens,
-                        spec.row_bytes(),
-                        s.n_tokens.saturating_mul(spec.row_bytes())
+                        row_bytes,
+                        s.n_tokens.saturating_mul(row_bytes)
                     )));
                 }
             }
@@ -363,15 +386,18 @@ impl DatasetWriter {
             jobs.par_iter()
                 .map(|&(si, ti, row, rows)| {
                     let spec = &schema.tensors[ti];
-                    let rb = spec.row_bytes() as usize;
-                    let data = &samples[si].tensors[ti][row as usize * rb..(row + rows) as usize * rb];
+                    let s = &samples[si];
+                    let rb = SampleRef::given_row_bytes(spec, s.prequantised.is_some()) as usize;
+                    let data = &s.tensors[ti][row as usize * rb..(row + rows) as usize * rb];
+                    let schema_err = |message| Error::Schema {
+                        sample_id: s.sample_id,
+                        message,
+                    };
                     match &spec.precision {
-                        Some(p) => {
-                            encode_fp8_rows(data, row, rows as usize, spec, p, &codec).map_err(|m| Error::Schema {
-                                sample_id: samples[si].sample_id,
-                                message: m,
-                            })
+                        Some(p) if s.prequantised.is_some() => {
+                            encode_quantised_rows(data, row, rows as usize, spec, p, &codec).map_err(schema_err)
                         }
+                        Some(p) => encode_fp8_rows(data, row, rows as usize, spec, p, &codec).map_err(schema_err),
                         None => Ok((
                             encode_chunk(data, rows as u32, spec.dtype, &codec),
                             QuantCounts::default(),
@@ -383,6 +409,10 @@ impl DatasetWriter {
         let mut counts = QuantCounts::default();
         for (_, c) in &encoded {
             counts.add(c);
+        }
+        if schema.tensors.iter().any(|t| t.precision.is_some()) {
+            // Rows quantised on the source device: their quantiser counted the clamps.
+            counts.clamped += samples.iter().filter_map(|s| s.prequantised).sum::<u64>();
         }
         let c = &self.stats.counters;
         c.fp8_values.fetch_add(counts.values, Relaxed);
@@ -405,7 +435,8 @@ impl DatasetWriter {
                     sample_id: s.sample_id,
                     key: s.key.to_owned(),
                     n_tokens: s.n_tokens,
-                    raw_bytes: s.tensors.iter().map(|t| t.len() as u64).sum(),
+                    // Decoded (dequantised) bytes, however the tensors were given.
+                    raw_bytes: s.n_tokens * schema.token_bytes(),
                     parts,
                 }
             })
@@ -485,6 +516,29 @@ thread_local! {
     /// The encoding thread's quantised rows, reused across chunks (a fresh buffer per chunk
     /// would cost a page fault per page).
     static FP8_ROWS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Checks `rows` stored rows quantised on the source device (starting at row `first`) and
+/// entropy-codes them as given (chunk layout 3): the chunk is the one `encode_fp8_rows` makes of
+/// the same values. The error names the token and scale at fault.
+fn encode_quantised_rows(
+    q: &[u8],
+    first: u64,
+    rows: usize,
+    spec: &TensorSpec,
+    p: &Precision,
+    codec: &CodecOptions,
+) -> std::result::Result<(EncodedChunk, QuantCounts), String> {
+    let width = spec.elems_per_row() as usize;
+    let counts = quant::check_quantised(q, rows, width, p).map_err(|(row, what)| {
+        format!(
+            "tensor {:?} given quantised (FP8 scales and bytes), token {}: {what}",
+            spec.name,
+            first + row
+        )
+    })?;
+    let n_scales = p.scales_per_row(width as u64) as usize;
+    Ok((encode_fp8(q, rows, width, n_scales, codec), counts))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -48,8 +48,11 @@ impl CaptureSink {
     }
 
     /// Hands `slot` (its bytes fully written, no view of it written again) to the writer, or
-    /// abandons it with `cancelled`. A slot is handed back once.
-    #[pyo3(signature = (slot, sample_id, key, n_tokens, cancelled = false))]
+    /// abandons it with `cancelled`. A slot is handed back once. `fp8_clamped` (an int) says the
+    /// slot's FP8 tensors hold quantised rows (scales then e4m3fn bytes per token, as
+    /// `eagle_io.store.fp8.quantize_rows` makes them on the source device) whose quantiser
+    /// saturated that many values; the writer checks and stores them without quantising again.
+    #[pyo3(signature = (slot, sample_id, key, n_tokens, cancelled = false, fp8_clamped = None))]
     ///
     /// Raises `InvalidArgumentError` for a slot another sink reserved, and `SchemaError` when
     /// `n_tokens` rows of the schema do not fill the slot exactly (both before anything is
@@ -61,6 +64,7 @@ impl CaptureSink {
         key: String,
         n_tokens: u64,
         cancelled: bool,
+        fp8_clamped: Option<u64>,
     ) -> PyResult<()> {
         let py = slf.py();
         if !slot.reserved_by(slf) {
@@ -70,7 +74,9 @@ impl CaptureSink {
         let me = slf.borrow();
         let (id, len) = (slot.id(), slot.len());
         me.inner
-            .commit(id, len, sample_id, key, n_tokens, cancelled, || slot.hand_over())
+            .commit(id, len, sample_id, key, n_tokens, cancelled, fp8_clamped, || {
+                slot.hand_over()
+            })
             .map_err(py_err(py))
     }
 

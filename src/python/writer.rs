@@ -133,6 +133,7 @@ impl Writer {
                 key,
                 n_tokens: *n_tokens,
                 tensors: bufs.iter().map(Borrowed::bytes).collect(),
+                prequantised: None,
             })
             .collect();
         py.detach(|| inner.write_batch(&refs)).map_err(py_err(py))

@@ -184,3 +184,46 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn rows_quantised_elsewhere_are_checked_and_counted_like_the_writers_own() {
+    let p = Precision {
+        storage: Fp8Type::E4m3fn,
+        block: Some(2),
+    };
+    // Token 0: a real row; token 1: an all-zero row (two zero blocks).
+    let src = bf16_bytes(&[0.5, -3.0, 1.0, 0.25, 0.0, 0.0, 0.0, 0.0]);
+    let mut q = vec![0u8; 2 * p.row_bytes(4) as usize];
+    let own = quantize(&src, DType::Bfloat16, 2, 4, &p, &mut q).unwrap();
+    assert_eq!(check_quantised(&q, 2, 4, &p), Ok(own));
+    assert_eq!(own.zero_blocks, 2);
+    let rb = p.row_bytes(4) as usize;
+    let bad = |edit: &dyn Fn(&mut [u8])| {
+        let mut b = q.clone();
+        edit(&mut b);
+        check_quantised(&b, 2, 4, &p).unwrap_err()
+    };
+    let e = bad(&|b| b[4..8].copy_from_slice(&f32::NAN.to_le_bytes()));
+    assert_eq!(e.0, 0);
+    assert!(e.1.starts_with("scale 1 (channels from 2) is NaN"), "{}", e.1);
+    assert!(bad(&|b| b[rb..rb + 4].copy_from_slice(&f32::INFINITY.to_le_bytes()))
+        .1
+        .contains("is inf"));
+    assert!(bad(&|b| b[0..4].copy_from_slice(&(-1.0f32).to_le_bytes()))
+        .1
+        .contains("never negative"));
+    assert!(bad(&|b| b[rb..rb + 4].copy_from_slice(&(-0.0f32).to_le_bytes()))
+        .1
+        .contains("never negative"));
+    let e = bad(&|b| b[rb + 8 + 3] = 0x80);
+    assert_eq!(
+        e,
+        (
+            1,
+            "scale 1 (channels from 2) is 0 but channel 3 holds byte 0x80; a zero block stores zeros".into()
+        )
+    );
+    assert!(bad(&|b| b[8] = 0xFF)
+        .1
+        .contains("channel 0 holding 0xff, an e4m3fn NaN"));
+}

@@ -18,6 +18,8 @@ pub struct SinkStats {
 pub struct CaptureSink {
     ring: Arc<Ring>,
     token_bytes: u64,
+    /// Bytes of a token whose FP8 tensors are given quantised (scales and FP8 bytes).
+    stored_token_bytes: u64,
     writer_stats: StatsHandle,
     thread: Option<JoinHandle<Result<Manifest>>>,
 }
@@ -33,7 +35,8 @@ fn sample_ref<'a>(ring: &'a Ring, writer: &DatasetWriter, c: &'a Committed) -> S
         .tensors
         .iter()
         .map(|t| {
-            let (head, tail) = rest.split_at((c.n_tokens * t.row_bytes()) as usize);
+            let row_bytes = SampleRef::given_row_bytes(t, c.prequantised.is_some());
+            let (head, tail) = rest.split_at((c.n_tokens * row_bytes) as usize);
             rest = tail;
             head
         })
@@ -43,6 +46,7 @@ fn sample_ref<'a>(ring: &'a Ring, writer: &DatasetWriter, c: &'a Committed) -> S
         key: &c.key,
         n_tokens: c.n_tokens,
         tensors,
+        prequantised: c.prequantised,
     }
 }
 
@@ -72,6 +76,7 @@ impl CaptureSink {
         let ring = Arc::new(Ring::new(ring_bytes));
         let writer_stats = writer.stats_handle();
         let token_bytes = writer.schema().token_bytes();
+        let stored_token_bytes = writer.schema().stored_token_bytes();
         let r = ring.clone();
         let thread = std::thread::Builder::new()
             .name("eagle-io-capture-sink".into())
@@ -80,13 +85,15 @@ impl CaptureSink {
         Ok(CaptureSink {
             ring,
             token_bytes,
+            stored_token_bytes,
             writer_stats,
             thread: Some(thread),
         })
     }
 
     /// Commits reserved slot `id` of `len` bytes holding `n_tokens` rows of the schema (or, with
-    /// `cancelled`, abandons it). `hand_over` runs once the rows are known to fill the slot exactly
+    /// `cancelled`, abandons it); with `prequantised`, its FP8 tensors hold quantised rows
+    /// (`SampleRef::prequantised`). `hand_over` runs once the rows are known to fill the slot exactly
     /// and before the sink thread can see it: the producer's last chance to stop writing the slot.
     ///
     /// Errors: `Schema` when `n_tokens` rows do not fill the slot exactly (nothing is handed over:
@@ -101,16 +108,26 @@ impl CaptureSink {
         key: String,
         n_tokens: u64,
         cancelled: bool,
+        prequantised: Option<u64>,
         hand_over: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        let need = n_tokens.checked_mul(self.token_bytes);
+        if prequantised.is_some() && self.stored_token_bytes == self.token_bytes {
+            let message = "given quantised, but the schema stores no tensor as FP8".to_string();
+            return Err(Error::Schema { sample_id, message });
+        }
+        let token_bytes = if prequantised.is_some() {
+            self.stored_token_bytes
+        } else {
+            self.token_bytes
+        };
+        let need = n_tokens.checked_mul(token_bytes);
         if !cancelled && need != Some(len as u64) {
             let need = need.map_or("more than 2**64".into(), |n| n.to_string());
             let message = format!("ring slot {id} holds {len} bytes; {n_tokens} tokens of the schema need {need}");
             return Err(Error::Schema { sample_id, message });
         }
         hand_over()?;
-        self.ring.commit(id, sample_id, key, n_tokens, cancelled)
+        self.ring.commit(id, sample_id, key, n_tokens, cancelled, prequantised)
     }
 
     /// The ring: producers `reserve` slots on it (and `commit` them through the sink).

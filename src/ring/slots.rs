@@ -20,6 +20,8 @@ pub struct Committed {
     pub n_tokens: u64,
     /// A cancelled slot is released without being written.
     pub cancelled: bool,
+    /// `Some(clamped)`: its FP8 tensors hold quantised rows (`SampleRef::prequantised`).
+    pub prequantised: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -176,8 +178,17 @@ impl Ring {
         }
     }
 
-    /// Commits (or, with `cancelled`, abandons) reserved slot `id` once its bytes are written.
-    pub fn commit(&self, id: u64, sample_id: u64, key: String, n_tokens: u64, cancelled: bool) -> Result<()> {
+    /// Commits (or, with `cancelled`, abandons) reserved slot `id` once its bytes are written;
+    /// `prequantised` as `SampleRef::prequantised`.
+    pub fn commit(
+        &self,
+        id: u64,
+        sample_id: u64,
+        key: String,
+        n_tokens: u64,
+        cancelled: bool,
+        prequantised: Option<u64>,
+    ) -> Result<()> {
         let mut st = self.lock();
         let slot = st
             .slots
@@ -191,6 +202,7 @@ impl Ring {
             key,
             n_tokens,
             cancelled,
+            prequantised,
         });
         if !cancelled {
             st.stats.committed_bytes += slot.len as u64;
@@ -215,6 +227,7 @@ impl Ring {
                         key: String::new(),
                         n_tokens: 0,
                         cancelled: true,
+                        prequantised: None,
                     });
                     abandoned += 1;
                 }
@@ -271,7 +284,7 @@ mod tests {
     const T: Duration = Duration::from_millis(50);
 
     fn commit(r: &Ring, s: Reserved, id: u64) {
-        r.commit(s.id, id, String::new(), 1, false).unwrap();
+        r.commit(s.id, id, String::new(), 1, false, None).unwrap();
     }
 
     #[test]

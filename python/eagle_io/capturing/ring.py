@@ -6,6 +6,11 @@ On CUDA the arena is registered as pinned memory (``cudaHostRegister``) and each
 ``non_blocking`` device-to-host copy on a side stream; a completion thread waits on the copy's
 CUDA event and commits the slot, so the forward thread never waits for the copy, compression or
 disk, unless the ring is full.
+
+Tensors the schema stores as FP8 (``precision="fp8"``) are quantised where the copy happens: a sample's CUDA
+tensors on their GPU before the copy (:func:`eagle_io.store.fp8.quantize_rows`: the slot receives the scales and
+FP8 bytes, half the bytes of bf16 over PCIe, and the writer stores them as given), CPU tensors in the Rust
+encode pass. Both give the same shard bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 
 from .. import _native, defaults
 from ..errors import ArgumentTypeError, InvalidArgumentError, SchemaError
+from ..store import fp8
 from ..store.writer import ShardWriter
 
 _FOREVER_S = 1e9
@@ -50,9 +56,13 @@ class RingSink:
         batch: committed samples the sink thread encodes together (in parallel).
         timeout_s: how long :meth:`put` waits on a full ring before raising RingTimeoutError (``inf``: no limit).
         drop_when_full: instead of waiting, drop the sample and count it (``stats()["dropped_samples"]``).
+        quantize_on_device: for a schema with FP8 tensors: None quantises a sample's FP8 tensors on their device
+            before the copy when they are all on CUDA (else the writer quantises them), True always (CPU tensors too,
+            in torch: the path tests can run without a GPU), False never.
 
     Raises:
-        InvalidArgumentError: a bad option (:func:`check_ring_options`).
+        InvalidArgumentError: a bad option (:func:`check_ring_options`), or a ``quantize_on_device`` that is not
+            None or a bool.
     """
 
     def __init__(
@@ -63,8 +73,11 @@ class RingSink:
         batch: int = defaults.RING_BATCH,
         timeout_s: float = defaults.RING_TIMEOUT_S,
         drop_when_full: bool = False,
+        quantize_on_device: bool | None = None,
     ) -> None:
         check_ring_options(ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s)
+        if quantize_on_device not in (None, True, False):
+            raise InvalidArgumentError(f"quantize_on_device must be None, True or False, not {quantize_on_device!r}")
         self.schema = writer.schema
         self._ids = set(writer.sample_ids())  # refused at put, not later by the sink thread (which then stops)
         self._sink = _native.CaptureSink(writer._native, ring_bytes, batch)
@@ -73,6 +86,13 @@ class RingSink:
         self._row_bytes = [
             (s.width or 1) * torch.empty(0, dtype=getattr(torch, s.dtype)).element_size() for s in self.schema
         ]
+        self._fp8 = [s.precision is not None for s in self.schema]
+        self._stored_row_bytes = [
+            fp8.stored_row_bytes(s) if q else rb
+            for s, q, rb in zip(self.schema, self._fp8, self._row_bytes, strict=True)
+        ]
+        self._quantize_on_device = quantize_on_device if any(self._fp8) else False
+        self.quantized_before_copy = 0
         self.pinned = False
         self._stream: torch.cuda.Stream | None = None
         self._done: queue.Queue | None = None
@@ -91,10 +111,11 @@ class RingSink:
         """Commits GPU-copied slots once their copy has finished (waits off the forward thread)."""
         assert self._done is not None
         while (item := self._done.get()) is not None:
-            event, slot, sample_id, key, n = item
+            event, slot, sample_id, key, n, clamped = item
             try:
                 event.synchronize()
-                self._sink.commit(slot, sample_id, key, n)
+                clamped = None if clamped is None else int(clamped)  # copied with the slot
+                self._sink.commit(slot, sample_id, key, n, fp8_clamped=clamped)
             except BaseException as e:  # surfaced by the next put() or close()
                 self._error = e
 
@@ -132,29 +153,52 @@ class RingSink:
                     sample_id,
                     f"tensor {spec.name!r} is {t.dtype} {tuple(t.shape)}; the schema needs {spec.dtype} {want}",
                 )
-        sizes = [n * rb for rb in self._row_bytes]
+        quantize = self._quantize_on_device is True or (
+            self._quantize_on_device is None and all(t.is_cuda for t, q in zip(ts, self._fp8, strict=True) if q)
+        )
+        sizes = [n * rb for rb in (self._stored_row_bytes if quantize else self._row_bytes)]
         slot = self._sink.reserve(sum(sizes), self._timeout_s, self._drop)
         if slot is None:
             return False
         on_gpu = self._stream is not None and any(t.is_cuda for t in ts)
         try:
-            event = self._copy_into(slot, ts, sizes, on_gpu)
+            event, clamped = self._copy_into(slot, ts, sizes, on_gpu, quantize)
         except BaseException:
             if on_gpu:  # no copy may still land in a slot the ring hands out again
                 self._stream.synchronize()
             self._sink.commit(slot, sample_id, key, n, cancelled=True)
             raise
         if event is None:
-            self._sink.commit(slot, sample_id, key, n)
+            self._sink.commit(slot, sample_id, key, n, fp8_clamped=None if clamped is None else int(clamped))
         else:
-            self._done.put((event, slot, sample_id, key, n))
+            self._done.put((event, slot, sample_id, key, n, clamped))
         self._ids.add(sample_id)
+        self.quantized_before_copy += quantize
         return True
 
-    def _copy_into(self, slot: Any, ts: list[torch.Tensor], sizes: list[int], on_gpu: bool) -> Any:
-        """Copies ``ts`` back to back into ``slot``; on the GPU asynchronously, returning the copy's CUDA event.
-        The slot's array or tensor view dies with this call, before the slot is committed (the ring's contract)."""
+    def _quantized(self, ts: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """``ts`` with each FP8 tensor as its stored rows (:func:`eagle_io.store.fp8.quantize_rows`, on its device),
+        and the clamps counted (a 0-d tensor on the device: read once the copy is done)."""
+        out, clamped = [], []
+        for t, spec, q in zip(ts, self.schema, self._fp8, strict=True):
+            if q:
+                t, c = fp8.quantize_rows(t, spec.scale_block)
+                clamped.append(c)
+            out.append(t)
+        return out, sum(clamped)  # 0-d CPU counts add to CUDA ones as scalars
+
+    def _copy_into(
+        self, slot: Any, ts: list[torch.Tensor], sizes: list[int], on_gpu: bool, quantize: bool
+    ) -> tuple[Any, Any]:
+        """Copies ``ts`` (with ``quantize``, their FP8 tensors quantised first) back to back into ``slot``; on the GPU
+        asynchronously. Returns the copy's CUDA event (None on the CPU) and the clamps counted (None without
+        ``quantize``; on the GPU a pinned 0-d tensor to read after the event). The slot's array or tensor view dies
+        with this call, before the slot is committed (the ring's contract)."""
         if not on_gpu:
+            clamped = None
+            if quantize:
+                ts, count = self._quantized(ts)
+                clamped = int(count)
             # One single-threaded memcpy per tensor: torch's copy_ of a few MB spreads over its intra-op threads
             # and cost 3x the CPU (benches/README.md, capture ring path).
             host = np.frombuffer(slot, dtype=np.uint8)
@@ -163,11 +207,19 @@ class RingSink:
                 if size:
                     np.copyto(host[offset : offset + size], t.contiguous().reshape(-1).view(torch.uint8).numpy())
                 offset += size
-            return None
+            return None, clamped
         dst = torch.frombuffer(slot, dtype=torch.uint8) if len(slot) else torch.empty(0, dtype=torch.uint8)
         self._stream.wait_stream(torch.cuda.current_stream())
         offset = 0
         with torch.cuda.stream(self._stream):
+            clamped = None
+            if quantize:  # on the side stream, off the forward's; the quantised rows belong to it
+                for t in ts:
+                    if t.is_cuda:
+                        t.record_stream(self._stream)
+                ts, count = self._quantized(ts)
+                clamped = torch.empty((), dtype=torch.int64, pin_memory=True)
+                clamped.copy_(count, non_blocking=True)
             for t, size in zip(ts, sizes, strict=True):
                 if size:
                     src = t.contiguous().reshape(-1).view(torch.uint8)
@@ -177,13 +229,19 @@ class RingSink:
                 offset += size
             event = torch.cuda.Event()
             event.record(self._stream)
-            return event
+            return event, clamped
 
     def stats(self) -> dict[str, float]:
         """Writer counters plus ring counters: ring_capacity, ring_bytes_in_use, ring_slots_in_use,
-        ring_high_water_bytes, producer_stall_seconds, dropped_samples, abandoned_slots, committed_bytes, and
-        ring_pinned (whether CUDA registered the arena as pinned memory)."""
-        return {**self._sink.stats(), "ring_pinned": self.pinned}
+        ring_high_water_bytes, producer_stall_seconds, dropped_samples, abandoned_slots, committed_bytes,
+        ring_pinned (whether CUDA registered the arena as pinned memory) and fp8_quantized_before_copy (samples whose
+        FP8 tensors were quantised on their device before the copy; the writer counts their values and clamps in
+        fp8_values / fp8_clamped like its own)."""
+        return {
+            **self._sink.stats(),
+            "ring_pinned": self.pinned,
+            "fp8_quantized_before_copy": self.quantized_before_copy,
+        }
 
     def close(self) -> dict:
         """Waits for pending copies, drains the ring, commits the last shard; returns the manifest."""

@@ -197,6 +197,7 @@ class SampleStore:
         batch: int = defaults.RING_BATCH,
         timeout_s: float = defaults.RING_TIMEOUT_S,
         drop_when_full: bool = False,
+        quantize_on_device: bool | None = None,
         staging: str | os.PathLike[str] | None = None,
         staging_bytes: int = defaults.STAGING_BYTES,
         **writer_options: Any,
@@ -216,7 +217,10 @@ class SampleStore:
             aux_layer_ids: the captured layers (eagle-io ids, :mod:`eagle_io.capturing.layers`).
             state_dtype: stored dtype name of the states (``"float16"`` warns: bfloat16 is recommended).
             precision: ``None``/``"bf16"`` (lossless) or ``"fp8"``: the states stored as FP8 e4m3fn with one scale
-                per token, quantised in the writer's encode pass (docs/FORMAT.md 3.1); read back as ``state_dtype``.
+                per token (docs/FORMAT.md 3.1), read back as ``state_dtype``; quantised where the copy happens: on
+                their GPU before the device-to-host copy for CUDA states, in the writer's encode pass for CPU ones.
+            quantize_on_device: the ring's choice of where FP8 states are quantised (:class:`RingSink`: None, the
+                default, as above; True also quantises CPU states in torch before the copy; False never).
             nonfinite, implausible: the value policies (:data:`VALUE_POLICIES`).
             ring_bytes, batch, timeout_s, drop_when_full: the capture ring (:class:`~eagle_io.capturing.ring.RingSink`).
             writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
@@ -256,7 +260,14 @@ class SampleStore:
         writer = ShardWriter(out_dir, schema, meta, **writer_options)
         upload = None if url is None else StagedUpload(writer.manifest_path, url, staging_bytes=staging_bytes)
         done = writer.sample_ids()
-        sink = RingSink(writer, ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s, drop_when_full=drop_when_full)
+        sink = RingSink(
+            writer,
+            ring_bytes=ring_bytes,
+            batch=batch,
+            timeout_s=timeout_s,
+            drop_when_full=drop_when_full,
+            quantize_on_device=quantize_on_device,
+        )
         store = cls(
             sink,
             state_dtype=getattr(torch, state_dtype),

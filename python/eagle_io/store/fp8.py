@@ -42,13 +42,38 @@ def quantize(x: torch.Tensor, block: int | None = None) -> tuple[torch.Tensor, t
     Returns ``(q [L, W] torch.float8_e4m3fn, scales [L, S] float32, clamped)``, ``clamped`` = values saturated.
     The caller checks NaN/Inf first (the capture's nonfinite policy); they are not representable.
     """
-    xb, w = _blocks(x.float(), block)
+    q, scales, clamped = _quantize(x, block)
+    return q, scales, int(clamped)
+
+
+def _quantize(x: torch.Tensor, block: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize` with the clamp count left on ``x``'s device (a 0-d int64 tensor: no host sync)."""
+    # A float32 copy of its own, divided and clamped in place: one [L, W] float32 buffer (GPU memory) besides abs's.
+    xb, w = _blocks(x.to(torch.float32, copy=True), block)
     scale = xb.abs().amax(-1, keepdim=True) / E4M3_MAX
-    y = xb / torch.where(scale == 0, torch.ones_like(scale), scale)
-    # Beyond 464 (the midpoint to the next, non-finite, code) rounding would leave the range.
-    clamped = int((y.abs() >= 464.0).sum())
-    q = y.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q.reshape(x.shape[0], -1)[:, :w], scale.squeeze(-1), clamped
+    zero = scale == 0
+    # A zero block stores bytes 0 (its -0.0 values too, as the Rust core writes them).
+    y = xb.div_(torch.where(zero, 1.0, scale)).masked_fill_(zero, 0.0)
+    # Above 464 (the midpoint to the next, non-finite, code) rounding would leave the range; 464 itself rounds to
+    # 448 (ties to even), as in the Rust core.
+    clamped = ((y > 464.0) | (y < -464.0)).sum()
+    q = y.clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.flatten(1)[:, :w], scale.squeeze(-1), clamped
+
+
+def quantize_rows(x: torch.Tensor, block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantises ``x [L, W]`` (any float dtype, any device, no host sync) into its stored rows, the layout the
+    writer takes pre-quantised (``_native.CaptureSink.commit(..., fp8_clamped=)``, docs/FORMAT.md 3.1): per token
+    ``S`` float32 scales (little-endian) then ``W`` e4m3fn bytes, bit for bit what the Rust core's quantiser makes.
+
+    Returns ``(rows [L, 4 S + W] uint8 on x's device, clamped)``, ``clamped`` a 0-d int64 tensor on x's device
+    (values saturated at +-448). NaN/Inf make their block's scale NaN/Inf, which the writer refuses: the caller
+    applies the nonfinite policy first.
+    """
+    q, scales, clamped = _quantize(x, block)
+    scale_bytes = scales.reshape(-1).view(torch.uint8).reshape(scales.shape[0], 4 * scales.shape[1])
+    rows = torch.cat([scale_bytes, q.contiguous().view(torch.uint8)], dim=1)
+    return rows, clamped
 
 
 def dequantize(
@@ -56,6 +81,5 @@ def dequantize(
 ) -> torch.Tensor:
     """``q [L, W]`` float8_e4m3fn and ``scales [L, S]`` float32 (``block`` channels per scale, None: one per row)
     -> ``[L, W]`` ``dtype``, as the Rust reader does: ``e4m3fn(q) * scale`` in float32, rounded once into ``dtype``."""
-    n, _ = q.shape
     qb, w = _blocks(q.float(), block)
-    return (qb * scales.float().unsqueeze(-1)).reshape(n, -1)[:, :w].to(dtype)
+    return (qb * scales.float().unsqueeze(-1)).flatten(1)[:, :w].to(dtype)
