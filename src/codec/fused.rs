@@ -115,7 +115,13 @@ fn split_exp_bytes(b0: u8, b1: u8) -> (u8, u8) {
 }
 
 #[inline(always)]
-fn split_subtract_with(data: &[u8], modes: &[u8], raw: &mut [u8], delta: &mut [u8], split: impl Fn(u8, u8) -> (u8, u8)) {
+fn split_subtract_with(
+    data: &[u8],
+    modes: &[u8],
+    raw: &mut [u8],
+    delta: &mut [u8],
+    split: impl Fn(u8, u8) -> (u8, u8),
+) {
     let cols = modes.len();
     let rows = data
         .chunks_exact(2 * cols)
@@ -177,7 +183,14 @@ fn join_exp_bytes(lo: u8, hi: u8) -> [u8; 2] {
 }
 
 #[inline(always)]
-fn join_add_with(lo: &[u8], lo_modes: &[u8], hi: &[u8], hi_modes: &[u8], out: &mut [u8], join: impl Fn(u8, u8) -> [u8; 2]) {
+fn join_add_with(
+    lo: &[u8],
+    lo_modes: &[u8],
+    hi: &[u8],
+    hi_modes: &[u8],
+    out: &mut [u8],
+    join: impl Fn(u8, u8) -> [u8; 2],
+) {
     let cols = lo_modes.len();
     debug_assert_eq!(hi_modes.len(), cols);
     let rows = lo
