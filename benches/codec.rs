@@ -75,6 +75,9 @@ fn main() {
         let dec_s = thread_cpu_seconds() - t1;
         let mb = data.len() as f64 / 1e6;
         let (coder_enc_s, coder_dec_s) = coder_alone(&enc, level);
+        if std::env::var_os("EAGLE_IO_BENCH_ZSTD_PARAMS").is_some() {
+            zstd_params(&enc, level, data.len());
+        }
         println!(
             "zstd level {level:>5}: {:.1} MB, ratio {:.4}, encode {:.0} MB/CPU-s, decode {:.0} MB/CPU-s (one thread); \
              zstd alone on the same modelled planes: encode {:.0}, decode {:.0} MB of bf16/CPU-s",
@@ -137,4 +140,66 @@ fn coder_alone(chunks: &[eagle_io::codec::EncodedChunk], level: i32) -> (f64, f6
         c.compress_to_buffer(p, &mut out).expect("compresses");
     }
     (thread_cpu_seconds() - t1, dec_s)
+}
+
+/// zstd's parameters for the modelled planes (`EAGLE_IO_BENCH_ZSTD_PARAMS=1`): the same planes
+/// recompressed with each setting; prints the stored size of all chunks (the raw planes kept as
+/// they are) as a ratio over the bf16 bytes, and zstd's encode / decode MB of bf16 per CPU-second.
+fn zstd_params(chunks: &[eagle_io::codec::EncodedChunk], level: i32, bf16_bytes: usize) {
+    use zstd::zstd_safe::{CParameter, ParamSwitch, Strategy};
+    let mut planes = Vec::new();
+    let mut raw_bytes = 0usize;
+    let mut d = zstd::bulk::Decompressor::new().expect("context");
+    for e in chunks {
+        let mut start = 0usize;
+        for p in 0..e.desc.planes as usize {
+            let len = e.desc.stored[p] as usize;
+            let frame = &e.payload[start..start + len];
+            if e.desc.plane_zstd & (1 << p) != 0 {
+                let n = zstd::zstd_safe::get_frame_content_size(frame).unwrap().unwrap() as usize;
+                planes.push(d.decompress(frame, n).expect("decodes"));
+            } else {
+                raw_bytes += len;
+            }
+            start += len;
+        }
+    }
+    let lit = CParameter::LiteralCompressionMode(ParamSwitch::Enable);
+    let variants: Vec<(&str, Vec<CParameter>)> = vec![
+        ("level, Huffman literals (shipped)", vec![lit]),
+        ("+ minMatch 7", vec![lit, CParameter::MinMatch(7)]),
+        (
+            "+ minMatch 7, targetLength 131072",
+            vec![lit, CParameter::MinMatch(7), CParameter::TargetLength(131072)],
+        ),
+        ("+ windowLog 10", vec![lit, CParameter::WindowLog(10)]),
+        ("+ hashLog 6", vec![lit, CParameter::HashLog(6)]),
+        (
+            "+ strategy dfast",
+            vec![lit, CParameter::Strategy(Strategy::ZSTD_dfast)],
+        ),
+    ];
+    let mut buf = vec![1u8; planes.iter().map(Vec::len).max().unwrap_or(0)];
+    for (name, params) in variants {
+        let mut c = zstd::bulk::Compressor::new(level).expect("context");
+        for p in &params {
+            c.set_parameter(*p).expect("a valid parameter");
+        }
+        let t0 = thread_cpu_seconds();
+        let frames: Vec<Vec<u8>> = planes.iter().map(|p| c.compress(p).expect("compresses")).collect();
+        let enc_s = thread_cpu_seconds() - t0;
+        let t1 = thread_cpu_seconds();
+        for (f, p) in frames.iter().zip(&planes) {
+            d.decompress_to_buffer(f, &mut buf[..p.len()]).expect("decodes");
+        }
+        let dec_s = thread_cpu_seconds() - t1;
+        let stored = raw_bytes + frames.iter().map(Vec::len).sum::<usize>();
+        let mb = bf16_bytes as f64 / 1e6;
+        println!(
+            "  zstd params {name:<36}: ratio {:.4}, zstd enc {:.0}, dec {:.0} MB of bf16/CPU-s",
+            bf16_bytes as f64 / stored as f64,
+            mb / enc_s,
+            mb / dec_s
+        );
+    }
 }

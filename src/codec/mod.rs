@@ -23,12 +23,17 @@ thread_local! {
     static WORK: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Runs `f` with this thread's two work buffers resized to `a` and `b` bytes (contents unspecified).
+/// Runs `f` with the first `a` and `b` bytes of this thread's two work buffers (contents
+/// unspecified). The buffers only grow: shrinking and regrowing them zero-filled the regrown
+/// bytes on every chunk of another size.
 fn with_work<R>(a: usize, b: usize, f: impl FnOnce(&mut [u8], &mut [u8]) -> R) -> R {
     WORK.with(|w| {
         let (x, y) = &mut *w.borrow_mut();
-        x.resize(a, 0);
-        y.resize(b, 0);
+        for (v, n) in [(&mut *x, a), (&mut *y, b)] {
+            if v.len() < n {
+                v.resize(n, 0);
+            }
+        }
         f(&mut x[..a], &mut y[..b])
     })
 }
@@ -238,7 +243,8 @@ fn encode_fused(data: &[u8], rows: usize, layout: u8, opts: &CodecOptions) -> En
         rows: rows as u32,
         ..Default::default()
     };
-    // A recycled buffer (`payload_pool.rs`): its pages are mapped already, so filling it costs no faults.
+    // A recycled buffer (`payload_pool.rs`): its pages are mapped already, so filling it costs no
+    // faults, and its old bytes are kept, so only growth is zero-filled (the split overwrites them all).
     let mut payload = payload_pool::take(plane_len + zstd::zstd_safe::compress_bound(cols + plane_len));
     payload.resize(plane_len, 0);
     with_work(cols + plane_len, 0, |modelled, _| {

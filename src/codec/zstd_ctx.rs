@@ -7,9 +7,14 @@ use zstd::bulk::{Compressor, Decompressor};
 use zstd::zstd_safe::{CParameter, ParamSwitch};
 
 thread_local! {
-    static CCTX: RefCell<Option<(i32, Compressor<'static>)>> = const { RefCell::new(None) };
+    /// One context per level in use (the writer alternates INT_LEVEL and the float level: one
+    /// context re-created at every switch cost a context allocation and reset per tensor).
+    static CCTX: RefCell<Vec<(i32, Compressor<'static>)>> = const { RefCell::new(Vec::new()) };
     static DCTX: RefCell<Option<Decompressor<'static>>> = const { RefCell::new(None) };
 }
+
+/// Compression contexts a thread keeps (one per zstd level, the least recently created dropped).
+const MAX_CONTEXTS: usize = 4;
 
 /// Compression must save at least 1/32 (about 3%) of the bytes to be kept.
 pub fn pays(compressed: usize, raw: usize) -> bool {
@@ -28,15 +33,22 @@ pub fn compress_append(data: &[u8], level: i32, out: &mut Vec<u8>) -> usize {
     out.reserve(zstd::zstd_safe::compress_bound(data.len()));
     let start = out.len();
     CCTX.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.as_ref().map(|(l, _)| *l) != Some(level) {
-            let mut c = Compressor::new(level).expect("zstd accepts every level in its range");
-            // Huffman-code literals at every level (negative levels would store them raw).
-            c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable))
-                .expect("a valid parameter");
-            *slot = Some((level, c));
-        }
-        let (_, c) = slot.as_mut().expect("set above");
+        let mut contexts = cell.borrow_mut();
+        let at = match contexts.iter().position(|(l, _)| *l == level) {
+            Some(at) => at,
+            None => {
+                let mut c = Compressor::new(level).expect("zstd accepts every level in its range");
+                // Huffman-code literals at every level (negative levels would store them raw).
+                c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable))
+                    .expect("a valid parameter");
+                if contexts.len() == MAX_CONTEXTS {
+                    contexts.remove(0);
+                }
+                contexts.push((level, c));
+                contexts.len() - 1
+            }
+        };
+        let (_, c) = &mut contexts[at];
         let mut at = std::io::Cursor::new(&mut *out);
         at.set_position(start as u64);
         c.compress_to_buffer(data, &mut at)

@@ -354,8 +354,8 @@ impl Dataset {
             return decode_record(shard, e.record, rec, outs, &pool::shared(self.threads));
         }
         RECORD.with(|buf| {
-            let rec = &mut *buf.borrow_mut();
-            shard.read_record(e.record, rec)?;
+            let buf = &mut *buf.borrow_mut();
+            let rec = shard.read_record(e.record, buf)?;
             decode_record(shard, e.record, rec, outs, &pool::shared(self.threads))
         })
     }
@@ -443,8 +443,8 @@ impl Dataset {
                     .filter_map(|r| {
                         let e = &shard.entries[r];
                         let check = || -> Result<()> {
-                            let mut rec = Vec::new();
-                            shard.read_record(r, &mut rec)?;
+                            let mut buf = Vec::new();
+                            let rec = shard.read_record(r, &mut buf)?;
                             let mut bufs: Vec<Vec<u8>> = shard
                                 .schema
                                 .tensors
@@ -452,7 +452,7 @@ impl Dataset {
                                 .map(|t| vec![0u8; (e.n_tokens * t.stored_row_bytes()) as usize])
                                 .collect();
                             let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-                            decode_record(&shard, r, &rec, &mut outs, &pool)
+                            decode_record(&shard, r, rec, &mut outs, &pool)
                         };
                         check().err().map(|err| BadRecord {
                             shard: shard.path.clone(),

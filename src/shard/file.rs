@@ -156,19 +156,26 @@ impl ShardFile {
         self.source.remote()
     }
 
-    /// Reads record `i` into `buf` and verifies its checksum.
-    pub fn read_record(&self, i: usize, buf: &mut Vec<u8>) -> Result<()> {
+    /// Reads record `i` into the head of `buf` and verifies its checksum; returns the record's
+    /// bytes. `buf` only grows (zero-filled past its longest record so far), so a reused buffer
+    /// is not zeroed again on every read.
+    pub fn read_record<'b>(&self, i: usize, buf: &'b mut Vec<u8>) -> Result<&'b [u8]> {
         let e = &self.entries[i];
-        buf.resize(e.length as usize, 0);
-        self.source.read_at(buf, e.offset)?;
-        match self.check_record(i, buf) {
+        let n = e.length as usize;
+        if buf.len() < n {
+            buf.resize(n, 0);
+        }
+        let rec = &mut buf[..n];
+        self.source.read_at(rec, e.offset)?;
+        match self.check_record(i, rec) {
             Err(_) if self.source.drop_copy() => {
                 // A bad cached copy, now deleted: read the record from the store.
-                self.source.read_at(buf, e.offset)?;
-                self.check_record(i, buf)
+                self.source.read_at(rec, e.offset)?;
+                self.check_record(i, rec)?;
             }
-            checked => checked,
+            checked => checked?,
         }
+        Ok(rec)
     }
 
     /// Verifies that `rec` holds record `i` (its length and checksum), e.g. bytes a batch fetched.
