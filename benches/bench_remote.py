@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from benchkit import write_section
+from benchkit import object_store_args, object_store_setup, write_section
 
 import eagle_io
 from eagle_io import _native, defaults
@@ -171,23 +171,11 @@ def construction(bucket: Path, n: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-n", type=int, default=44, help="real conversations (realdata.py's cache states-N.pt)")
-    ap.add_argument("--copies", type=int, default=4, help="store each real sample this many times")
+    object_store_args(ap, "store each real sample this many times", "10k samples for construction, one repeat")
     ap.add_argument("--shard-bytes", type=int, default=16 << 20)
-    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--batch", type=int, default=16, help="samples per read_batch")
-    ap.add_argument("--quick", action="store_true", help="10k samples for construction, one repeat")
     args = ap.parse_args()
-    if s3server.available():
-        sys.exit(s3server.available())
-    sys.path.insert(0, str(HERE))
-    from realdata import load_states
-
-    samples, desc = load_states(args.n)
-    repeat = 1 if args.quick else args.repeat
-    WORK.mkdir(parents=True, exist_ok=True)
-    server = s3server.S3Server(WORK / "s3root")
-    os.environ.update(server.env())
+    samples, desc, repeat, server = object_store_setup(args, WORK)
     try:
         bucket = server.root / "bench"
         bucket.mkdir(exist_ok=True)

@@ -13,22 +13,18 @@ put ``--copies`` times under distinct ids through ``SampleStore.put`` (value che
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import sys
 import time
 import uuid
 from pathlib import Path
 
-from benchkit import write_section
+from benchkit import object_store_args, object_store_setup, write_section
 
 from eagle_io import _native
 from eagle_io.capturing.store import SampleStore
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE.parent / ".bench-data" / "upload"
-sys.path.insert(0, str(HERE.parent / "tests"))
-from helpers import s3server  # noqa: E402
 
 STATES = ("aux_hidden_states", "hidden_states")
 # SmolLM2-135M: 30 layers (SGLang's default aux layers [2, N//2, N-3]), hidden 576, vocab 49152.
@@ -49,23 +45,11 @@ def capture(out: str, samples: list[dict], copies: int, shard_bytes: int, stagin
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-n", type=int, default=44, help="real conversations (realdata.py's cache states-N.pt)")
-    ap.add_argument("--copies", type=int, default=4, help="put each real sample this many times")
+    object_store_args(ap, "put each real sample this many times", "one repeat")
     ap.add_argument("--shard-bytes", type=int, default=8 << 20)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="one repeat")
     args = ap.parse_args()
-    if s3server.available():
-        sys.exit(s3server.available())
-    sys.path.insert(0, str(HERE))
-    from realdata import load_states
-
-    samples, desc = load_states(args.n)
-    repeat = 1 if args.quick else args.repeat
     shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
-    server = s3server.S3Server(WORK / "s3root")
-    os.environ.update(server.env())
+    samples, desc, repeat, server = object_store_setup(args, WORK)
     local, remote = [], []
     try:
         for r in range(repeat):  # interleaved, so both see the same machine load
