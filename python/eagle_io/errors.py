@@ -32,6 +32,7 @@ every ``raise`` in the package raises one of these.
     │   └── ReferenceVersionError                eagle_io.store.reference, which also runs as a lone file)
     ├── MissingDataPackageError (ImportError)    a package with model/data files or an optional feature is missing
     ├── RingTimeoutError (TimeoutError)          the capture ring stayed full
+    ├── RingSlotError (BufferError)              a ring slot's bytes asked for after its commit
     ├── CaptureStopTimeoutError (TimeoutError)   SGLang schedulers did not answer a stop
     ├── CaptureStalledError (TimeoutError)       a followed capture committed nothing for too long: path
     ├── ServingGuardError (RuntimeError)         an EAGLE-3 draft served without (the right) aux capture
@@ -239,6 +240,11 @@ class RingTimeoutError(EagleIOError, TimeoutError):
     """The capture ring stayed full longer than the producer's timeout (writers too slow)."""
 
 
+class RingSlotError(EagleIOError, BufferError):
+    """A ring slot's bytes were asked for (``memoryview(slot)``, ``numpy.frombuffer``) after its commit handed them
+    to the writer; raised by the buffer protocol, hence ``BufferError``."""
+
+
 class CaptureStopTimeoutError(EagleIOError, TimeoutError):
     """Not every SGLang scheduler answered a capture stop in time (a scheduler died, or no capture runs)."""
 
@@ -292,6 +298,7 @@ __all__ = [
     "NonFiniteStatesError",
     "NonFiniteTrainingError",
     "ObjectStorageError",
+    "RingSlotError",
     "RingTimeoutError",
     "SGLangCompatError",
     "SampleNotFoundError",

@@ -81,3 +81,12 @@ pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
 pub fn py_err(py: Python<'_>) -> impl Fn(Error) -> PyErr + '_ {
     move |e| to_py(py, e)
 }
+
+/// `eagle_io.errors.RingSlotError` (a `BufferError`: raised from the buffer protocol) with `msg`.
+pub fn ring_slot_error(py: Python<'_>, msg: String) -> PyErr {
+    static CLASS: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    match CLASS.import(py, "eagle_io.errors", "RingSlotError") {
+        Ok(class) => PyErr::from_type(class.clone(), msg),
+        Err(e) => e,
+    }
+}

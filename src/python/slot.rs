@@ -11,10 +11,10 @@
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
-use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
+use super::errors;
 use super::sink::CaptureSink;
 use crate::error::Error;
 
@@ -81,10 +81,8 @@ impl RingSlot {
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: c_int) -> PyResult<()> {
         let me = slf.get();
         if me.handed_over.load(SeqCst) {
-            return Err(PyBufferError::new_err(format!(
-                "ring slot {} was committed: its bytes belong to the writer",
-                me.id
-            )));
+            let msg = format!("ring slot {} was committed: its bytes belong to the writer", me.id);
+            return Err(errors::ring_slot_error(slf.py(), msg));
         }
         let (ptr, len) = (me.addr as *mut u8, me.len);
         // SAFETY: `view` is valid per CPython's contract. The range `[addr, addr + len)` lies
@@ -95,7 +93,8 @@ impl RingSlot {
         // the arena never moves or shrinks.
         let rc = unsafe { ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr.cast(), len as ffi::Py_ssize_t, 0, flags) };
         if rc != 0 {
-            return Err(PyBufferError::new_err("cannot export the ring slot"));
+            let msg = format!("ring slot {}: PyBuffer_FillInfo refused the export", me.id);
+            return Err(errors::ring_slot_error(slf.py(), msg));
         }
         Ok(())
     }
