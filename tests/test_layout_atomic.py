@@ -99,3 +99,24 @@ def test_save_draft_commits_its_files_with_the_umask_mode(tmp_path, umask):
     modes = {k: stat.S_IMODE(os.stat(p).st_mode) for k, p in paths.items()}
     assert modes == {"weights": 0o666 & ~umask, "config": 0o666 & ~umask}
     assert sorted(os.listdir(tmp_path / "draft")) == ["config.json", "model.safetensors"]  # no temp left
+
+
+def test_a_link_at_the_temp_name_is_never_written_through_and_modes_are_kept(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    os.chmod(victim, 0o600)
+    target = tmp_path / "out.json"
+    os.symlink(victim, layout.temp_path(target))  # planted (or left) at the temp name
+    layout.write_atomic(target, b"{}")
+    assert victim.read_bytes() == b"precious" and stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert not target.is_symlink() and target.read_bytes() == b"{}"
+    os.chmod(target, 0o640)  # a rewrite keeps the permissions someone gave the file, as open() would
+    layout.write_atomic(target, b"[]")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640 and target.read_bytes() == b"[]"
+    (tmp_path / "dir.json").mkdir()
+    with pytest.raises(StorageError, match="dir.json"):
+        layout.write_atomic(tmp_path / "dir.json", b"{}")
+    assert not layout.temp_path(tmp_path / "dir.json").exists(), "a failed rename removes its temp file"
+    with layout.atomic_dir(tmp_path / "d") as d:
+        os.symlink(victim, d / "link")
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600, "atomic_dir does not chmod through links"

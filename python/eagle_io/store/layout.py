@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -161,8 +162,10 @@ def _fsync_dir(directory: Path) -> None:
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike[str], *, check: Callable[[Path], object] | None = None) -> Iterator[IO[bytes]]:
-    """Writes ``path`` atomically: yields a binary file open on :func:`temp_path` (mode :func:`created_mode`, as a plain
-    ``open`` would create ``path``); on a clean exit fsyncs and closes it, runs ``check(temp_path)`` if given (e.g. open
+    """Writes ``path`` atomically: yields a binary file open on :func:`temp_path` (with the permissions of the file it
+    replaces, else :func:`created_mode`, as a plain ``open`` would leave them; a stale temp entry is removed first and
+    the temp file is created with ``O_EXCL | O_NOFOLLOW``, so a link planted at the temp name is never followed); on a
+    clean exit fsyncs and closes it, runs ``check(temp_path)`` if given (e.g. open
     the written manifest), renames it over ``path`` and fsyncs the directory, so a crash leaves the old file or the new
     one, never a torn one. On an exception (in the block or from ``check``) the temp file is removed and ``path`` is
     untouched.
@@ -173,12 +176,20 @@ def atomic_file(path: str | os.PathLike[str], *, check: Callable[[Path], object]
     target = Path(path)
     tmp = temp_path(target)
     try:
-        f = open(tmp, "wb")  # noqa: SIM115 - closed by the `with f` below, before the rename
+        st = os.stat(target)
+        mode = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else created_mode()
+    except OSError:
+        mode = created_mode()
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a crashed writer's leftover, or a link: never written through
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        f = os.fdopen(os.open(tmp, flags, 0o600), "wb")
     except OSError as e:
         raise storage_error(tmp, e) from e
     try:
         with f:
-            os.fchmod(f.fileno(), created_mode())  # a leftover temp file of another mode is reused by open()
+            os.fchmod(f.fileno(), mode)
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -194,6 +205,8 @@ def atomic_file(path: str | os.PathLike[str], *, check: Callable[[Path], object]
         os.replace(tmp, target)
         _fsync_dir(target.parent)
     except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
         raise storage_error(target, e) from e
 
 
@@ -220,7 +233,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield tmp
         mode = created_mode()
-        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        for f in sorted(p for p in tmp.rglob("*") if p.is_file() and not p.is_symlink()):
             with open(f, "rb") as fh:
                 os.fchmod(fh.fileno(), mode)
                 os.fsync(fh.fileno())
