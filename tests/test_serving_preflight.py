@@ -644,3 +644,16 @@ def test_a_float16_target_meets_data_beyond_float16s_range(tmp_path):
     f = by_code(check_serving(t16, d, algorithm="EAGLE3", dataset_manifest=ds), "dataset-range-exceeds-fp16")
     assert f.severity == "warning" and "aux layer 4 reach |x| = 9e+04" in f.message and "bfloat16" in f.fix
     assert "dataset-range-exceeds-fp16" not in codes(check_serving(tbf, d, algorithm="EAGLE3", dataset_manifest=ds))
+
+
+def test_cli_target_gguf_that_is_missing_or_unreadable_is_a_checkpoint_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE_IO_CACHE", str(tmp_path / "cache"))
+    d = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    with pytest.raises(CheckpointError, match="no such file"):
+        cli(["--target", str(tmp_path / "absent.gguf"), "--draft", str(d)])
+    bad = tmp_path / "bad" / "m.gguf"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not a gguf file at all")
+    with pytest.raises(CheckpointError, match=r"m\.gguf: cannot be read as a GGUF model"):
+        cli(["--target", str(bad), "--draft", str(d)])
+    assert not list((tmp_path / "cache").rglob("config.json")), "no half checkpoint cached"

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidArgumentError, TargetNotFoundError
+from ..errors import CheckpointError, InvalidArgumentError, TargetNotFoundError
 from ..store import layout
 
 __all__ = ["DEFAULT_GGUF_DIST", "default_gguf_path", "file_sha256", "load_target", "target_checkpoint"]
@@ -152,6 +152,9 @@ def target_checkpoint(
     Returns:
         ``(directory, tokenizer, info)``; ``info`` as :func:`load_target`'s, describing the original ``model``
         (its ``dtype`` is the checkpoint's).
+
+    Raises:
+        TargetNotFoundError: ``model`` does not exist. CheckpointError: a file that transformers cannot read as GGUF.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
@@ -161,11 +164,14 @@ def target_checkpoint(
         out = _cache_root() / "hf-from-gguf" / digest[:16]
         if not (out / "config.json").is_file():
             kw: dict[str, Any] = {"gguf_file": path.name, "local_files_only": True}
-            tokenizer = AutoTokenizer.from_pretrained(path.parent, **kw)
-            dense = GgufConfig(dequantize=True)  # plain weights: a packed GGUF model cannot be saved
-            net = AutoModelForCausalLM.from_pretrained(
-                path.parent, quantization_config=dense, dtype=torch.bfloat16, **kw
-            )
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path.parent, **kw)
+                dense = GgufConfig(dequantize=True)  # plain weights: a packed GGUF model cannot be saved
+                net = AutoModelForCausalLM.from_pretrained(
+                    path.parent, quantization_config=dense, dtype=torch.bfloat16, **kw
+                )
+            except (ValueError, OSError, KeyError, RuntimeError) as e:  # transformers' and gguf's parse errors
+                raise CheckpointError(f"{path}: cannot be read as a GGUF model: {e}", path) from e
             with layout.atomic_dir(out) as tmp:
                 net.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)

@@ -48,12 +48,14 @@ def target_dir(target: str | None) -> str | None:
     :func:`eagle_io.capturing.models.target_checkpoint`'s cached checkpoint (the directory SGLang would load).
 
     Raises:
-        CheckpointError: a directory with neither ``config.json`` nor exactly one ``.gguf`` file: the message says
-            what to pass.
+        CheckpointError: a directory with neither ``config.json`` nor exactly one ``.gguf`` file (the message says
+            what to pass), a ``.gguf`` path that does not exist or cannot be read as GGUF.
     """
     if target is None:
         return None
     p = Path(target)
+    if not p.exists() and p.suffix == ".gguf":
+        raise CheckpointError(f"--target {target}: no such file", target)
     if not p.exists() or (p / "config.json").is_file():
         return target
     ggufs = [p] if p.is_file() and p.suffix == ".gguf" else sorted(p.rglob("*.gguf")) if p.is_dir() else []
