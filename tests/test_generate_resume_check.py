@@ -86,3 +86,14 @@ def test_a_difference_found_after_loading_the_target_gets_the_same_hint(captured
         f"IncompatibleDatasetError: run/manifest.json: cannot resume: metadata differs in tokenizer: {RESUME_HINT}\n"
         == (err.split("generate: ", 1)[1])
     )
+
+
+def test_free_form_metadata_is_compared_as_stored_not_a_traceback(tmp_path, capsys):
+    src = tmp_path / "src.jsonl"
+    src.write_text(json.dumps({"id": "r0", "conversations": [{"from": "human", "value": "hi"}]}) + "\n")
+    with eagle_io.ShardWriter(tmp_path / "run", eagle_io.eagle3_schema(32), {"aux_layer_ids": 5}, threads=1):
+        pass
+    argv = ["generate", "--model", str(tmp_path / "m"), "--dataset", str(src), "--out", str(tmp_path / "run")]
+    assert main([*argv, "--resume", "--aux-layer-ids", "1,2,3"]) == 2
+    err = capsys.readouterr().err
+    assert "IncompatibleDatasetError" in err and "--aux-layer-ids 5 (this run: 1,2,3)" in err, err

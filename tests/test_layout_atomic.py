@@ -114,7 +114,7 @@ def test_a_link_at_the_temp_name_is_never_written_through_and_modes_are_kept(tmp
     layout.write_atomic(target, b"[]")
     assert stat.S_IMODE(target.stat().st_mode) == 0o640 and target.read_bytes() == b"[]"
     (tmp_path / "dir.json").mkdir()
-    with pytest.raises(StorageError, match="dir.json"):
+    with pytest.raises(StorageError, match=r"dir\.json"):
         layout.write_atomic(tmp_path / "dir.json", b"{}")
     assert not layout.temp_path(tmp_path / "dir.json").exists(), "a failed rename removes its temp file"
     with layout.atomic_dir(tmp_path / "d") as d:

@@ -24,12 +24,20 @@ RESUME_HINT = (
 
 
 def _stored_precision(manifest: dict[str, Any]) -> str | None:
-    """The storage precision of the manifest's states (None: lossless)."""
-    for t in manifest.get("schema", {}).get("tensors", []):
-        storage = (t.get("precision") or {}).get("storage")
+    """The storage precision of the manifest's states (None: lossless, or a schema of another shape)."""
+    schema = manifest.get("schema")
+    tensors = schema.get("tensors") if isinstance(schema, dict) else None
+    for t in tensors if isinstance(tensors, list) else []:
+        precision = t.get("precision") if isinstance(t, dict) else None
+        storage = precision.get("storage") if isinstance(precision, dict) else None
         if storage:
             return storage
     return None
+
+
+def _layer_ids(ids: Any) -> str:
+    """``--aux-layer-ids``' spelling of a layer id list (anything else as it is stored)."""
+    return ",".join(map(str, ids)) if isinstance(ids, list) else repr(ids)
 
 
 def differences(args: argparse.Namespace, dataset: str, manifest: dict[str, Any]) -> list[str]:
@@ -57,10 +65,10 @@ def differences(args: argparse.Namespace, dataset: str, manifest: dict[str, Any]
     if args.backend == "hf" and "world_size" in meta:
         compare("--world-size", meta["world_size"], args.world_size)
     if args.aux_layer_ids is not None and "aux_layer_ids" in meta:
-        compare("--aux-layer-ids", ",".join(map(str, meta["aux_layer_ids"])), ",".join(map(str, args.aux_layer_ids)))
+        compare("--aux-layer-ids", _layer_ids(meta["aux_layer_ids"]), _layer_ids(list(args.aux_layer_ids)))
     then_p, now_p = _stored_precision(manifest), precision_name(args.precision)
     if then_p != now_p:
-        out.append(f"--precision {'fp8' if then_p else 'bf16'} (this run: {args.precision})")
+        out.append(f"--precision {'fp8' if then_p else 'bf16'} (this run: {'fp8' if now_p else 'bf16'})")
     writer = meta.get("eagle_io_format_writer")
     if writer is not None and writer != f"eagle-io {__version__}":
         out.append(f"written by {writer} (this is eagle-io {__version__})")
