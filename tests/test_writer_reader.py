@@ -219,3 +219,30 @@ def test_negative_reader_threads_are_an_invalid_argument(small_dataset, capsys):
         eagle_io.Dataset.verify(root, threads=-1)
     assert main(["verify", str(root), "--threads", "-1"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("eagle-io verify: InvalidArgumentError: threads")
+
+
+def test_read_into_checks_shapes_positions_and_overlaps(tmp_path):
+    from conftest import make_sample
+
+    with eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(32), {}, threads=1) as w:
+        w.write(7, make_sample(7, 5))
+    ds = eagle_io.Dataset(tmp_path)
+    out = {s.name: torch.empty((5,) if s.width is None else (5, s.width), dtype=getattr(torch, s.dtype))
+           for s in ds.schema}  # fmt: skip
+    ds.read_into(0, out)
+    assert torch.equal(out["aux_hidden_states"], make_sample(7, 5)["aux_hidden_states"])
+    same_bytes = torch.empty(96, 5, dtype=torch.bfloat16)  # as many bytes as [5, 96], another shape
+    with pytest.raises(
+        eagle_io.InvalidArgumentError, match=r"'aux_hidden_states' has shape \(96, 5\); the sample needs \(5, 96\)"
+    ):
+        ds.read_into(0, {**out, "aux_hidden_states": same_bytes})
+    with pytest.raises(eagle_io.InvalidArgumentError, match="no output tensor for 'hidden_states'"):
+        ds.read_into(0, {k: v for k, v in out.items() if k != "hidden_states"})
+    with pytest.raises(eagle_io.SampleNotFoundError, match="position -1 out of range"):
+        ds.read_into(-1, out)
+    with pytest.raises(eagle_io.errors.ArgumentTypeError, match="position must be an int, got bool"):
+        ds.read_into(True, out)
+    backing = torch.zeros(5, 96, dtype=torch.bfloat16)
+    aliased = {**out, "aux_hidden_states": backing, "input_ids": backing.view(torch.int64).reshape(-1)[:5]}
+    with pytest.raises(eagle_io.InvalidArgumentError, match="output buffers overlap"):
+        ds.read_into(0, aliased)

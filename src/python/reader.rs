@@ -98,17 +98,7 @@ impl Reader {
         for (pos, outs) in &items {
             held.push((*pos, self.borrow_outputs(outs).map_err(py_err(py))?));
         }
-        let mut spans: Vec<(usize, usize)> = held
-            .iter()
-            .flat_map(|(_, bufs)| bufs.iter().map(|b| (b.bytes().as_ptr() as usize, b.len())))
-            .filter(|&(_, len)| len > 0)
-            .collect();
-        spans.sort_unstable();
-        if spans.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
-            return Err(py_err(py)(Error::InvalidArgument(
-                "read_batch: output buffers overlap (each row of a batch must be its own memory)".into(),
-            )));
-        }
+        check_disjoint(held.iter().flat_map(|(_, bufs)| bufs.iter())).map_err(py_err(py))?;
         let mut batch: Vec<(u64, Vec<&mut [u8]>)> = held
             .iter_mut()
             .map(|(pos, bufs)| (*pos, bufs.iter_mut().map(Borrowed::bytes_mut).collect()))
@@ -156,6 +146,7 @@ impl Reader {
 
     fn read(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>, dequantize: bool) -> PyResult<()> {
         let mut bufs = self.borrow_outputs(&outs).map_err(py_err(py))?;
+        check_disjoint(bufs.iter()).map_err(py_err(py))?;
         let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Borrowed::bytes_mut).collect();
         let inner = &self.inner;
         py.detach(|| match dequantize {
@@ -164,4 +155,20 @@ impl Reader {
         })
         .map_err(py_err(py))
     }
+}
+
+/// Refuses output buffers that share memory: decoding into them would be aliased writes (one
+/// tensor's rows overwriting another's).
+fn check_disjoint<'a>(bufs: impl Iterator<Item = &'a Borrowed>) -> crate::error::Result<()> {
+    let mut spans: Vec<(usize, usize)> = bufs
+        .map(|b| (b.bytes().as_ptr() as usize, b.len()))
+        .filter(|&(_, len)| len > 0)
+        .collect();
+    spans.sort_unstable();
+    if spans.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+        return Err(Error::InvalidArgument(
+            "output buffers overlap (each tensor, and each row of a batch, must be its own memory)".into(),
+        ));
+    }
+    Ok(())
 }

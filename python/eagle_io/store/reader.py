@@ -12,7 +12,7 @@ import torch
 
 from .. import _native
 from ..defaults import CACHE_BYTES, REMOTE_IN_FLIGHT
-from ..errors import InvalidArgumentError, SampleNotFoundError
+from ..errors import ArgumentTypeError, InvalidArgumentError, SampleNotFoundError
 from . import fp8, layout
 from ._tensors import empty, writable_bytes
 from .schema import TensorSpec, from_json
@@ -150,36 +150,54 @@ class Dataset:
         return out
 
     def read_into(self, pos: int, out: dict[str, torch.Tensor]) -> None:
-        """Decodes the sample at ``pos`` into caller-provided contiguous CPU tensors, one per
-        schema tensor, each of the exact shape and dtype (``[L]`` / ``[L, width]``).
+        """Decodes the sample at ``pos`` (0-based) into caller-provided contiguous, writable CPU tensors, one per
+        schema tensor, each of the exact shape and dtype (``[L]`` / ``[L, width]``), not overlapping each other.
 
         Raises:
-            InvalidArgumentError: a tensor of the wrong size, or not writable.
+            ArgumentTypeError: ``pos`` not an int, or an output not a tensor.
+            SampleNotFoundError: ``pos`` out of range.
+            InvalidArgumentError: an output missing, of the wrong shape, dtype or device, not writable, or
+                overlapping another.
             CorruptRecordError: the record fails its checksum or does not decode.
         """
-        for s in self.schema:
-            t = out[s.name]
-            if t.dtype != getattr(torch, s.dtype) or not t.is_contiguous() or t.device.type != "cpu":
-                raise InvalidArgumentError(f"output {s.name!r} must be a contiguous CPU tensor of dtype {s.dtype}")
-        self._native.read_into(pos, [writable_bytes(out[s.name]) for s in self.schema])
+        self._native.read_into(pos, self._out_buffers(pos, out))
 
     def read_batch(self, items: Sequence[tuple[int, dict[str, torch.Tensor]]]) -> None:
         """:meth:`read_into` for several samples in one call: ``[(pos, out)]``, each ``out`` as for
-        :meth:`read_into`, the outputs of different items not overlapping. All records are read (one positioned
-        read each; from object storage, a batch's adjacent records by one ranged GET, up to ``in_flight`` GETs at
-        once), checksummed and decoded on the reader's ``threads`` with the GIL released once.
+        :meth:`read_into`, no two outputs overlapping. All records are read (one positioned read each; from object
+        storage, a batch's adjacent records by one ranged GET, up to ``in_flight`` GETs at once), checksummed and
+        decoded on the reader's ``threads`` with the GIL released once.
 
         Raises:
-            InvalidArgumentError: a tensor of the wrong size, dtype or device, not writable, or overlapping
-                another item's.
-            CorruptRecordError: the first item (in ``items`` order) whose record fails; the others are decoded.
+            As :meth:`read_into`; CorruptRecordError: the first item (in ``items`` order) whose record fails; the
+            others are decoded.
         """
-        for _, out in items:
-            for s in self.schema:
-                t = out[s.name]
-                if t.dtype != getattr(torch, s.dtype) or not t.is_contiguous() or t.device.type != "cpu":
-                    raise InvalidArgumentError(f"output {s.name!r} must be a contiguous CPU tensor of dtype {s.dtype}")
-        self._native.read_batch([(pos, [writable_bytes(out[s.name]) for s in self.schema]) for pos, out in items])
+        self._native.read_batch([(pos, self._out_buffers(pos, out)) for pos, out in items])
+
+    def _out_buffers(self, pos: int, out: dict[str, torch.Tensor]) -> list:
+        """The writable bytes of ``out``'s tensors in schema order, after checking them against the sample at
+        ``pos`` (the native reader checks byte counts and overlaps only)."""
+        if isinstance(pos, bool) or not isinstance(pos, int):
+            raise ArgumentTypeError(f"position must be an int, got {type(pos).__name__}")
+        if not 0 <= pos < len(self):
+            raise SampleNotFoundError(f"position {pos} out of range for a dataset of {len(self)} samples")
+        n = self.entry(pos).n_tokens
+        buffers = []
+        for s in self.schema:
+            t = out.get(s.name)
+            if t is None:
+                raise InvalidArgumentError(f"position {pos}: no output tensor for {s.name!r}")
+            if not isinstance(t, torch.Tensor):
+                raise ArgumentTypeError(f"position {pos}: output {s.name!r} is a {type(t).__name__}, not a tensor")
+            shape = (n,) if s.width is None else (n, s.width)
+            if t.dtype != getattr(torch, s.dtype) or not t.is_contiguous() or t.device.type != "cpu":
+                raise InvalidArgumentError(f"output {s.name!r} must be a contiguous CPU tensor of dtype {s.dtype}")
+            if tuple(t.shape) != shape:
+                raise InvalidArgumentError(
+                    f"position {pos}: output {s.name!r} has shape {tuple(t.shape)}; the sample needs {shape}"
+                )
+            buffers.append(writable_bytes(t))
+        return buffers
 
     def __getitem__(self, pos: int) -> dict[str, Any]:
         if not -len(self) <= pos < len(self):
