@@ -165,10 +165,9 @@ def atomic_file(path: str | os.PathLike[str], *, check: Callable[[Path], object]
     """Writes ``path`` atomically: yields a binary file open on :func:`temp_path` (with the permissions of the file it
     replaces, else :func:`created_mode`, as a plain ``open`` would leave them; a stale temp entry is removed first and
     the temp file is created with ``O_EXCL | O_NOFOLLOW``, so a link planted at the temp name is never followed); on a
-    clean exit fsyncs and closes it, runs ``check(temp_path)`` if given (e.g. open
-    the written manifest), renames it over ``path`` and fsyncs the directory, so a crash leaves the old file or the new
-    one, never a torn one. On an exception (in the block or from ``check``) the temp file is removed and ``path`` is
-    untouched.
+    clean exit fsyncs and closes it, runs ``check(temp_path)`` if given (e.g. open the written manifest), renames it
+    over ``path`` and fsyncs the directory, so a crash leaves the old file or the new one, never a torn one. On an
+    exception (in the block or from ``check``) the temp file is removed and ``path`` is untouched.
 
     Raises:
         StorageError: an OS error, naming the file.
