@@ -104,7 +104,17 @@ pub fn commit_rename(tmp: &Path, path: &Path) -> Result<()> {
 /// Writes `bytes` to `path` atomically.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = temp_path(path);
-    let mut f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
+    // A stale entry at the temp name (a crashed writer's, or a link) is removed, and the temp file
+    // is created anew (O_CREAT | O_EXCL): a link there is never written through.
+    match fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(&tmp, e)),
+        _ => {}
+    }
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(|e| Error::io(&tmp, e))?;
     f.write_all(bytes)
         .and_then(|_| f.sync_all())
         .map_err(|e| Error::io(&tmp, e))?;
@@ -155,5 +165,19 @@ mod tests {
         let tmp = cache_temp_path(Path::new("/c/s3/b/x.eio"), 42);
         assert_eq!(tmp, Path::new("/c/s3/b/.x.eio.42.tmp"));
         assert!(is_temp_name(&tmp.file_name().unwrap().to_string_lossy()) && !is_temp_name("x.eio"));
+    }
+
+    #[test]
+    fn a_link_at_the_temp_name_is_never_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let target = dir.path().join("manifest.json");
+        std::os::unix::fs::symlink(&victim, temp_path(&target)).unwrap();
+        write_atomic(&target, b"{}").unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(fs::read(&target).unwrap(), b"{}");
+        assert!(!fs::symlink_metadata(&target).unwrap().file_type().is_symlink());
+        assert!(!temp_path(&target).exists());
     }
 }
