@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
+use super::body::{Body, Fetched};
 use super::remote::RemoteObject;
 use crate::error::{Error, Result};
 
@@ -112,8 +113,8 @@ impl Fetcher {
 
     /// The bytes of each request `(object, offset, len)`, in order: coalesced and fetched as
     /// the module doc says. A request whose GET failed gets that GET's error.
-    pub fn fetch(&self, requests: &[(&RemoteObject, u64, u64)]) -> Vec<Result<Vec<u8>>> {
-        let mut out: Vec<Option<Result<Vec<u8>>>> = (0..requests.len()).map(|_| None).collect();
+    pub fn fetch(&self, requests: &[(&RemoteObject, u64, u64)]) -> Vec<Result<Fetched>> {
+        let mut out: Vec<Option<Result<Fetched>>> = (0..requests.len()).map(|_| None).collect();
         self.fetch_each(requests, |i, got| out[i] = Some(got));
         out.into_iter()
             .map(|r| r.unwrap_or_else(|| Err(Error::Internal("a fetched record was in no span".into()))))
@@ -122,8 +123,9 @@ impl Fetcher {
 
     /// As [`Fetcher::fetch`], handing each request's bytes (or error) to `ready(index, bytes)`
     /// on the calling thread as soon as its span is in, so the caller can decode while later
-    /// spans are still in flight.
-    pub fn fetch_each(&self, requests: &[(&RemoteObject, u64, u64)], mut ready: impl FnMut(usize, Result<Vec<u8>>)) {
+    /// spans are still in flight. A request's bytes are a view of its span's response body (no
+    /// copy; a span fetched in several parts has them joined once).
+    pub fn fetch_each(&self, requests: &[(&RemoteObject, u64, u64)], mut ready: impl FnMut(usize, Result<Fetched>)) {
         let mut objects: Vec<&RemoteObject> = Vec::new();
         let keyed: Vec<(usize, u64, u64)> = requests
             .iter()
@@ -168,17 +170,13 @@ impl Fetcher {
         }
         for (span, parts) in spans.iter().zip(handles) {
             let got = runtime.block_on(async {
-                let mut buf: Option<Vec<u8>> = None;
+                let mut got: Vec<Body> = Vec::with_capacity(parts.len());
                 for handle in parts {
-                    let bytes = handle
-                        .await
-                        .unwrap_or_else(|e| Err(Error::Internal(format!("an object-storage request panicked: {e}"))))?;
-                    match &mut buf {
-                        None => buf = Some(bytes.to_vec()),
-                        Some(b) => b.extend_from_slice(&bytes),
-                    }
+                    got.push(handle.await.unwrap_or_else(|e| {
+                        Err(Error::Internal(format!("an object-storage request panicked: {e}")))
+                    })?);
                 }
-                Ok::<_, Error>(buf.unwrap_or_default())
+                Ok::<_, Error>(Arc::new(join_parts(got)))
             });
             for &m in &span.members {
                 let (_, offset, len) = keyed[m];
@@ -187,7 +185,7 @@ impl Fetcher {
                     match &got {
                         Ok(bytes) => {
                             let at = (offset - span.bytes.start) as usize;
-                            Ok(bytes[at..at + len as usize].to_vec())
+                            Ok(Fetched::new(bytes.clone(), at..at + len as usize))
                         }
                         Err(e) => Err(e.duplicate()),
                     },
@@ -195,6 +193,18 @@ impl Fetcher {
             }
         }
     }
+}
+
+/// The parts of one span as one body: the part itself when there is one (no copy).
+fn join_parts(mut parts: Vec<Body>) -> Body {
+    if parts.len() == 1 {
+        return parts.pop().expect("one part");
+    }
+    let mut joined = Body::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in &parts {
+        joined.extend_from_slice(part);
+    }
+    joined
 }
 
 #[cfg(test)]

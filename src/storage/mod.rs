@@ -4,6 +4,7 @@
 //! `SCHEME://` is an object URL (`s3://bucket/run/manifest.json`); anything else is a file.
 //! URLs are carried in `PathBuf`s like file paths, so errors name them the same way.
 
+mod body;
 mod cache;
 mod fetch;
 mod local;
@@ -15,6 +16,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::Result;
 
+pub use body::Fetched;
 pub use cache::{
     discard as discard_cached, stats as cache_stats, CacheOptions, CacheStats, CachedObject, DEFAULT_CACHE_BYTES,
 };

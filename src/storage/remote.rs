@@ -22,6 +22,9 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 use tokio::runtime::Runtime;
 
+use futures_util::StreamExt;
+
+use super::body::Body;
 use super::ByteSource;
 use crate::error::{Error, Result};
 
@@ -348,7 +351,7 @@ impl RemoteObject {
         };
         if len > head_len {
             let tail_at = len.saturating_sub(TAIL_BYTES).max(head_len);
-            let tail = object.get(tail_at, len - tail_at)?;
+            let tail = bytes::Bytes::from(object.get(tail_at, len - tail_at)?.into_vec());
             object
                 .prefetch
                 .lock()
@@ -368,7 +371,7 @@ impl RemoteObject {
     }
 
     /// Bytes `offset..offset + len` in one ranged GET; fewer bytes than asked is an error.
-    fn get(&self, offset: u64, len: u64) -> Result<bytes::Bytes> {
+    fn get(&self, offset: u64, len: u64) -> Result<Body> {
         self.runtime()?.block_on(self.range_future(offset, len))
     }
 
@@ -383,30 +386,43 @@ impl RemoteObject {
         &self,
         offset: u64,
         len: u64,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<bytes::Bytes>> + Send>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Body>> + Send>> {
         let store = match client(&self.url) {
             Ok((_, store)) => store,
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
         let (full, key) = (self.url.full.clone(), self.url.key.clone());
         Box::pin(LAST_STATUS.scope(Cell::new(None), async move {
-            let got = store
-                .get_range(&key, offset..offset + len)
-                .await
-                .map_err(|e| storage_error(&full, e, LAST_STATUS.with(|s| s.get())))?;
-            BYTES.fetch_add(got.len() as u64, Ordering::Relaxed);
-            if got.len() as u64 != len {
+            let failed = |e| storage_error(&full, e, LAST_STATUS.with(|s| s.get()));
+            let range = GetOptions::default().with_range(Some(GetRange::Bounded(offset..offset + len)));
+            let mut stream = store.get_opts(&key, range).await.map_err(failed)?.into_stream();
+            // The body is copied into a pooled buffer as it arrives (`body.rs`); a longer body
+            // than asked is refused before it is buffered.
+            let mut body = Body::with_capacity(len as usize);
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(failed)?;
+                if (body.len() + chunk.len()) as u64 > len {
+                    return Err(Error::Storage {
+                        url: full.clone(),
+                        status: None,
+                        message: format!("the server sent more than the {len} bytes asked at byte offset {offset}"),
+                    });
+                }
+                body.extend_from_slice(&chunk);
+            }
+            BYTES.fetch_add(body.len() as u64, Ordering::Relaxed);
+            if body.len() as u64 != len {
                 return Err(Error::Storage {
-                    url: full,
+                    url: full.clone(),
                     status: None,
                     message: format!(
                         "truncated object: {} of {len} bytes at byte offset {offset} (the object is shorter than \
                          its index says)",
-                        got.len()
+                        body.len()
                     ),
                 });
             }
-            Ok(got)
+            Ok(body)
         }))
     }
 }
