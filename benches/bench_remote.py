@@ -106,11 +106,22 @@ def curl_ceiling(root: Path, bucket: str, key: str, size: int, in_flight: int, s
         proc.wait(timeout=10)
 
 
-def nginx_rows(served: Path, url: str, local: eagle_io.Dataset, orders: dict, repeat: int, batch: int) -> list:
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by the processes ``pids`` (``/proc/PID/stat``)."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def nginx_rows(served: Path, url: str, local: eagle_io.Dataset, orders: dict, repeat: int, batch: int):
     """The default batched reads against nginx serving ``served`` (the s3s-fs directory, whose files are the
-    objects) on 127.0.0.1: ``(label, local seconds, remote seconds, requests per epoch)`` rows; [] without nginx."""
+    objects) on 127.0.0.1. Returns ``(rows, cpu)``: rows ``(label, local seconds, remote seconds, requests per
+    epoch)``, and per order the CPU seconds per epoch of this process reading locally, of this process reading
+    remotely and of nginx serving it; ``([], {})`` without nginx."""
     if shutil.which("nginx") is None:
-        return []
+        return [], {}
     port = s3server.free_port()
     conf = WORK / "nginx.conf"
     conf.write_text(
@@ -122,16 +133,23 @@ def nginx_rows(served: Path, url: str, local: eagle_io.Dataset, orders: dict, re
     endpoint = os.environ["AWS_ENDPOINT"]
     try:
         s3server.wait_listening(port, proc)
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
+                                                  check=True).stdout.split()]  # fmt: skip
         os.environ["AWS_ENDPOINT"] = f"http://127.0.0.1:{port}"  # a new client: one is kept per endpoint
-        rows = []
+        rows, cpu = [], {}
         for label, order in orders.items():
+            c0 = time.process_time()
             t_l, _ = best_epoch(local, repeat, order, batch)
+            c1, n1 = time.process_time(), cpu_seconds(workers)
             ds = eagle_io.Dataset(url, threads=1)
             r0 = _native.storage_stats()["requests"]
+            c2 = time.process_time()
             t_r, _ = best_epoch(ds, repeat, order, batch)
+            c3, n3 = time.process_time(), cpu_seconds(workers)
             rows.append((f"nginx: batches of {batch}, {label}, in_flight={defaults.REMOTE_IN_FLIGHT}", t_l, t_r,
                          (_native.storage_stats()["requests"] - r0) // repeat))  # fmt: skip
-        return rows
+            cpu[label] = ((c1 - c0) / repeat, (c3 - c2) / repeat, (n3 - n1) / repeat)
+        return rows, cpu
     finally:
         os.environ["AWS_ENDPOINT"] = endpoint
         proc.terminate()
@@ -211,7 +229,7 @@ def main() -> None:
         ceiling = [(n, curl_ceiling(server.root, bucket.name, f"{root.name}/{biggest['file']}", biggest["bytes"],
                                     n, int(record_mb))) for n in (1, 4, 8, 16)]  # fmt: skip
         built = construction(bucket, 10_000 if args.quick else 100_000)
-        fast = nginx_rows(server.root, url, local, orders, repeat, args.batch)
+        fast, fast_cpu = nginx_rows(server.root, url, local, orders, repeat, args.batch)
     finally:
         server.stop()
     mb = nbytes / 1e6
@@ -249,6 +267,13 @@ def main() -> None:
             else "; nginx not installed: the reader alone not measured"
         )
         + ".",
+        *(
+            f"- CPU per epoch against nginx, {label}: eagle-io reading local disk {c_l:.2f} CPU-s; reading over "
+            f"HTTP {c_r:.2f} CPU-s plus nginx {c_n:.2f} CPU-s = {(c_r + c_n) / c_l:.2f}x the local read's CPU "
+            f"(so on cores busy with other work the throughput ratio tends to {c_l / (c_r + c_n):.2f}; with a core "
+            "free for the HTTP side it is bounded by the decode thread alone)."
+            for label, (c_l, c_r, c_n) in fast_cpu.items()
+        ),
         f"- requests: one at a time {per_epoch} per epoch + {s1 - s0} at open = {per_epoch + s1 - s0}; batched "
         + ", ".join(f"{req} ({label.split(', ')[1]})" for label, _, _, req in default_rows)
         + f" per epoch; target <= records + shards x 3 = {records + 3 * shards}.",
