@@ -16,6 +16,7 @@ pub trait Coder {
 pub fn all() -> Vec<Box<dyn Coder>> {
     vec![
         Box::new(ZstdShipped::new()),
+        Box::new(Huff0::new()),
         Box::new(RuzstdDecode::new()),
         Box::new(Hts { name: "htscodecs rANS 4x8 order-0 (CRAM 3.0)", kind: HtsKind::R4x8 }),
         Box::new(Hts { name: "htscodecs rANS Nx16 order-0, 4-way", kind: HtsKind::R4x16(0) }),
@@ -57,6 +58,138 @@ impl Coder for ZstdShipped {
     fn decode(&mut self, frame: &[u8], out: &mut [u8]) {
         let n = self.d.decompress_to_buffer(frame, out).expect("decodes");
         assert_eq!(n, out.len());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// zstd's Huffman stage alone: huff0 (`HUF_compress4X_repeat`, `HUF_decompress4X_hufOnly_wksp`,
+// internal symbols of the libzstd that zstd-sys builds) on 128 KB blocks, a fresh table each,
+// as zstd codes literals at level -1000 but without the frame, block and sequence machinery.
+// Frame: per block its coded size (u32; 0 = stored raw), then the coded bytes.
+
+const HUF_BLOCK: usize = 128 * 1024;
+const HUF_TABLELOG: u32 = 11; // zstd's for literals
+const HUF_DTABLE_LOG: u32 = 12;
+const HUF_FLAGS_BMI2: c_int = 1;
+
+extern "C" {
+    fn HUF_compress4X_repeat(
+        dst: *mut u8,
+        dst_size: usize,
+        src: *const u8,
+        src_size: usize,
+        max_symbol_value: c_uint,
+        table_log: c_uint,
+        work_space: *mut u64,
+        wksp_size: usize,
+        huf_table: *mut usize,
+        repeat: *mut c_int,
+        flags: c_int,
+    ) -> usize;
+    fn HUF_decompress4X_hufOnly_wksp(
+        dctx: *mut u32,
+        dst: *mut u8,
+        dst_size: usize,
+        c_src: *const u8,
+        c_src_size: usize,
+        work_space: *mut u32,
+        wksp_size: usize,
+        flags: c_int,
+    ) -> usize;
+}
+
+fn zstd_is_error(r: usize) -> bool {
+    r > usize::MAX - 200
+}
+
+pub struct Huff0 {
+    wksp: Vec<u64>,
+    ctable: Vec<usize>,
+    dtable: Vec<u32>,
+    dwksp: Vec<u32>,
+    bmi2: c_int,
+}
+
+impl Huff0 {
+    fn new() -> Self {
+        let bmi2 = if std::is_x86_feature_detected!("bmi2") { HUF_FLAGS_BMI2 } else { 0 };
+        Huff0 {
+            wksp: vec![0; 4096],
+            ctable: vec![0; 1024],
+            dtable: vec![0; 1 + (1 << HUF_DTABLE_LOG)],
+            dwksp: vec![0; 4096],
+            bmi2,
+        }
+    }
+}
+
+impl Coder for Huff0 {
+    fn name(&self) -> &'static str {
+        "zstd's huff0 alone (zstd-sys, 128 KB blocks, 4 streams)"
+    }
+    fn encode(&mut self, plane: &[u8], out: &mut Vec<u8>) {
+        out.clear();
+        for block in plane.chunks(HUF_BLOCK) {
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            let cap = block.len() + 1024;
+            out.reserve(cap);
+            let mut repeat: c_int = 0; // HUF_repeat_none
+            // SAFETY: huff0 writes at most `cap` bytes into the reserved tail; the workspace and
+            // table are larger than HUF_WORKSPACE_SIZE and HUF_CTABLE_SIZE(255).
+            let r = unsafe {
+                HUF_compress4X_repeat(
+                    out.as_mut_ptr().add(out.len()),
+                    cap,
+                    block.as_ptr(),
+                    block.len(),
+                    255,
+                    HUF_TABLELOG,
+                    self.wksp.as_mut_ptr(),
+                    self.wksp.len() * 8,
+                    self.ctable.as_mut_ptr(),
+                    &mut repeat,
+                    self.bmi2,
+                )
+            };
+            assert!(!zstd_is_error(r), "HUF_compress4X_repeat failed");
+            if r <= 1 || r >= block.len() {
+                out.extend_from_slice(block); // not compressible (or one repeated byte): raw
+            } else {
+                // SAFETY: huff0 wrote `r` bytes there.
+                unsafe { out.set_len(out.len() + r) };
+                out[at..at + 4].copy_from_slice(&(r as u32).to_le_bytes());
+            }
+        }
+    }
+    fn decode(&mut self, frame: &[u8], out: &mut [u8]) {
+        let mut i = 0;
+        for block in out.chunks_mut(HUF_BLOCK) {
+            let n = u32::from_le_bytes(frame[i..i + 4].try_into().unwrap()) as usize;
+            i += 4;
+            if n == 0 {
+                block.copy_from_slice(&frame[i..i + block.len()]);
+                i += block.len();
+                continue;
+            }
+            self.dtable[0] = (HUF_DTABLE_LOG - 1) * 0x0100_0001; // HUF_CREATE_STATIC_DTABLEX2
+            // SAFETY: the DTable holds HUF_DTABLE_SIZE(12) entries, the workspace more than
+            // HUF_DECOMPRESS_WORKSPACE_SIZE; huff0 writes exactly `block.len()` bytes.
+            let r = unsafe {
+                HUF_decompress4X_hufOnly_wksp(
+                    self.dtable.as_mut_ptr(),
+                    block.as_mut_ptr(),
+                    block.len(),
+                    frame[i..].as_ptr(),
+                    n,
+                    self.dwksp.as_mut_ptr(),
+                    self.dwksp.len() * 4,
+                    self.bmi2,
+                )
+            };
+            assert!(!zstd_is_error(r) && r == block.len(), "HUF_decompress4X_hufOnly_wksp failed");
+            i += n;
+        }
     }
 }
 
