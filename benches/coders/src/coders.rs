@@ -16,7 +16,9 @@ pub trait Coder {
 pub fn all() -> Vec<Box<dyn Coder>> {
     vec![
         Box::new(ZstdShipped::new()),
-        Box::new(Huff0::new()),
+        Box::new(Huff0::new(HufDecoder::Auto)),
+        Box::new(Huff0::new(HufDecoder::X1)),
+        Box::new(Huff0::new(HufDecoder::X2)),
         Box::new(RuzstdDecode::new()),
         Box::new(Hts { name: "htscodecs rANS 4x8 order-0 (CRAM 3.0)", kind: HtsKind::R4x8 }),
         Box::new(Hts { name: "htscodecs rANS Nx16 order-0, 4-way", kind: HtsKind::R4x16(0) }),
@@ -96,6 +98,39 @@ extern "C" {
         wksp_size: usize,
         flags: c_int,
     ) -> usize;
+    fn HUF_readDTableX1_wksp(
+        dtable: *mut u32,
+        src: *const u8,
+        src_size: usize,
+        work_space: *mut u32,
+        wksp_size: usize,
+        flags: c_int,
+    ) -> usize;
+    fn HUF_readDTableX2_wksp(
+        dtable: *mut u32,
+        src: *const u8,
+        src_size: usize,
+        work_space: *mut u32,
+        wksp_size: usize,
+        flags: c_int,
+    ) -> usize;
+    fn HUF_decompress4X_usingDTable(
+        dst: *mut u8,
+        max_dst_size: usize,
+        c_src: *const u8,
+        c_src_size: usize,
+        dtable: *const u32,
+        flags: c_int,
+    ) -> usize;
+}
+
+/// Which huff0 decoder: zstd's choice (`HUF_selectDecoder`, X2 on these planes), or forced
+/// single-symbol (X1) or double-symbol (X2) tables.
+#[derive(Clone, Copy, PartialEq)]
+pub enum HufDecoder {
+    Auto,
+    X1,
+    X2,
 }
 
 fn zstd_is_error(r: usize) -> bool {
@@ -108,10 +143,11 @@ pub struct Huff0 {
     dtable: Vec<u32>,
     dwksp: Vec<u32>,
     bmi2: c_int,
+    dec: HufDecoder,
 }
 
 impl Huff0 {
-    fn new() -> Self {
+    fn new(dec: HufDecoder) -> Self {
         let bmi2 = if std::is_x86_feature_detected!("bmi2") { HUF_FLAGS_BMI2 } else { 0 };
         Huff0 {
             wksp: vec![0; 4096],
@@ -119,13 +155,21 @@ impl Huff0 {
             dtable: vec![0; 1 + (1 << HUF_DTABLE_LOG)],
             dwksp: vec![0; 4096],
             bmi2,
+            dec,
         }
     }
 }
 
 impl Coder for Huff0 {
     fn name(&self) -> &'static str {
-        "zstd's huff0 alone (zstd-sys, 128 KB blocks, 4 streams)"
+        match self.dec {
+            HufDecoder::Auto => "zstd's huff0 alone (zstd-sys, 128 KB blocks, 4 streams)",
+            HufDecoder::X1 => "zstd's huff0 alone, single-symbol decoder (X1) forced",
+            HufDecoder::X2 => "zstd's huff0 alone, double-symbol decoder (X2) forced",
+        }
+    }
+    fn times_encode(&self) -> bool {
+        self.dec == HufDecoder::Auto
     }
     fn encode(&mut self, plane: &[u8], out: &mut Vec<u8>) {
         out.clear();
@@ -175,17 +219,23 @@ impl Coder for Huff0 {
             self.dtable[0] = (HUF_DTABLE_LOG - 1) * 0x0100_0001; // HUF_CREATE_STATIC_DTABLEX2
             // SAFETY: the DTable holds HUF_DTABLE_SIZE(12) entries, the workspace more than
             // HUF_DECOMPRESS_WORKSPACE_SIZE; huff0 writes exactly `block.len()` bytes.
+            let (dt, src, wk, wn, f) =
+                (self.dtable.as_mut_ptr(), frame[i..].as_ptr(), self.dwksp.as_mut_ptr(), self.dwksp.len() * 4, self.bmi2);
             let r = unsafe {
-                HUF_decompress4X_hufOnly_wksp(
-                    self.dtable.as_mut_ptr(),
-                    block.as_mut_ptr(),
-                    block.len(),
-                    frame[i..].as_ptr(),
-                    n,
-                    self.dwksp.as_mut_ptr(),
-                    self.dwksp.len() * 4,
-                    self.bmi2,
-                )
+                match self.dec {
+                    HufDecoder::Auto => {
+                        HUF_decompress4X_hufOnly_wksp(dt, block.as_mut_ptr(), block.len(), src, n, wk, wn, f)
+                    }
+                    HufDecoder::X1 | HufDecoder::X2 => {
+                        let h = if self.dec == HufDecoder::X1 {
+                            HUF_readDTableX1_wksp(dt, src, n, wk, wn, f)
+                        } else {
+                            HUF_readDTableX2_wksp(dt, src, n, wk, wn, f)
+                        };
+                        assert!(!zstd_is_error(h), "HUF_readDTable failed");
+                        HUF_decompress4X_usingDTable(block.as_mut_ptr(), block.len(), src.add(h), n - h, dt, f)
+                    }
+                }
             };
             assert!(!zstd_is_error(r) && r == block.len(), "HUF_decompress4X_hufOnly_wksp failed");
             i += n;

@@ -135,7 +135,7 @@ fn main() {
             zstd_dec_best = Some(dec_best);
         }
         let enc_s = if enc.is_empty() {
-            "(zstd's)".to_string()
+            "(as above)".to_string()
         } else {
             format!("{:.0} ({:.0})", best(&enc), worst(&enc))
         };
