@@ -4,8 +4,9 @@
 //! `EAGLE_IO_BENCH_DUMP_PLANES=PATH cargo bench --bench codec -- FILE WIDTH -1000` in the main
 //! repo (the exact bytes the codec hands zstd, one plane per chunk). Each candidate codes every
 //! plane on its own (as the codec would, one frame per chunk and plane), round-trips it, and is
-//! timed in CPU seconds of this thread (`CLOCK_THREAD_CPUTIME_ID`), REPEATS passes, best and
-//! worst reported. MB = 1e6 bytes of plane per CPU-second.
+//! timed in CPU seconds of this thread (`CLOCK_THREAD_CPUTIME_ID`) over REPEATS passes in which
+//! the candidates take turns; best, median and worst are reported, and each candidate's speed over
+//! zstd's in the same pass (median of the passes). MB = 1e6 bytes of plane per CPU-second.
 
 use std::time::Duration;
 
@@ -13,7 +14,6 @@ use std::time::Duration;
 extern crate hts_sys;
 
 mod coders;
-#[allow(unused_imports)]
 use coders::Coder;
 
 /// CPU time this thread has run.
@@ -90,65 +90,78 @@ fn main() {
         ratio_all(h0 as u64)
     );
     println!(
-        "| coder | coded bytes | plane ratio | ratio over all stored | enc MB/CPU-s best (worst) | dec MB/CPU-s best (worst) | dec / zstd dec |"
+        "| coder | coded bytes | plane ratio | ratio over all stored | enc MB/CPU-s best / median / worst | dec MB/CPU-s best / median / worst | dec / zstd dec, same pass (median) | enc / zstd enc, same pass (median) |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let max_len = p.planes.iter().map(Vec::len).max().unwrap_or(0);
-    let mut zstd_dec_best = None;
-    for mut c in coders::all() {
-        if !c.name().contains(filter.as_str()) {
-            continue;
-        }
-        // Encode once, check every plane round-trips bit for bit.
-        let mut frames: Vec<Vec<u8>> = Vec::with_capacity(p.planes.len());
-        let mut out = vec![1u8; max_len];
-        for plane in &p.planes {
-            let mut f = Vec::new();
-            c.encode(plane, &mut f);
-            c.decode(&f, &mut out[..plane.len()]);
-            assert!(out[..plane.len()] == plane[..], "{}: round trip differs", c.name());
-            frames.push(f);
-        }
-        let coded: u64 = frames.iter().map(|f| f.len() as u64).sum();
-        let mut enc = Vec::new();
-        let mut dec = Vec::new();
-        let mut f = Vec::with_capacity(2 * max_len + 4096);
-        for _ in 0..repeats {
+    let mut coders: Vec<Box<dyn Coder>> =
+        coders::all().into_iter().filter(|c| c.name().contains(filter.as_str())).collect();
+    // Encode once with each, check that every plane round-trips bit for bit.
+    let mut out = vec![1u8; max_len];
+    let frames: Vec<Vec<Vec<u8>>> = coders
+        .iter_mut()
+        .map(|c| {
+            p.planes
+                .iter()
+                .map(|plane| {
+                    let mut f = Vec::new();
+                    c.encode(plane, &mut f);
+                    c.decode(&f, &mut out[..plane.len()]);
+                    assert!(out[..plane.len()] == plane[..], "{}: round trip differs", c.name());
+                    f
+                })
+                .collect()
+        })
+        .collect();
+    // Timed passes, the candidates taking turns within each pass so that the machine's load
+    // drifts over all of them alike; the first candidate (zstd as shipped) is the baseline
+    // each pass is compared with.
+    let mut enc = vec![Vec::new(); coders.len()];
+    let mut dec = vec![Vec::new(); coders.len()];
+    let mut f = Vec::with_capacity(2 * max_len + 4096);
+    for _ in 0..repeats {
+        for (i, c) in coders.iter_mut().enumerate() {
             if c.times_encode() {
                 let t = thread_cpu();
                 for plane in &p.planes {
                     f.clear();
                     c.encode(plane, &mut f);
                 }
-                enc.push(mb / (thread_cpu() - t).as_secs_f64());
+                enc[i].push(mb / (thread_cpu() - t).as_secs_f64());
             }
             let t = thread_cpu();
-            for (fr, plane) in frames.iter().zip(&p.planes) {
+            for (fr, plane) in frames[i].iter().zip(&p.planes) {
                 c.decode(fr, &mut out[..plane.len()]);
             }
-            dec.push(mb / (thread_cpu() - t).as_secs_f64());
+            dec[i].push(mb / (thread_cpu() - t).as_secs_f64());
         }
-        let best = |v: &[f64]| v.iter().cloned().fold(f64::MIN, f64::max);
-        let worst = |v: &[f64]| v.iter().cloned().fold(f64::MAX, f64::min);
-        let dec_best = best(&dec);
-        if zstd_dec_best.is_none() {
-            zstd_dec_best = Some(dec_best);
+    }
+    let stats = |v: &[f64]| {
+        let mut s = v.to_vec();
+        s.sort_by(|a, b| b.partial_cmp(a).unwrap());
+        format!("{:.0} / {:.0} / {:.0}", s[0], s[s.len() / 2], s[s.len() - 1])
+    };
+    let median_ratio = |v: &[f64], base: &[f64]| {
+        if v.is_empty() {
+            return "".to_string();
         }
-        let enc_s = if enc.is_empty() {
-            "(as above)".to_string()
-        } else {
-            format!("{:.0} ({:.0})", best(&enc), worst(&enc))
-        };
+        let mut r: Vec<f64> = v.iter().zip(base).map(|(a, b)| a / b).collect();
+        r.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        format!("{:.2}", r[r.len() / 2])
+    };
+    for (i, c) in coders.iter().enumerate() {
+        let coded: u64 = frames[i].iter().map(|f| f.len() as u64).sum();
+        let enc_s = if enc[i].is_empty() { "(as above)".to_string() } else { stats(&enc[i]) };
         println!(
-            "| {} | {} | {:.4} | {:.4} | {} | {:.0} ({:.0}) | {:.2} |",
+            "| {} | {} | {:.4} | {:.4} | {} | {} | {} | {} |",
             c.name(),
             coded,
             plane_bytes as f64 / coded as f64,
             ratio_all(coded),
             enc_s,
-            dec_best,
-            worst(&dec),
-            dec_best / zstd_dec_best.unwrap()
+            stats(&dec[i]),
+            median_ratio(&dec[i], &dec[0]),
+            median_ratio(&enc[i], &enc[0]),
         );
     }
 }
