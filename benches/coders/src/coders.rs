@@ -20,8 +20,14 @@ pub fn all() -> Vec<Box<dyn Coder>> {
         Box::new(Huff0::new(HufDecoder::X1)),
         Box::new(Huff0::new(HufDecoder::X2)),
         Box::new(RuzstdDecode::new()),
-        Box::new(Hts { name: "htscodecs rANS 4x8 order-0 (CRAM 3.0)", kind: HtsKind::R4x8 }),
-        Box::new(Hts { name: "htscodecs rANS Nx16 order-0, 4-way", kind: HtsKind::R4x16(0) }),
+        Box::new(Hts {
+            name: "htscodecs rANS 4x8 order-0 (CRAM 3.0)",
+            kind: HtsKind::R4x8,
+        }),
+        Box::new(Hts {
+            name: "htscodecs rANS Nx16 order-0, 4-way",
+            kind: HtsKind::R4x16(0),
+        }),
         Box::new(Hts {
             name: "htscodecs rANS Nx16 order-0, 32-way (AVX2)",
             kind: HtsKind::R4x16(RANS_ORDER_X32),
@@ -43,8 +49,12 @@ impl ZstdShipped {
     fn new() -> Self {
         use zstd::zstd_safe::{CParameter, ParamSwitch};
         let mut c = zstd::bulk::Compressor::new(-1000).expect("context");
-        c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable)).expect("parameter");
-        ZstdShipped { c, d: zstd::bulk::Decompressor::new().expect("context") }
+        c.set_parameter(CParameter::LiteralCompressionMode(ParamSwitch::Enable))
+            .expect("parameter");
+        ZstdShipped {
+            c,
+            d: zstd::bulk::Decompressor::new().expect("context"),
+        }
     }
 }
 
@@ -148,7 +158,11 @@ pub struct Huff0 {
 
 impl Huff0 {
     fn new(dec: HufDecoder) -> Self {
-        let bmi2 = if std::is_x86_feature_detected!("bmi2") { HUF_FLAGS_BMI2 } else { 0 };
+        let bmi2 = if std::is_x86_feature_detected!("bmi2") {
+            HUF_FLAGS_BMI2
+        } else {
+            0
+        };
         Huff0 {
             wksp: vec![0; 4096],
             ctable: vec![0; 1024],
@@ -179,8 +193,8 @@ impl Coder for Huff0 {
             let cap = block.len() + 1024;
             out.reserve(cap);
             let mut repeat: c_int = 0; // HUF_repeat_none
-            // SAFETY: huff0 writes at most `cap` bytes into the reserved tail; the workspace and
-            // table are larger than HUF_WORKSPACE_SIZE and HUF_CTABLE_SIZE(255).
+                                       // SAFETY: huff0 writes at most `cap` bytes into the reserved tail; the workspace and
+                                       // table are larger than HUF_WORKSPACE_SIZE and HUF_CTABLE_SIZE(255).
             let r = unsafe {
                 HUF_compress4X_repeat(
                     out.as_mut_ptr().add(out.len()),
@@ -217,10 +231,15 @@ impl Coder for Huff0 {
                 continue;
             }
             self.dtable[0] = (HUF_DTABLE_LOG - 1) * 0x0100_0001; // HUF_CREATE_STATIC_DTABLEX2
-            // SAFETY: the DTable holds HUF_DTABLE_SIZE(12) entries, the workspace more than
-            // HUF_DECOMPRESS_WORKSPACE_SIZE; huff0 writes exactly `block.len()` bytes.
-            let (dt, src, wk, wn, f) =
-                (self.dtable.as_mut_ptr(), frame[i..].as_ptr(), self.dwksp.as_mut_ptr(), self.dwksp.len() * 4, self.bmi2);
+                                                                 // SAFETY: the DTable holds HUF_DTABLE_SIZE(12) entries, the workspace more than
+                                                                 // HUF_DECOMPRESS_WORKSPACE_SIZE; huff0 writes exactly `block.len()` bytes.
+            let (dt, src, wk, wn, f) = (
+                self.dtable.as_mut_ptr(),
+                frame[i..].as_ptr(),
+                self.dwksp.as_mut_ptr(),
+                self.dwksp.len() * 4,
+                self.bmi2,
+            );
             let r = unsafe {
                 match self.dec {
                     HufDecoder::Auto => {
@@ -237,7 +256,10 @@ impl Coder for Huff0 {
                     }
                 }
             };
-            assert!(!zstd_is_error(r) && r == block.len(), "HUF_decompress4X_hufOnly_wksp failed");
+            assert!(
+                !zstd_is_error(r) && r == block.len(),
+                "HUF_decompress4X_hufOnly_wksp failed"
+            );
             i += n;
         }
     }
@@ -253,7 +275,10 @@ pub struct RuzstdDecode {
 
 impl RuzstdDecode {
     fn new() -> Self {
-        RuzstdDecode { zstd: ZstdShipped::new(), d: ruzstd::decoding::FrameDecoder::new() }
+        RuzstdDecode {
+            zstd: ZstdShipped::new(),
+            d: ruzstd::decoding::FrameDecoder::new(),
+        }
     }
 }
 
@@ -349,7 +374,10 @@ impl Coder for Hts {
                         out.as_mut_ptr(),
                         &mut n,
                     );
-                    assert!(!r.is_null() && n as usize == out.len(), "rans_uncompress_to_4x16 failed");
+                    assert!(
+                        !r.is_null() && n as usize == out.len(),
+                        "rans_uncompress_to_4x16 failed"
+                    );
                 }
                 HtsKind::R4x8 => {
                     // rANS 4x8 has no decode-into API: it mallocs the output (counted here).
@@ -545,7 +573,10 @@ impl Coder for Constriction {
             SmallContiguousCategoricalEntropyModel::<Vec<u16>>::from_nonzero_fixed_point_probabilities(&probs, false)
                 .expect("model")
                 .to_lookup_decoder_model();
-        let words: Vec<u16> = stream.chunks_exact(2).map(|w| u16::from_le_bytes([w[0], w[1]])).collect();
+        let words: Vec<u16> = stream
+            .chunks_exact(2)
+            .map(|w| u16::from_le_bytes([w[0], w[1]]))
+            .collect();
         let mut coder = SmallAnsCoder::from_compressed(words).expect("stream");
         for (o, s) in out.iter_mut().zip(coder.decode_iid_symbols(len, &model)) {
             *o = t.syms[s.expect("decodes")];

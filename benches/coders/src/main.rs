@@ -45,7 +45,12 @@ fn read_planes(path: &str) -> Planes {
         o += 8 + len;
     }
     assert_eq!(o, b.len(), "trailing bytes");
-    Planes { bf16, raw, shipped_zstd, planes }
+    Planes {
+        bf16,
+        raw,
+        shipped_zstd,
+        planes,
+    }
 }
 
 /// Order-0 entropy of the planes (each plane its own histogram), in bytes: the floor any
@@ -94,8 +99,10 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|");
     let max_len = p.planes.iter().map(Vec::len).max().unwrap_or(0);
-    let mut coders: Vec<Box<dyn Coder>> =
-        coders::all().into_iter().filter(|c| c.name().contains(filter.as_str())).collect();
+    let mut coders: Vec<Box<dyn Coder>> = coders::all()
+        .into_iter()
+        .filter(|c| c.name().contains(filter.as_str()))
+        .collect();
     // Encode once with each, check that every plane round-trips bit for bit.
     let mut out = vec![1u8; max_len];
     let frames: Vec<Vec<Vec<u8>>> = coders
@@ -151,7 +158,11 @@ fn main() {
     };
     for (i, c) in coders.iter().enumerate() {
         let coded: u64 = frames[i].iter().map(|f| f.len() as u64).sum();
-        let enc_s = if enc[i].is_empty() { "(as above)".to_string() } else { stats(&enc[i]) };
+        let enc_s = if enc[i].is_empty() {
+            "(as above)".to_string()
+        } else {
+            stats(&enc[i])
+        };
         println!(
             "| {} | {} | {:.4} | {:.4} | {} | {} | {} | {} |",
             c.name(),
