@@ -32,6 +32,7 @@ pub fn all() -> Vec<Box<dyn Coder>> {
             name: "htscodecs rANS Nx16 order-0, 32-way (AVX2)",
             kind: HtsKind::R4x16(RANS_ORDER_X32),
         }),
+        Box::new(ZlibHuffman::new()),
         Box::new(RygRans::default()),
         Box::new(Constriction),
     ]
@@ -388,6 +389,89 @@ impl Coder for Hts {
                     libc::free(r as *mut libc::c_void);
                 }
             }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// zlib-ng (libz-sys): raw deflate with the Z_HUFFMAN_ONLY strategy, i.e. zlib's order-0 Huffman
+// coder (one stream, dynamic tables per deflate block, codes up to 15 bits), and its inflate.
+
+pub struct ZlibHuffman {
+    c: Box<libz_sys::z_stream>,
+    d: Box<libz_sys::z_stream>,
+}
+
+unsafe extern "C" fn z_alloc(_: libz_sys::voidpf, items: libz_sys::uInt, size: libz_sys::uInt) -> libz_sys::voidpf {
+    libc::calloc(items as usize, size as usize)
+}
+
+unsafe extern "C" fn z_free(_: libz_sys::voidpf, p: libz_sys::voidpf) {
+    libc::free(p)
+}
+
+fn z_stream() -> Box<libz_sys::z_stream> {
+    let mut s = Box::new(std::mem::MaybeUninit::<libz_sys::z_stream>::zeroed());
+    // SAFETY: every field is an integer or raw pointer (zero is valid) except the two allocator
+    // function pointers, written before the value is assumed initialised.
+    unsafe {
+        let p = s.as_mut_ptr();
+        std::ptr::addr_of_mut!((*p).zalloc).write(z_alloc);
+        std::ptr::addr_of_mut!((*p).zfree).write(z_free);
+        Box::from_raw(Box::into_raw(s) as *mut libz_sys::z_stream)
+    }
+}
+
+impl ZlibHuffman {
+    fn new() -> Self {
+        let (mut c, mut d) = (z_stream(), z_stream());
+        let size = std::mem::size_of::<libz_sys::z_stream>() as c_int;
+        // SAFETY: valid streams; raw deflate (-15), Z_HUFFMAN_ONLY (2), memLevel 8.
+        unsafe {
+            let v = libz_sys::zlibVersion();
+            assert_eq!(
+                libz_sys::deflateInit2_(&mut *c, 1, 8, -15, 8, 2, v, size),
+                0,
+                "deflateInit2"
+            );
+            assert_eq!(libz_sys::inflateInit2_(&mut *d, -15, v, size), 0, "inflateInit2");
+        }
+        ZlibHuffman { c, d }
+    }
+}
+
+impl Coder for ZlibHuffman {
+    fn name(&self) -> &'static str {
+        "zlib-ng (libz-sys) deflate Z_HUFFMAN_ONLY"
+    }
+    fn encode(&mut self, plane: &[u8], out: &mut Vec<u8>) {
+        // SAFETY: the stream reads `avail_in` bytes of the plane and writes at most `avail_out`
+        // bytes, deflateBound's bound, into the reserved buffer.
+        unsafe {
+            let c = &mut *self.c;
+            assert_eq!(libz_sys::deflateReset(c), 0);
+            let bound = libz_sys::deflateBound(c, plane.len() as _) as usize;
+            out.clear();
+            out.reserve(bound);
+            c.next_in = plane.as_ptr() as *mut u8;
+            c.avail_in = plane.len() as _;
+            c.next_out = out.as_mut_ptr();
+            c.avail_out = bound as _;
+            assert_eq!(libz_sys::deflate(c, 4), 1, "deflate Z_FINISH"); // Z_STREAM_END
+            out.set_len(bound - c.avail_out as usize);
+        }
+    }
+    fn decode(&mut self, frame: &[u8], out: &mut [u8]) {
+        // SAFETY: as above, into `out`.
+        unsafe {
+            let d = &mut *self.d;
+            assert_eq!(libz_sys::inflateReset(d), 0);
+            d.next_in = frame.as_ptr() as *mut u8;
+            d.avail_in = frame.len() as _;
+            d.next_out = out.as_mut_ptr();
+            d.avail_out = out.len() as _;
+            assert_eq!(libz_sys::inflate(d, 4), 1, "inflate Z_FINISH");
+            assert_eq!(d.avail_out, 0);
         }
     }
 }
