@@ -3,6 +3,9 @@
 //! `benches/realdata.py --dump`); without arguments it uses synthetic hidden-state-like data.
 //! Prints ratio and encode/decode MB per CPU-second of this thread (steadier than wall time
 //! on a shared machine) for the chunk codec alone (no I/O, no CRC).
+//! `EAGLE_IO_BENCH_ZSTD_PARAMS=1` also recompresses the modelled planes with other zstd settings;
+//! `EAGLE_IO_BENCH_DUMP_PLANES=PATH` writes them to PATH for the order-0 coder bench
+//! (`benches/coders/`).
 
 use eagle_io::codec::{decode_chunk, encode_chunk, recycle_payload, CodecOptions};
 use eagle_io::DType;
@@ -78,6 +81,9 @@ fn main() {
         if std::env::var_os("EAGLE_IO_BENCH_ZSTD_PARAMS").is_some() {
             zstd_params(&enc, level, data.len());
         }
+        if let Some(path) = std::env::var_os("EAGLE_IO_BENCH_DUMP_PLANES") {
+            dump_planes(&enc, data.len(), std::path::Path::new(&path));
+        }
         println!(
             "zstd level {level:>5}: {:.1} MB, ratio {:.4}, encode {:.0} MB/CPU-s, decode {:.0} MB/CPU-s (one thread); \
              zstd alone on the same modelled planes: encode {:.0}, decode {:.0} MB of bf16/CPU-s",
@@ -140,6 +146,47 @@ fn coder_alone(chunks: &[eagle_io::codec::EncodedChunk], level: i32) -> (f64, f6
         c.compress_to_buffer(p, &mut out).expect("compresses");
     }
     (thread_cpu_seconds() - t1, dec_s)
+}
+
+/// Writes the chunks' zstd-coded planes, decompressed (the exact bytes the codec hands zstd,
+/// one per chunk and plane, in order) to `path` for `benches/coders/`
+/// (`EAGLE_IO_BENCH_DUMP_PLANES=PATH`). Layout, all integers u64 little-endian: magic
+/// `EIOPLN01`, the bf16 bytes, the bytes stored raw (planes not zstd-coded), the shipped zstd
+/// frames' bytes, the plane count, then each plane as its length and its bytes.
+fn dump_planes(chunks: &[eagle_io::codec::EncodedChunk], bf16_bytes: usize, path: &std::path::Path) {
+    let mut d = zstd::bulk::Decompressor::new().expect("context");
+    let (mut raw_bytes, mut zstd_bytes) = (0u64, 0u64);
+    let mut planes = Vec::new();
+    for e in chunks {
+        let mut start = 0usize;
+        for p in 0..e.desc.planes as usize {
+            let len = e.desc.stored[p] as usize;
+            let frame = &e.payload[start..start + len];
+            if e.desc.plane_zstd & (1 << p) != 0 {
+                let n = zstd::zstd_safe::get_frame_content_size(frame).unwrap().unwrap() as usize;
+                planes.push(d.decompress(frame, n).expect("decodes"));
+                zstd_bytes += len as u64;
+            } else {
+                raw_bytes += len as u64;
+            }
+            start += len;
+        }
+    }
+    let mut out = b"EIOPLN01".to_vec();
+    for v in [bf16_bytes as u64, raw_bytes, zstd_bytes, planes.len() as u64] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    for p in &planes {
+        out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        out.extend_from_slice(p);
+    }
+    std::fs::write(path, out).expect("write the planes file");
+    println!(
+        "  dumped {} zstd planes ({} bytes) to {}",
+        planes.len(),
+        planes.iter().map(Vec::len).sum::<usize>(),
+        path.display()
+    );
 }
 
 /// zstd's parameters for the modelled planes (`EAGLE_IO_BENCH_ZSTD_PARAMS=1`): the same planes
