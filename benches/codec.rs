@@ -148,14 +148,11 @@ fn coder_alone(chunks: &[eagle_io::codec::EncodedChunk], level: i32) -> (f64, f6
     (thread_cpu_seconds() - t1, dec_s)
 }
 
-/// Writes the chunks' zstd-coded planes, decompressed (the exact bytes the codec hands zstd,
-/// one per chunk and plane, in order) to `path` for `benches/coders/`
-/// (`EAGLE_IO_BENCH_DUMP_PLANES=PATH`). Layout, all integers u64 little-endian: magic
-/// `EIOPLN01`, the bf16 bytes, the bytes stored raw (planes not zstd-coded), the shipped zstd
-/// frames' bytes, the plane count, then each plane as its length and its bytes.
-fn dump_planes(chunks: &[eagle_io::codec::EncodedChunk], bf16_bytes: usize, path: &std::path::Path) {
+/// The chunks' zstd-coded planes, decompressed (the exact bytes the codec hands zstd, one per
+/// chunk and plane, in order), the bytes stored raw, and the zstd frames' bytes.
+fn zstd_planes(chunks: &[eagle_io::codec::EncodedChunk]) -> (Vec<Vec<u8>>, usize, usize) {
     let mut d = zstd::bulk::Decompressor::new().expect("context");
-    let (mut raw_bytes, mut zstd_bytes) = (0u64, 0u64);
+    let (mut raw_bytes, mut zstd_bytes) = (0usize, 0usize);
     let mut planes = Vec::new();
     for e in chunks {
         let mut start = 0usize;
@@ -165,15 +162,25 @@ fn dump_planes(chunks: &[eagle_io::codec::EncodedChunk], bf16_bytes: usize, path
             if e.desc.plane_zstd & (1 << p) != 0 {
                 let n = zstd::zstd_safe::get_frame_content_size(frame).unwrap().unwrap() as usize;
                 planes.push(d.decompress(frame, n).expect("decodes"));
-                zstd_bytes += len as u64;
+                zstd_bytes += len;
             } else {
-                raw_bytes += len as u64;
+                raw_bytes += len;
             }
             start += len;
         }
     }
+    (planes, raw_bytes, zstd_bytes)
+}
+
+/// Writes the chunks' zstd-coded planes, decompressed (the exact bytes the codec hands zstd,
+/// one per chunk and plane, in order) to `path` for `benches/coders/`
+/// (`EAGLE_IO_BENCH_DUMP_PLANES=PATH`). Layout, all integers u64 little-endian: magic
+/// `EIOPLN01`, the bf16 bytes, the bytes stored raw (planes not zstd-coded), the shipped zstd
+/// frames' bytes, the plane count, then each plane as its length and its bytes.
+fn dump_planes(chunks: &[eagle_io::codec::EncodedChunk], bf16_bytes: usize, path: &std::path::Path) {
+    let (planes, raw_bytes, zstd_bytes) = zstd_planes(chunks);
     let mut out = b"EIOPLN01".to_vec();
-    for v in [bf16_bytes as u64, raw_bytes, zstd_bytes, planes.len() as u64] {
+    for v in [bf16_bytes, raw_bytes, zstd_bytes, planes.len()].map(|v| v as u64) {
         out.extend_from_slice(&v.to_le_bytes());
     }
     for p in &planes {
@@ -194,23 +201,8 @@ fn dump_planes(chunks: &[eagle_io::codec::EncodedChunk], bf16_bytes: usize, path
 /// they are) as a ratio over the bf16 bytes, and zstd's encode / decode MB of bf16 per CPU-second.
 fn zstd_params(chunks: &[eagle_io::codec::EncodedChunk], level: i32, bf16_bytes: usize) {
     use zstd::zstd_safe::{CParameter, ParamSwitch, Strategy};
-    let mut planes = Vec::new();
-    let mut raw_bytes = 0usize;
+    let (planes, raw_bytes, _) = zstd_planes(chunks);
     let mut d = zstd::bulk::Decompressor::new().expect("context");
-    for e in chunks {
-        let mut start = 0usize;
-        for p in 0..e.desc.planes as usize {
-            let len = e.desc.stored[p] as usize;
-            let frame = &e.payload[start..start + len];
-            if e.desc.plane_zstd & (1 << p) != 0 {
-                let n = zstd::zstd_safe::get_frame_content_size(frame).unwrap().unwrap() as usize;
-                planes.push(d.decompress(frame, n).expect("decodes"));
-            } else {
-                raw_bytes += len;
-            }
-            start += len;
-        }
-    }
     let lit = CParameter::LiteralCompressionMode(ParamSwitch::Enable);
     let variants: Vec<(&str, Vec<CParameter>)> = vec![
         ("level, Huffman literals (shipped)", vec![lit]),
