@@ -156,12 +156,27 @@ impl ShardFile {
         self.source.remote()
     }
 
-    /// Reads record `i` into the head of `buf` and verifies its checksum; returns the record's
-    /// bytes. `buf` only grows (zero-filled past its longest record so far), so a reused buffer
-    /// is not zeroed again on every read.
-    pub fn read_record<'b>(&self, i: usize, buf: &'b mut Vec<u8>) -> Result<&'b [u8]> {
+    /// Record `i`'s bytes, checksum verified: where they lie in a mapped file, else read into the
+    /// head of `buf`. `buf` only grows (zero-filled past its longest record so far), so a reused
+    /// buffer is not zeroed again on every read.
+    pub fn read_record<'a>(&'a self, i: usize, buf: &'a mut Vec<u8>) -> Result<&'a [u8]> {
         let e = &self.entries[i];
         let n = e.length as usize;
+        if let Some(map) = self.source.mapped() {
+            let rec = (e.offset as usize)
+                .checked_add(n)
+                .and_then(|end| map.get(e.offset as usize..end))
+                .ok_or_else(|| {
+                    Error::corrupt(
+                        &self.path,
+                        Some(e.sample_id),
+                        e.offset,
+                        "record (past the end of the file)",
+                    )
+                })?;
+            self.check_record(i, rec)?;
+            return Ok(rec);
+        }
         if buf.len() < n {
             buf.resize(n, 0);
         }

@@ -1,4 +1,4 @@
-//! Where the bytes of a manifest or shard come from: a local file (positioned reads, `pread`)
+//! Where the bytes of a manifest or shard come from: a local file (mapped, or positioned reads)
 //! or an object in an S3-compatible store (ranged GETs through the `object_store` crate, on a
 //! tokio runtime owned by the core; see docs/STORAGE.md). A path whose text starts with
 //! `SCHEME://` is an object URL (`s3://bucket/run/manifest.json`); anything else is a file.
@@ -37,6 +37,13 @@ pub trait ByteSource: Send + Sync {
     /// Fills `buf` with the bytes at `offset..offset + buf.len()`; a source shorter than that
     /// is an error naming it (never a short or padded read).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+
+    /// The whole source as one slice when it is mapped into memory (a local file): records are
+    /// then checksummed and decoded where they lie, with no copy. `None`: read with
+    /// [`ByteSource::read_at`].
+    fn mapped(&self) -> Option<&[u8]> {
+        None
+    }
 
     /// Drops what opening prefetched (an object's first and last bytes); reads still work.
     fn forget_prefetch(&self) {}
