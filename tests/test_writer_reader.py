@@ -246,3 +246,55 @@ def test_read_into_checks_shapes_positions_and_overlaps(tmp_path):
     aliased = {**out, "aux_hidden_states": backing, "input_ids": backing.view(torch.int64).reshape(-1)[:5]}
     with pytest.raises(eagle_io.InvalidArgumentError, match="output buffers overlap"):
         ds.read_into(0, aliased)
+
+
+def test_reader_bindings_refuse_out_of_range_ints_naming_the_argument(small_dataset):
+    """`Dataset.entry(-1)`, `Dataset.position(-1)` and the native reader's and writer's counts and positions given a
+    negative or too large int raised a builtin OverflowError naming nothing."""
+    from eagle_io import _native
+
+    root, _ = small_dataset
+    ds = eagle_io.Dataset(root)
+    calls = [
+        (lambda: ds.entry(-1), "pos", -1),
+        (lambda: ds.entry(1 << 64), "pos", 1 << 64),
+        (lambda: ds.position(-1), "sample_id", -1),
+        (lambda: ds._native.read_into(-2, []), "pos", -2),
+        (lambda: ds._native.read_stored_into(-2, []), "pos", -2),
+        (lambda: ds._native.read_batch([(-3, [])]), "pos", -3),
+        (lambda: _native.Reader(str(root), -1), "threads", -1),
+        (lambda: _native.Reader(str(root), 0, -1), "in_flight", -1),
+        (lambda: _native.Reader(str(root), 0, None, -1), "coalesce_gap", -1),
+        (lambda: _native.Reader(str(root), 0, None, None, 1 << 64), "part_bytes", 1 << 64),
+        (lambda: _native.Reader(str(root), cache_dir=str(root), cache_bytes=-1), "cache_bytes", -1),
+        (lambda: _native.Reader.verify(str(root), -1), "threads", -1),
+        (
+            lambda: _native.Writer(
+                str(root.parent / "x"),
+                "[]",
+                "{}",
+                shard_bytes=-1,
+                chunk_bytes=1,
+                threads=1,
+                zstd_level=1,
+                queue_depth=1,
+                shard_prefix="r",
+                manifest_name="m.json",
+                resume=False,
+            ),
+            "shard_bytes",
+            -1,
+        ),
+    ]
+    for call, name, value in calls:
+        match = rf"^{name} must be an integer in \[0, 2\*\*64\), not {value}$"
+        with pytest.raises(eagle_io.InvalidArgumentError, match=match):
+            call()
+    for call, name in ((lambda: _native.manifest_name(-1, 2), "rank"), (lambda: _native.shard_prefix(1 << 32), "rank")):
+        with pytest.raises(eagle_io.InvalidArgumentError, match=rf"^{name} must be an integer in \[0, 2\*\*32\)"):
+            call()
+    assert _native.Reader(str(root), None).entry(0) == tuple(vars(ds.entry(0)).values())  # None: the default
+    with eagle_io.ShardWriter(root.parent / "w", eagle_io.eagle3_schema(8), {}, threads=1) as w:
+        assert (-1 in w, 1 << 64 in w) == (False, False)  # no id: not contained (was OverflowError)
+        with pytest.raises(eagle_io.errors.ArgumentTypeError, match="sample_id must be an int, not str"):
+            "1" in w._native  # noqa: B015
