@@ -232,9 +232,8 @@ def test_read_into_checks_shapes_positions_and_overlaps(tmp_path):
     ds.read_into(0, out)
     assert torch.equal(out["aux_hidden_states"], make_sample(7, 5)["aux_hidden_states"])
     same_bytes = torch.empty(96, 5, dtype=torch.bfloat16)  # as many bytes as [5, 96], another shape
-    with pytest.raises(
-        eagle_io.InvalidArgumentError, match=r"'aux_hidden_states' has shape \(96, 5\); the sample needs \(5, 96\)"
-    ):
+    match = r"^position 0: output 'aux_hidden_states' has shape \[96, 5\], expected \[5, 96\]$"
+    with pytest.raises(eagle_io.InvalidArgumentError, match=match):
         ds.read_into(0, {**out, "aux_hidden_states": same_bytes})
     with pytest.raises(eagle_io.InvalidArgumentError, match="no output tensor for 'hidden_states'"):
         ds.read_into(0, {k: v for k, v in out.items() if k != "hidden_states"})

@@ -16,7 +16,7 @@ from ..defaults import CACHE_BYTES
 from ..errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError, SampleNotFoundError
 from ..store import layout
 from ..store.eagle3 import check_eagle3_dataset
-from ..store.reader import Dataset, SampleInfo
+from ..store.reader import Dataset, SampleInfo, check_output_shape
 
 #: Metadata keys (docs/FORMAT.md, section 2.1) that must be equal in every dataset a ``ShardDataset`` mixes.
 #: A key absent from one dataset and present in another counts as a difference.
@@ -343,10 +343,8 @@ class ShardDataset(torch.utils.data.Dataset):
         for spec in ds.schema:
             shape = (n,) if spec.width is None else (n, spec.width)
             dst = out.get(spec.name)
-            if dst is not None and tuple(dst.shape) != (m, *shape[1:]):
-                raise InvalidArgumentError(
-                    f"read_into item {i}: {spec.name!r} has shape {list(dst.shape)}, expected {[m, *shape[1:]]}"
-                )
+            if dst is not None:
+                check_output_shape(spec, dst, m, f"read_into item {i}: ")
             if dst is not None and m == n and dst.dtype == getattr(torch, spec.dtype) and dst.is_contiguous():
                 direct[spec.name] = dst
             else:

@@ -23,6 +23,18 @@ def _check_threads(threads: object) -> None:
         raise InvalidArgumentError(f"threads must be an integer >= 0 (0 = one per CPU), not {threads!r}")
 
 
+def check_output_shape(spec: TensorSpec, t: torch.Tensor, rows: int, where: str) -> None:
+    """The one shape check of an output tensor (:meth:`Dataset.read_into` and the feed's ``ShardDataset.read_into``):
+    ``t`` must be ``[rows]`` (``spec.width`` None) or ``[rows, spec.width]``.
+
+    Raises:
+        InvalidArgumentError: ``"{where}{spec.name!r} has shape [...], expected [...]"``.
+    """
+    want = [rows] if spec.width is None else [rows, spec.width]
+    if list(t.shape) != want:
+        raise InvalidArgumentError(f"{where}{spec.name!r} has shape {list(t.shape)}, expected {want}")
+
+
 @dataclass(frozen=True)
 class SampleInfo:
     """A sample's index entry: its id, token count ``L`` and source key."""
@@ -189,13 +201,9 @@ class Dataset:
                 raise InvalidArgumentError(f"position {pos}: no output tensor for {s.name!r}")
             if not isinstance(t, torch.Tensor):
                 raise ArgumentTypeError(f"position {pos}: output {s.name!r} is a {type(t).__name__}, not a tensor")
-            shape = (n,) if s.width is None else (n, s.width)
             if t.dtype != getattr(torch, s.dtype) or not t.is_contiguous() or t.device.type != "cpu":
                 raise InvalidArgumentError(f"output {s.name!r} must be a contiguous CPU tensor of dtype {s.dtype}")
-            if tuple(t.shape) != shape:
-                raise InvalidArgumentError(
-                    f"position {pos}: output {s.name!r} has shape {tuple(t.shape)}; the sample needs {shape}"
-                )
+            check_output_shape(s, t, n, f"position {pos}: output ")
             buffers.append(writable_bytes(t))
         return buffers
 
