@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import _native
@@ -21,6 +22,18 @@ from .schema import TensorSpec, from_json
 def _check_threads(threads: object) -> None:
     if type(threads) is not int or threads < 0:  # a negative count raised OverflowError in the binding
         raise InvalidArgumentError(f"threads must be an integer >= 0 (0 = one per CPU), not {threads!r}")
+
+
+def check_flag(name: str, value: object) -> bool:
+    """``value`` when it is a bool (numpy's too): an on/off option is never read from another object's truth
+    (``"no"``, ``"false"`` and ``[0]`` are all truthy).
+
+    Raises:
+        ArgumentTypeError: any other value, naming the option.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be True or False, not {value!r}")
+    return bool(value)
 
 
 def check_output_shape(spec: TensorSpec, t: torch.Tensor, rows: int, where: str) -> None:
@@ -81,6 +94,7 @@ class Dataset:
             index cannot be trusted; reads raise CorruptRecordError on a bad record.
         InvalidArgumentError: ``path`` is a multi-writer root not merged yet (``eagle-io merge`` it), ``threads``
             is negative, ``in_flight`` < 1 or ``cache_bytes`` < 0.
+        ArgumentTypeError: ``dequantize`` not a bool.
     """
 
     def __init__(
@@ -97,7 +111,7 @@ class Dataset:
         self._threads = threads
         self._in_flight = in_flight
         self._cache = (None if cache_dir is None else os.fspath(cache_dir), cache_bytes)
-        self.dequantize = bool(dequantize)
+        self.dequantize = check_flag("dequantize", dequantize)
         _check_threads(threads)
         if type(in_flight) is not int or in_flight < 1:
             raise InvalidArgumentError(f"in_flight must be an integer >= 1, not {in_flight!r}")
