@@ -297,3 +297,35 @@ def test_reader_bindings_refuse_out_of_range_ints_naming_the_argument(small_data
         assert (-1 in w, 1 << 64 in w) == (False, False)  # no id: not contained (was OverflowError)
         with pytest.raises(eagle_io.errors.ArgumentTypeError, match="sample_id must be an int, not str"):
             "1" in w._native  # noqa: B015
+
+
+def test_read_into_refuses_read_only_memory_naming_the_output(small_dataset, tmp_path):
+    """A tensor made by `torch.from_numpy` over a read-only memory map exports a writable buffer (torch has no
+    read-only tensors): `Dataset.read_into` decoded into it and the process died of SIGSEGV. Read-only exports
+    (a numpy array with `writeable=False`, bytes) are refused by the native reader too. Nothing is written."""
+    import warnings
+
+    root, _ = small_dataset
+    ds = eagle_io.Dataset(root)
+    pos = next(p for p in range(len(ds)) if ds.entry(p).n_tokens == 5)
+    want = ds[pos]
+    out = {s.name: torch.full_like(want[s.name], 7) for s in ds.schema}
+    nbytes = want["hidden_states"].numel() * 2
+    np.save(tmp_path / "ro.npy", np.zeros(nbytes, np.uint8))
+    mapped = np.load(tmp_path / "ro.npy", mmap_mode="r")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: "The given NumPy array is not writable"
+        ro = torch.from_numpy(mapped).view(torch.bfloat16).view(want["hidden_states"].shape)
+    match = "^hidden_states: the memory is read-only though its buffer says writable"
+    with pytest.raises(eagle_io.InvalidArgumentError, match=match):
+        ds.read_into(pos, {**out, "hidden_states": ro})
+    with pytest.raises(eagle_io.InvalidArgumentError, match=match):
+        ds.read_batch([(pos, out), (pos, {**{k: v.clone() for k, v in out.items()}, "hidden_states": ro})])
+    for name, t in out.items():  # the writable outputs were probed, not changed
+        assert torch.equal(t.view(torch.uint8), torch.full_like(t, 7).view(torch.uint8)), name
+    flagged = [np.zeros(want[s.name].numel() * want[s.name].element_size(), np.uint8) for s in ds.schema]
+    flagged[1].flags.writeable = False
+    with pytest.raises(eagle_io.InvalidArgumentError, match=r"^loss_mask: buffer is read-only$"):
+        ds._native.read_into(pos, flagged)
+    ds.read_into(pos, out)
+    assert all(torch.equal(out[s.name].view(torch.uint8), want[s.name].view(torch.uint8)) for s in ds.schema)

@@ -179,11 +179,15 @@ class Dataset:
         """Decodes the sample at ``pos`` (0-based) into caller-provided contiguous, writable CPU tensors, one per
         schema tensor, each of the exact shape and dtype (``[L]`` / ``[L, width]``), not overlapping each other.
 
+        An output whose memory the kernel refuses to write (``torch.from_numpy`` over a read-only memory map) is
+        refused before anything is written. A tensor over a numpy array merely flagged ``writeable=False`` (torch
+        warns when making it; it has no read-only tensors) cannot be told from any other and is written.
+
         Raises:
             ArgumentTypeError: ``pos`` not an int, or an output not a tensor.
             SampleNotFoundError: ``pos`` out of range.
-            InvalidArgumentError: an output missing, of the wrong shape, dtype or device, not writable, or
-                overlapping another.
+            InvalidArgumentError: an output missing, of the wrong shape, dtype or device, not writable (read-only
+                memory, named), or overlapping another.
             CorruptRecordError: the record fails its checksum or does not decode.
         """
         self._native.read_into(pos, self._out_buffers(pos, out))
