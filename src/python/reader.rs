@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 
 use super::args::{unsigned, unsigned_opt};
-use super::buffers::Borrowed;
+use super::buffers::{Borrowed, WriteProbe};
 use super::errors::py_err;
 use crate::dataset::{Dataset, ReadOptions};
 use crate::error::Error;
@@ -101,10 +101,11 @@ impl Reader {
     /// not overlap. Raises the error of the first failing item (a `CorruptRecordError` names its
     /// sample id, file and offset); the other items are decoded all the same.
     fn read_batch(&self, py: Python<'_>, items: Vec<(Bound<'_, PyAny>, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+        let probe = write_probe().map_err(py_err(py))?;
         let mut held = Vec::with_capacity(items.len());
         for (pos, outs) in &items {
             let pos: u64 = unsigned(pos, "pos")?;
-            held.push((pos, self.borrow_outputs(outs).map_err(py_err(py))?));
+            held.push((pos, self.borrow_outputs(outs, &probe).map_err(py_err(py))?));
         }
         check_disjoint(held.iter().flat_map(|(_, bufs)| bufs.iter())).map_err(py_err(py))?;
         let mut batch: Vec<(u64, Vec<&mut [u8]>)> = held
@@ -143,19 +144,20 @@ impl Reader {
 impl Reader {
     /// Decodes the sample at `pos` into `outs` with the GIL released; FP8 tensors dequantised or as stored.
     /// Borrows one writable output buffer per schema tensor (an error names the tensor).
-    fn borrow_outputs(&self, outs: &[Bound<'_, PyAny>]) -> Result<Vec<Borrowed>, Error> {
+    fn borrow_outputs(&self, outs: &[Bound<'_, PyAny>], probe: &WriteProbe) -> Result<Vec<Borrowed>, Error> {
         let schema = self.inner.schema();
         outs.iter()
             .enumerate()
             .map(|(i, o)| {
                 let name = schema.tensors.get(i).map_or("output", |t| t.name.as_str());
-                Borrowed::get(o, true, name)
+                Borrowed::get_writable(o, name, probe)
             })
             .collect()
     }
 
     fn read(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>, dequantize: bool) -> PyResult<()> {
-        let mut bufs = self.borrow_outputs(&outs).map_err(py_err(py))?;
+        let probe = write_probe().map_err(py_err(py))?;
+        let mut bufs = self.borrow_outputs(&outs, &probe).map_err(py_err(py))?;
         check_disjoint(bufs.iter()).map_err(py_err(py))?;
         let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Borrowed::bytes_mut).collect();
         let inner = &self.inner;
@@ -165,6 +167,11 @@ impl Reader {
         })
         .map_err(py_err(py))
     }
+}
+
+/// The probe of one call's output buffers (`Borrowed::get_writable`).
+fn write_probe() -> Result<WriteProbe, Error> {
+    WriteProbe::new().map_err(|e| Error::io("<write probe pipe>", e))
 }
 
 /// Refuses output buffers that share memory: decoding into them would be aliased writes (one

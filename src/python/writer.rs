@@ -69,7 +69,7 @@ fn borrow_sample(schema: &Schema, (sample_id, _, tensors): &PySample<'_>) -> Res
                 spec.name, schema.tensors[0].name
             )));
         }
-        let buf = Borrowed::get(obj, false, &spec.name).map_err(|e| err(e.to_string()))?;
+        let buf = Borrowed::get(obj, &spec.name).map_err(|e| err(e.to_string()))?;
         out.push(buf);
     }
     Ok((n_tokens, out))
