@@ -293,6 +293,11 @@ def test_reader_bindings_refuse_out_of_range_ints_naming_the_argument(small_data
         with pytest.raises(eagle_io.InvalidArgumentError, match=rf"^{name} must be an integer in \[0, 2\*\*32\)"):
             call()
     assert _native.Reader(str(root), None).entry(0) == tuple(vars(ds.entry(0)).values())  # None: the default
+    assert ds.entry(np.int64(1)) == ds.entry(1)  # integers with __index__ (numpy's) are ints
+    with pytest.raises(eagle_io.InvalidArgumentError, match=r"^pos must be an integer in \[0, 2\*\*64\), not -1$"):
+        ds.entry(np.int64(-1))
+    with pytest.raises(eagle_io.errors.ArgumentTypeError, match=r"^pos must be an int, not float$"):
+        ds.entry(1.0)
     with eagle_io.ShardWriter(root.parent / "w", eagle_io.eagle3_schema(8), {}, threads=1) as w:
         assert (-1 in w, 1 << 64 in w) == (False, False)  # no id: not contained (was OverflowError)
         with pytest.raises(eagle_io.errors.ArgumentTypeError, match="sample_id must be an int, not str"):

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyInt, PyType};
+use pyo3::types::PyType;
 
 use super::errors::py_err;
 use crate::error::Error;
@@ -32,19 +32,23 @@ impl Unsigned for u32 {
     const RANGE: &'static str = "[0, 2**32)";
 }
 
-/// `value` (the argument `name`) as a `T`.
+/// `value` (the argument `name`) as a `T`: an int, or any integer with `__index__` (numpy's).
 pub fn unsigned<T: Unsigned>(value: &Bound<'_, PyAny>, name: &str) -> PyResult<T> {
-    let py = value.py();
-    if !value.is_instance_of::<PyInt>() {
-        let kind = value.get_type().name().map_or_else(|_| "?".into(), |n| n.to_string());
-        return Err(argument_type_error(py, format!("{name} must be an int, not {kind}")));
+    if let Ok(v) = value.extract::<T>() {
+        return Ok(v);
     }
-    value.extract::<T>().map_err(|_| {
-        py_err(py)(Error::InvalidArgument(format!(
-            "{name} must be an integer in {}, not {value}",
+    let py = value.py();
+    let index = py.import("operator")?.getattr("index")?;
+    match index.call1((value,)) {
+        Ok(int) => Err(py_err(py)(Error::InvalidArgument(format!(
+            "{name} must be an integer in {}, not {int}",
             T::RANGE
-        )))
-    })
+        )))),
+        Err(_) => {
+            let kind = value.get_type().name().map_or_else(|_| "?".into(), |n| n.to_string());
+            Err(argument_type_error(py, format!("{name} must be an int, not {kind}")))
+        }
+    }
 }
 
 /// `value` (the argument `name`), when given, as a `T`.
