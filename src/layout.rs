@@ -101,9 +101,12 @@ pub fn commit_rename(tmp: &Path, path: &Path) -> Result<()> {
     fsync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
-/// Writes `bytes` to `path` atomically.
+/// Writes `bytes` to `path` atomically. The new file keeps the permissions of the regular file
+/// it replaces (as `eagle_io.store.layout.atomic_file` does), else gets those of a plain
+/// create (`0o666 & ~umask`).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = temp_path(path);
+    let keep_mode = fs::metadata(path).ok().filter(|m| m.is_file()).map(|m| m.permissions());
     // A stale entry at the temp name (a crashed writer's, or a link) is removed, and the temp file
     // is created anew (O_CREAT | O_EXCL): a link there is never written through.
     match fs::remove_file(&tmp) {
@@ -115,9 +118,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .create_new(true)
         .open(&tmp)
         .map_err(|e| Error::io(&tmp, e))?;
-    f.write_all(bytes)
-        .and_then(|_| f.sync_all())
-        .map_err(|e| Error::io(&tmp, e))?;
+    let written = keep_mode
+        .map_or(Ok(()), |mode| f.set_permissions(mode))
+        .and_then(|_| f.write_all(bytes))
+        .and_then(|_| f.sync_all());
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io(&tmp, e));
+    }
     commit_rename(&tmp, path)
 }
 
@@ -179,5 +187,25 @@ mod tests {
         assert_eq!(fs::read(&target).unwrap(), b"{}");
         assert!(!fs::symlink_metadata(&target).unwrap().file_type().is_symlink());
         assert!(!temp_path(&target).exists());
+    }
+
+    #[test]
+    fn a_rewrite_keeps_the_replaced_files_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        // The rewrite used to reset the mode to the umask default (the Python twin kept it).
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("manifest.json");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        write_atomic(&target, b"{}").unwrap();
+        let created = mode(&target);
+        for kept in [0o640, 0o600, 0o664, 0o644].into_iter().filter(|&m| m != created) {
+            fs::set_permissions(&target, fs::Permissions::from_mode(kept)).unwrap();
+            write_atomic(&target, b"{\"a\": 1}").unwrap();
+            assert_eq!(mode(&target), kept, "{kept:o}");
+            assert_eq!(fs::read(&target).unwrap(), b"{\"a\": 1}");
+        }
+        let fresh = dir.path().join("other.json");
+        write_atomic(&fresh, b"{}").unwrap();
+        assert_eq!(mode(&fresh), created, "a new file gets the plain-create mode");
     }
 }

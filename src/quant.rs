@@ -18,6 +18,10 @@ use crate::dtype::DType;
 /// Largest finite e4m3fn magnitude.
 pub const E4M3_MAX: f32 = 448.0;
 
+/// Largest scale a quantiser makes (`f32::MAX / 448`): a larger one dequantises a code of
+/// magnitude up to 448 to more than `f32::MAX`, i.e. to Inf.
+pub const MAX_SCALE: f32 = f32::MAX / E4M3_MAX;
+
 /// The name of the FP8 storage type in schemas.
 pub const FLOAT8_E4M3FN: &str = "float8_e4m3fn";
 
@@ -215,8 +219,8 @@ pub fn quantize(
 
 /// Checks `rows` stored rows quantised elsewhere (`src`, laid out as [`quantize`] writes them:
 /// the torch quantiser of `eagle_io.store.fp8` on the source device) before they are stored as
-/// given: every scale finite and not negative (a NaN or Inf in a block makes its scale NaN or
-/// Inf), every byte of a block whose scale is 0 zero, no byte a NaN code (`0x7F`, `0xFF`).
+/// given: every scale finite, not negative and at most [`MAX_SCALE`] (a NaN or Inf in a block
+/// makes its scale NaN or Inf; a larger finite scale dequantises to Inf), every byte of a block whose scale is 0 zero, no byte a NaN code (`0x7F`, `0xFF`).
 /// Returns what quantising counted, but `clamped` (the quantiser reports it), or the row at
 /// fault and what is wrong with it.
 pub fn check_quantised(src: &[u8], rows: usize, width: usize, p: &Precision) -> Result<QuantCounts, (u64, String)> {
@@ -238,6 +242,11 @@ pub fn check_quantised(src: &[u8], rows: usize, width: usize, p: &Precision) -> 
             }
             if scale.is_sign_negative() {
                 return Err(bad(format!("is {scale}; scales are amax / 448, never negative")));
+            }
+            if scale > MAX_SCALE {
+                return Err(bad(format!(
+                    "is {scale}, above f32::MAX / 448 = {MAX_SCALE}: its values would dequantise to Inf"
+                )));
             }
             if scale == 0.0 {
                 counts.zero_blocks += 1;

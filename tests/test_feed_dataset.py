@@ -200,3 +200,24 @@ def test_missing_required_tensor_fails(tmp_path):
         w.write(1, {"input_ids": torch.zeros(2, dtype=torch.int64), "loss_mask": torch.zeros(2, dtype=torch.uint8)})
     with pytest.raises(eagle_io.IncompatibleDatasetError, match="no tensor 'aux_hidden_states'"):
         ShardDataset(tmp_path / "a")
+
+
+def test_on_off_options_refuse_words_and_other_truthy_objects(tmp_path):
+    """`ShardDataset(..., mix_precisions="no")` mixed precisions (any string is truthy); `follow="no"` returned a
+    following dataset, `Dataset(dequantize="no")` dequantised."""
+    from eagle_io.errors import ArgumentTypeError
+    from eagle_io.feed.follow import FollowingShardDataset
+
+    write(tmp_path / "a", [(1, 3)])
+    for kwargs, name in (
+        ({"mix_precisions": "no"}, "mix_precisions"),
+        ({"mix_precisions": 0}, "mix_precisions"),
+        ({"follow": "no"}, "follow"),
+        ({"follow": True, "mix_precisions": "false"}, "mix_precisions"),
+    ):
+        with pytest.raises(ArgumentTypeError, match=f"^{name} must be True or False, not "):
+            ShardDataset(tmp_path / "a", **kwargs)
+    with pytest.raises(ArgumentTypeError, match=r"^dequantize must be True or False, not 'no'$"):
+        eagle_io.Dataset(tmp_path / "a", dequantize="no")
+    assert len(ShardDataset(tmp_path / "a", mix_precisions=False, follow=False)) == 1
+    assert isinstance(ShardDataset(tmp_path / "a", follow=True), FollowingShardDataset)

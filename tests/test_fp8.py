@@ -199,3 +199,20 @@ def test_shard_dataset_mixes_bf16_and_fp8_only_when_asked(tmp_path):
     for i in range(6):
         item = ds[i]
         assert torch.equal(got[item["sample_id"]], item["aux_hidden_states"])
+
+
+def test_transcode_refuses_an_output_nested_with_its_source(small_dataset, capsys):
+    """`eagle-io transcode ds --out ds/shards` wrote the new dataset inside the one it read."""
+    from eagle_io.cli import main
+    from eagle_io.store.transcode import transcode
+
+    root, _ = small_dataset
+    files = sorted(root.parent.rglob("*"))
+    for out in (root / "shards", root / "new", root.parent):
+        assert main(["transcode", str(root), "--out", str(out), "--precision", "fp8"]) == 2
+        err = capsys.readouterr().err
+        assert "InvalidArgumentError" in err and f"'{out}'" in err and f"'{root}'" in err, err
+        assert "one lies inside the other" in err
+    assert sorted(root.parent.rglob("*")) == files, "nothing written"
+    with pytest.raises(eagle_io.InvalidArgumentError, match="lies inside"):
+        transcode(root / "manifest.json", root / "a" / "b", "fp8")

@@ -69,8 +69,9 @@ def test_every_option_has_help_and_shows_its_default(name):
         if a.help == argparse.SUPPRESS or isinstance(a, argparse._HelpAction):
             continue
         assert a.help and a.help.strip(), f"{name} {a.option_strings or a.dest}: no help text"
-        if a.option_strings and not (a.default is None or a.default is False or a.default == []):
+        if a.option_strings and not (a.default is None or a.default is False):  # [] too: --sglang-arg did not
             shown = p._get_formatter()._get_help_string(a) % {**vars(a), "prog": p.prog}
             assert "default" in shown, f"{name} {a.option_strings[0]}: help does not give the default {a.default!r}"
     if name == "generate":
         assert "(default: 2048)" in text and "one per CPU) (default: 0)" in text and "default $RANK, else 0" in text
+        assert re.search(r"--sglang-arg KEY=VALUE\s+further sglang\.Engine argument .* \(default:\s+none\)", text, re.S)

@@ -156,3 +156,41 @@ def test_resumed_ids_are_refused_at_put_and_timeouts_are_checked(tmp_path):
         sink.put(4, make_sample(4, 2))
     assert sink.put(5, make_sample(5, 2))
     assert sum(x["samples"] for x in sink.close()["shards"]) == 2
+
+
+def test_sink_bindings_refuse_out_of_range_ints_naming_the_argument(tmp_path):
+    """`CaptureSink.commit(..., fp8_clamped=-1)` (and every other count or size of the sink's bindings given a
+    negative or too large int) raised a builtin OverflowError naming nothing; a NaN or infinite `reserve` timeout
+    panicked in the core. Each is refused before anything changes: the slot stays reserved and the sink runs on."""
+    from eagle_io import _native
+
+    w = eagle_io.ShardWriter(tmp_path / "a", eagle_io.eagle3_schema(32), {}, threads=1)
+    sink = RingSink(w, ring_bytes=1 << 16)
+    raw = sink._sink
+    slot = raw.reserve(265, 1.0, False)  # one token of the schema
+    calls = [
+        (lambda: raw.commit(slot, 1, "", 1, fp8_clamped=-1), "fp8_clamped", -1),
+        (lambda: raw.commit(slot, 1, "", 1, fp8_clamped=1 << 64), "fp8_clamped", 1 << 64),
+        (lambda: raw.commit(slot, 1, "", -1), "n_tokens", -1),
+        (lambda: raw.commit(slot, -1, "", 1), "sample_id", -1),
+        (lambda: raw.commit(slot, 1 << 64, "", 1), "sample_id", 1 << 64),
+        (lambda: raw.reserve(-1, 1.0, False), "nbytes", -1),
+        (lambda: raw.reserve(1 << 70, 1.0, False), "nbytes", 1 << 70),
+    ]
+    for call, name, value in calls:
+        match = rf"^{name} must be an integer in \[0, 2\*\*64\), not {value}$"
+        with pytest.raises(eagle_io.InvalidArgumentError, match=match):
+            call()
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(eagle_io.InvalidArgumentError, match="timeout_s must be a finite number of seconds"):
+            raw.reserve(16, bad, False)
+    with pytest.raises(ArgumentTypeError, match="n_tokens must be an int, not str"):
+        raw.commit(slot, 1, "", "1")
+    w2 = eagle_io.ShardWriter(tmp_path / "b", eagle_io.eagle3_schema(32), {}, threads=1)
+    for args, name in (((-1, 4), "ring_bytes"), ((1 << 16, -4), "batch")):
+        with pytest.raises(eagle_io.InvalidArgumentError, match=f"^{name} must be an integer"):
+            _native.CaptureSink(w2._native, *args)
+    w2.close()  # the refused constructors left the writer usable
+    memoryview(slot)[:] = bytes(265)  # the slot is still reserved: fill and commit it
+    raw.commit(slot, 1, "", 1)
+    assert sum(x["samples"] for x in sink.close()["shards"]) == 1

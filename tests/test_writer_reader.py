@@ -232,9 +232,8 @@ def test_read_into_checks_shapes_positions_and_overlaps(tmp_path):
     ds.read_into(0, out)
     assert torch.equal(out["aux_hidden_states"], make_sample(7, 5)["aux_hidden_states"])
     same_bytes = torch.empty(96, 5, dtype=torch.bfloat16)  # as many bytes as [5, 96], another shape
-    with pytest.raises(
-        eagle_io.InvalidArgumentError, match=r"'aux_hidden_states' has shape \(96, 5\); the sample needs \(5, 96\)"
-    ):
+    match = r"^position 0: output 'aux_hidden_states' has shape \[96, 5\], expected \[5, 96\]$"
+    with pytest.raises(eagle_io.InvalidArgumentError, match=match):
         ds.read_into(0, {**out, "aux_hidden_states": same_bytes})
     with pytest.raises(eagle_io.InvalidArgumentError, match="no output tensor for 'hidden_states'"):
         ds.read_into(0, {k: v for k, v in out.items() if k != "hidden_states"})
@@ -246,3 +245,92 @@ def test_read_into_checks_shapes_positions_and_overlaps(tmp_path):
     aliased = {**out, "aux_hidden_states": backing, "input_ids": backing.view(torch.int64).reshape(-1)[:5]}
     with pytest.raises(eagle_io.InvalidArgumentError, match="output buffers overlap"):
         ds.read_into(0, aliased)
+
+
+def test_reader_bindings_refuse_out_of_range_ints_naming_the_argument(small_dataset):
+    """`Dataset.entry(-1)`, `Dataset.position(-1)` and the native reader's and writer's counts and positions given a
+    negative or too large int raised a builtin OverflowError naming nothing."""
+    from eagle_io import _native
+
+    root, _ = small_dataset
+    ds = eagle_io.Dataset(root)
+    calls = [
+        (lambda: ds.entry(-1), "pos", -1),
+        (lambda: ds.entry(1 << 64), "pos", 1 << 64),
+        (lambda: ds.position(-1), "sample_id", -1),
+        (lambda: ds._native.read_into(-2, []), "pos", -2),
+        (lambda: ds._native.read_stored_into(-2, []), "pos", -2),
+        (lambda: ds._native.read_batch([(-3, [])]), "pos", -3),
+        (lambda: _native.Reader(str(root), -1), "threads", -1),
+        (lambda: _native.Reader(str(root), 0, -1), "in_flight", -1),
+        (lambda: _native.Reader(str(root), 0, None, -1), "coalesce_gap", -1),
+        (lambda: _native.Reader(str(root), 0, None, None, 1 << 64), "part_bytes", 1 << 64),
+        (lambda: _native.Reader(str(root), cache_dir=str(root), cache_bytes=-1), "cache_bytes", -1),
+        (lambda: _native.Reader.verify(str(root), -1), "threads", -1),
+        (
+            lambda: _native.Writer(
+                str(root.parent / "x"),
+                "[]",
+                "{}",
+                shard_bytes=-1,
+                chunk_bytes=1,
+                threads=1,
+                zstd_level=1,
+                queue_depth=1,
+                shard_prefix="r",
+                manifest_name="m.json",
+                resume=False,
+            ),
+            "shard_bytes",
+            -1,
+        ),
+    ]
+    for call, name, value in calls:
+        match = rf"^{name} must be an integer in \[0, 2\*\*64\), not {value}$"
+        with pytest.raises(eagle_io.InvalidArgumentError, match=match):
+            call()
+    for call, name in ((lambda: _native.manifest_name(-1, 2), "rank"), (lambda: _native.shard_prefix(1 << 32), "rank")):
+        with pytest.raises(eagle_io.InvalidArgumentError, match=rf"^{name} must be an integer in \[0, 2\*\*32\)"):
+            call()
+    assert _native.Reader(str(root), None).entry(0) == tuple(vars(ds.entry(0)).values())  # None: the default
+    assert ds.entry(np.int64(1)) == ds.entry(1)  # integers with __index__ (numpy's) are ints
+    with pytest.raises(eagle_io.InvalidArgumentError, match=r"^pos must be an integer in \[0, 2\*\*64\), not -1$"):
+        ds.entry(np.int64(-1))
+    with pytest.raises(eagle_io.errors.ArgumentTypeError, match=r"^pos must be an int, not float$"):
+        ds.entry(1.0)
+    with eagle_io.ShardWriter(root.parent / "w", eagle_io.eagle3_schema(8), {}, threads=1) as w:
+        assert (-1 in w, 1 << 64 in w) == (False, False)  # no id: not contained (was OverflowError)
+        with pytest.raises(eagle_io.errors.ArgumentTypeError, match="sample_id must be an int, not str"):
+            "1" in w._native  # noqa: B015
+
+
+def test_read_into_refuses_read_only_memory_naming_the_output(small_dataset, tmp_path):
+    """A tensor made by `torch.from_numpy` over a read-only memory map exports a writable buffer (torch has no
+    read-only tensors): `Dataset.read_into` decoded into it and the process died of SIGSEGV. Read-only exports
+    (a numpy array with `writeable=False`, bytes) are refused by the native reader too. Nothing is written."""
+    import warnings
+
+    root, _ = small_dataset
+    ds = eagle_io.Dataset(root)
+    pos = next(p for p in range(len(ds)) if ds.entry(p).n_tokens == 5)
+    want = ds[pos]
+    out = {s.name: torch.full_like(want[s.name], 7) for s in ds.schema}
+    nbytes = want["hidden_states"].numel() * 2
+    np.save(tmp_path / "ro.npy", np.zeros(nbytes, np.uint8))
+    mapped = np.load(tmp_path / "ro.npy", mmap_mode="r")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: "The given NumPy array is not writable"
+        ro = torch.from_numpy(mapped).view(torch.bfloat16).view(want["hidden_states"].shape)
+    match = "^hidden_states: the memory is read-only though its buffer says writable"
+    with pytest.raises(eagle_io.InvalidArgumentError, match=match):
+        ds.read_into(pos, {**out, "hidden_states": ro})
+    with pytest.raises(eagle_io.InvalidArgumentError, match=match):
+        ds.read_batch([(pos, out), (pos, {**{k: v.clone() for k, v in out.items()}, "hidden_states": ro})])
+    for name, t in out.items():  # the writable outputs were probed, not changed
+        assert torch.equal(t.view(torch.uint8), torch.full_like(t, 7).view(torch.uint8)), name
+    flagged = [np.zeros(want[s.name].numel() * want[s.name].element_size(), np.uint8) for s in ds.schema]
+    flagged[1].flags.writeable = False
+    with pytest.raises(eagle_io.InvalidArgumentError, match=r"^loss_mask: buffer is read-only$"):
+        ds._native.read_into(pos, flagged)
+    ds.read_into(pos, out)
+    assert all(torch.equal(out[s.name].view(torch.uint8), want[s.name].view(torch.uint8)) for s in ds.schema)

@@ -97,7 +97,7 @@ class Reader:
     def __new__(
         cls,
         path: str | PathLike[str],
-        threads: int = 0,
+        threads: int | None = None,
         in_flight: int | None = None,
         coalesce_gap: int | None = None,
         part_bytes: int | None = None,
@@ -116,4 +116,4 @@ class Reader:
     @property
     def manifest_path(self) -> str: ...
     @staticmethod
-    def verify(path: str | PathLike[str], threads: int = 0) -> list[tuple[str, int | None, int, str]]: ...
+    def verify(path: str | PathLike[str], threads: int | None = None) -> list[tuple[str, int | None, int, str]]: ...

@@ -353,8 +353,11 @@ impl Dataset {
             shard.check_record(e.record, rec)?;
             return decode_record(shard, e.record, rec, outs, &pool::shared(self.threads));
         }
-        RECORD.with(|buf| {
-            let buf = &mut *buf.borrow_mut();
+        // A pool thread waiting inside a decode may steal another read of the same batch: that
+        // read gets a buffer of its own (borrowing the thread's again panicked).
+        RECORD.with(|cell| {
+            let (mut own, mut reused) = (Vec::new(), cell.try_borrow_mut().ok());
+            let buf = reused.as_deref_mut().unwrap_or(&mut own);
             let rec = shard.read_record(e.record, buf)?;
             decode_record(shard, e.record, rec, outs, &pool::shared(self.threads))
         })
@@ -480,5 +483,49 @@ fn corrupt_offset(err: &Error) -> u64 {
     match err {
         Error::Corrupt { offset, .. } => *offset,
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::{DatasetWriter, SampleRef, WriterOptions};
+    use crate::{DType, TensorSpec};
+
+    #[test]
+    fn a_read_nested_in_another_on_the_same_thread_gets_its_own_buffers() {
+        // read_batch's jobs run on pool threads that, waiting inside one decode, may run another
+        // job: its read found the thread's record buffer borrowed and panicked ("RefCell already
+        // borrowed"), failing the batch.
+        let dir = tempfile::tempdir().unwrap();
+        let spec = TensorSpec {
+            name: "x".into(),
+            dtype: DType::Uint8,
+            width: Some(3),
+            precision: None,
+        };
+        let schema = Schema::new(vec![spec]).unwrap();
+        let opts = WriterOptions {
+            threads: 1,
+            ..Default::default()
+        };
+        let mut w = DatasetWriter::create(dir.path(), schema, serde_json::json!({}), opts).unwrap();
+        let data: Vec<u8> = (0..12).collect();
+        let sample = SampleRef {
+            sample_id: 5,
+            key: "k",
+            n_tokens: 4,
+            tensors: vec![&data],
+            prequantised: None,
+        };
+        w.write_batch(&[sample]).unwrap();
+        w.close().unwrap();
+        let ds = Dataset::open(dir.path(), 1).unwrap();
+        let mut out = vec![0u8; 12];
+        RECORD.with(|cell| {
+            let _outer = cell.borrow_mut(); // an outer read of this thread holds it
+            ds.read_into(0, &mut [out.as_mut_slice()]).unwrap();
+        });
+        assert_eq!(out, data);
     }
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::args::unsigned;
 use super::errors::py_err;
 use crate::error::Error;
 use crate::layout;
@@ -28,7 +29,8 @@ pub fn constants(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// The manifest name of writer `rank` of `world_size`; `InvalidArgumentError` unless
 /// `rank < world_size` (`manifest_name(3, 2)` named a file merge never reads).
 #[pyfunction]
-pub fn manifest_name(py: Python<'_>, rank: u32, world_size: u32) -> PyResult<String> {
+pub fn manifest_name(py: Python<'_>, rank: &Bound<'_, PyAny>, world_size: &Bound<'_, PyAny>) -> PyResult<String> {
+    let (rank, world_size): (u32, u32) = (unsigned(rank, "rank")?, unsigned(world_size, "world_size")?);
     if rank >= world_size {
         let e = Error::InvalidArgument(format!("rank {rank} is outside [0, world_size = {world_size})"));
         return Err(py_err(py)(e));
@@ -36,10 +38,10 @@ pub fn manifest_name(py: Python<'_>, rank: u32, world_size: u32) -> PyResult<Str
     Ok(layout::manifest_name(rank, world_size))
 }
 
-/// The shard-name prefix of writer `rank`.
+/// The shard-name prefix of writer `rank` (`InvalidArgumentError` outside `[0, 2**32)`).
 #[pyfunction]
-pub fn shard_prefix(rank: u32) -> String {
-    layout::shard_prefix(rank)
+pub fn shard_prefix(rank: &Bound<'_, PyAny>) -> PyResult<String> {
+    Ok(layout::shard_prefix(unsigned(rank, "rank")?))
 }
 
 /// The writer lock of one manifest in a dataset root, held until `release` (or until the

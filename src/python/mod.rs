@@ -7,6 +7,7 @@ use pyo3::types::PyDict;
 use crate::dataset::WriterOptions;
 use crate::ring::{DEFAULT_RESERVE_TIMEOUT_S, DEFAULT_RING_BATCH, DEFAULT_RING_BYTES};
 
+mod args;
 mod buffers;
 mod errors;
 mod layout;

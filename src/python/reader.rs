@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use pyo3::prelude::*;
 
-use super::buffers::Borrowed;
+use super::args::{unsigned, unsigned_opt};
+use super::buffers::{Borrowed, WriteProbe};
 use super::errors::py_err;
 use crate::dataset::{Dataset, ReadOptions};
 use crate::error::Error;
@@ -23,24 +24,30 @@ pub struct Reader {
 #[pymethods]
 impl Reader {
     /// Opens the dataset at `path` (a manifest file or a directory holding `manifest.json`)
-    /// from its manifest and shard indexes alone. `in_flight`, `coalesce_gap` and `part_bytes`
-    /// set how a batch's records are fetched from object storage (None: `DEFAULTS`); `cache_dir`
-    /// keeps local copies of the shard objects, at most `cache_bytes` (None: `DEFAULTS`) in all.
+    /// from its manifest and shard indexes alone, decoding on `threads` (None or 0: one per
+    /// CPU). `in_flight`, `coalesce_gap` and `part_bytes` set how a batch's records are fetched
+    /// from object storage (None: `DEFAULTS`); `cache_dir` keeps local copies of the shard
+    /// objects, at most `cache_bytes` (None: `DEFAULTS`) in all.
+    /// Raises `InvalidArgumentError` naming a negative or too large count.
     #[new]
-    #[pyo3(signature = (path, threads = 0, in_flight = None, coalesce_gap = None, part_bytes = None, cache_dir = None, cache_bytes = None))]
+    #[pyo3(signature = (path, threads = None, in_flight = None, coalesce_gap = None, part_bytes = None, cache_dir = None, cache_bytes = None))]
     #[allow(clippy::too_many_arguments)] // the keyword arguments of the Python constructor
     fn new(
         py: Python<'_>,
         path: PathBuf,
-        threads: usize,
-        in_flight: Option<usize>,
-        coalesce_gap: Option<u64>,
-        part_bytes: Option<u64>,
+        threads: Option<&Bound<'_, PyAny>>,
+        in_flight: Option<&Bound<'_, PyAny>>,
+        coalesce_gap: Option<&Bound<'_, PyAny>>,
+        part_bytes: Option<&Bound<'_, PyAny>>,
         cache_dir: Option<PathBuf>,
-        cache_bytes: Option<u64>,
+        cache_bytes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Reader> {
+        let in_flight: Option<usize> = unsigned_opt(in_flight, "in_flight")?;
+        let coalesce_gap: Option<u64> = unsigned_opt(coalesce_gap, "coalesce_gap")?;
+        let part_bytes: Option<u64> = unsigned_opt(part_bytes, "part_bytes")?;
+        let cache_bytes: Option<u64> = unsigned_opt(cache_bytes, "cache_bytes")?;
         let mut options = ReadOptions {
-            threads,
+            threads: unsigned_opt(threads, "threads")?.unwrap_or(0),
             ..ReadOptions::default()
         };
         let fetch = &mut options.fetch;
@@ -60,14 +67,14 @@ impl Reader {
     }
 
     /// `(sample_id, n_tokens, key)` of the sample at position `pos`.
-    fn entry(&self, py: Python<'_>, pos: u64) -> PyResult<(u64, u64, String)> {
-        let e = self.inner.entry(pos).map_err(py_err(py))?;
+    fn entry(&self, py: Python<'_>, pos: &Bound<'_, PyAny>) -> PyResult<(u64, u64, String)> {
+        let e = self.inner.entry(unsigned(pos, "pos")?).map_err(py_err(py))?;
         Ok((e.sample_id, e.n_tokens, e.key.to_owned()))
     }
 
     /// Position of `sample_id`, or `None`.
-    fn position(&self, sample_id: u64) -> Option<u64> {
-        self.inner.position(sample_id)
+    fn position(&self, sample_id: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+        Ok(self.inner.position(unsigned(sample_id, "sample_id")?))
     }
 
     /// Token counts of all samples, in position order.
@@ -79,24 +86,26 @@ impl Reader {
 
     /// Decodes the sample at `pos` into `outs` (one writable C-contiguous buffer per schema
     /// tensor, each exactly `n_tokens x row_bytes`), FP8 tensors dequantised, with the GIL released.
-    fn read_into(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
-        self.read(py, pos, outs, true)
+    fn read_into(&self, py: Python<'_>, pos: &Bound<'_, PyAny>, outs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        self.read(py, unsigned(pos, "pos")?, outs, true)
     }
 
     /// As `read_into`, but FP8 tensors stay as stored: `n_tokens x stored_row_bytes` (per row,
     /// the f32 scales then the FP8 bytes).
-    fn read_stored_into(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
-        self.read(py, pos, outs, false)
+    fn read_stored_into(&self, py: Python<'_>, pos: &Bound<'_, PyAny>, outs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
+        self.read(py, unsigned(pos, "pos")?, outs, false)
     }
 
     /// Decodes several samples in one call with the GIL released, on the reader's threads:
     /// `items` is `[(pos, outs)]`, each as for `read_into`; the buffers of different items must
     /// not overlap. Raises the error of the first failing item (a `CorruptRecordError` names its
     /// sample id, file and offset); the other items are decoded all the same.
-    fn read_batch(&self, py: Python<'_>, items: Vec<(u64, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+    fn read_batch(&self, py: Python<'_>, items: Vec<(Bound<'_, PyAny>, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
+        let probe = write_probe().map_err(py_err(py))?;
         let mut held = Vec::with_capacity(items.len());
         for (pos, outs) in &items {
-            held.push((*pos, self.borrow_outputs(outs).map_err(py_err(py))?));
+            let pos: u64 = unsigned(pos, "pos")?;
+            held.push((pos, self.borrow_outputs(outs, &probe).map_err(py_err(py))?));
         }
         check_disjoint(held.iter().flat_map(|(_, bufs)| bufs.iter())).map_err(py_err(py))?;
         let mut batch: Vec<(u64, Vec<&mut [u8]>)> = held
@@ -117,11 +126,13 @@ impl Reader {
         self.inner.manifest_path().to_string_lossy().into_owned()
     }
 
-    /// Full check of the dataset at `path`: `[(shard_path, sample_id or None, offset, error)]`,
-    /// empty when every record reads, checksums and decodes.
+    /// Full check of the dataset at `path` on `threads` (None or 0: one per CPU):
+    /// `[(shard_path, sample_id or None, offset, error)]`, empty when every record reads,
+    /// checksums and decodes.
     #[staticmethod]
-    #[pyo3(signature = (path, threads = 0))]
-    fn verify(py: Python<'_>, path: PathBuf, threads: usize) -> PyResult<Vec<PyBadRecord>> {
+    #[pyo3(signature = (path, threads = None))]
+    fn verify(py: Python<'_>, path: PathBuf, threads: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<PyBadRecord>> {
+        let threads: usize = unsigned_opt(threads, "threads")?.unwrap_or(0);
         let bad = py.detach(|| Dataset::verify(&path, threads)).map_err(py_err(py))?;
         Ok(bad
             .into_iter()
@@ -133,19 +144,20 @@ impl Reader {
 impl Reader {
     /// Decodes the sample at `pos` into `outs` with the GIL released; FP8 tensors dequantised or as stored.
     /// Borrows one writable output buffer per schema tensor (an error names the tensor).
-    fn borrow_outputs(&self, outs: &[Bound<'_, PyAny>]) -> Result<Vec<Borrowed>, Error> {
+    fn borrow_outputs(&self, outs: &[Bound<'_, PyAny>], probe: &WriteProbe) -> Result<Vec<Borrowed>, Error> {
         let schema = self.inner.schema();
         outs.iter()
             .enumerate()
             .map(|(i, o)| {
                 let name = schema.tensors.get(i).map_or("output", |t| t.name.as_str());
-                Borrowed::get(o, true, name)
+                Borrowed::get_writable(o, name, probe)
             })
             .collect()
     }
 
     fn read(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>, dequantize: bool) -> PyResult<()> {
-        let mut bufs = self.borrow_outputs(&outs).map_err(py_err(py))?;
+        let probe = write_probe().map_err(py_err(py))?;
+        let mut bufs = self.borrow_outputs(&outs, &probe).map_err(py_err(py))?;
         check_disjoint(bufs.iter()).map_err(py_err(py))?;
         let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Borrowed::bytes_mut).collect();
         let inner = &self.inner;
@@ -155,6 +167,11 @@ impl Reader {
         })
         .map_err(py_err(py))
     }
+}
+
+/// The probe of one call's output buffers (`Borrowed::get_writable`).
+fn write_probe() -> Result<WriteProbe, Error> {
+    WriteProbe::new().map_err(|e| Error::io("<write probe pipe>", e))
 }
 
 /// Refuses output buffers that share memory: decoding into them would be aliased writes (one

@@ -2,11 +2,10 @@
 //! out one slot at a time (`RingSlot`, a buffer of exactly the slot's bytes); Python copies a
 //! sample's states into it and commits it. The arena itself is never exported.
 
-use std::time::Duration;
-
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::args::{seconds, unsigned, unsigned_opt};
 use super::errors::py_err;
 use super::slot::RingSlot;
 use super::writer::{stats_dict, Writer};
@@ -21,23 +20,33 @@ pub struct CaptureSink {
 #[pymethods]
 impl CaptureSink {
     /// Takes ownership of `writer` and starts the sink thread over a ring of `ring_bytes`.
+    /// Raises `InvalidArgumentError` naming a negative or too large `ring_bytes` or `batch`.
     #[new]
-    fn new(py: Python<'_>, writer: &Bound<'_, Writer>, ring_bytes: usize, batch: usize) -> PyResult<CaptureSink> {
+    fn new(
+        py: Python<'_>,
+        writer: &Bound<'_, Writer>,
+        ring_bytes: &Bound<'_, PyAny>,
+        batch: &Bound<'_, PyAny>,
+    ) -> PyResult<CaptureSink> {
+        let (ring_bytes, batch) = (unsigned(ring_bytes, "ring_bytes")?, unsigned(batch, "batch")?);
         let w = writer.borrow_mut().take().map_err(py_err(py))?;
         let inner = CoreSink::start(ring_bytes, w, batch).map_err(py_err(py))?;
         Ok(CaptureSink { inner })
     }
 
     /// Reserves `nbytes`; returns the slot, or `None` when the ring is full and
-    /// `drop_when_full`. Waits (GIL released) up to `timeout_s` otherwise.
+    /// `drop_when_full`. Waits (GIL released) up to `timeout_s` otherwise (negative: 0).
+    /// Raises `InvalidArgumentError` naming a negative or too large `nbytes`, or a NaN or
+    /// infinite `timeout_s`.
     fn reserve(
         slf: &Bound<'_, Self>,
-        nbytes: usize,
+        nbytes: &Bound<'_, PyAny>,
         timeout_s: f64,
         drop_when_full: bool,
     ) -> PyResult<Option<RingSlot>> {
         let py = slf.py();
-        let timeout = Duration::from_secs_f64(timeout_s.max(0.0));
+        let nbytes: usize = unsigned(nbytes, "nbytes")?;
+        let timeout = seconds(py, timeout_s, "timeout_s")?;
         let me = slf.borrow();
         let ring = me.inner.ring();
         let r = py
@@ -54,19 +63,23 @@ impl CaptureSink {
     /// saturated that many values; the writer checks and stores them without quantising again.
     #[pyo3(signature = (slot, sample_id, key, n_tokens, cancelled = false, fp8_clamped = None))]
     ///
-    /// Raises `InvalidArgumentError` for a slot another sink reserved, and `SchemaError` when
-    /// `n_tokens` rows of the schema do not fill the slot exactly (both before anything is
+    /// Raises `InvalidArgumentError` for a slot another sink reserved or a negative or too
+    /// large `sample_id`, `n_tokens` or `fp8_clamped` (each in `[0, 2**64)`), and `SchemaError` when
+    /// `n_tokens` rows of the schema do not fill the slot exactly (all before anything is
     /// handed over: the slot stays reserved, and the sink keeps running).
     fn commit(
         slf: &Bound<'_, Self>,
         slot: &RingSlot,
-        sample_id: u64,
+        sample_id: &Bound<'_, PyAny>,
         key: String,
-        n_tokens: u64,
+        n_tokens: &Bound<'_, PyAny>,
         cancelled: bool,
-        fp8_clamped: Option<u64>,
+        fp8_clamped: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let py = slf.py();
+        let sample_id: u64 = unsigned(sample_id, "sample_id")?;
+        let n_tokens: u64 = unsigned(n_tokens, "n_tokens")?;
+        let fp8_clamped: Option<u64> = unsigned_opt(fp8_clamped, "fp8_clamped")?;
         if !slot.reserved_by(slf) {
             let e = Error::InvalidArgument(format!("ring slot {} was reserved by another capture sink", slot.id()));
             return Err(py_err(py)(e));

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::args::unsigned;
 use super::buffers::Borrowed;
 use super::errors::py_err;
 use crate::codec::CodecOptions;
@@ -68,7 +69,7 @@ fn borrow_sample(schema: &Schema, (sample_id, _, tensors): &PySample<'_>) -> Res
                 spec.name, schema.tensors[0].name
             )));
         }
-        let buf = Borrowed::get(obj, false, &spec.name).map_err(|e| err(e.to_string()))?;
+        let buf = Borrowed::get(obj, &spec.name).map_err(|e| err(e.to_string()))?;
         out.push(buf);
     }
     Ok((n_tokens, out))
@@ -84,16 +85,20 @@ impl Writer {
         root: PathBuf,
         schema_json: &str,
         metadata_json: &str,
-        shard_bytes: u64,
-        chunk_bytes: u64,
-        threads: usize,
+        shard_bytes: &Bound<'_, PyAny>,
+        chunk_bytes: &Bound<'_, PyAny>,
+        threads: &Bound<'_, PyAny>,
         zstd_level: i32,
-        queue_depth: usize,
+        queue_depth: &Bound<'_, PyAny>,
         shard_prefix: String,
         manifest_name: String,
         resume: bool,
         uploaded_to: Option<PathBuf>,
     ) -> PyResult<Writer> {
+        let shard_bytes: u64 = unsigned(shard_bytes, "shard_bytes")?;
+        let chunk_bytes: u64 = unsigned(chunk_bytes, "chunk_bytes")?;
+        let threads: usize = unsigned(threads, "threads")?;
+        let queue_depth: usize = unsigned(queue_depth, "queue_depth")?;
         let schema = Schema::from_json(schema_json.as_bytes())
             .map_err(|e| py_err(py)(Error::InvalidArgument(format!("schema: {e}"))))?;
         let metadata: serde_json::Value = serde_json::from_str(metadata_json)
@@ -139,9 +144,14 @@ impl Writer {
         py.detach(|| inner.write_batch(&refs)).map_err(py_err(py))
     }
 
-    /// True when `sample_id` is committed or queued (including samples found on resume).
-    fn __contains__(&self, sample_id: u64) -> bool {
-        self.inner.as_ref().is_some_and(|w| w.contains(sample_id))
+    /// True when `sample_id` is committed or queued (including samples found on resume); False
+    /// for an int outside the ids' range `[0, 2**64)`.
+    fn __contains__(&self, sample_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        match unsigned::<u64>(sample_id, "sample_id") {
+            Ok(id) => Ok(self.inner.as_ref().is_some_and(|w| w.contains(id))),
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyTypeError>(sample_id.py()) => Err(e),
+            Err(_) => Ok(false), // an int outside [0, 2**64) is no sample id
+        }
     }
 
     /// Sorted ids of every sample committed or queued (including samples found on resume).

@@ -227,3 +227,37 @@ fn rows_quantised_elsewhere_are_checked_and_counted_like_the_writers_own() {
         .1
         .contains("channel 0 holding 0xff, an e4m3fn NaN"));
 }
+
+#[test]
+fn check_quantised_refuses_finite_scales_that_dequantise_to_inf() {
+    // A finite scale above f32::MAX / 448 was accepted, and a code of 448 then dequantised to inf.
+    let p = Precision {
+        storage: Fp8Type::E4m3fn,
+        block: Some(2),
+    };
+    let src = bf16_bytes(&[0.5, -3.0, 1.0, 0.25, 2.0, 1.0, -1.0, 0.5]);
+    let mut q = vec![0u8; 2 * p.row_bytes(4) as usize];
+    quantize(&src, DType::Bfloat16, 2, 4, &p, &mut q).unwrap();
+    let rb = p.row_bytes(4) as usize;
+    let with_scale = |scale: f32| {
+        let mut b = q.clone();
+        b[rb + 4..rb + 8].copy_from_slice(&scale.to_le_bytes()); // row 1, scale 1
+        b[rb + 8 + 2] = 0x7E; // channel 2: e4m3fn 448, the largest code
+        b
+    };
+    let at_max = with_scale(MAX_SCALE);
+    assert!(check_quantised(&at_max, 2, 4, &p).is_ok());
+    let mut back = vec![0u8; 2 * 4 * 4];
+    dequantize(&at_max, 2, 4, &p, DType::Float32, &mut back);
+    let x = f32::from_le_bytes(back[4 * 6..4 * 7].try_into().unwrap());
+    assert!(x.is_finite() && x > 3.0e38, "{x}");
+    for scale in [MAX_SCALE.next_up(), 1.0e38, f32::MAX] {
+        let e = check_quantised(&with_scale(scale), 2, 4, &p).unwrap_err();
+        assert_eq!(e.0, 1, "row 1");
+        assert!(
+            e.1.starts_with(&format!("scale 1 (channels from 2) is {scale}, above f32::MAX / 448")),
+            "{}",
+            e.1
+        );
+    }
+}

@@ -41,16 +41,16 @@ COMMANDS = {
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Each option's help ends with its default (``(default: 2048)``) unless the text already says it, or there is
-    none to show (``None``, a flag's ``False``, an empty list)."""
+    """Each option's help ends with its default (``(default: 2048)``; ``(default: none)`` for a repeatable option
+    given no value) unless the text already says it, or there is none to show (``None``, a flag's ``False``)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        none = action.default is None or action.default is False or action.default == [] or action.default == ""
+        none = action.default is None or action.default is False or action.default == ""
         shown = action.option_strings and not none and action.default is not argparse.SUPPRESS
         if not shown or "default" in text:
             return text
-        return f"{text} (default: %(default)s)"
+        return f"{text} (default: none)" if action.default == [] else f"{text} (default: %(default)s)"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ from ..defaults import CACHE_BYTES
 from ..errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError, SampleNotFoundError
 from ..store import layout
 from ..store.eagle3 import check_eagle3_dataset
-from ..store.reader import Dataset, SampleInfo
+from ..store.reader import Dataset, SampleInfo, check_flag, check_output_shape
 
 #: Metadata keys (docs/FORMAT.md, section 2.1) that must be equal in every dataset a ``ShardDataset`` mixes.
 #: A key absent from one dataset and present in another counts as a difference.
@@ -197,13 +197,14 @@ class ShardDataset(torch.utils.data.Dataset):
             :data:`REQUIRED_TENSORS` or whose metadata contradicts its schema widths or dtype; a sample id present
             in two datasets (the message names the id and both manifests).
         InvalidArgumentError: no paths, the same manifest twice, ``max_length < 1`` or an unknown ``on_corrupt``.
+        ArgumentTypeError: ``follow`` or ``mix_precisions`` not a bool (``"no"`` was truthy).
         CorruptRecordError, FormatVersionError, StorageError: from opening a manifest or shard index.
 
     Pickles as its paths, options and kept positions (spawn-safe; the filter is not re-run); fork-safe.
     """
 
     def __new__(cls, paths: Any = None, *, follow: bool = False, **options: Any) -> Any:
-        if follow:
+        if check_flag("follow", follow):
             from .follow import FollowingShardDataset  # imports this module
 
             return FollowingShardDataset(paths, **options)
@@ -226,6 +227,7 @@ class ShardDataset(torch.utils.data.Dataset):
             raise InvalidArgumentError(f"max_length must be >= 1 or None, got {max_length}")
         if on_corrupt not in ON_CORRUPT:
             raise InvalidArgumentError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
+        mix_precisions = check_flag("mix_precisions", mix_precisions)
         self.paths = expand_paths(paths)
         self.max_length = max_length
         self.threads = threads
@@ -343,10 +345,8 @@ class ShardDataset(torch.utils.data.Dataset):
         for spec in ds.schema:
             shape = (n,) if spec.width is None else (n, spec.width)
             dst = out.get(spec.name)
-            if dst is not None and tuple(dst.shape) != (m, *shape[1:]):
-                raise InvalidArgumentError(
-                    f"read_into item {i}: {spec.name!r} has shape {list(dst.shape)}, expected {[m, *shape[1:]]}"
-                )
+            if dst is not None:
+                check_output_shape(spec, dst, m, f"read_into item {i}: ")
             if dst is not None and m == n and dst.dtype == getattr(torch, spec.dtype) and dst.is_contiguous():
                 direct[spec.name] = dst
             else:

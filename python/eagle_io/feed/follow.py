@@ -31,7 +31,7 @@ from ..errors import (
 from ..store import layout
 from ..store.eagle3 import check_eagle3_dataset
 from ..store.manifest import read_manifest
-from ..store.reader import Dataset
+from ..store.reader import Dataset, check_flag
 from .dataset import ON_CORRUPT, SkippedRecord, _check_compatible, expand_paths, read_item
 
 log = logging.getLogger("eagle_io.feed")
@@ -108,6 +108,7 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
 
     Raises:
         InvalidArgumentError: bad ``max_length``, ``on_corrupt``, ``poll_s``, ``timeout_s``, rank or world size.
+        ArgumentTypeError: ``mix_precisions`` not a bool.
         While iterating: CaptureStalledError (names the manifest and the wait); IncompatibleDatasetError (a
         capture whose schema or metadata differs from the first one opened, or that is not EAGLE-3; a sample id
         met twice in this process); CorruptRecordError (a bad record, under ``on_corrupt="raise"``),
@@ -141,7 +142,7 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
         self.manifests = [manifest_to_follow(p) for p in expand_paths(paths)]
         self.max_length, self.filter, self.threads, self.on_corrupt = max_length, filter, threads, on_corrupt
         self.poll_s, self.timeout_s, self.rank, self.world_size = poll_s, timeout_s, rank, world_size
-        self.mix_precisions = mix_precisions
+        self.mix_precisions = check_flag("mix_precisions", mix_precisions)
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.cache_bytes = cache_bytes
         #: Records skipped in this process under ``on_corrupt="skip"`` (see :class:`ShardDataset`).

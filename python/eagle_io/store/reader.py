@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import _native
@@ -21,6 +22,30 @@ from .schema import TensorSpec, from_json
 def _check_threads(threads: object) -> None:
     if type(threads) is not int or threads < 0:  # a negative count raised OverflowError in the binding
         raise InvalidArgumentError(f"threads must be an integer >= 0 (0 = one per CPU), not {threads!r}")
+
+
+def check_flag(name: str, value: object) -> bool:
+    """``value`` when it is a bool (numpy's too): an on/off option is never read from another object's truth
+    (``"no"``, ``"false"`` and ``[0]`` are all truthy).
+
+    Raises:
+        ArgumentTypeError: any other value, naming the option.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be True or False, not {value!r}")
+    return bool(value)
+
+
+def check_output_shape(spec: TensorSpec, t: torch.Tensor, rows: int, where: str) -> None:
+    """The one shape check of an output tensor (:meth:`Dataset.read_into` and the feed's ``ShardDataset.read_into``):
+    ``t`` must be ``[rows]`` (``spec.width`` None) or ``[rows, spec.width]``.
+
+    Raises:
+        InvalidArgumentError: ``"{where}{spec.name!r} has shape [...], expected [...]"``.
+    """
+    want = [rows] if spec.width is None else [rows, spec.width]
+    if list(t.shape) != want:
+        raise InvalidArgumentError(f"{where}{spec.name!r} has shape {list(t.shape)}, expected {want}")
 
 
 @dataclass(frozen=True)
@@ -69,6 +94,7 @@ class Dataset:
             index cannot be trusted; reads raise CorruptRecordError on a bad record.
         InvalidArgumentError: ``path`` is a multi-writer root not merged yet (``eagle-io merge`` it), ``threads``
             is negative, ``in_flight`` < 1 or ``cache_bytes`` < 0.
+        ArgumentTypeError: ``dequantize`` not a bool.
     """
 
     def __init__(
@@ -85,7 +111,7 @@ class Dataset:
         self._threads = threads
         self._in_flight = in_flight
         self._cache = (None if cache_dir is None else os.fspath(cache_dir), cache_bytes)
-        self.dequantize = bool(dequantize)
+        self.dequantize = check_flag("dequantize", dequantize)
         _check_threads(threads)
         if type(in_flight) is not int or in_flight < 1:
             raise InvalidArgumentError(f"in_flight must be an integer >= 1, not {in_flight!r}")
@@ -153,11 +179,15 @@ class Dataset:
         """Decodes the sample at ``pos`` (0-based) into caller-provided contiguous, writable CPU tensors, one per
         schema tensor, each of the exact shape and dtype (``[L]`` / ``[L, width]``), not overlapping each other.
 
+        An output whose memory the kernel refuses to write (``torch.from_numpy`` over a read-only memory map) is
+        refused before anything is written. A tensor over a numpy array merely flagged ``writeable=False`` (torch
+        warns when making it; it has no read-only tensors) cannot be told from any other and is written.
+
         Raises:
             ArgumentTypeError: ``pos`` not an int, or an output not a tensor.
             SampleNotFoundError: ``pos`` out of range.
-            InvalidArgumentError: an output missing, of the wrong shape, dtype or device, not writable, or
-                overlapping another.
+            InvalidArgumentError: an output missing, of the wrong shape, dtype or device, not writable (read-only
+                memory, named), or overlapping another.
             CorruptRecordError: the record fails its checksum or does not decode.
         """
         self._native.read_into(pos, self._out_buffers(pos, out))
@@ -189,13 +219,9 @@ class Dataset:
                 raise InvalidArgumentError(f"position {pos}: no output tensor for {s.name!r}")
             if not isinstance(t, torch.Tensor):
                 raise ArgumentTypeError(f"position {pos}: output {s.name!r} is a {type(t).__name__}, not a tensor")
-            shape = (n,) if s.width is None else (n, s.width)
             if t.dtype != getattr(torch, s.dtype) or not t.is_contiguous() or t.device.type != "cpu":
                 raise InvalidArgumentError(f"output {s.name!r} must be a contiguous CPU tensor of dtype {s.dtype}")
-            if tuple(t.shape) != shape:
-                raise InvalidArgumentError(
-                    f"position {pos}: output {s.name!r} has shape {tuple(t.shape)}; the sample needs {shape}"
-                )
+            check_output_shape(s, t, n, f"position {pos}: output ")
             buffers.append(writable_bytes(t))
         return buffers
 

@@ -8,6 +8,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import InvalidArgumentError
+from . import layout
 from .reader import Dataset
 from .schema import TensorSpec, precision_name
 from .writer import ShardWriter
@@ -28,6 +30,20 @@ def transcoded_schema(schema: list[TensorSpec], precision: str | None) -> list[T
     return out
 
 
+def _check_apart(source: Dataset, dst: str | os.PathLike[str]) -> None:
+    """Refuses a ``dst`` that is ``source``'s directory or nested with it: shards written inside the source dataset
+    (or a source inside the new one) would be found by the other's discovery and merge."""
+    if layout.is_url(source.manifest_path) or layout.is_url(dst):
+        return
+    src_dir = os.path.realpath(os.path.dirname(source.manifest_path))
+    out = os.path.realpath(dst)
+    if os.path.commonpath([src_dir, out]) in (src_dir, out):
+        raise InvalidArgumentError(
+            f"the output {os.fspath(dst)!r} ({out}) and the source dataset {src_dir!r} are the same directory or one "
+            "lies inside the other; write the new dataset elsewhere"
+        )
+
+
 def transcode(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -42,11 +58,13 @@ def transcode(
     back to bf16 it keeps the FP8 values exactly.
 
     Raises:
-        InvalidArgumentError: an unknown ``precision`` (checked before ``dst`` is created), or ``dst`` already
-            holding a dataset.
+        InvalidArgumentError: an unknown ``precision`` (checked before ``dst`` is created), ``dst`` already
+            holding a dataset, or ``dst`` and ``src``'s directory the same or one inside the other (the message
+            names both).
         CorruptRecordError: a sample of ``src`` that does not read.
     """
     source = Dataset(src, threads=threads)
+    _check_apart(source, dst)
     schema = transcoded_schema(source.schema, precision)
     level = source.manifest["codec"]["zstd_level"]
     with ShardWriter(dst, schema, source.metadata, threads=threads, zstd_level=level) as writer:
