@@ -115,11 +115,23 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def nginx_rows(served: Path, url: str, local: eagle_io.Dataset, orders: dict, repeat: int, batch: int):
+def pin_threads(nginx_pids: list[int]) -> None:
+    """The decode thread(s) (``eagle-io-read-*``) alone on CPU 0; every other thread of this process (the storage
+    runtime's receivers, Python's) and nginx on CPU 1: does the HTTP side fit in one core?"""
+    for tid in os.listdir("/proc/self/task"):
+        comm = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        os.sched_setaffinity(int(tid), {0} if comm.startswith("eagle-io-read") else {1})
+    for pid in nginx_pids:
+        os.sched_setaffinity(pid, {1})
+
+
+def nginx_rows(served: Path, url: str, local: eagle_io.Dataset, orders: dict, repeat: int, batch: int,
+               pin: bool = False):  # fmt: skip
     """The default batched reads against nginx serving ``served`` (the s3s-fs directory, whose files are the
     objects) on 127.0.0.1. Returns ``(rows, cpu)``: rows ``(label, local seconds, remote seconds, requests per
     epoch)``, and per order the CPU seconds per epoch of this process reading locally, of this process reading
-    remotely and of nginx serving it; ``([], {})`` without nginx."""
+    remotely and of nginx serving it; ``([], {})`` without nginx. ``pin``: :func:`pin_threads` before each read
+    (after a warm-up batch, so that the threads exist)."""
     if shutil.which("nginx") is None:
         return [], {}
     port = s3server.free_port()
@@ -138,10 +150,16 @@ def nginx_rows(served: Path, url: str, local: eagle_io.Dataset, orders: dict, re
         os.environ["AWS_ENDPOINT"] = f"http://127.0.0.1:{port}"  # a new client: one is kept per endpoint
         rows, cpu = [], {}
         for label, order in orders.items():
+            if pin:
+                batch_epoch(local, order[:batch], batch)
+                pin_threads([proc.pid, *workers])
             c0 = time.process_time()
             t_l, _ = best_epoch(local, repeat, order, batch)
             c1, n1 = time.process_time(), cpu_seconds(workers)
             ds = eagle_io.Dataset(url, threads=1)
+            if pin:
+                batch_epoch(ds, order[:batch], batch)
+                pin_threads([proc.pid, *workers])
             r0 = _native.storage_stats()["requests"]
             c2 = time.process_time()
             t_r, _ = best_epoch(ds, repeat, order, batch)
@@ -192,6 +210,8 @@ def main() -> None:
     object_store_args(ap, "store each real sample this many times", "10k samples for construction, one repeat")
     ap.add_argument("--shard-bytes", type=int, default=16 << 20)
     ap.add_argument("--batch", type=int, default=16, help="samples per read_batch")
+    ap.add_argument("--nginx-only", action="store_true", help="only the nginx rows, printed (README untouched)")
+    ap.add_argument("--pin", action="store_true", help="with --nginx-only: decode thread on CPU 0, the rest on CPU 1")
     args = ap.parse_args()
     samples, desc, repeat, server = object_store_setup(args, WORK)
     try:
@@ -203,6 +223,17 @@ def main() -> None:
             write(root, samples, args.copies, args.shard_bytes)
         url = upload(root, bucket)
         local = eagle_io.Dataset(root, threads=1)
+        if args.nginx_only:
+            shuffled = list(range(len(local)))
+            random.Random(0).shuffle(shuffled)  # the order of the full run's rows
+            orders = {"position order": list(range(len(local))), "shuffled": shuffled}
+            fast, fast_cpu = nginx_rows(server.root, url, local, orders, repeat, args.batch, args.pin)
+            for (label, t_l, t_r, _), (c_l, c_r, c_n) in zip(fast, fast_cpu.values(), strict=True):
+                print(
+                    f"{label}: local {len(local) / t_l:.0f} samples/s, remote {len(local) / t_r:.0f} samples/s, "
+                    f"ratio {t_l / t_r:.2f}; CPU-s per epoch local {c_l:.2f}, remote {c_r:.2f} + nginx {c_n:.2f}"
+                )
+            return
         t_local, nbytes = best_epoch(local, repeat)
         s0 = _native.storage_stats()["requests"]
         t0 = time.perf_counter()
