@@ -64,11 +64,6 @@ impl Body {
     pub fn extend_from_slice(&mut self, chunk: &[u8]) {
         self.bytes.extend_from_slice(chunk);
     }
-
-    /// The bytes as a plain vector, which leaves the pool for good.
-    pub fn into_vec(mut self) -> Vec<u8> {
-        std::mem::take(&mut self.bytes)
-    }
 }
 
 impl Deref for Body {
@@ -146,12 +141,5 @@ mod tests {
         let (a, b) = (Fetched::new(body.clone(), 0..4), Fetched::new(body, 4..10));
         assert_eq!((&*a, &*b), (&b"0123"[..], &b"456789"[..]));
         assert_eq!(Arc::strong_count(&a.body), 2);
-    }
-
-    #[test]
-    fn into_vec_keeps_the_bytes() {
-        let mut body = Body::with_capacity(4);
-        body.extend_from_slice(b"abcd");
-        assert_eq!(body.into_vec(), b"abcd");
     }
 }

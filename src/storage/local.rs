@@ -27,7 +27,7 @@ impl LocalFile {
         // hold while nobody rewrites or truncates the file under it. eagle-io never does that to a
         // file it reads: a shard (or a cached copy) is written under a temporary name, fsynced and
         // renamed into place, and later only unlinked, which leaves a mapping intact
-        // (docs/FORMAT.md, "Reading"). A file truncated in place by another program while mapped
+        // (docs/FORMAT.md section 1). A file truncated in place by another program while mapped
         // ends the process with SIGBUS, as with `torch.load(mmap=True)` or safetensors; a file the
         // system cannot map (an empty file, some network file systems) is read with `pread`.
         let map = (len > 0).then(|| unsafe { Mmap::map(&file) }.ok()).flatten();

@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 
 use crate::error::Result;
 
-pub use body::Fetched;
 pub use cache::{
     discard as discard_cached, stats as cache_stats, CacheOptions, CacheStats, CachedObject, DEFAULT_CACHE_BYTES,
 };

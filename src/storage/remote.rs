@@ -351,7 +351,8 @@ impl RemoteObject {
         };
         if len > head_len {
             let tail_at = len.saturating_sub(TAIL_BYTES).max(head_len);
-            let tail = bytes::Bytes::from(object.get(tail_at, len - tail_at)?.into_vec());
+            // Copied out (at most TAIL_BYTES), so the receive buffer goes back to the pool.
+            let tail = bytes::Bytes::copy_from_slice(&object.get(tail_at, len - tail_at)?);
             object
                 .prefetch
                 .lock()
