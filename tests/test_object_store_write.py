@@ -110,6 +110,25 @@ def test_resume_continues_the_remote_dataset_without_its_staging(s3, tmp_path): 
     assert store.upload_report["uploaded"] == files[len(first) :]
 
 
+def test_generate_looks_at_the_remote_dataset_before_loading_a_target(s3, tmp_path, capsys):  # noqa: F811
+    """``generate --out s3://...`` refuses a prefix that holds a capture without ``--resume``, and with it fetches
+    the remote manifest into the staging, where the resume check reads what the capture was made with."""
+    from eagle_io.cli import main
+
+    url = new_bucket(s3)
+    capture(url, tmp_path / "a", list(range(8)))
+    staging = tmp_path / "stage"
+    for backend in ("hf", "sglang"):
+        argv = ["generate", "--backend", backend, "--out", url, "--staging", str(staging), "--limit", "1"]
+        assert main(argv) == 2
+        assert f"{url} already holds a capture ({url}/manifest.json): pass --resume" in capsys.readouterr().err
+        assert not staging.exists(), "nothing is fetched without --resume"
+    assert main(["generate", "--out", url, "--staging", str(staging), "--limit", "1", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "manifest.json: cannot resume: that capture was made with --model tiny (this run: " in err
+    assert read_manifest(staging / "manifest.json") == read_manifest(f"{url}/manifest.json")
+
+
 def test_staging_is_for_object_storage_only(tmp_path):
     with pytest.raises(eagle_io.InvalidArgumentError, match="staging is for an object-storage out_dir"):
         SampleStore.create(tmp_path / "d", target_info=INFO, aux_layer_ids=LAYERS, staging=tmp_path / "s")

@@ -4,13 +4,15 @@ Real SGLang 0.5.23 scheduler processes (``SGLANG_USE_CPU_ENGINE=1``, torch_nativ
 saved with SmolLM2's real tokenizer over the real ShareGPT slice; the test-only ``sgl_kernel`` stand-in of
 tests/fixtures/serving/stand_ins is on ``PYTHONPATH`` (its functions raise if called). Proven here: a run, its
 resume (only the missing samples are captured), two DP ranks writing their own shards merged into one dataset
-bit-identical to the single-rank run, agreement with the HF reference path, and a server started with
-``EAGLE_IO_CAPTURE_DIR`` fed over HTTP (``custom_params``) and stopped through the stop file.
+bit-identical to the single-rank run, the same two ranks writing to ``s3://`` on a real S3 server (each shard
+uploaded as it commits, resumed from the remote manifests alone), agreement with the HF reference path, and a server
+started with ``EAGLE_IO_CAPTURE_DIR`` fed over HTTP (``custom_params``) and stopped through the stop file.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import s3server
 from test_capture_session import FIXTURE, tiny_target
 from test_serving_plugin import cpu_engine_env, needs_sglang
 
@@ -42,14 +45,15 @@ def sglang_env() -> dict[str, str]:
     return cpu_engine_env(SGLANG_CPU_OMP_THREADS_BIND="0|1")  # two DP ranks on a one-NUMA-node machine
 
 
-def generate(tmp: Path, out: Path, *extra: str) -> dict:
-    """Runs ``eagle-io generate --backend sglang`` in a fresh process; returns its summary."""
-    summary = out.with_suffix(".summary.json")
+def generate(tmp: Path, out: Path | str, *extra: str, summary: Path | None = None, env: dict | None = None) -> dict:
+    """Runs ``eagle-io generate --backend sglang`` in a fresh process (``env`` added to its environment); returns
+    its summary."""
+    summary = summary or Path(out).with_suffix(".summary.json")
     args = ["--model", str(tmp / "tiny"), "--dataset", str(FIXTURE), "--out", str(out), "--max-length", "256"]
     args += ["--batch-size", "3", "--threads", "1", "--backend", "sglang", "--summary-json", str(summary)]
     args += [a for kv in CPU_ENGINE for a in ("--sglang-arg", kv)]
     cmd = [sys.executable, "-m", "eagle_io.cli", "generate", *args, *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=sglang_env(), timeout=900)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=sglang_env() | (env or {}), timeout=900)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return json.loads(summary.read_text())
 
@@ -106,6 +110,59 @@ def test_two_dp_ranks_write_their_own_shards_merged_bit_identical_to_one_rank(ru
         x, y = a[a.position(sid)], b[b.position(sid)]
         for name in ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states"):
             assert torch.equal(x[name], y[name]), (sid, name)
+
+
+@pytest.fixture(scope="module")
+def remote(runs):
+    """Two DP ranks capturing 8 records into ``s3://`` on a real S3 server (s3s-fs), then, with the staging
+    directory deleted, resumed from the remote manifests alone to 12 records."""
+    if s3server.available() is not None:
+        pytest.skip(s3server.available())
+    tmp = runs[0]
+    server = s3server.S3Server(tmp / "s3root")
+    server.bucket("capture")
+    url, staging = "s3://capture/run", tmp / "staging"
+    common = ["--dp-size", "2", "--staging", str(staging), "--shard-bytes", "150000"]
+    try:
+        first = generate(tmp, url, "--limit", "8", *common, summary=tmp / "s3-1.json", env=server.env())
+        staged = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*.eio"))
+        shutil.rmtree(staging)
+        resumed = generate(tmp, url, "--limit", "12", "--resume", *common, summary=tmp / "s3-2.json", env=server.env())
+        run = tmp / "s3root" / "capture" / "run"  # s3s-fs keeps each object as a file under its key
+        objects = sorted(p.relative_to(run).as_posix() for p in run.rglob("*.eio"))
+        with pytest.MonkeyPatch.context() as mp:  # the server's endpoint and keys, read when a client is built
+            for k, v in server.env().items():
+                mp.setenv(k, v)
+            yield url, first, staged, resumed, objects
+    finally:
+        server.stop()
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_two_dp_ranks_upload_each_shard_to_s3_as_it_commits_and_resume_from_the_remote_manifests(runs, remote):
+    tmp, *_ = runs
+    url, first, staged, resumed, objects = remote
+    one = eagle_io.Dataset(tmp / "one")
+    ds = eagle_io.Dataset(url)
+    assert ds.manifest["complete"] and eagle_io.Dataset.verify(url) == []
+    assert sorted(ds.entry(p).sample_id for p in range(len(ds))) == ids(tmp / "one")
+    for sid in ids(tmp / "one"):  # the same states as the local one-rank run, bit for bit
+        x, y = one[one.position(sid)], ds[ds.position(sid)]
+        for name in ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states"):
+            assert torch.equal(x[name], y[name]), (sid, name)
+    # Each rank uploaded its own shards as they committed (several per rank at 150 kB) and removed the staged copies.
+    up1, up2 = first["upload"], resumed["upload"]
+    assert up1["url"] == url and {f.split("/")[-1][:6] for f in up1["uploaded"]} == {"r00000", "r00001"}
+    assert len(up1["uploaded"]) > 2 and staged == []
+    assert first["manifest"] == resumed["manifest"] == f"{url}/manifest.json" and resumed["merge_warnings"] == []
+    # The resume found the committed samples in the remote manifests (no staging left), captured only the rest,
+    # and uploaded only the new shards; the bucket holds exactly the shards the merged manifest lists.
+    assert resumed["already_committed_skipped"] == first["samples_written"] > 0
+    assert resumed["samples_written"] == len(ds) - first["samples_written"] > 0
+    assert not set(up1["uploaded"]) & set(up2["uploaded"])
+    assert objects == sorted(up1["uploaded"] + up2["uploaded"]) == sorted(s["file"] for s in ds.manifest["shards"])
+    assert up1["bytes"] + up2["bytes"] == sum(s["bytes"] for s in ds.manifest["shards"])
 
 
 @needs_sglang

@@ -247,6 +247,7 @@ def _sglang_session(args, dataset: str, layer_ids):
         )
     check_out_dir(args, dataset)  # before the checkpoint is made and the engine launched
     path, tokenizer, info = target_checkpoint(args.model)
+    staging = {"staging": args.out} if args.remote else {}
     print(f"target    {info['model_id']} through SGLang ({path}): tp {args.tp_size}, dp {args.dp_size}")
     options = capture_options(
         state_dtype="bfloat16",
@@ -263,12 +264,13 @@ def _sglang_session(args, dataset: str, layer_ids):
             "threads": args.threads,
             "resume": args.resume,
             "precision": args.precision,
+            **staging,  # an s3:// --out: each scheduler's writer stages here and uploads each shard as it commits
         },
     )
     engine_args = {"tp_size": args.tp_size, "dp_size": args.dp_size, **_engine_args(args.sglang_arg)}
-    engine = launch_capture_engine(path, args.out, options, **engine_args)
+    engine = launch_capture_engine(path, args.remote or args.out, options, **engine_args)
     try:
-        session = SGLangCaptureSession(engine, args.out, started=True)
+        session = SGLangCaptureSession(engine, args.remote or args.out, started=True, **staging)
     except BaseException:
         engine.shutdown()
         raise
@@ -289,9 +291,10 @@ def run(args: argparse.Namespace) -> int:
     layer_ids = args.aux_layer_ids  # checked against the target where it is known (HFCapture / the SGLang launch)
     remote = args.remote = args.out if layout.is_url(args.out) else None
     if remote is not None:
-        from ..store.upload import default_staging
+        from ..store.upload import default_staging, stage_remote_manifests
 
         args.out = args.staging or default_staging(remote)
+        stage_remote_manifests(remote, args.out, resume=args.resume)  # the checks below then see the remote dataset
     elif args.staging:
         raise InvalidArgumentError(f"--staging is for an object-storage --out (s3://...), not {args.out}")
     if args.backend == "hf":
@@ -308,24 +311,14 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "sglang" and args.dp_size > 1:
         from ..store.merge import merge_ranks
 
-        merged = merge_ranks(args.out)
+        merged = merge_ranks(remote or args.out)  # remote: the ranks' uploaded manifests, merged with a conditional PUT
         summary["manifest"], summary["merge_warnings"] = merged.manifest, merged.warnings
-    uploaded = getattr(getattr(session, "_store", None), "upload_report", None)
-    if uploaded is not None:  # the HF backend uploaded each shard as it committed
+    uploaded = _upload_report(session)
+    if uploaded is not None:
         summary["upload"] = uploaded
         print(
             f"upload    {remote}: {len(uploaded['uploaded'])} shard(s), {uploaded['bytes']:,} bytes uploaded as they "
             f"committed ({uploaded['blocked_seconds']:.1f} s blocked on a full staging); manifest written last"
-        )
-    elif remote is not None and layout.dataset_manifests(args.out):  # SGLang: the engine wrote to the staging
-        from ..store.remote import upload_dataset
-
-        up = upload_dataset(args.out, remote)
-        summary["upload"] = {"url": remote, "staging": args.out, "uploaded": up.uploaded, "skipped": up.skipped,
-                             "bytes": up.bytes}  # fmt: skip
-        print(
-            f"upload    {remote}: {len(up.uploaded)} shard(s), {up.bytes:,} bytes uploaded; {len(up.skipped)} "
-            f"already there; manifest written last (staging {args.out})"
         )
     if args.summary_json:
         with open(args.summary_json, "w") as f:
@@ -336,6 +329,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"eagle-io generate: {problem}", file=sys.stderr)
         return 1
     return 0
+
+
+def _upload_report(session) -> dict | None:
+    """What the capture's writers uploaded to object storage, each shard as it committed (``StagedUpload.finish``):
+    the HF backend's one writer, or the SGLang schedulers' (one per DP rank, from their stop answers) combined:
+    ``uploaded`` and ``bytes`` summed, ``blocked_seconds`` the largest. None for a local capture."""
+    store = getattr(session, "_store", None)
+    parts = [store.upload_report] if store is not None else [a.get("upload") for a in getattr(session, "answers", [])]
+    parts = [p for p in parts if p]
+    if not parts:
+        return None
+    return {
+        "url": parts[0]["url"],
+        "staging": parts[0]["staging"],
+        "uploaded": [f for p in parts for f in p["uploaded"]],
+        "bytes": sum(p["bytes"] for p in parts),
+        "blocked_seconds": max(p["blocked_seconds"] for p in parts),
+    }
 
 
 def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> dict:

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import defaults
+from .. import _native, defaults
 from ..errors import InvalidArgumentError, ObjectStorageError
 from . import layout
 from .manifest import read_manifest
@@ -56,6 +56,31 @@ def fetch_remote_manifest(url: str, staging_manifest: str | os.PathLike[str]) ->
     os.makedirs(os.path.dirname(os.fspath(staging_manifest)) or ".", exist_ok=True)
     layout.write_atomic(staging_manifest, manifest_bytes(manifest))
     return True
+
+
+def stage_remote_manifests(url: str, staging: str | os.PathLike[str], *, resume: bool) -> list[str]:
+    """Before a capture into the object prefix ``url`` starts: finds the manifests the remote dataset holds
+    (``manifest.json`` and ``manifest.rNNNNN.json`` directly under the prefix). With ``resume`` each is copied into
+    ``staging`` where the staging has none of that name (:func:`fetch_remote_manifest`), so the resume checks and
+    the writers that follow see the remote dataset; without it a prefix holding any is refused before a target is
+    loaded. Returns their names, sorted.
+
+    Raises:
+        InvalidArgumentError: ``url`` holds a capture and ``resume`` is False.
+        ObjectStorageError: the LIST or a GET failed (names the URL and the HTTP status).
+        CorruptRecordError: a remote manifest cannot be trusted.
+    """
+    root = url.rstrip("/")
+    listed = (u[len(root) + 1 :] for u, _ in _native.list_objects(root, []))
+    names = sorted(n for n in listed if n == layout.MANIFEST or layout.RANK_MANIFEST.match(n))
+    if names and not resume:
+        raise InvalidArgumentError(
+            f"{root} already holds a capture ({root}/{names[0]}): pass --resume to continue it, or write the new one "
+            "to another prefix"
+        )
+    for name in names:
+        fetch_remote_manifest(f"{root}/{name}", os.path.join(staging, name))
+    return names
 
 
 class StagedUpload:

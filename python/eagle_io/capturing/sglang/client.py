@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ... import defaults
-from ...errors import CaptureStopTimeoutError, InvalidArgumentError, StorageError
+from ...errors import CaptureStopTimeoutError, InvalidArgumentError, ObjectStorageError, StorageError
 from ...store import layout
 from ...store.manifest import read_manifest
 from ...store.upload import local_dir
@@ -46,14 +46,27 @@ def _manifests(out_dir: str, dp_size: int) -> list[str]:
 
 
 def committed_ids(out_dir: str | os.PathLike[str], dp_size: int = 1) -> set[int]:
-    """Sample ids the writers of a capture into ``out_dir`` have committed (all DP ranks)."""
+    """Sample ids the writers of a capture into ``out_dir`` have committed (all DP ranks). For an object-storage
+    ``out_dir`` (``s3://...``): those its remote manifests list. Shards committed in the staging but not uploaded yet
+    are left out; the schedulers' writers know them and skip their samples, counted as ``already_done``.
+
+    Raises:
+        ObjectStorageError: a request failed (other than a 404: that rank has uploaded nothing yet).
+    """
     from ...store.reader import Dataset
 
     ids: set[int] = set()
+    remote = layout.is_url(out_dir)
     for m in _manifests(os.fspath(out_dir), dp_size):
-        if os.path.exists(m):
+        if not remote and not os.path.exists(m):
+            continue
+        try:
             ds = Dataset(m, threads=1)
-            ids.update(ds.entry(p).sample_id for p in range(len(ds)))
+        except ObjectStorageError as e:
+            if e.status == 404:
+                continue
+            raise
+        ids.update(ds.entry(p).sample_id for p in range(len(ds)))
     return ids
 
 
@@ -182,7 +195,7 @@ class SGLangCaptureSession:
                     writer_options=writer_options,
                 ),
             )
-        self.done = committed_ids(self.out_dir, self.dp_size)
+        self.done = committed_ids(self.url if layout.is_url(self.url) else self.out_dir, self.dp_size)
         first = _manifests(self.out_dir, self.dp_size)[0]
         self.aux_layer_ids = list(read_manifest(first)["metadata"]["aux_layer_ids"]) if os.path.exists(first) else []
 

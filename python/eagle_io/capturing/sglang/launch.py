@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import InvalidArgumentError
+from ...store.upload import local_dir
 from .protocol import ENV_CAPTURE_DIR, ENV_CAPTURE_OPTIONS
 
 #: The engine arguments of SGLang 0.5.23's capture-only mode as eagle-io's capture needs it: aux states captured
@@ -70,7 +71,9 @@ def launch_capture_engine(
     options: Mapping[str, Any],
     **engine_args: Any,
 ) -> Any:
-    """Starts an ``sglang.Engine`` over the HF checkpoint ``model_path`` whose schedulers capture into ``out_dir``.
+    """Starts an ``sglang.Engine`` over the HF checkpoint ``model_path`` whose schedulers capture into ``out_dir``
+    (a directory, or an object-storage prefix ``s3://bucket/run`` staged in ``options["writer_options"]["staging"]``,
+    each shard uploaded as it commits: docs/STORAGE.md).
 
     Args:
         options: the capture options (:func:`eagle_io.capturing.sglang.client.capture_options`), handed to every
@@ -81,7 +84,8 @@ def launch_capture_engine(
             (:func:`capture_layer_args`), checked against the target before anything is launched.
 
     Returns:
-        The engine; attach with ``SGLangCaptureSession(engine, out_dir, started=True)``.
+        The engine; attach with ``SGLangCaptureSession(engine, out_dir, started=True)`` (plus ``staging=`` for an
+        object-storage ``out_dir``).
 
     Raises:
         InvalidArgumentError: an engine argument that contradicts capture-only mode, or aux layer ids the target
@@ -94,7 +98,9 @@ def launch_capture_engine(
     import sglang
 
     out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)  # a stop file left here by an interrupted stop is ignored (its token)
+    # The stop and answer files' directory (the staging of an s3:// out_dir); a stop file left there by an
+    # interrupted stop is ignored (its token).
+    os.makedirs(local_dir(out_dir, (options.get("writer_options") or {}).get("staging")), exist_ok=True)
     saved = {k: os.environ.get(k) for k in (ENV_CAPTURE_DIR, ENV_CAPTURE_OPTIONS)}
     os.environ[ENV_CAPTURE_DIR], os.environ[ENV_CAPTURE_OPTIONS] = out_dir, json.dumps(dict(options))
     try:  # the scheduler processes are spawned here and keep this environment

@@ -161,13 +161,14 @@ class _SchedulerCapture:
 
     def stop(self, token: Any) -> dict[str, Any]:
         """Drains the ring and commits the manifest (the first time), then writes this rank's answer for
-        ``token``: the outcome, the store's counts and the writer's statistics. Returns it."""
+        ``token``: the outcome, the store's counts, the writer's statistics and, for an object-storage capture, what
+        it uploaded (``SampleStore.upload_report``; None for a local one). Returns it."""
         assert self.store is not None, "only the writing rank stops"
         with self.answer_lock:
             if self.outcome is None:
                 try:
                     self.store.close()
-                    self.outcome = {"error": None, "stats": self.store.ring_stats()}
+                    self.outcome = {"error": None, "stats": self.store.ring_stats(), "upload": self.store.upload_report}
                 except Exception as e:  # reported to the client through the answer file
                     self.outcome = {"error": f"{type(e).__name__}: {e}"}
             answer = {"token": token, "dp_rank": self.dp_rank, **self.outcome, "counts": dict(self.store.counts)}
