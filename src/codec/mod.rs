@@ -347,7 +347,7 @@ pub fn decode_chunk(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<
 
 fn decode_planes(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(), String> {
     let n = desc.planes as usize;
-    if out.len() % n != 0 {
+    if !out.len().is_multiple_of(n) {
         return Err(format!("{} decoded bytes do not split into {n} planes", out.len()));
     }
     let plane_len = out.len() / n;
@@ -358,7 +358,7 @@ fn decode_planes(desc: &ChunkDesc, payload: &[u8], out: &mut [u8]) -> Result<(),
             _ => Err("a PLANES chunk of 0 rows holds bytes".into()),
         };
     }
-    if plane_len % rows != 0 {
+    if !plane_len.is_multiple_of(rows) {
         return Err(format!("{plane_len}-byte planes do not hold {rows} whole rows"));
     }
     let cols = plane_len / rows;

@@ -2,7 +2,7 @@
 //! without copying them.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
@@ -90,14 +90,12 @@ const MIN_PAGE: usize = 4096;
 
 impl WriteProbe {
     pub fn new() -> io::Result<WriteProbe> {
-        let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: `fds` is an array of two ints for `pipe` to fill.
-        if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `pipe` succeeded: both are new descriptors owned by nothing else, closed on drop.
-        let (read_end, write_end) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        Ok(WriteProbe { read_end, write_end })
+        // std's pipe is close-on-exec: a process another thread spawns meanwhile inherits neither end.
+        let (read_end, write_end) = io::pipe()?;
+        Ok(WriteProbe {
+            read_end: read_end.into(),
+            write_end: write_end.into(),
+        })
     }
 
     /// Whether the first and last byte of `[ptr, ptr + len)` (readable memory of one export,
