@@ -6,13 +6,14 @@
 //! size equals the manifest's; its header, footer and index are then checked against the
 //! manifest like any shard, and every record against its checksum: a copy failing any of these
 //! is deleted and the object read again (counted as `refetched`). A shard larger than the cap
-//! is read from the store (counted as `too_big`).
+//! is read from the store (counted as `too_big`). A copy is mapped like a local shard
+//! (`LocalFile`): its records are checked and decoded where they lie in the page cache.
 
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{OnceLock, RwLock};
 use std::time::SystemTime;
 
 use super::fetch::{FetchOptions, Fetcher};
@@ -72,7 +73,8 @@ enum State {
     Opening,
     /// Opened, not cached yet: the next read fills the cache.
     Unfilled,
-    Local(LocalFile),
+    /// Read from its cached copy (`CachedObject::copy`).
+    Local,
     /// Read from the store (too big for the cache, or its copy failed a check).
     Remote,
 }
@@ -84,6 +86,9 @@ pub struct CachedObject {
     cache: CacheOptions,
     fetch: FetchOptions,
     state: RwLock<State>,
+    /// The cached copy, once opened or filled (set once). It outlives a `drop_copy`, so a record
+    /// slice `mapped` handed out stays valid: the file is unlinked, its mapping is not.
+    copy: OnceLock<LocalFile>,
 }
 
 impl CachedObject {
@@ -92,11 +97,13 @@ impl CachedObject {
     pub fn open(path: &Path, cache: &CacheOptions, len: u64, fetch: FetchOptions) -> Result<CachedObject> {
         let entry = layout::cache_entry(&cache.dir, &path.to_string_lossy())?;
         let cached = fs::metadata(&entry).is_ok_and(|m| m.len() == len);
+        let copy = OnceLock::new();
         let (remote, state) = match cached {
             true => {
                 touch(&entry);
                 HITS.fetch_add(1, Ordering::Relaxed);
-                (RemoteObject::sized(path, len)?, State::Local(LocalFile::open(&entry)?))
+                let _ = copy.set(LocalFile::open(&entry)?); // a new, empty cell
+                (RemoteObject::sized(path, len)?, State::Local)
             }
             false => (RemoteObject::open(path)?, State::Opening),
         };
@@ -106,12 +113,13 @@ impl CachedObject {
             cache: cache.clone(),
             fetch,
             state: RwLock::new(state),
+            copy,
         })
     }
 
     /// Whether this object is read from a cached copy.
     pub fn is_cached(&self) -> bool {
-        matches!(*self.state.read().unwrap_or_else(|p| p.into_inner()), State::Local(_))
+        matches!(*self.state.read().unwrap_or_else(|p| p.into_inner()), State::Local)
     }
 
     /// Downloads the object into the cache (see the module doc); the state to read from next.
@@ -146,7 +154,10 @@ impl CachedObject {
             return Err(e);
         }
         FILLS.fetch_add(1, Ordering::Relaxed);
-        Ok(State::Local(LocalFile::open(&self.entry)?))
+        // Only an `Unfilled` object fills, and only one not opened from a copy is ever `Unfilled`:
+        // the cell is empty here.
+        let _ = self.copy.set(LocalFile::open(&self.entry)?);
+        Ok(State::Local)
     }
 }
 
@@ -159,7 +170,13 @@ impl ByteSource for CachedObject {
         {
             let state = self.state.read().unwrap_or_else(|p| p.into_inner());
             match &*state {
-                State::Local(file) => return file.read_at(buf, offset),
+                State::Local => {
+                    return self
+                        .copy
+                        .get()
+                        .expect("a Local state has its copy")
+                        .read_at(buf, offset)
+                }
                 State::Opening | State::Remote => return self.remote.read_at(buf, offset),
                 State::Unfilled => {}
             }
@@ -173,6 +190,11 @@ impl ByteSource for CachedObject {
         self.read_at(buf, offset)
     }
 
+    fn mapped(&self) -> Option<&[u8]> {
+        let local = matches!(*self.state.read().unwrap_or_else(|p| p.into_inner()), State::Local);
+        local.then(|| self.copy.get()).flatten().and_then(ByteSource::mapped)
+    }
+
     fn forget_prefetch(&self) {
         self.remote.forget_prefetch();
         let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
@@ -183,7 +205,7 @@ impl ByteSource for CachedObject {
 
     fn drop_copy(&self) -> bool {
         let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
-        if !matches!(*state, State::Local(_)) {
+        if !matches!(*state, State::Local) {
             return false;
         }
         let _ = fs::remove_file(&self.entry);
