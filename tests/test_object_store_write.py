@@ -126,7 +126,47 @@ def test_generate_looks_at_the_remote_dataset_before_loading_a_target(s3, tmp_pa
     assert main(["generate", "--out", url, "--staging", str(staging), "--limit", "1", "--resume"]) == 2
     err = capsys.readouterr().err
     assert "manifest.json: cannot resume: that capture was made with --model tiny (this run: " in err
+    assert err.count("rerun with the options it was captured with") == 1
     assert read_manifest(staging / "manifest.json") == read_manifest(f"{url}/manifest.json")
+    # Two DP ranks resuming a one-writer capture would write their shards over its shards.
+    argv = ["generate", "--backend", "sglang", "--dp-size", "2", "--out", url, "--staging", str(staging), "--resume"]
+    assert main(argv) == 2
+    assert f"{url} holds a capture by 1 writer(s) (manifest.json) and this run has 2" in capsys.readouterr().err
+    # A staging that is not the remote dataset nor a later state of it: another run's, or the capture went on
+    # elsewhere. Refused, naming both, before a target loads.
+    other = new_bucket(s3)
+    capture(other, tmp_path / "other", list(range(4)))
+    assert main(["generate", "--out", other, "--staging", str(staging), "--limit", "1", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"{staging / 'manifest.json'} is not {other}/manifest.json nor a later state of it" in err
+
+
+def test_one_writer_refuses_a_prefix_of_dp_ranks_and_each_rank_resumes_its_own_manifest(s3, tmp_path, capsys):  # noqa: F811
+    from eagle_io.capturing.sglang.client import committed_ids
+    from eagle_io.cli import main
+
+    url = new_bucket(s3)
+    for rank in (0, 1):
+        capture(url, tmp_path / f"r{rank}", list(range(8 * rank, 8 * rank + 8)), rank=rank, world_size=2)
+    assert committed_ids(url, 2) == set(range(16))
+    # A one-writer run would name its shards as rank 0's: refused before a target loads, whatever --resume says.
+    for extra in ([], ["--resume"]):
+        assert main(["generate", "--out", url, "--staging", str(tmp_path / "one"), "--limit", "1", *extra]) == 2
+        assert f"{url} holds a capture by 2 writer(s) (manifest.r00000.json, manifest.r00001.json)" in (
+            capsys.readouterr().err
+        )
+    # Rank 1 resumed on another machine (no staging): it continues its own manifest, not manifest.json or rank 0's.
+    store = capture(url, tmp_path / "r1-again", list(range(8, 24)), rank=1, world_size=2, resume=True)
+    assert store.counts["already_done"] == 8 and store.counts["written"] == 8
+    ds = eagle_io.Dataset(f"{url}/manifest.r00001.json")
+    assert sorted(ds[p]["sample_id"] for p in range(len(ds))) == list(range(8, 24))
+    assert eagle_io.Dataset.verify(f"{url}/manifest.r00001.json") == []
+    assert eagle_io.Dataset.verify(f"{url}/manifest.r00000.json") == []
+    # A shard a rank manifest lists is missing: committed_ids says so instead of skipping that rank.
+    bucket = s3.root / url.split("/")[2]
+    next((bucket / "run" / "shards").glob("r00001-*.eio")).unlink()
+    with pytest.raises(eagle_io.ObjectStorageError, match=r"shards/r00001-.*\(HTTP status 404\)"):
+        committed_ids(url, 2)
 
 
 def test_staging_is_for_object_storage_only(tmp_path):
@@ -198,14 +238,38 @@ def test_killed_upload_leaves_no_manifest_entry_at_a_partial_object_and_resumes(
         assert f"ORPHAN {u}: {n:,} bytes that no manifest names" in out
     assert f"orphans   {len(want)} object(s), {sum(n for _, n in want):,} bytes" in out
     assert orphan_objects(url) == want, "verify deleted nothing"
-    # 3. Resumed: the missing shards are sent (again), the manifest last; nothing is orphaned any more.
+    # 3. Resumed: the orphans are this upload's own shards (same size, same footer and index), so they are not sent
+    # again; the manifest goes last; nothing is orphaned any more.
     again = upload_dataset(local, url)
-    assert again.skipped == files[:2] and again.uploaded == files[2:]
+    assert again.skipped == files and again.uploaded == [] and again.bytes == 0
     ds = eagle_io.Dataset(url)
     assert sorted(ds[p]["sample_id"] for p in range(len(ds))) == sorted(samples) and eagle_io.Dataset.verify(url) == []
     assert orphan_objects(url) == []
     assert main(["verify", url, "--no-values"]) == 0
     assert "orphans   0 object(s), 0 bytes" in capsys.readouterr().out
+
+
+def test_a_shard_is_never_uploaded_over_another_object(s3, tmp_path):  # noqa: F811
+    """A prefix whose manifest is gone but whose shard objects stand (another writer's, e.g. an SGLang DP rank's with
+    its own manifest), and a dataset whose shards have the same names: a shard identical to the object there (same
+    size and tail) is not sent again; the first that differs is refused, naming the object, and nothing there
+    changes."""
+    from eagle_io.store.remote import upload_dataset
+
+    url = new_bucket(s3)
+    write_dataset(tmp_path / "a", n=6)
+    write_dataset(tmp_path / "b", n=9)  # the same first samples, one to a shard: shard 0 is a's, shard 1 is not
+    upload_dataset(tmp_path / "a", url)
+    bucket = s3.root / url.split("/")[2]
+    (bucket / "run" / "manifest.json").unlink()
+    theirs = {p.name: p.read_bytes() for p in (bucket / "run" / "shards").iterdir()}
+    names = sorted(theirs)
+    ours = [(tmp_path / "b" / "shards" / n).read_bytes() for n in names[:2]]
+    assert ours[0] == theirs[names[0]] and ours[1] != theirs[names[1]]
+    with pytest.raises(eagle_io.IncompatibleDatasetError, match=f"{url}/shards/{names[1]}: another object"):
+        upload_dataset(tmp_path / "b", url)
+    assert {p.name: p.read_bytes() for p in (bucket / "run" / "shards").iterdir()} == theirs
+    assert not (bucket / "run" / "manifest.json").exists()
 
 
 def test_merge_of_a_remote_multi_writer_root(s3, capsys):  # noqa: F811

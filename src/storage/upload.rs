@@ -2,7 +2,8 @@
 //! manifest does not list yet goes up as a multipart upload (aborted when it fails, so no
 //! partial object is left under the shard's name), and the manifest goes last, with a
 //! conditional PUT (`If-None-Match: *` for a new dataset, `If-Match: <etag>` for an update),
-//! so two writers never overwrite each other and no manifest lists a shard not fully uploaded.
+//! so two writers never overwrite each other's manifest and no manifest lists a shard not fully
+//! uploaded. A shard is never uploaded over an object that differs from it (`already_there`).
 
 use std::io::Read;
 use std::path::Path;
@@ -23,7 +24,8 @@ const PARTS_IN_FLIGHT: usize = 4;
 pub struct UploadReport {
     /// Shard files uploaded now, in manifest order.
     pub uploaded: Vec<String>,
-    /// Shard files the remote manifest already listed (not sent again).
+    /// Shard files not sent again: the remote manifest lists them, or an interrupted upload
+    /// completed them (`already_there`).
     pub skipped: Vec<String>,
     /// Bytes of the shards uploaded now.
     pub bytes: u64,
@@ -66,6 +68,10 @@ pub fn upload_dataset(local_manifest: &Path, url: &Path) -> Result<UploadReport>
     for shard in &local.shards[listed..] {
         let path = Manifest::shard_path(local_manifest, shard);
         let target = remote::parse(Path::new(&format!("{root}/{}", shard.file)))?;
+        if already_there(&path, &target, shard.bytes)? {
+            report.skipped.push(shard.file.clone());
+            continue;
+        }
         upload_file(&path, &target)?;
         report.uploaded.push(shard.file.clone());
         report.bytes += shard.bytes;
@@ -116,6 +122,50 @@ pub fn put_manifest(bytes: Vec<u8>, url: &Path) -> Result<()> {
     let target = remote::parse(url)?;
     let etag = remote::get_with_etag(&target)?.map(|(_, etag)| etag);
     put_conditional(&target, bytes, etag)
+}
+
+/// Bytes at the end of a shard compared with an object already under its name: its footer and
+/// index, whose checksums cover every record.
+const TAIL_BYTES: u64 = 64 << 10;
+
+/// Whether `target` already holds the shard file `path` (`len` bytes, from its manifest entry):
+/// an upload that completed before its manifest was written (same size, same last bytes), which
+/// is not sent again. No object there: false. Any other object: `Incompatible`, since uploading
+/// would overwrite another writer's shard (a dataset in the same prefix, or the same rank of
+/// another run). Checked before each upload; two writers uploading the same name at the same
+/// time are not detected (`object_store` has no conditional multipart completion).
+fn already_there(path: &Path, target: &ObjectUrl, len: u64) -> Result<bool> {
+    let key = target.key.clone();
+    let size = remote::run(target, move |store| {
+        Box::pin(async move {
+            match store.head(&key).await {
+                Ok(meta) => Ok(Some(meta.size)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    })?;
+    let Some(size) = size else { return Ok(false) };
+    let tail = TAIL_BYTES.min(len);
+    let same = size == len && {
+        let key = target.key.clone();
+        let theirs = remote::run(target, move |store| {
+            Box::pin(async move { store.get_range(&key, len - tail..len).await })
+        })?;
+        let mut ours = vec![0u8; tail as usize];
+        std::fs::File::open(path)
+            .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut ours, len - tail))
+            .map_err(|e| Error::io(path, e))?;
+        theirs[..] == ours[..]
+    };
+    if !same {
+        return Err(Error::Incompatible(format!(
+            "{}: another object ({size} bytes) already stands under this shard's name, which no manifest of \
+             this dataset lists: not overwritten (another dataset or writer uses this prefix and rank)",
+            target.full
+        )));
+    }
+    Ok(true)
 }
 
 /// One local file to one object, as a multipart upload aborted on failure.

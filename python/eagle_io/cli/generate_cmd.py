@@ -237,12 +237,14 @@ def _sglang_session(args, dataset: str, layer_ids):
     if args.world_size != 1:
         raise InvalidArgumentError("--backend sglang runs one engine: use --dp-size / --tp-size, not --world-size")
     held = layout.dataset_manifests(args.out)
+    where = args.remote or args.out
     if not args.resume and held:
-        raise InvalidArgumentError(f"{args.out} already holds a capture: pass --resume to continue it")
-    ranks = len(layout.rank_manifests(args.out))
+        raise InvalidArgumentError(f"{where} already holds a capture: pass --resume to continue it")
+    remote_ranks = {n for n in getattr(args, "remote_manifests", []) if n != layout.MANIFEST}
+    ranks = len({p.name for p in layout.rank_manifests(args.out)} | remote_ranks)
     if args.resume and held and ranks != (args.dp_size if args.dp_size > 1 else 0):
         raise InvalidArgumentError(
-            f"{args.out} was captured by {ranks or 1} DP rank(s): resume it with --dp-size {ranks or 1} (each rank "
+            f"{where} was captured by {ranks or 1} DP rank(s): resume it with --dp-size {ranks or 1} (each rank "
             "resumes its own manifest)"
         )
     check_out_dir(args, dataset)  # before the checkpoint is made and the engine launched
@@ -294,7 +296,11 @@ def run(args: argparse.Namespace) -> int:
         from ..store.upload import default_staging, stage_remote_manifests
 
         args.out = args.staging or default_staging(remote)
-        stage_remote_manifests(remote, args.out, resume=args.resume)  # the checks below then see the remote dataset
+        writers = range(args.dp_size) if args.backend == "sglang" else [args.rank]
+        world = args.dp_size if args.backend == "sglang" else args.world_size
+        mine = [layout.manifest_name(r, world) for r in writers]
+        # The checks below then see the remote dataset's manifests, fetched into the staging.
+        args.remote_manifests = stage_remote_manifests(remote, args.out, mine, resume=args.resume)
     elif args.staging:
         raise InvalidArgumentError(f"--staging is for an object-storage --out (s3://...), not {args.out}")
     if args.backend == "hf":
@@ -303,6 +309,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
     except IncompatibleDatasetError as e:  # what only the loaded target tells (its tokenizer, layers...) differs
+        if str(e).endswith(RESUME_HINT):  # check_out_dir's own refusal (the SGLang opener runs it)
+            raise
         raise IncompatibleDatasetError(f"{e}: {RESUME_HINT}") from e
     try:
         summary = _capture(args, session, tokenizer, info, records, stats, t_start)

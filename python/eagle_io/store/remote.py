@@ -13,8 +13,8 @@ from .manifest import read_manifest
 
 @dataclass(frozen=True)
 class UploadReport:
-    """What :func:`upload_dataset` did: shard files sent now and those the remote manifest already listed (never
-    sent again), and the bytes sent."""
+    """What :func:`upload_dataset` did: shard files sent now, those not sent again (the remote manifest lists them,
+    or an interrupted upload completed them: the same size and last bytes), and the bytes sent."""
 
     uploaded: list[str]
     skipped: list[str]
@@ -25,11 +25,13 @@ def upload_dataset(path: str | os.PathLike[str], url: str) -> UploadReport:
     """Uploads the committed dataset at ``path`` (a directory with ``manifest.json`` or a manifest file) to the object
     prefix ``url`` (``s3://bucket/run``): each shard the remote manifest does not list yet as a multipart upload
     (aborted on failure), then the manifest last with a conditional PUT (create-only for a new dataset, if-match on
-    the remote manifest's ETag for an update). Running it again after an interruption sends only what is missing.
+    the remote manifest's ETag for an update). Running it again after an interruption sends only what is missing. A
+    shard is never sent over an object that differs from it.
 
     Raises:
         IncompatibleDatasetError: the remote manifest is not an earlier state of this dataset (other schema or
-            shards), or another writer changed it during the upload.
+            shards), another writer changed it during the upload, or another object stands under a shard's name
+            (checked before each shard is sent; two writers sending the same name at once are not detected).
         ObjectStorageError: a request failed after its retries (names the object's URL and the HTTP status).
         StorageError, CorruptRecordError: the local manifest or a shard file cannot be read.
     """

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from .. import _native, defaults
-from ..errors import InvalidArgumentError, ObjectStorageError
+from ..errors import IncompatibleDatasetError, InvalidArgumentError, ObjectStorageError
 from . import layout
 from .manifest import read_manifest
 from .remote import UploadReport, upload_dataset
@@ -34,17 +34,18 @@ def local_dir(out_dir: str | os.PathLike[str], staging: str | os.PathLike[str] |
 
 
 def fetch_remote_manifest(url: str, staging_manifest: str | os.PathLike[str]) -> bool:
-    """Copies the manifest of the remote dataset ``url`` to ``staging_manifest`` (an atomic write) when the staging
-    directory has none, so a capture resumed on another machine (or after its staging was lost) continues the remote
-    dataset; its shards are then read remotely. Returns whether it copied one.
+    """Copies the manifest of the same file name (``manifest.json``, or a rank's ``manifest.rNNNNN.json``) from the
+    remote dataset prefix ``url`` to ``staging_manifest`` (an atomic write) when the staging directory has none, so a
+    capture resumed on another machine (or after its staging was lost) continues the remote dataset; its shards are
+    then read remotely. Returns whether it copied one.
 
     Raises:
-        ObjectStorageError: the request failed (other than a 404: no remote dataset yet, nothing copied).
+        ObjectStorageError: the request failed (other than a 404: no such remote manifest yet, nothing copied).
         CorruptRecordError: the remote manifest cannot be trusted.
     """
     if os.path.exists(staging_manifest):
         return False
-    remote = layout.manifest_file(url)
+    remote = f"{url.rstrip('/')}/{os.path.basename(os.fspath(staging_manifest))}"
     try:
         manifest = read_manifest(remote)
     except ObjectStorageError as e:
@@ -58,28 +59,56 @@ def fetch_remote_manifest(url: str, staging_manifest: str | os.PathLike[str]) ->
     return True
 
 
-def stage_remote_manifests(url: str, staging: str | os.PathLike[str], *, resume: bool) -> list[str]:
-    """Before a capture into the object prefix ``url`` starts: finds the manifests the remote dataset holds
-    (``manifest.json`` and ``manifest.rNNNNN.json`` directly under the prefix). With ``resume`` each is copied into
-    ``staging`` where the staging has none of that name (:func:`fetch_remote_manifest`), so the resume checks and
-    the writers that follow see the remote dataset; without it a prefix holding any is refused before a target is
-    loaded. Returns their names, sorted.
+def stage_remote_manifests(url: str, staging: str | os.PathLike[str], mine: list[str], *, resume: bool) -> list[str]:
+    """Looks at the object prefix ``url`` before a capture into it starts (before a target is loaded): ``mine`` are
+    the manifests this capture's writers keep (``manifest.json`` for one writer, else their ``manifest.rNNNNN.json``).
+
+    - A prefix holding a capture by another number of writers (rank manifests where this run has one writer, or a
+      single writer's ``manifest.json`` alone where it has several) is refused: this run's shards would take the
+      names of that capture's.
+    - Without ``resume``, a prefix holding any of ``mine`` is refused.
+    - With ``resume``, each of ``mine`` the prefix holds is copied into ``staging`` where the staging has none of
+      that name (:func:`fetch_remote_manifest`), so the resume checks and the writers see the remote dataset; where
+      the staging has one, it must be the remote one or a later state of it (the same schema, the remote's shards
+      first), else it is refused as another run's or a stale staging.
+
+    Returns the names of every manifest directly under the prefix, sorted.
 
     Raises:
-        InvalidArgumentError: ``url`` holds a capture and ``resume`` is False.
+        InvalidArgumentError: a capture of ``mine`` there without ``resume``, or one by another number of writers.
+        IncompatibleDatasetError: a staged manifest that is not the remote one or a later state of it.
         ObjectStorageError: the LIST or a GET failed (names the URL and the HTTP status).
         CorruptRecordError: a remote manifest cannot be trusted.
     """
     root = url.rstrip("/")
     listed = (u[len(root) + 1 :] for u, _ in _native.list_objects(root, []))
     names = sorted(n for n in listed if n == layout.MANIFEST or layout.RANK_MANIFEST.match(n))
-    if names and not resume:
+    ranks = [n for n in names if n != layout.MANIFEST]
+    several = any(n != layout.MANIFEST for n in mine)
+    if (ranks and not several) or (names == [layout.MANIFEST] and several):
         raise InvalidArgumentError(
-            f"{root} already holds a capture ({root}/{names[0]}): pass --resume to continue it, or write the new one "
+            f"{root} holds a capture by {len(ranks) or 1} writer(s) ({', '.join(names[:3])}"
+            f"{', ...' if len(names) > 3 else ''}) and this run has {len(mine)} ({', '.join(mine[:3])}"
+            f"{', ...' if len(mine) > 3 else ''}): its shards would be written over; continue it with the writer "
+            "count it was captured with, or write to another prefix"
+        )
+    held = [n for n in mine if n in names]
+    if held and not resume:
+        raise InvalidArgumentError(
+            f"{root} already holds a capture ({root}/{held[0]}): pass --resume to continue it, or write the new one "
             "to another prefix"
         )
-    for name in names:
-        fetch_remote_manifest(f"{root}/{name}", os.path.join(staging, name))
+    for name in held:
+        staged = os.path.join(staging, name)
+        if fetch_remote_manifest(root, staged):
+            continue
+        ours, theirs = read_manifest(staged), read_manifest(f"{root}/{name}")
+        n = len(theirs["shards"])
+        if ours["schema"] != theirs["schema"] or ours["shards"][:n] != theirs["shards"]:
+            raise IncompatibleDatasetError(
+                f"{staged} is not {root}/{name} nor a later state of it (another run's staging, or the capture went "
+                f"on elsewhere): delete {staging} to resume from {root} alone, or stage elsewhere with --staging"
+            )
     return names
 
 

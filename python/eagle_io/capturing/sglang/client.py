@@ -51,7 +51,7 @@ def committed_ids(out_dir: str | os.PathLike[str], dp_size: int = 1) -> set[int]
     are left out; the schedulers' writers know them and skip their samples, counted as ``already_done``.
 
     Raises:
-        ObjectStorageError: a request failed (other than a 404: that rank has uploaded nothing yet).
+        ObjectStorageError: a request failed (other than a 404 on a manifest: that rank has uploaded nothing yet).
     """
     from ...store.reader import Dataset
 
@@ -63,7 +63,7 @@ def committed_ids(out_dir: str | os.PathLike[str], dp_size: int = 1) -> set[int]
         try:
             ds = Dataset(m, threads=1)
         except ObjectStorageError as e:
-            if e.status == 404:
+            if e.status == 404 and e.url.endswith(os.path.basename(m)):  # no such manifest (not: a shard missing)
                 continue
             raise
         ids.update(ds.entry(p).sample_id for p in range(len(ds)))
