@@ -26,7 +26,7 @@ from ..errors import ImplausibleStatesError, InvalidArgumentError, NonFiniteStat
 from ..store import layout, value_stats, values
 from ..store.metadata import eagle3_metadata
 from ..store.schema import eagle3_schema
-from ..store.upload import StagedUpload, fetch_remote_manifest, local_dir
+from ..store.upload import StagedUpload, local_dir, stage_remote_manifests
 from ..store.writer import ShardWriter
 from .ring import RingSink, check_ring_options
 
@@ -208,7 +208,8 @@ class SampleStore:
         written to the local directory ``staging`` (default ``./eagle-io-staging/BUCKET/PREFIX``), each shard uploaded
         when it commits and its staged copy removed (:class:`eagle_io.store.upload.StagedUpload`), the manifest
         last; :meth:`put_forward` blocks while more than ``staging_bytes`` of committed shards await upload. Resuming
-        continues the remote dataset (its manifest is fetched when the staging directory has none).
+        continues the remote dataset (its manifest is fetched when the staging directory has none); the prefix is
+        checked first (:func:`eagle_io.store.upload.stage_remote_manifests`).
 
         Args:
             target_info: ``num_layers``, ``hidden_size``, ``vocab_size`` (and ``model_id``, ``files``,
@@ -230,11 +231,12 @@ class SampleStore:
         Raises:
             ObjectStorageError: a request to the object store failed (at resume, or an upload, raised by
                 :meth:`put_forward` / :meth:`close`), naming the object's URL and the HTTP status.
-            InvalidArgumentError: ``out_dir`` holds this writer's data without ``resume``, a bad option, ``staging``
-                with a local ``out_dir``, a
+            InvalidArgumentError: ``out_dir`` holds this writer's data without ``resume`` (or, an object-storage one,
+                a capture by another number of writers), a bad option, ``staging`` with a local ``out_dir``, a
                 ``target_info`` without positive ``num_layers`` / ``hidden_size`` / ``vocab_size``, or a
                 ``state_dtype`` that is not floating.
-            IncompatibleDatasetError: resuming a dataset of another schema or metadata.
+            IncompatibleDatasetError: resuming a dataset of another schema or metadata, or from a staging directory
+                that is not the remote dataset's state nor a later one.
         """
         _check_policy("nonfinite", nonfinite)  # before anything is created on disk
         _check_policy("implausible", implausible)
@@ -254,8 +256,8 @@ class SampleStore:
         if url is not None:
             out_dir = local_dir(url, staging)
             rank, world = writer_options.get("rank", 0), writer_options.get("world_size", 1)
-            if writer_options.get("resume"):
-                fetch_remote_manifest(url, os.path.join(out_dir, layout.manifest_name(rank, world)))
+            mine = [layout.manifest_name(rank, world)]
+            stage_remote_manifests(url, out_dir, mine, resume=bool(writer_options.get("resume")))
             writer_options["uploaded_to"] = url
         writer = ShardWriter(out_dir, schema, meta, **writer_options)
         upload = None if url is None else StagedUpload(writer.manifest_path, url, staging_bytes=staging_bytes)

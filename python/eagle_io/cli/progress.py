@@ -53,7 +53,9 @@ def bar(total: int | None, unit: str, desc: str | None = None, *, unit_scale: bo
         file=sys.stderr if tty else LineStream(sys.stderr),
         unit_scale=unit_scale,
         mininterval=TTY_INTERVAL_S if tty else defaults.PROGRESS_LOG_S,
-        maxinterval=10.0 if tty else max(10.0, defaults.PROGRESS_LOG_S),  # tqdm's 10 s would redraw sooner
+        # Off a terminal, no redraw by tqdm's monitor thread: it does not reset the print time, so the next update
+        # printed a second line seconds later (a log line pair 2 s apart, seen in a `make generate` log).
+        maxinterval=10.0 if tty else float("inf"),
         dynamic_ncols=tty,
     )
 

@@ -95,8 +95,8 @@ def stage_remote_manifests(url: str, staging: str | os.PathLike[str], mine: list
     held = [n for n in mine if n in names]
     if held and not resume:
         raise InvalidArgumentError(
-            f"{root} already holds a capture ({root}/{held[0]}): pass --resume to continue it, or write the new one "
-            "to another prefix"
+            f"{root} already holds a capture ({root}/{held[0]}): pass --resume (resume=True) to continue it, or write "
+            "the new one to another prefix"
         )
     for name in held:
         staged = os.path.join(staging, name)
