@@ -128,6 +128,10 @@ def test_generate_looks_at_the_remote_dataset_before_loading_a_target(s3, tmp_pa
     assert "manifest.json: cannot resume: that capture was made with --model tiny (this run: " in err
     assert err.count("rerun with the options it was captured with") == 1
     assert read_manifest(staging / "manifest.json") == read_manifest(f"{url}/manifest.json")
+    assert main(["generate", "--out", f"{url}/manifest.json", "--limit", "1"]) == 2
+    assert f"--out {url}/manifest.json: name the dataset's prefix (s3://bucket/run), not a manifest" in (
+        capsys.readouterr().err
+    )
     # Two DP ranks resuming a one-writer capture would write their shards over its shards.
     argv = ["generate", "--backend", "sglang", "--dp-size", "2", "--out", url, "--staging", str(staging), "--resume"]
     assert main(argv) == 2
@@ -167,6 +171,16 @@ def test_one_writer_refuses_a_prefix_of_dp_ranks_and_each_rank_resumes_its_own_m
     next((bucket / "run" / "shards").glob("r00001-*.eio")).unlink()
     with pytest.raises(eagle_io.ObjectStorageError, match=r"shards/r00001-.*\(HTTP status 404\)"):
         committed_ids(url, 2)
+
+
+def test_a_shard_lost_from_the_staging_before_its_upload_is_named_at_resume(s3, tmp_path):  # noqa: F811
+    url = new_bucket(s3)
+    capture(url, tmp_path / "a", list(range(8)))
+    listed = read_manifest(tmp_path / "a" / "manifest.json")["shards"]
+    # The state of a staging whose shard was committed, then lost before its upload (here: its object removed).
+    (s3.root / url.split("/")[2] / "run" / listed[-1]["file"]).unlink()
+    with pytest.raises(eagle_io.ObjectStorageError, match=r"whose staged copy .* is gone too: it was never uploaded"):
+        capture(url, tmp_path / "a", list(range(12)), resume=True)
 
 
 def test_staging_is_for_object_storage_only(tmp_path):

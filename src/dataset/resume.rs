@@ -69,11 +69,24 @@ pub fn prepare(root: &Path, manifest_path: &Path, opts: &WriterOptions, fresh: M
     let mut seen = HashSet::new();
     for summary in &manifest.shards {
         let mut path = Manifest::shard_path(manifest_path, summary);
+        let staged = path.clone();
         if let (false, Some(remote)) = (path.exists(), &opts.uploaded_to) {
             // Uploaded, and its staged copy removed: the object is read in its place.
             path = crate::storage::resolve(remote, &summary.file);
         }
-        let shard = ShardFile::open(&path)?;
+        let shard = ShardFile::open(&path).map_err(|e| match e {
+            Error::Storage { url, status: Some(404), message } => Error::Storage {
+                url,
+                status: Some(404),
+                message: format!(
+                    "{message}; the manifest {} lists this shard, whose staged copy {} is gone too: it was never \
+                     uploaded, so the staging directory lost committed data",
+                    manifest_path.display(),
+                    staged.display()
+                ),
+            },
+            other => other,
+        })?;
         if summary_of(&shard, &summary.file) != *summary {
             return Err(Error::corrupt(
                 &path,

@@ -292,6 +292,8 @@ def run(args: argparse.Namespace) -> int:
         records = takewhile(lambda c: c.index < args.limit, records)
     layer_ids = args.aux_layer_ids  # checked against the target where it is known (HFCapture / the SGLang launch)
     remote = args.remote = args.out if layout.is_url(args.out) else None
+    if remote is not None and remote.rstrip("/").endswith(".json"):
+        raise InvalidArgumentError(f"--out {remote}: name the dataset's prefix (s3://bucket/run), not a manifest")
     if remote is not None:
         from ..store.upload import default_staging, stage_remote_manifests
 
