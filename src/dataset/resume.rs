@@ -75,7 +75,11 @@ pub fn prepare(root: &Path, manifest_path: &Path, opts: &WriterOptions, fresh: M
             path = crate::storage::resolve(remote, &summary.file);
         }
         let shard = ShardFile::open(&path).map_err(|e| match e {
-            Error::Storage { url, status: Some(404), message } => Error::Storage {
+            Error::Storage {
+                url,
+                status: Some(404),
+                message,
+            } => Error::Storage {
                 url,
                 status: Some(404),
                 message: format!(
