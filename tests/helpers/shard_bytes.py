@@ -64,7 +64,7 @@ def entry_for(shard: bytes, file: str) -> dict:
     _, _, n, index_crc32, _, _ = R.FOOTER.unpack(footer)
     try:
         return {**shard_entry(shard, file), "samples": n}
-    except (AssertionError, ValueError, KeyError, TypeError, AttributeError, IndexError, struct.error):
+    except (AssertionError, ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError, struct.error):
         return {
             "file": file,
             "samples": n,
