@@ -97,15 +97,14 @@ impl CachedObject {
     pub fn open(path: &Path, cache: &CacheOptions, len: u64, fetch: FetchOptions) -> Result<CachedObject> {
         let entry = layout::cache_entry(&cache.dir, &path.to_string_lossy())?;
         let cached = fs::metadata(&entry).is_ok_and(|m| m.len() == len);
-        let copy = OnceLock::new();
-        let (remote, state) = match cached {
+        let (remote, state, copy) = match cached {
             true => {
                 touch(&entry);
                 HITS.fetch_add(1, Ordering::Relaxed);
-                let _ = copy.set(LocalFile::open(&entry)?); // a new, empty cell
-                (RemoteObject::sized(path, len)?, State::Local)
+                let copy = OnceLock::from(LocalFile::open(&entry)?);
+                (RemoteObject::sized(path, len)?, State::Local, copy)
             }
-            false => (RemoteObject::open(path)?, State::Opening),
+            false => (RemoteObject::open(path)?, State::Opening, OnceLock::new()),
         };
         Ok(CachedObject {
             remote,
