@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import eagle_io
 from eagle_io.capturing.hf import HFCapture, find_decoder
-from eagle_io.capturing.layers import default_aux_layer_ids
+from eagle_io.store.eagle3 import default_aux_layer_ids
 
 H = 64
 # fp32, padded vs unpadded: attention reductions run over a different key length, so real tokens may differ in

@@ -20,7 +20,7 @@ META = {
     "hidden_size": H,
     "vocab_size": 49152,
     "aux_layer_ids": [2, 4, 5],
-    "aux_layer_convention": eagle_io.capturing.layers.AUX_LAYER_CONVENTION,
+    "aux_layer_convention": eagle_io.store.eagle3.AUX_LAYER_CONVENTION,
     "hidden_states_post_norm": True,
     "dtype": "bfloat16",
     "tokenizer": {"name": "tiny-tok"},

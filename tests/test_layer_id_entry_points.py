@@ -81,7 +81,7 @@ def test_generate_sglang_checks_ids_before_launching(tiny, tmp_path, capsys):
     argv = ["generate", "--backend", "sglang", "--model", str(tiny), "--out", str(tmp_path / "o"), "--limit", "1"]
     assert main([*argv, "--aux-layer-ids", "2,5,8"]) == 2
     err = capsys.readouterr().err
-    assert "aux layer id 8 out of range" in err and "final pre-norm output on this capture path" in err
+    assert "aux layer id 8 out of range" in err and "final pre-norm output is not captured on this path" in err
     assert not (tmp_path / "o" / "manifest.json").exists()
 
 

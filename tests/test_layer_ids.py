@@ -1,20 +1,17 @@
-"""Layer-id rules and conventions (eagle_io.capturing.layers); pure Python, no torch needed."""
+"""Layer-id rules and conventions (eagle_io.store.eagle3, eagle_io.sglang.setters); pure Python, no torch needed."""
 
 import pytest
 
 import eagle_io
-from eagle_io.capturing.layers import (
-    AUX_LAYER_CONVENTION,
-    aux_id_problems,
+from eagle_io.sglang.setters import (
     capturable_range,
     captured_ids,
-    default_aux_layer_ids,
     default_capture_ids,
     explicit_ids_for,
     from_specforge,
     served_aux_layer_ids,
-    validate_aux_layer_ids,
 )
+from eagle_io.store.eagle3 import AUX_LAYER_CONVENTION, aux_id_problems, default_aux_layer_ids, validate_aux_layer_ids
 
 
 @pytest.mark.parametrize(

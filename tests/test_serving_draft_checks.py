@@ -10,8 +10,8 @@ import torch
 from test_serving_preflight import H, N, V, by_code, eagle3_draft, issues, llama_target
 
 from eagle_io.serving import check_serving
-from eagle_io.serving.draft_build import canonical_name, draft_build, tensor_problems
-from eagle_io.serving.sglang_compat import context_length, draft_num_aux_layers
+from eagle_io.sglang.compat import context_length
+from eagle_io.sglang.draft_build import canonical_name, draft_build, tensor_problems
 
 
 def test_fc_is_sized_from_the_draft_hidden_when_target_hidden_size_is_missing(tmp_path):
@@ -128,7 +128,7 @@ def test_positions_are_the_targets_context_and_rope_is_compared(tmp_path):
 def test_the_build_model_follows_sglangs_two_eagle3_classes():
     llama = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64, "num_aux_hidden_states": 4,
              "eagle_aux_hidden_state_layer_ids": [1, 2]}  # fmt: skip
-    assert draft_num_aux_layers(llama) == (4, "num_aux_hidden_states")
+    assert (draft_build(llama).num_aux, draft_build(llama).num_aux_source) == (4, "num_aux_hidden_states")
     b = draft_build(llama)
     assert (b.hidden_size_in, b.fc_in) == (64, 256)  # no target_hidden_size: the draft's own hidden size
     mla = {**llama, "architectures": ["Eagle3DeepseekV2ForCausalLM"], "target_hidden_size": None}

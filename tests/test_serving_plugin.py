@@ -36,9 +36,9 @@ from test_serving_preflight import H, eagle3_draft, kimi_k25, llama_target
 import eagle_io
 import eagle_io.errors
 from eagle_io.serving import plugin
-from eagle_io.serving import sglang_compat as compat
-from eagle_io.serving import sglang_probe as probe
-from eagle_io.serving.checkpoint import read_draft
+from eagle_io.sglang import compat, probe
+from eagle_io.sglang import hooks as targets
+from eagle_io.sglang.checkpoint import read_draft
 
 try:
     import sglang.srt.plugins.hook_registry  # noqa: F401
@@ -298,11 +298,11 @@ def test_guard_passes_eagle3_and_installs_runtime_checks(tmp_path, hooks, monkey
     Scheduler.init_all_cuda_graphs(sched)
     assert calls == ["target graphs", "draft"]
     assert set(plugin._REGISTERED) == {
-        compat.STARTUP_HOOK,
-        compat.TP_FORWARD_HOOK,
-        compat.DRAFT_EXTEND_PREFILL_HOOK,
-        compat.DRAFT_EXTEND_DECODE_HOOK,
-        compat.ACCEPT_HOOK,
+        targets.STARTUP_HOOK,
+        targets.TP_FORWARD_HOOK,
+        targets.DRAFT_EXTEND_PREFILL_HOOK,
+        targets.DRAFT_EXTEND_DECODE_HOOK,
+        targets.ACCEPT_HOOK,
     }
     assert set(plugin._REGISTERED) <= hooks._patched
     # Draft extend for prefill with H-wide states (what EAGLE mode would feed): refused before the draft runs.
@@ -409,7 +409,7 @@ def test_non_speculative_launch_is_left_alone(hooks):
         draft_worker=None,
     )
     Scheduler.init_all_cuda_graphs(sched)
-    assert calls == ["target graphs"] and {compat.STARTUP_HOOK, compat.TP_FORWARD_HOOK} == plugin._REGISTERED
+    assert calls == ["target graphs"] and {targets.STARTUP_HOOK, targets.TP_FORWARD_HOOK} == plugin._REGISTERED
 
 
 _LOAD_SCRIPT = textwrap.dedent(
@@ -468,13 +468,13 @@ def test_entry_point_loads_through_load_plugins(tmp_path):
         [{}, {"EAGLE_IO_SGLANG_PLUGIN": "0"}, {"SGLANG_PLUGINS": "someone_else"}, {"SGLANG_PLUGINS": "eagle_io"}],
     )
     assert default["hooks"] == {
-        compat.STARTUP_HOOK: [  # the guard first, then the capture's start by environment
+        targets.STARTUP_HOOK: [  # the guard first, then the capture's start by environment
             ["before", "eagle_io.serving.plugin", "eagle_io"],
             ["before", "eagle_io.capturing.sglang.scheduler", "eagle_io"],
         ],
-        compat.TP_FORWARD_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
+        targets.TP_FORWARD_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
     }
-    assert {compat.STARTUP_HOOK, compat.TP_FORWARD_HOOK} <= set(default["patched"]) and default["wrapped"]
+    assert {targets.STARTUP_HOOK, targets.TP_FORWARD_HOOK} <= set(default["patched"]) and default["wrapped"]
     assert off["hooks"] == {} and not off["wrapped"]
     assert other["hooks"] == {} and not other["wrapped"]
     assert mine["hooks"] == default["hooks"] and mine["wrapped"]
@@ -546,7 +546,7 @@ def test_startup_hook_runs_in_a_real_scheduler_process(tmp_path):
     rep = json.loads(line)
     assert rep["pid"] != engine["pid"]  # written by the spawned scheduler process, not the engine's
     assert rep["algorithm"] == "NONE" and rep["guarded"] is False
-    assert compat.STARTUP_HOOK in rep["patched"]
+    assert targets.STARTUP_HOOK in rep["patched"]
     assert rep["sglang"] == compat.sglang_version()
 
 

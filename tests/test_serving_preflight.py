@@ -21,11 +21,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import eagle_io
-from eagle_io.capturing.layers import explicit_ids_for, served_aux_layer_ids
 from eagle_io.cli import COMMANDS, check_serving_cmd
 from eagle_io.serving import check_serving, format_findings, read_draft, read_safetensors_header
-from eagle_io.serving.checkpoint import CheckpointError
-from eagle_io.serving.sglang_compat import draft_num_aux_layers, launch_args, resolve_algorithm
+from eagle_io.sglang.checkpoint import CheckpointError
+from eagle_io.sglang.compat import resolve_algorithm
+from eagle_io.sglang.draft_build import draft_build
+from eagle_io.sglang.launch_args import launch_args
+from eagle_io.sglang.setters import explicit_ids_for, served_aux_layer_ids
 from eagle_io.store.metadata import eagle3_metadata
 
 H, N, V = 64, 8, 1000  # tiny Llama target: hidden, layers, vocab
@@ -259,9 +261,11 @@ def test_sglang_rules():
     assert explicit_ids_for("DeepseekV3ForCausalLM", 61, [3, 30, 58]) == [3, 30, 58]
     assert explicit_ids_for("DeepseekV3ForCausalLM", 61, [1, 30, 58]) is None  # [0,..] stays, [1,..] shifts
     ec = {"eagle_aux_hidden_state_layer_ids": [1]}
-    assert draft_num_aux_layers({"num_aux_hidden_states": 4, "eagle_config": ec}) == (4, "num_aux_hidden_states")
-    assert draft_num_aux_layers({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}})[0] == 2
-    assert draft_num_aux_layers({}) == (3, "SGLang's default of 3 aux layers")
+    b = draft_build({"num_aux_hidden_states": 4, "eagle_config": ec})
+    assert (b.num_aux, b.num_aux_source) == (4, "num_aux_hidden_states")
+    assert draft_build({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}).num_aux == 2
+    b = draft_build({})
+    assert (b.num_aux, b.num_aux_source) == (3, "SGLang's default of 3 aux layers")
 
 
 def test_launch_args_from_raw_cli():

@@ -1,6 +1,6 @@
 """Reference EAGLE-3 capture path on Hugging Face transformers models, through forward hooks.
 
-What is captured, per token (ids in eagle-io's convention, see :mod:`eagle_io.capturing.layers`):
+What is captured, per token (ids in eagle-io's convention, see :mod:`eagle_io.store.eagle3`):
 
 * aux states: the residual stream at the *input* of each requested decoder layer ``i`` (= HF
   ``output_hidden_states[i]``; the same value SGLang's ``LlamaModel.forward`` appends for
@@ -14,7 +14,7 @@ What is captured, per token (ids in eagle-io's convention, see :mod:`eagle_io.ca
 How: a forward pre-hook (``with_kwargs=True``) on each requested ``model.model.layers[i]`` copies its
 ``hidden_states`` input into one preallocated ``[B, T, k*H]`` buffer (one copy per aux layer, no later
 concatenation), and a forward hook on ``model.model.norm`` keeps its output (no copy). Id ``N`` (the boundary after
-the last layer, :mod:`eagle_io.capturing.layers`) is the *input* of ``model.model.norm``: the final pre-norm
+the last layer, :mod:`eagle_io.store.eagle3`) is the *input* of ``model.model.norm``: the final pre-norm
 residual stream, what SGLang's gpt-oss capture and vLLM's ``[.., N]`` ids record; a forward pre-hook on the norm
 copies it into the last aux slot.
 ``output_hidden_states`` stays off, so the other layers' states are never kept. By default the base model
@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from ..errors import ArgumentTypeError, InvalidArgumentError
-from .layers import default_aux_layer_ids, validate_aux_layer_ids
+from ..store.eagle3 import default_aux_layer_ids, validate_aux_layer_ids
 
 __all__ = ["CapturedBatch", "HFCapture", "find_decoder"]
 
@@ -135,7 +135,7 @@ class HFCapture:
         model: a ``*ForCausalLM`` (or base model) with the layout :func:`find_decoder` accepts, in eval mode.
         aux_layer_ids: eagle-io ids (input of 0-based decoder layer i), ascending, ``1 <= id <= N``
             (``N`` = the final pre-norm boundary); validated against ``config.num_hidden_layers``
-            (:func:`eagle_io.capturing.layers.validate_aux_layer_ids`). ``None`` means SGLang's default
+            (:func:`eagle_io.store.eagle3.validate_aux_layer_ids`). ``None`` means SGLang's default
             ``[2, N//2, N-3]``.
         skip_lm_head: call the base model (``model.model``) so no logits are computed (default). ``False``
             calls the full model and discards its logits (kept only to measure the saving).

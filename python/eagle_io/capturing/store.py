@@ -215,7 +215,7 @@ class SampleStore:
             target_info: ``num_layers``, ``hidden_size``, ``vocab_size`` (and ``model_id``, ``files``,
                 ``architecture`` when known), recorded in the metadata
                 (:func:`eagle_io.store.metadata.eagle3_metadata`).
-            aux_layer_ids: the captured layers (eagle-io ids, :mod:`eagle_io.capturing.layers`).
+            aux_layer_ids: the captured layers (eagle-io ids, :mod:`eagle_io.store.eagle3`).
             state_dtype: stored dtype name of the states (``"float16"`` warns: bfloat16 is recommended).
             precision: ``None``/``"bf16"`` (lossless) or ``"fp8"``: the states stored as FP8 e4m3fn with one scale
                 per token (docs/FORMAT.md 3.1), read back as ``state_dtype``; quantised where the copy happens: on

@@ -16,7 +16,7 @@ def layer_ids_arg(text: str) -> list[int]:
     """``argparse`` type for ``--aux-layer-ids 2,15,27`` and the like: comma-separated integers (spaces allowed).
 
     Only the syntax is checked here; the range (``1..N`` of the target, which the parser does not know) is checked
-    by :func:`eagle_io.capturing.layers.validate_aux_layer_ids` where the target is known, which raises
+    by :func:`eagle_io.store.eagle3.validate_aux_layer_ids` where the target is known, which raises
     ``InvalidArgumentError`` (printed as one line by :func:`eagle_io.cli.main`).
 
     Raises:

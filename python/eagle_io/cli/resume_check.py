@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from .._native import __version__
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
 from ..store import layout
 from ..store.manifest import read_manifest

@@ -38,9 +38,10 @@ def _import_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _import_run(args: argparse.Namespace) -> int:
-    from ..capturing.layers import capturable_range, from_specforge, validate_aux_layer_ids
     from ..errors import InvalidArgumentError
     from ..interop.specforge import import_specforge
+    from ..sglang.setters import capturable_range, from_specforge
+    from ..store.eagle3 import validate_aux_layer_ids
 
     meta: dict = {}
     if args.target_model:

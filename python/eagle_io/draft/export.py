@@ -9,8 +9,8 @@ What SGLang reads (``sglang/srt/models/llama_eagle3.py`` and
   ``lm_head`` its embedding).
 * ``eagle_config.eagle_aux_hidden_state_layer_ids``: ids handed to the target's
   ``set_eagle3_layers_to_capture``, whose rule depends on the target's architecture
-  (:data:`eagle_io.capturing.layers.SETTER_RULES`): the ids written are those that *that* setter turns into the
-  trained eagle-io ids (:func:`eagle_io.capturing.layers.explicit_ids_for`). Llama's adds +1, so SmolLM2's
+  (:data:`eagle_io.sglang.setters.SETTER_RULES`): the ids written are those that *that* setter turns into the
+  trained eagle-io ids (:func:`eagle_io.sglang.setters.explicit_ids_for`). Llama's adds +1, so SmolLM2's
   ``[2, 15, 27]`` is written ``[1, 14, 26]``; DeepSeek-V3 / Kimi-K2.5 / GLM-4-MoE-Lite add +1 only when the first
   id is 1, so ``[3, 5, 7]`` is written ``[3, 5, 7]``; gpt-oss keeps ids reaching ``N``.
   ``eagle_config.use_aux_hidden_state: true``.
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from ..capturing.layers import explicit_ids_for, setter_rule
 from ..errors import InvalidArgumentError
+from ..sglang.setters import explicit_ids_for, setter_rule
 from ..store import layout
 from .model import Eagle3Draft, Eagle3DraftConfig
 
@@ -44,7 +44,7 @@ __all__ = ["draft_config_json", "eagle_config_ids", "load_draft", "save_draft"]
 def eagle_config_ids(aux_layer_ids: Sequence[int], target: Mapping[str, Any] | None = None) -> list[int]:
     """The ``eagle_config.eagle_aux_hidden_state_layer_ids`` that SGLang's setter for ``target["architecture"]``
     (default ``LlamaForCausalLM``) turns into ``aux_layer_ids`` (eagle-io ids) on a ``target["num_layers"]``-layer
-    target (:func:`eagle_io.capturing.layers.explicit_ids_for`).
+    target (:func:`eagle_io.sglang.setters.explicit_ids_for`).
 
     Raises:
         InvalidArgumentError: the ids are invalid for the target, or its setter cannot express them.
@@ -82,7 +82,7 @@ def draft_config_json(
 
     Raises:
         InvalidArgumentError: ``aux_layer_ids`` are invalid for the target
-            (:func:`eagle_io.capturing.layers.validate_aux_layer_ids`), or that target's SGLang setter cannot capture
+            (:func:`eagle_io.store.eagle3.validate_aux_layer_ids`), or that target's SGLang setter cannot capture
             them (e.g. id ``N`` on a Llama target).
     """
     target = dict(target or {})

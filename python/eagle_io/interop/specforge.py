@@ -361,7 +361,7 @@ def import_specforge(
             stored ``H``-wide aux block, or not layers of a ``metadata["num_layers"]``-layer target (nothing is
             written then).
     """
-    from ..capturing.layers import AUX_LAYER_CONVENTION
+    from ..store.eagle3 import AUX_LAYER_CONVENTION
     from ..store.schema import eagle3_schema
     from ..store.writer import ShardWriter
 
@@ -431,12 +431,12 @@ def import_specforge(
 def _check_recorded_ids(metadata: Mapping[str, Any], aux_width: int, hidden: int, first: str) -> None:
     """The ``aux_layer_ids`` a SpecForge import records must describe the stored states: one id per ``hidden``-wide
     block of ``aux_hidden_state`` (``k = aux_width / hidden``), each a layer of the target when ``num_layers`` is
-    recorded (:func:`eagle_io.capturing.layers.validate_aux_layer_ids`, id ``N`` allowed: the final boundary).
+    recorded (:func:`eagle_io.store.eagle3.validate_aux_layer_ids`, id ``N`` allowed: the final boundary).
 
     Raises:
         InvalidArgumentError: naming the stored width, the ids and the file that fixed the layout.
     """
-    from ..capturing.layers import validate_aux_layer_ids
+    from ..store.eagle3 import validate_aux_layer_ids
 
     ids = metadata.get("aux_layer_ids")
     if ids is None:

@@ -1,5 +1,5 @@
 """The draft-checkpoint part of the serving preflight: the class SGLang builds, the config switches it reads on
-the EAGLE-3 path, every tensor shape (one checker: :func:`eagle_io.serving.draft_build.tensor_problems`), the
+the EAGLE-3 path, every tensor shape (one checker: :func:`eagle_io.sglang.draft_build.tensor_problems`), the
 vocab map's values (one checker: :func:`eagle_io.interop.vocab.mapping_problems`), positions and RoPE."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import CheckpointError
-from .checkpoint import CheckpointInfo, DraftInfo, read_tensor_values
-from .draft_build import EAGLE3_DRAFT_CLASSES, DraftBuild, tensor_problems
+from ..sglang.checkpoint import CheckpointInfo, DraftInfo, read_tensor_values
+from ..sglang.compat import context_length
+from ..sglang.draft_build import EAGLE3_DRAFT_CLASSES, DraftBuild, tensor_problems
 from .findings import ERROR, WARNING, Findings
-from .sglang_compat import context_length
 
 __all__ = ["check_draft_build", "check_positions", "check_tensors", "check_vocab"]
 
@@ -192,7 +192,7 @@ def _rope(cfg: dict[str, Any]) -> tuple[Any, Any]:
 
 def check_positions(out: Findings, draft: DraftInfo, target: CheckpointInfo, served_context: int | None) -> None:
     """The context SGLang gives the draft (the target's: ``--context-length`` or the target's derived one) against
-    the draft's derived context length (:func:`eagle_io.serving.sglang_compat.context_length`), and RoPE."""
+    the draft's derived context length (:func:`eagle_io.sglang.compat.context_length`), and RoPE."""
     served = served_context or context_length(target.text_config)
     own = context_length(draft.text_config)
     if served > own:

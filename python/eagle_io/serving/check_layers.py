@@ -2,9 +2,9 @@
 draft's ``fc`` takes and what it was trained on.
 
 Three numbers must agree (SGLang 0.5.23): the input width of ``fc.weight`` in the checkpoint; the ``fc`` SGLang
-allocates from the draft config (:class:`eagle_io.serving.draft_build.DraftBuild`); and the states the target
-actually sends, ``len(captured_ids) x target hidden`` (:func:`eagle_io.capturing.layers.captured_ids` over the
-``layers_to_capture`` that the target's setter makes of ``eagle_config`` ids, :data:`~eagle_io.capturing.layers.
+allocates from the draft config (:class:`eagle_io.sglang.draft_build.DraftBuild`); and the states the target
+actually sends, ``len(captured_ids) x target hidden`` (:func:`eagle_io.sglang.setters.captured_ids` over the
+``layers_to_capture`` that the target's setter makes of ``eagle_config`` ids, :data:`~eagle_io.sglang.setters.
 SETTER_RULES`).
 """
 
@@ -12,16 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..capturing.layers import (
-    capturable_range,
-    captured_ids,
-    explicit_ids_for,
-    served_aux_layer_ids,
-    setter_rule,
-)
 from ..errors import InvalidArgumentError
-from .checkpoint import CheckpointInfo, DraftInfo
-from .draft_build import DraftBuild
+from ..sglang.checkpoint import CheckpointInfo, DraftInfo
+from ..sglang.draft_build import DraftBuild
+from ..sglang.setters import capturable_range, captured_ids, explicit_ids_for, served_aux_layer_ids, setter_rule
 from .findings import ERROR, INFO, WARNING, Findings
 
 __all__ = ["check_fc_width", "check_layer_ids", "ids_text"]
@@ -55,7 +49,7 @@ def check_layer_ids(
     build: DraftBuild,
     trained: Sequence[tuple[str, list[int]]],
 ) -> list[int]:
-    """Adds the layer-id findings; returns :func:`~eagle_io.capturing.layers.captured_ids` (what SGLang will
+    """Adds the layer-id findings; returns :func:`~eagle_io.sglang.setters.captured_ids` (what SGLang will
     capture, eagle-io ids). Needs the target's layer count (``target.num_layers``)."""
     arch, n = target.architecture, int(target.num_layers or 0)
     if draft.eagle_layer_ids is None and draft.top_level_layer_ids is not None:

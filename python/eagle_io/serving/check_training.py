@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..capturing.layers import AUX_LAYER_CONVENTION, aux_id_problems, validate_aux_layer_ids
 from ..errors import EagleIOError
+from ..sglang.checkpoint import CheckpointError, CheckpointInfo, DraftInfo
 from ..store import layout
+from ..store.eagle3 import AUX_LAYER_CONVENTION, aux_id_problems, validate_aux_layer_ids
 from ..store.manifest import read_manifest
-from .checkpoint import CheckpointError, CheckpointInfo, DraftInfo
 from .findings import ERROR, WARNING, Findings
 
 __all__ = ["trained_layer_ids"]
@@ -57,7 +57,7 @@ def trained_layer_ids(
 
     Raises:
         InvalidArgumentError / ArgumentTypeError: ``layer_ids`` (the user's ``--trained-layer-ids``) break
-            :func:`eagle_io.capturing.layers.validate_aux_layer_ids` for the target (``1 <= id <= N``: id ``N`` is
+            :func:`eagle_io.store.eagle3.validate_aux_layer_ids` for the target (``1 <= id <= N``: id ``N`` is
             a trained layer SGLang may be unable to capture, which is a finding, not an input error).
         CheckpointError: an unreadable dataset manifest.
     """

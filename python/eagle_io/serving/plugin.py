@@ -13,7 +13,7 @@ detokenizer), through the entry point::
 * **Startup guard** (BEFORE ``Scheduler.init_all_cuda_graphs``: after attention backends configured capture,
   before any CUDA graph is captured). When the draft is EAGLE-3-style it requires ``spec_algorithm.is_eagle3()``,
   aux capture enabled on the target (through a wrapper's ``language_model`` too) and wired to the module that runs
-  the decoder layers (:func:`eagle_io.serving.sglang_probe.capture_wiring_problems`), capturable and distinct
+  the decoder layers (:func:`eagle_io.sglang.probe.capture_wiring_problems`), capturable and distinct
   ``layers_to_capture``, and ``len(captured) * target_hidden == fc input width``; otherwise startup aborts with
   :class:`ServingGuardError` saying how to launch. It then installs the runtime hooks below, in that scheduler
   process only, and only for speculative EAGLE-family launches.
@@ -40,7 +40,7 @@ Environment switches (read when the plugin loads and at startup):
                                              the startup guard's facts and verdict (for health checks).
 ==============================  ===========  ===============================================================
 
-SGLang versions: :data:`eagle_io.serving.sglang_compat.SUPPORTED_SGLANG`; every SGLang name used is in that module.
+SGLang versions: :data:`eagle_io.sglang.compat.SUPPORTED_SGLANG`; every SGLang name used is in :mod:`eagle_io.sglang`.
 """
 
 from __future__ import annotations
@@ -54,10 +54,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..capturing.layers import capturable_range, captured_ids, setter_rule
 from ..errors import DraftWidthError, ServingGuardError
-from . import sglang_compat as compat
-from . import sglang_probe as probe
+from ..sglang import compat, hooks, probe
+from ..sglang.setters import capturable_range, captured_ids, setter_rule
 
 __all__ = [
     "ENV_ACCEPT_WATCHDOG",
@@ -280,11 +279,11 @@ def _check_width(hook: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> No
 
 
 def _prefill_width_hook(*args: Any, **kwargs: Any) -> None:
-    _check_width(compat.DRAFT_EXTEND_PREFILL_HOOK, args, kwargs)
+    _check_width(hooks.DRAFT_EXTEND_PREFILL_HOOK, args, kwargs)
 
 
 def _decode_width_hook(*args: Any, **kwargs: Any) -> None:
-    _check_width(compat.DRAFT_EXTEND_DECODE_HOOK, args, kwargs)
+    _check_width(hooks.DRAFT_EXTEND_DECODE_HOOK, args, kwargs)
 
 
 def _accept_hook(result: Any, *args: Any, **kwargs: Any) -> None:
@@ -314,8 +313,8 @@ def install_runtime_hooks(facts: probe.StartupFacts, *, eagle3_draft: bool) -> l
     if eagle3_draft and mode not in _OFF and facts.fc_in_width is not None:
         _RUNTIME.fc_in_width = facts.fc_in_width
         _RUNTIME.width_mode = "warn" if mode == "warn" else "raise"
-        _register(compat.DRAFT_EXTEND_PREFILL_HOOK, _prefill_width_hook, "BEFORE")
-        _register(compat.DRAFT_EXTEND_DECODE_HOOK, _decode_width_hook, "BEFORE")
+        _register(hooks.DRAFT_EXTEND_PREFILL_HOOK, _prefill_width_hook, "BEFORE")
+        _register(hooks.DRAFT_EXTEND_DECODE_HOOK, _decode_width_hook, "BEFORE")
     if _enabled(ENV_ACCEPT_WATCHDOG):
         window = int(os.environ.get(ENV_ACCEPT_WINDOW, "256"))
         _RUNTIME.watchdog = AcceptanceWatchdog(
@@ -325,7 +324,7 @@ def install_runtime_hooks(facts: probe.StartupFacts, *, eagle3_draft: bool) -> l
                 f"{facts.fc_in_width}, target capture {list(facts.layers_to_capture)} x {facts.target_hidden_size})"
             ),
         )
-        _register(compat.ACCEPT_HOOK, _accept_hook, "AFTER")
+        _register(hooks.ACCEPT_HOOK, _accept_hook, "AFTER")
     HookRegistry.apply_hooks()
     return sorted(_REGISTERED - before)
 
@@ -401,10 +400,10 @@ def register() -> None:
             compat.SUPPORTED_SGLANG,
             compat.TESTED_SGLANG,
         )
-    if compat.STARTUP_HOOK.rsplit(".", 2)[0] in sys.modules:
-        _register(compat.STARTUP_HOOK, _startup_guard, "BEFORE")
-        if _enabled(ENV_CAPTURE) and compat.TP_FORWARD_HOOK not in _REGISTERED:
+    if hooks.STARTUP_HOOK.rsplit(".", 2)[0] in sys.modules:
+        _register(hooks.STARTUP_HOOK, _startup_guard, "BEFORE")
+        if _enabled(ENV_CAPTURE) and hooks.TP_FORWARD_HOOK not in _REGISTERED:
             from ..capturing.sglang import scheduler as sglang_scheduler
 
             sglang_scheduler.install()
-            _REGISTERED.add(compat.TP_FORWARD_HOOK)
+            _REGISTERED.add(hooks.TP_FORWARD_HOOK)

@@ -14,14 +14,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..sglang.checkpoint import CheckpointError, DraftInfo, read_checkpoint, read_draft
+from ..sglang.compat import resolve_algorithm
+from ..sglang.draft_build import draft_build
+from ..sglang.launch_args import launch_args
 from ..store.value_stats import range_warnings
 from .check_draft import check_draft_build, check_positions, check_tensors, check_vocab
 from .check_layers import check_fc_width, check_layer_ids
 from .check_training import trained_layer_ids
-from .checkpoint import CheckpointError, DraftInfo, read_checkpoint, read_draft
-from .draft_build import draft_build
 from .findings import ERROR, INFO, WARNING, Finding, Findings, format_findings
-from .sglang_compat import launch_args, resolve_algorithm
 
 __all__ = ["ERROR", "INFO", "WARNING", "Finding", "check_serving", "eagle3_signals", "format_findings"]
 
@@ -84,7 +85,7 @@ def check_serving(
         algorithm: ``--speculative-algorithm`` (``EAGLE``, ``EAGLE3``, ``NEXTN`` = ``EAGLE``, ...); None = from
             ``server_args``.
         layer_ids: the aux layer ids the draft was trained on, in eagle-io's convention
-            (:data:`eagle_io.capturing.layers.AUX_LAYER_CONVENTION`: input of 0-based decoder layer i).
+            (:data:`eagle_io.store.eagle3.AUX_LAYER_CONVENTION`: input of 0-based decoder layer i).
         dataset_manifest: an eagle-io dataset directory or manifest the draft was trained on; its
             ``aux_layer_ids`` / ``aux_layer_convention`` / ``hidden_size`` / ``num_layers`` and aux width are
             checked against the launch.
@@ -94,7 +95,7 @@ def check_serving(
     Raises:
         CheckpointError: a directory, ``config.json``, safetensors header or manifest that cannot be read.
         InvalidArgumentError / ArgumentTypeError: ``layer_ids`` outside ``1..N`` of the target, not ascending,
-            duplicated or not integers (:func:`eagle_io.capturing.layers.validate_aux_layer_ids`).
+            duplicated or not integers (:func:`eagle_io.store.eagle3.validate_aux_layer_ids`).
     """
     findings = Findings()
     add = findings.add

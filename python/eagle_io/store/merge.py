@@ -20,7 +20,8 @@ from itertools import takewhile
 from pathlib import Path
 from typing import Any
 
-from .. import FORMAT_VERSION, __version__, _native
+from .. import _native
+from .._native import FORMAT_VERSION, __version__
 from ..errors import CorruptRecordError, EagleIOError, IncompatibleDatasetError, InvalidArgumentError
 from . import layout
 from .manifest import manifest_bytes, read_manifest

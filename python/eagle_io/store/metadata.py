@@ -6,9 +6,9 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import __version__
-from ..capturing.layers import AUX_LAYER_CONVENTION
+from .._native import __version__
 from ..errors import InvalidArgumentError
+from .eagle3 import AUX_LAYER_CONVENTION
 
 
 def eagle3_metadata(
@@ -26,7 +26,7 @@ def eagle3_metadata(
         target_info: ``load_target``'s info (``model_id``, ``files``, ``architecture``, ``num_layers``,
             ``hidden_size``, ``vocab_size``); machine-specific paths are left out so a run resumes elsewhere.
         aux_layer_ids: captured layers in eagle-io's convention
-            (:data:`eagle_io.capturing.layers.AUX_LAYER_CONVENTION`). The last may be ``num_layers``: the final
+            (:data:`eagle_io.store.eagle3.AUX_LAYER_CONVENTION`). The last may be ``num_layers``: the final
             pre-norm boundary; ``final_state_is_prenorm`` (always written) is then ``True``, so a consumer knows the
             last ``H`` columns of ``aux_hidden_states`` are the un-normalised final state (gpt-oss drafts feed it
             through ``norm_before_fc``), while ``hidden_states`` stays post-norm.

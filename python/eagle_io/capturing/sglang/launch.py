@@ -32,9 +32,9 @@ def capture_layer_args(
     SGLang's capture-only mode hands ``return_aux_hidden_state_layer_ids`` to the target's
     ``set_eagle3_layers_to_capture`` as explicit ids (``spec_aux_hidden_state.py``,
     ``_resolve_capture_only_aux_hidden_state``), so they are written in that setter's convention
-    (:func:`eagle_io.capturing.layers.explicit_ids_for` for the architecture in ``model_path/config.json``). Id ``N``
+    (:func:`eagle_io.sglang.setters.explicit_ids_for` for the architecture in ``model_path/config.json``). Id ``N``
     (the final pre-norm boundary) is accepted only for targets whose forward captures it
-    (:data:`eagle_io.capturing.layers.FINAL_BOUNDARY_SETTERS`; e.g. gpt-oss ``[.., N]`` is written ``[.., N - 1]``,
+    (:data:`eagle_io.sglang.setters.FINAL_BOUNDARY_SETTERS`; e.g. gpt-oss ``[.., N]`` is written ``[.., N - 1]``,
     which its setter shifts back to ``N`` and which passes SGLang's ``id < num_layers`` check).
 
     Raises:
@@ -45,8 +45,9 @@ def capture_layer_args(
     ids = options.get("aux_layer_ids")
     if ids is None:
         return {}
-    from ...serving.checkpoint import read_checkpoint
-    from ..layers import capturable_range, explicit_ids_for, setter_rule, validate_aux_layer_ids
+    from ...sglang.checkpoint import read_checkpoint
+    from ...sglang.setters import capturable_range, explicit_ids_for, setter_rule
+    from ...store.eagle3 import validate_aux_layer_ids
 
     target = read_checkpoint(model_path)
     arch, n = target.architecture, target.num_layers

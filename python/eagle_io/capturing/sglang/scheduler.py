@@ -22,8 +22,7 @@ from typing import Any
 
 from ... import defaults
 from ...errors import InvalidArgumentError
-from ...serving import sglang_compat as compat
-from ...serving import sglang_probe as probe
+from ...sglang import compat, hooks, probe
 from ...store import layout
 from ...store.upload import local_dir
 from ..store import ForwardSample, SampleStore, check_sample
@@ -222,8 +221,8 @@ def install() -> None:
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    sched_cls = pkgutil.resolve_name(compat.STARTUP_HOOK.rsplit(".", 1)[0])
+    sched_cls = pkgutil.resolve_name(hooks.STARTUP_HOOK.rsplit(".", 1)[0])
     if not hasattr(sched_cls, "eagle_io_capture_start"):
         sched_cls.eagle_io_capture_start = _start
-    HookRegistry.register(compat.TP_FORWARD_HOOK, _forward_hook, HookType.AFTER)
-    HookRegistry.register(compat.STARTUP_HOOK, _start_from_env, HookType.BEFORE)
+    HookRegistry.register(hooks.TP_FORWARD_HOOK, _forward_hook, HookType.AFTER)
+    HookRegistry.register(hooks.STARTUP_HOOK, _start_from_env, HookType.BEFORE)

@@ -2,8 +2,9 @@
 capture read from a ``Scheduler``, a ``ScheduleBatch`` and a forward's result.
 
 The attribute paths are SGLang-version-specific; the names and rules they rest on (hook targets, supported
-versions) are in :mod:`.sglang_compat`. A missing attribute raises :class:`~eagle_io.errors.SGLangCompatError`
-instead of silently skipping a check. Nothing here imports SGLang at module import time.
+versions) are in :mod:`.compat` and :mod:`.hooks`. A missing attribute raises
+:class:`~eagle_io.errors.SGLangCompatError` instead of silently skipping a check. Nothing here imports SGLang at
+module import time.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InternalError, SGLangCompatError
-from .sglang_compat import DRAFT_EXTEND_DECODE_HOOK, DRAFT_EXTEND_PREFILL_HOOK, SUPPORTED_SGLANG, sglang_version
+from .compat import SUPPORTED_SGLANG, sglang_version
+from .hooks import DRAFT_EXTEND_DECODE_HOOK, DRAFT_EXTEND_PREFILL_HOOK
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,11 @@
-"""Auxiliary-layer ids for EAGLE-3 capture: the one place that defines their meaning.
+"""SGLang's layer-id setters: what each target model's ``set_eagle3_layers_to_capture`` stores in
+``layers_to_capture``, what its forward then captures, and the ids to write into a draft config so that it
+captures the ids a dataset was trained on (SGLang 0.5.23; the supported range is
+:data:`eagle_io.sglang.compat.SUPPORTED_SGLANG`).
 
-Convention used everywhere in eagle-io (and written into dataset manifests as
-:data:`AUX_LAYER_CONVENTION`): id ``i`` is the residual stream at the *input* of 0-based decoder layer ``i``,
-which equals Hugging Face ``output_hidden_states[i]`` (index 0 is the embedding output, index ``k`` the output
-of decoder layer ``k - 1``). SGLang's Llama capture uses the same meaning for the ids it stores in
-``LlamaModel.layers_to_capture``: ``sglang/srt/models/llama.py``, ``LlamaModel.forward`` appends
-``hidden_states + residual`` *before* running layer ``i`` when ``i in self.layers_to_capture``.
-
-Valid ids for a target with ``N`` decoder layers are ``1 <= i <= N - 1``, plus ``N`` where the capture path
-records the final boundary:
-
-* ``0`` (the embedding output) is rejected: SGLang's ``LlamaModel.forward`` cannot capture it (``residual`` is
-  still ``None`` before layer 0, so ``hidden_states + residual`` fails), and it carries no context.
-* ``N`` is the boundary after the last layer: the final *pre-norm* residual stream (the input of the final
-  norm). gpt-oss EAGLE-3 drafts and vLLM's ``[.., N]`` ids use it. The HF capture records it
-  (:mod:`eagle_io.capturing.hf`); SGLang only for :data:`FINAL_BOUNDARY_SETTERS` (e.g. ``srt/models/gpt_oss.py``,
-  ``GptOssModel.forward`` captures ``end_layer`` through ``residual_batch.final_norm(..., capture=...)``); every
-  other SGLang model's loop stops at layer ``N - 1`` and would silently return one state fewer. The final state
-  eagle-io stores separately (``hidden_states``) is the *post-norm* one; a dataset whose last aux id is ``N``
-  records ``final_state_is_prenorm: true`` (:func:`eagle_io.store.metadata.eagle3_metadata`).
-
-Negative ids are never counted from the end: ``-1`` is an error, not ``N - 1``.
+Ids here are eagle-io ids (input of 0-based decoder layer i: :mod:`eagle_io.store.eagle3`, which also holds their
+one validator), except the *explicit* ids a draft config carries in
+``eagle_config["eagle_aux_hidden_state_layer_ids"]``, whose meaning depends on the target's setter.
 """
 
 from __future__ import annotations
@@ -28,134 +13,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import ArgumentTypeError, InvalidArgumentError
+from ..errors import InvalidArgumentError
+from ..store.eagle3 import validate_aux_layer_ids
 
 __all__ = [
-    "AUX_LAYER_CONVENTION",
     "DEEPSEEK_STYLE_SETTERS",
     "FINAL_BOUNDARY_SETTERS",
     "SETTER_RULES",
     "SetterRule",
-    "aux_id_problems",
     "capturable_range",
     "captured_ids",
-    "default_aux_layer_ids",
     "default_capture_ids",
     "explicit_ids_for",
     "from_specforge",
     "served_aux_layer_ids",
     "setter_for",
     "setter_rule",
-    "validate_aux_layer_ids",
 ]
-
-AUX_LAYER_CONVENTION = "input of 0-based decoder layer i = HF output_hidden_states[i] (index 0 = embedding output)"
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The one id validator
-# --------------------------------------------------------------------------------------------------------------
-
-
-def aux_id_problems(ids: Sequence[object], num_layers: int | None, *, final_boundary: bool = False) -> list[str]:
-    """Every problem of a list of aux-layer ids (eagle-io convention), one sentence each; empty = valid.
-
-    Rules: at least one id; each an ``int`` (``bool`` is not); ``1 <= id <= N - 1``, or ``<= N`` with
-    ``final_boundary`` (the capture path records the final pre-norm boundary, see the module docstring); only
-    ``id >= 1`` when ``num_layers`` is None (unknown); strictly ascending (hence distinct): the stored
-    ``[L, k*H]`` concatenation follows layer-execution order (as SGLang's ``pack_aux_hidden_states`` does), so
-    another order is refused, not repaired.
-    """
-    if num_layers is not None and num_layers < 2:
-        return [f"num_layers must be >= 2 to have any valid aux layer id, got {num_layers}"]
-    if len(ids) == 0:
-        return ["aux layer ids must not be empty"]
-    hi = None if num_layers is None else (num_layers if final_boundary else num_layers - 1)
-    problems: list[str] = []
-    prev: int | None = None
-    for pos, i in enumerate(ids):
-        if isinstance(i, bool) or not isinstance(i, int):
-            problems.append(f"aux layer id at position {pos} is {i!r} ({type(i).__name__}), expected int")
-            continue
-        if i < 1 or (hi is not None and i > hi):
-            if num_layers is None:
-                where, final = "1 <= id", ""
-            elif final_boundary:
-                where = f"1 <= id <= num_layers = {num_layers} (id {num_layers} = the final pre-norm boundary)"
-                final = ""
-            else:
-                where = f"1 <= id <= num_layers-1 = {num_layers - 1}"
-                final = f", nor is {num_layers} = the final pre-norm output on this capture path"
-            problems.append(
-                f"aux layer id {i} out of range: ids must satisfy {where} (id = input of 0-based decoder layer id; "
-                f"0 = embedding output is not capturable{final}; negative ids are not counted from the end)"
-            )
-        if prev is not None and i == prev:
-            problems.append(f"aux layer id {i} is duplicated in {list(ids)}: ids must be distinct")
-        elif prev is not None and i < prev:
-            problems.append(f"aux layer id {i} follows {prev} in {list(ids)}: ids must be sorted ascending")
-        prev = i
-    return problems
-
-
-def validate_aux_layer_ids(ids: Sequence[int], num_layers: int | None, *, final_boundary: bool = False) -> list[int]:
-    """Check aux-layer ids (:func:`aux_id_problems`' rules) and return them as a list of ``int``.
-
-    Args:
-        ids: eagle-io ids (input of 0-based decoder layer i).
-        num_layers: the target's decoder layers ``N`` (None: unknown, only ``id >= 1`` is checked).
-        final_boundary: whether id ``N`` (final pre-norm boundary) is capturable on this path: True for the HF
-            capture, :func:`capturable_range` for an SGLang target.
-
-    Raises:
-        ArgumentTypeError: an id is not an integer (``bool`` included; a ``TypeError``).
-        InvalidArgumentError: naming every offending id and the rule it breaks, or ``num_layers < 2``
-            (a ``ValueError``).
-    """
-    problems = aux_id_problems(ids, num_layers, final_boundary=final_boundary)
-    types = [p for p in problems if p.endswith("expected int")]
-    if types:
-        raise ArgumentTypeError("; ".join(types))
-    if problems:
-        raise InvalidArgumentError("; ".join(problems))
-    return [int(i) for i in ids]
-
-
-def default_aux_layer_ids(num_layers: int) -> list[int]:
-    """SGLang's default EAGLE-3 aux layers ``[2, N//2, N-3]`` for a target with ``N`` decoder layers
-    (:func:`default_capture_ids`, where SGLang's rule is cited), validated.
-    Examples: N=30 -> [2, 15, 27]; N=61 -> [2, 30, 58].
-
-    Raises:
-        InvalidArgumentError: if the three ids collide or fall out of range (``N < 7``), e.g. N=6 gives [2, 3, 3];
-            pass explicit ids for such tiny models.
-    """
-    ids = default_capture_ids(num_layers)
-    try:
-        return validate_aux_layer_ids(ids, num_layers)
-    except InvalidArgumentError as exc:
-        raise InvalidArgumentError(
-            f"default aux layer ids [2, N//2, N-3] = {ids} are invalid for num_layers={num_layers} "
-            f"(need N >= 7): {exc}; pass explicit aux layer ids"
-        ) from exc
-
-
-def from_specforge(
-    ids: Sequence[int], architecture: str = "LlamaForCausalLM", num_layers: int | None = None
-) -> list[int]:
-    """Convert SpecForge ids to eagle-io ids: what SGLang's setter for ``architecture`` captures when given them.
-
-    SpecForge (``scripts/prepare_hidden_states.py``) calls ``set_eagle3_layers_to_capture([1, N//2-1, N-4])``,
-    which SGLang's Llama setter shifts by +1 to ``[2, N//2, N-3]``: the same physical layers as the default. The
-    per-architecture rules are :func:`served_aux_layer_ids`. Not validated here.
-    """
-    return served_aux_layer_ids(architecture, num_layers, ids)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# SGLang's setters: what each model's ``set_eagle3_layers_to_capture`` stores in ``layers_to_capture``
-# (SGLang 0.5.23; the supported range is in eagle_io.serving.sglang_compat)
-# --------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -241,7 +115,7 @@ def default_capture_ids(num_layers: int, architecture: str | None = None) -> lis
     """SGLang's default EAGLE-3 aux layers ``[2, N//2, N-3]``, what every model's ``set_eagle3_layers_to_capture``
     stores when the draft config names no ids (``srt/models/llama.py``: ``layer_ids=None`` branch; the Qwen3,
     DeepSeek-V2/V3 and other setters use the same list; MiniMax-M3-VL's adds +1, see :data:`SETTER_RULES`).
-    Not validated (see :func:`eagle_io.capturing.layers.default_aux_layer_ids`)."""
+    Not validated (see :func:`eagle_io.store.eagle3.default_aux_layer_ids`)."""
     shift = setter_for(architecture).default_shift if architecture else 0
     return [i + shift for i in (2, num_layers // 2, num_layers - 3)]
 
@@ -322,3 +196,15 @@ def explicit_ids_for(architecture: str, num_layers: int | None, wanted: Sequence
         if min(cand) >= 0 and served_aux_layer_ids(architecture, num_layers, cand) == wanted:
             return cand
     return None
+
+
+def from_specforge(
+    ids: Sequence[int], architecture: str = "LlamaForCausalLM", num_layers: int | None = None
+) -> list[int]:
+    """Convert SpecForge ids to eagle-io ids: what SGLang's setter for ``architecture`` captures when given them.
+
+    SpecForge (``scripts/prepare_hidden_states.py``) calls ``set_eagle3_layers_to_capture([1, N//2-1, N-4])``,
+    which SGLang's Llama setter shifts by +1 to ``[2, N//2, N-3]``: the same physical layers as the default. The
+    per-architecture rules are :func:`served_aux_layer_ids`. Not validated here.
+    """
+    return served_aux_layer_ids(architecture, num_layers, ids)

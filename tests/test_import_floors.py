@@ -1,0 +1,112 @@
+"""The package's floors (docs/ARCHITECTURE.md): a module imports its own room and rooms on lower floors, never a room
+on its own floor or above, so the data path reads bottom-up and a room can be understood from what lies beneath it.
+
+Every import is counted, those inside functions too (``ast``, on the installed package: nothing is imported). The
+same idea as polars' ``py-polars/tests/unit/test_polars_import.py``, which pins what ``import polars`` may load.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import eagle_io
+
+PACKAGE = Path(eagle_io.__file__).parent
+
+#: Room (top-level module or subpackage of ``eagle_io``) -> floor. ``sglang`` (what SGLang does) sits beneath both
+#: the SGLang capture (``capturing``) and the serving guard (``serving``), which may not import each other.
+FLOORS: dict[str, float] = {
+    "_native": 0,
+    "errors": 1,
+    "defaults": 1,
+    "data": 2,
+    "store": 3,
+    "sglang": 3.5,
+    "capturing": 4,
+    "feed": 4,
+    "report": 4,
+    "interop": 5,
+    "serving": 6,
+    "draft": 6,
+    "cli": 7,
+    "__init__": 8,  # the package's face: re-exports, imported by nothing inside the package
+}
+
+
+def room_of(module: str) -> str:
+    """``eagle_io.store.reader`` -> ``store``; ``eagle_io`` -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` of every ``eagle_io`` module ``path`` imports (relative imports resolved; ``from X import
+    name`` counted as the submodule ``X.name`` when that is a module of the package, else as ``X``)."""
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "eagle_io"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "eagle_io":
+                continue
+            for a in node.names:
+                sub = f"{target}.{a.name}"
+                as_path = PACKAGE.parent.joinpath(*sub.split("."))
+                is_module = as_path.with_suffix(".py").exists() or (as_path / "__init__.py").exists()
+                is_native = sub == "eagle_io._native"
+                out.append((node.lineno, sub if is_module or is_native else target))
+    return out
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_room_has_a_floor():
+    rooms = {room_of(module_name(p)) for p in SOURCES}
+    assert rooms - set(FLOORS) == set(), "a new room: give it a floor in FLOORS (and docs/ARCHITECTURE.md)"
+    assert {"_native"} | rooms >= set(FLOORS), "a room in FLOORS that no longer exists"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_imports_its_own_floor_or_above(path):
+    here = room_of(module_name(path))
+    bad = []
+    for line, target in imports_of(path):
+        there = room_of(target)
+        if there != here and FLOORS[there] >= FLOORS[here]:
+            bad.append(f"line {line}: {target} (room {there}, floor {FLOORS[there]})")
+    assert not bad, f"{path.relative_to(PACKAGE)} (room {here}, floor {FLOORS[here]}) imports upward: {bad}"
+
+
+def test_the_rule_catches_an_upward_import(tmp_path, monkeypatch):
+    """The check itself: an import from serving inside the SGLang room, and one of the package face, are found."""
+    fake = tmp_path / "eagle_io"
+    (fake / "sglang").mkdir(parents=True)
+    (fake / "serving").mkdir()
+    for p in ("__init__.py", "sglang/__init__.py", "serving/__init__.py", "serving/plugin.py"):
+        (fake / p).write_text("")
+    probe = fake / "sglang" / "probe.py"
+    probe.write_text("from ..serving import plugin\n\ndef f():\n    from .. import __version__\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", fake)
+    found = imports_of(probe)
+    assert found == [(1, "eagle_io.serving.plugin"), (4, "eagle_io")]
+    assert [room_of(t) for _, t in found] == ["serving", "__init__"]
