@@ -39,6 +39,7 @@ from eagle_io.serving import plugin
 from eagle_io.sglang import compat, probe
 from eagle_io.sglang import hooks as targets
 from eagle_io.sglang.checkpoint import read_draft
+from eagle_io.sglang.draft_build import EAGLE3_DRAFT_CLASSES
 
 try:
     import sglang.srt.plugins.hook_registry  # noqa: F401
@@ -65,6 +66,7 @@ def facts(**kw) -> probe.StartupFacts:
         draft_present=True,
         draft_architecture="LlamaForCausalLMEagle3",
         draft_config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 4]}, "draft_vocab_size": 500},
+        draft_class="LlamaForCausalLMEagle3",
         fc_in_width=192,
         draft_embed_width=64,
     )
@@ -163,14 +165,17 @@ class _DraftStandIn(torch.nn.Module):
     """TEST-ONLY STAND-IN for the loaded EAGLE-3 draft: ``model.fc`` / ``model.embed_tokens`` on the meta device,
     sized from the draft checkpoint's safetensors header (what SGLang loads into them)."""
 
-    def __init__(self, fc_in: int, hidden: int, vocab: int) -> None:
+    def __init__(self, fc_in: int | None, hidden: int, vocab: int) -> None:
         super().__init__()
         self.model = torch.nn.Module()
-        self.model.fc = torch.nn.Linear(fc_in, hidden, bias=False, device="meta")
+        if fc_in is not None:  # a plain LlamaForCausalLM has none
+            self.model.fc = torch.nn.Linear(fc_in, hidden, bias=False, device="meta")
         self.model.embed_tokens = torch.nn.Embedding(vocab, hidden, device="meta")
 
 
-def real_scheduler(target: Path, draft: Path, algorithm: str, *, wrapper_delegates: bool = True):
+def real_scheduler(
+    target: Path, draft: Path, algorithm: str, *, wrapper_delegates: bool = True, workers: tuple | None = None
+):
     """A scheduler-shaped object whose config objects are SGLang's real ones, resolved as SGLang resolves them
     (see the module docstring for what is a stand-in)."""
     from sglang.srt.arg_groups.overrides import resolved_view
@@ -229,15 +234,32 @@ def real_scheduler(target: Path, draft: Path, algorithm: str, *, wrapper_delegat
         is_dspark=spec_aux.is_dspark,
     )
     info = read_draft(draft)
-    draft_model = _DraftStandIn(info.fc_in_width, 8, 16)
+    # SGLang builds architectures[0] as named; only its EAGLE-3 classes have the fc that loads fc.weight.
+    fc_in = info.fc_in_width if info.architecture in EAGLE3_DRAFT_CLASSES else None
+    draft_model = _named(info.architecture, _DraftStandIn)(fc_in, 8, 16)
     runner = SimpleNamespace(model=model, model_config=model_config, spec_aux_config=spec_aux)
     draft_runner = SimpleNamespace(model=draft_model, model_config=spec_aux.draft_model_config)
     calls: list[str] = []
     tp_worker = SimpleNamespace(model_runner=runner, init_cuda_graphs=lambda: calls.append("target graphs"))
-    draft_worker = SimpleNamespace(
-        _draft_worker=SimpleNamespace(draft_runner=draft_runner), init_cuda_graphs=lambda: calls.append("draft")
-    )
+    draft_worker = worker_stand_in(workers, draft_runner, lambda: calls.append("draft"))
     return SimpleNamespace(spec_algorithm=spec_algorithm, tp_worker=tp_worker, draft_worker=draft_worker), calls
+
+
+def worker_stand_in(classes: tuple[type, type] | None, draft_runner, init_cuda_graphs):
+    """TEST-ONLY STAND-IN for ``scheduler.draft_worker``: instances of SGLang's real worker classes (default
+    ``EAGLEWorkerV2`` holding an ``EagleDraftWorker``), made without running their ``__init__`` (which needs a GPU
+    model), holding the attributes the plugin reads."""
+    if classes is None:
+        from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker, EAGLEWorkerV2
+
+        classes = (EAGLEWorkerV2, EagleDraftWorker)
+    outer_cls, inner_cls = classes
+    inner = inner_cls.__new__(inner_cls)
+    inner.draft_runner = draft_runner
+    outer = outer_cls.__new__(outer_cls)
+    outer._draft_worker = inner
+    outer.init_cuda_graphs = init_cuda_graphs
+    return outer
 
 
 @pytest.fixture
@@ -249,9 +271,13 @@ def hooks():
     import sglang.srt.managers.scheduler  # noqa: F401  (the scheduler process has it imported)
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    HookRegistry.reset()
-    plugin._REGISTERED.clear()
-    plugin._RUNTIME = plugin._Runtime()
+    def clean():
+        HookRegistry.reset()
+        targets.forget()
+        plugin._REGISTERED.clear()
+        plugin._RUNTIME = plugin._Runtime()
+
+    clean()
     plugin.register()
     HookRegistry.apply_hooks()
     yield HookRegistry
@@ -262,9 +288,7 @@ def hooks():
         while getattr(fn, "__code__", None) is not None and fn.__code__.co_filename.endswith("hook_registry.py"):
             fn = fn.__wrapped__  # only HookRegistry's wrappers (torch.no_grad's stays)
         setattr(obj, attr, fn)
-    HookRegistry.reset()
-    plugin._REGISTERED.clear()
-    plugin._RUNTIME = plugin._Runtime()
+    clean()
 
 
 @needs_sglang
@@ -299,6 +323,7 @@ def test_guard_passes_eagle3_and_installs_runtime_checks(tmp_path, hooks, monkey
     assert calls == ["target graphs", "draft"]
     assert set(plugin._REGISTERED) == {
         targets.STARTUP_HOOK,
+        targets.SCHEDULER_INIT_HOOK,
         targets.TP_FORWARD_HOOK,
         targets.DRAFT_EXTEND_PREFILL_HOOK,
         targets.DRAFT_EXTEND_DECODE_HOOK,
@@ -409,7 +434,8 @@ def test_non_speculative_launch_is_left_alone(hooks):
         draft_worker=None,
     )
     Scheduler.init_all_cuda_graphs(sched)
-    assert calls == ["target graphs"] and {targets.STARTUP_HOOK, targets.TP_FORWARD_HOOK} == plugin._REGISTERED
+    assert calls == ["target graphs"]
+    assert {targets.STARTUP_HOOK, targets.SCHEDULER_INIT_HOOK, targets.TP_FORWARD_HOOK} == plugin._REGISTERED
 
 
 _LOAD_SCRIPT = textwrap.dedent(
@@ -418,7 +444,8 @@ _LOAD_SCRIPT = textwrap.dedent(
     import sglang.srt.managers.scheduler as sched_mod  # as in run_scheduler_process
     import sglang.srt.plugins as plugins_mod
     from sglang.srt.plugins.hook_registry import HookRegistry
-    keep = {"original": sched_mod.Scheduler.init_all_cuda_graphs}  # in a dict: HookRegistry rebinds module globals
+    keep = {"original": sched_mod.Scheduler.init_all_cuda_graphs,  # in a dict: HookRegistry rebinds module globals
+            "init": sched_mod.Scheduler.__init__}
     for env in json.loads(sys.argv[1]):  # one fresh load_plugins() per scenario
         os.environ.update(env)
         plugins_mod._plugins_loaded = False
@@ -433,9 +460,12 @@ _LOAD_SCRIPT = textwrap.dedent(
         for k in env:
             del os.environ[k]
         sched_mod.Scheduler.init_all_cuda_graphs = keep["original"]
+        sched_mod.Scheduler.__init__ = keep["init"]
         HookRegistry.reset()
         import eagle_io.serving.plugin as p
+        import eagle_io.sglang.hooks as h
         p._REGISTERED.clear()
+        h.forget()
     """
 )
 
@@ -473,8 +503,10 @@ def test_entry_point_loads_through_load_plugins(tmp_path):
             ["before", "eagle_io.capturing.sglang.scheduler", "eagle_io"],
         ],
         targets.TP_FORWARD_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
+        targets.SCHEDULER_INIT_HOOK: [["before", "eagle_io.serving.plugin", "eagle_io"]],  # the hooks' check
     }
-    assert {targets.STARTUP_HOOK, targets.TP_FORWARD_HOOK} <= set(default["patched"]) and default["wrapped"]
+    assert {targets.STARTUP_HOOK, targets.TP_FORWARD_HOOK, targets.SCHEDULER_INIT_HOOK} <= set(default["patched"])
+    assert default["wrapped"]
     assert off["hooks"] == {} and not off["wrapped"]
     assert other["hooks"] == {} and not other["wrapped"]
     assert mine["hooks"] == default["hooks"] and mine["wrapped"]
@@ -941,3 +973,141 @@ def test_wiring_probe_on_sglangs_qwen3_vl_setter_and_qwen35_backbone(tmp_path, h
     sched.tp_worker.model_runner.model = good
     Scheduler.init_all_cuda_graphs(sched)
     assert calls == ["target graphs", "draft"]
+
+
+# ------------------------------------------------------------------------------------- hooks that fail loudly
+
+
+@needs_sglang
+def test_every_known_hook_target_resolves_on_the_installed_sglang():
+    """A new SGLang pin that moves or renames one of them fails here (SGLang itself would only log it)."""
+    assert [t for t in targets.KNOWN_TARGETS if targets.unresolved(t) is not None] == []
+    assert targets.unresolved("sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs_v2").startswith(
+        "AttributeError"
+    )
+    assert "no_such_module" in targets.unresolved("sglang.srt.speculative.no_such_module.Worker.run")
+
+
+@needs_sglang
+def test_a_startup_target_that_does_not_resolve_stops_the_launch_at_scheduler_init(hooks, monkeypatch):
+    """``load_plugins`` only logs what ``register()`` raises: the failure is raised from the ``Scheduler.__init__``
+    hook instead, naming the target, the SGLang version and the switch."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    original_init = Scheduler.__init__
+    hooks.reset()
+    targets.forget()
+    plugin._REGISTERED.clear()
+    moved = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs_renamed"
+    monkeypatch.setattr(targets, "STARTUP_HOOK", moved)
+    plugin.register()
+    HookRegistry.apply_hooks()
+    assert {targets.SCHEDULER_INIT_HOOK} == plugin._REGISTERED  # nothing else placed
+    with pytest.raises(eagle_io.errors.SGLangCompatError) as e:
+        Scheduler.__init__(object.__new__(Scheduler))
+    msg = str(e.value)
+    assert f"cannot hook {moved}" in msg and f"SGLang {compat.sglang_version()}" in msg
+    assert "set EAGLE_IO_SGLANG_PLUGIN=0" in msg
+    monkeypatch.setattr(Scheduler, "__init__", original_init)  # the fixture unwraps the rest
+
+
+@needs_sglang
+def test_a_hook_sglang_did_not_apply_is_found(hooks, monkeypatch):
+    """A target that resolves but that ``HookRegistry.apply_hooks`` failed to patch (it logs and goes on)."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    hooks._patched.discard(targets.TP_FORWARD_HOOK)  # as if applying it had failed
+    with pytest.raises(eagle_io.errors.SGLangCompatError, match="HookRegistry did not apply it") as e:
+        Scheduler.__init__(object.__new__(Scheduler))
+    assert targets.TP_FORWARD_HOOK in str(e.value) and "EAGLE_IO_SGLANG_CAPTURE=0" in str(e.value)
+
+
+@needs_sglang
+def test_an_sglang_outside_the_supported_range_stops_the_launch_unless_allowed(hooks, monkeypatch):
+    from sglang.srt.managers.scheduler import Scheduler
+
+    original_init = Scheduler.__init__
+    for allow, stopped in ((None, True), ("0.7.0", False)):
+        hooks.reset()
+        targets.forget()
+        plugin._REGISTERED.clear()
+        monkeypatch.setattr(Scheduler, "__init__", original_init)
+        monkeypatch.setattr(compat, "sglang_version", lambda: "0.7.0")
+        if allow:
+            monkeypatch.setenv(plugin.ENV_ALLOW_SGLANG, allow)
+        plugin.register()
+        hooks.apply_hooks()
+        if stopped:
+            with pytest.raises(eagle_io.errors.SGLangCompatError, match=r"SGLang 0\.7\.0 is outside") as e:
+                Scheduler.__init__(object.__new__(Scheduler))
+            assert "set EAGLE_IO_ALLOW_SGLANG_VERSION=0.7.0" in str(e.value)
+        else:
+            assert targets.STARTUP_HOOK in plugin._REGISTERED
+            with pytest.raises(Exception) as e:  # the check passes; SGLang's own __init__ then fails on no args
+                Scheduler.__init__(object.__new__(Scheduler))
+            assert not isinstance(e.value, eagle_io.errors.SGLangCompatError)
+    monkeypatch.setattr(Scheduler, "__init__", original_init)
+
+
+@needs_sglang
+def test_a_draft_worker_without_the_hooked_method_stops_the_launch(tmp_path, hooks):
+    """A draft worker class that does not define ``_draft_extend_for_prefill`` (SGLang renamed it): the guard's
+    runtime checks cannot be placed, and the launch stops naming the method and the switch."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    class RenamedDraftWorker:  # a future SGLang's draft worker
+        def _draft_extend_prefill_v2(self, *a): ...
+
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    sched, calls = real_scheduler(t, d, "EAGLE3", workers=(EAGLEWorkerV2, RenamedDraftWorker))
+    with pytest.raises(eagle_io.errors.SGLangCompatError) as e:
+        Scheduler.init_all_cuda_graphs(sched)
+    msg = str(e.value)
+    assert "RenamedDraftWorker._draft_extend_for_prefill" in msg and "set EAGLE_IO_DRAFT_WIDTH_CHECK=0" in msg
+    assert calls == []
+
+
+@needs_sglang
+def test_multi_layer_eagle_gets_the_width_check_and_the_watchdog(tmp_path, hooks, monkeypatch, caplog):
+    """``--enable-multi-layer-eagle``: ``MultiLayerEagleDraftWorker`` has its own draft extends, and
+    ``MultiLayerEagleWorkerV2`` inherits ``BaseSpecWorker.on_verify_complete_cpu``: the hooks go there."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.speculative.multi_layer_eagle_worker_v2 import (
+        MultiLayerEagleDraftWorker,
+        MultiLayerEagleWorkerV2,
+    )
+
+    monkeypatch.setenv(plugin.ENV_ACCEPT_WINDOW, "4")
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    sched, calls = real_scheduler(t, d, "EAGLE3", workers=(MultiLayerEagleWorkerV2, MultiLayerEagleDraftWorker))
+    Scheduler.init_all_cuda_graphs(sched)
+    assert calls == ["target graphs", "draft"]  # the guard let it start
+    ml = "sglang.srt.speculative.multi_layer_eagle_worker_v2.MultiLayerEagleDraftWorker"
+    base = "sglang.srt.speculative.base_spec_worker.BaseSpecWorker.on_verify_complete_cpu"
+    assert {f"{ml}._draft_extend_for_prefill", f"{ml}._draft_extend_for_decode", base} <= plugin._REGISTERED
+    assert {f"{ml}._draft_extend_for_prefill", base} <= set(targets.KNOWN_TARGETS)
+    with pytest.raises(plugin.DraftWidthError, match="receives 64-wide states but its fc expects 192"):
+        MultiLayerEagleDraftWorker._draft_extend_for_prefill(None, None, torch.empty(3, 64, device="meta"), None)
+    with caplog.at_level(logging.WARNING, logger="eagle_io.serving"):
+        MultiLayerEagleWorkerV2.on_verify_complete_cpu(sched.draft_worker, [0, 0, 0, 0], batch_size=4)
+    assert "mean accept length 1.00 over the last 4 request steps" in caplog.text
+
+
+@needs_sglang
+def test_guard_refuses_an_eagle3_draft_that_sglang_builds_without_fc(tmp_path, hooks):
+    """An EAGLE-3 draft (eagle_config ids, draft_vocab_size) declaring a plain LlamaForCausalLM, launched as EAGLE3:
+    SGLang builds a plain Llama, drops fc.weight, and would serve it; the guard refuses it with check-serving's
+    draft-architecture rule."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, arch="LlamaForCausalLM", eagle_ids=[1, 3, 4])
+    sched, calls = real_scheduler(t, d, "EAGLE3")
+    f = probe.startup_facts(sched)
+    assert f.draft_class == "LlamaForCausalLM" and f.fc_in_width is None and plugin.draft_is_eagle3(f)
+    with pytest.raises(plugin.ServingGuardError, match="builds the draft as 'LlamaForCausalLM'") as e:
+        Scheduler.init_all_cuda_graphs(sched)
+    assert 'set "architectures": ["LlamaForCausalLMEagle3"]' in str(e.value) and calls == []
+    # The same rule, from the same place, for a live EAGLE-3 class that lost its fc.
+    assert "without an fc" in plugin.startup_decision(facts(fc_in_width=None))

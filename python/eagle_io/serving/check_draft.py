@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import CheckpointError
 from ..sglang.checkpoint import CheckpointInfo, DraftInfo, read_tensor_values
 from ..sglang.compat import context_length
-from ..sglang.draft_build import EAGLE3_DRAFT_CLASSES, DraftBuild, tensor_problems
+from ..sglang.draft_build import EAGLE3_CLASS_FIX, DraftBuild, eagle3_class_problem, tensor_problems
 from .findings import ERROR, WARNING, Findings
 
 __all__ = ["check_draft_build", "check_positions", "check_tensors", "check_vocab"]
@@ -17,16 +17,9 @@ __all__ = ["check_draft_build", "check_positions", "check_tensors", "check_vocab
 
 def check_draft_build(out: Findings, draft: DraftInfo, build: DraftBuild, h_t: int | None) -> None:
     """The draft class and the config switches SGLang reads to build it (EAGLE3 launches only)."""
-    if build.family is None:
-        out.add(
-            ERROR,
-            "draft-architecture",
-            f"the draft declares architectures[0] = {build.architecture!r}: SGLang builds that class, not an EAGLE-3 "
-            f"draft ({', '.join(EAGLE3_DRAFT_CLASSES)}), so fc.weight is dropped and the target's aux states are "
-            "never used",
-            'set "architectures": ["LlamaForCausalLMEagle3"] in the draft\'s config.json (the class SpecForge and '
-            "eagle-io export)",
-        )
+    problem = eagle3_class_problem(build.architecture)
+    if problem is not None:
+        out.add(ERROR, "draft-architecture", problem, EAGLE3_CLASS_FIX)
     if not build.use_aux_hidden_state:
         out.add(
             ERROR,

@@ -17,28 +17,35 @@ detokenizer), through the entry point::
   ``layers_to_capture``, and ``len(captured) * target_hidden == fc input width``; otherwise startup aborts with
   :class:`ServingGuardError` saying how to launch. It then installs the runtime hooks below, in that scheduler
   process only, and only for speculative EAGLE-family launches.
-* **Draft-extend width check** (BEFORE ``EagleDraftWorker._draft_extend_for_prefill`` / ``_draft_extend_for_decode``:
-  exactly the two places that build an ``EagleDraftExtendInput``; draft decode steps legitimately carry H-wide
-  states and are not checked). Reads ``Tensor.shape`` only: no device sync.
-* **Acceptance watchdog** (AFTER ``EAGLEWorkerV2.on_verify_complete_cpu``, whose counts are already on the CPU):
-  a loud warning when the mean accept length stays exactly 1.0 over a window of request steps.
+* **Draft-extend width check** (BEFORE ``_draft_extend_for_prefill`` / ``_draft_extend_for_decode`` of the live
+  draft worker's class, ``EagleDraftWorker`` or ``MultiLayerEagleDraftWorker``: exactly the two places that build an
+  ``EagleDraftExtendInput``; draft decode steps legitimately carry H-wide states and are not checked). Reads
+  ``Tensor.shape`` only: no device sync.
+* **Acceptance watchdog** (AFTER ``on_verify_complete_cpu`` where the live worker's class defines it, whose counts
+  are already on the CPU): a loud warning when the mean accept length stays exactly 1.0 over a window of request
+  steps.
+
+Every target is resolved before it is registered and checked in place after SGLang applied it
+(:mod:`eagle_io.sglang.hooks`); a target that cannot be placed, or an SGLang outside the supported range, stops
+the launch with :class:`~eagle_io.errors.SGLangCompatError` naming the switch that runs without it.
 
 Environment switches (read when the plugin loads and at startup):
 
-==============================  ===========  ===============================================================
-``EAGLE_IO_SGLANG_PLUGIN``      ``1``        ``0``: the plugin registers nothing at all.
-``EAGLE_IO_STARTUP_GUARD``      ``1``        ``0``: no startup check (runtime hooks are still installed).
-``EAGLE_IO_DRAFT_WIDTH_CHECK``  ``raise``    ``warn``: log instead of raising; ``0``: not installed.
-``EAGLE_IO_ACCEPT_WATCHDOG``    ``1``        ``0``: not installed.
-``EAGLE_IO_ACCEPT_WINDOW``      ``256``      request steps per watchdog window.
-``EAGLE_IO_SGLANG_CAPTURE``     ``1``        ``0``: no capture hook / RPC method (``capturing.sglang.scheduler``).
-``EAGLE_IO_CAPTURE_DIR``        unset        a directory, or an ``s3://`` prefix (staged locally, each shard
-                                             uploaded as it commits: docs/STORAGE.md): each scheduler starts
-                                             capturing into it at startup.
-``EAGLE_IO_CAPTURE_OPTIONS``    ``{}``       JSON options of that capture (``client.capture_options``).
-``EAGLE_IO_GUARD_REPORT``       unset        a file path: each scheduler process appends one JSON line with
-                                             the startup guard's facts and verdict (for health checks).
-==============================  ===========  ===============================================================
+=================================  ===========  ===============================================================
+``EAGLE_IO_SGLANG_PLUGIN``         ``1``        ``0``: the plugin registers nothing at all.
+``EAGLE_IO_STARTUP_GUARD``         ``1``        ``0``: no startup check (runtime hooks are still installed).
+``EAGLE_IO_DRAFT_WIDTH_CHECK``     ``raise``    ``warn``: log instead of raising; ``0``: not installed.
+``EAGLE_IO_ACCEPT_WATCHDOG``       ``1``        ``0``: not installed.
+``EAGLE_IO_ACCEPT_WINDOW``         ``256``      request steps per watchdog window.
+``EAGLE_IO_SGLANG_CAPTURE``        ``1``        ``0``: no capture hook / RPC method (``capturing.sglang.scheduler``).
+``EAGLE_IO_CAPTURE_DIR``           unset        a directory, or an ``s3://`` prefix (staged locally, each shard
+                                                uploaded as it commits: docs/STORAGE.md): each scheduler starts
+                                                capturing into it at startup.
+``EAGLE_IO_CAPTURE_OPTIONS``       ``{}``       JSON options of that capture (``client.capture_options``).
+``EAGLE_IO_ALLOW_SGLANG_VERSION``  unset        an SGLang version outside the supported range, run on knowingly.
+``EAGLE_IO_GUARD_REPORT``          unset        a file path: each scheduler process appends one JSON line with
+                                                the startup guard's facts and verdict (for health checks).
+=================================  ===========  ===============================================================
 
 SGLang versions: :data:`eagle_io.sglang.compat.SUPPORTED_SGLANG`; every SGLang name used is in :mod:`eagle_io.sglang`.
 """
@@ -54,13 +61,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DraftWidthError, ServingGuardError
+from ..errors import DraftWidthError, ServingGuardError, SGLangCompatError
 from ..sglang import compat, hooks, probe
+from ..sglang.draft_build import EAGLE3_CLASS_FIX, eagle3_class_problem
 from ..sglang.setters import capturable_range, captured_ids, setter_rule
 
 __all__ = [
     "ENV_ACCEPT_WATCHDOG",
     "ENV_ACCEPT_WINDOW",
+    "ENV_ALLOW_SGLANG",
     "ENV_CAPTURE",
     "ENV_DRAFT_WIDTH_CHECK",
     "ENV_GUARD_REPORT",
@@ -83,6 +92,7 @@ ENV_ACCEPT_WATCHDOG = "EAGLE_IO_ACCEPT_WATCHDOG"
 ENV_ACCEPT_WINDOW = "EAGLE_IO_ACCEPT_WINDOW"
 ENV_GUARD_REPORT = "EAGLE_IO_GUARD_REPORT"
 ENV_CAPTURE = "EAGLE_IO_SGLANG_CAPTURE"
+ENV_ALLOW_SGLANG = "EAGLE_IO_ALLOW_SGLANG_VERSION"
 
 _OFF = {"0", "false", "no", "off"}
 
@@ -133,6 +143,10 @@ def startup_decision(facts: probe.StartupFacts) -> str | None:
             "Relaunch with --speculative-algorithm EAGLE3"
         )
     else:
+        if facts.draft_class is not None:
+            built = eagle3_class_problem(facts.draft_class, has_fc=facts.fc_in_width is not None)
+            if built is not None:
+                problems.append(f"{built}. Fix: {EAGLE3_CLASS_FIX}")
         if facts.spec_aux_enabled is False:
             problems.append(
                 "EAGLE3 is selected but aux-state capture is switched off for the target "
@@ -253,20 +267,19 @@ _RUNTIME = _Runtime()
 _REGISTERED: set[str] = set()
 
 
-def _check_width(hook: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _check_width(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     expected = _RUNTIME.fc_in_width
     if expected is None:
         return
-    width = probe.draft_extend_width(hook, args, kwargs)
+    width = probe.draft_extend_width(method, args, kwargs)
     if width is None:
         return
     _RUNTIME.width_checks += 1
     if width == expected:
         return
     _RUNTIME.width_errors += 1
-    where = hook.rsplit(".", 1)[-1]
     msg = (
-        f"eagle-io draft-extend check ({where}): the draft receives {width}-wide states but its fc expects "
+        f"eagle-io draft-extend check ({method}): the draft receives {width}-wide states but its fc expects "
         f"{expected}: the target is not capturing the aux states this EAGLE-3 draft was trained on "
         f"(relaunch with --speculative-algorithm EAGLE3 and the draft's layer ids; {ENV_DRAFT_WIDTH_CHECK}=warn "
         "only logs)"
@@ -279,11 +292,11 @@ def _check_width(hook: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> No
 
 
 def _prefill_width_hook(*args: Any, **kwargs: Any) -> None:
-    _check_width(hooks.DRAFT_EXTEND_PREFILL_HOOK, args, kwargs)
+    _check_width(hooks.PREFILL_METHOD, args, kwargs)
 
 
 def _decode_width_hook(*args: Any, **kwargs: Any) -> None:
-    _check_width(hooks.DRAFT_EXTEND_DECODE_HOOK, args, kwargs)
+    _check_width(hooks.DECODE_METHOD, args, kwargs)
 
 
 def _accept_hook(result: Any, *args: Any, **kwargs: Any) -> None:
@@ -294,27 +307,41 @@ def _accept_hook(result: Any, *args: Any, **kwargs: Any) -> None:
     return None
 
 
-def _register(target: str, fn: Callable[..., Any], hook_type_name: str) -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+def _place(worker: Any, method: str, fn: Callable[..., Any], hook_type: str, switch: str) -> str:
+    """Registers ``fn`` on ``method`` where the live ``worker``'s class defines it (:func:`hooks.defining_target`);
+    returns the target. Raises :class:`SGLangCompatError` (naming ``switch``) when no class of it does."""
+    target = hooks.defining_target(worker, method)
+    if target is None:
+        where = f"{type(worker).__module__}.{type(worker).__qualname__}.{method}"
+        raise hooks.hook_error(where, f"no class of the live {type(worker).__name__} defines {method}", switch)
+    if target not in _REGISTERED:
+        hooks.register(target, fn, hook_type, switch=switch)
+        _REGISTERED.add(target)
+    return target
 
-    if target in _REGISTERED:
-        return
-    HookRegistry.register(target, fn, HookType[hook_type_name])
-    _REGISTERED.add(target)
 
+def install_runtime_hooks(scheduler: Any, facts: probe.StartupFacts, *, eagle3_draft: bool) -> list[str]:
+    """Registers the runtime hooks through ``HookRegistry`` on the methods the scheduler's live draft workers run
+    (``EagleDraftWorker`` for EAGLE / EAGLE3, ``MultiLayerEagleDraftWorker`` under ``--enable-multi-layer-eagle``;
+    the accept hook where the outer worker's class defines ``on_verify_complete_cpu``), applies them
+    (``HookRegistry.apply_hooks`` skips targets already patched) and checks each is in place. Returns the targets
+    newly registered here.
 
-def install_runtime_hooks(facts: probe.StartupFacts, *, eagle3_draft: bool) -> list[str]:
-    """Registers the runtime hooks through ``HookRegistry`` and applies them (``HookRegistry.apply_hooks`` is
-    idempotent: targets already patched are skipped). Returns the targets newly registered here."""
+    Raises:
+        SGLangCompatError: a target is not defined on the live worker or not in place after applying (naming the
+            switch that runs without it: the startup guard lets it stop the launch).
+    """
     from sglang.srt.plugins.hook_registry import HookRegistry
 
+    outer, inner = probe.draft_workers(scheduler)
     before = set(_REGISTERED)
     mode = os.environ.get(ENV_DRAFT_WIDTH_CHECK, "raise").strip().lower()
     if eagle3_draft and mode not in _OFF and facts.fc_in_width is not None:
         _RUNTIME.fc_in_width = facts.fc_in_width
         _RUNTIME.width_mode = "warn" if mode == "warn" else "raise"
-        _register(hooks.DRAFT_EXTEND_PREFILL_HOOK, _prefill_width_hook, "BEFORE")
-        _register(hooks.DRAFT_EXTEND_DECODE_HOOK, _decode_width_hook, "BEFORE")
+        switch = f"{ENV_DRAFT_WIDTH_CHECK}=0"
+        _place(inner, hooks.PREFILL_METHOD, _prefill_width_hook, "BEFORE", switch)
+        _place(inner, hooks.DECODE_METHOD, _decode_width_hook, "BEFORE", switch)
     if _enabled(ENV_ACCEPT_WATCHDOG):
         window = int(os.environ.get(ENV_ACCEPT_WINDOW, "256"))
         _RUNTIME.watchdog = AcceptanceWatchdog(
@@ -324,9 +351,11 @@ def install_runtime_hooks(facts: probe.StartupFacts, *, eagle3_draft: bool) -> l
                 f"{facts.fc_in_width}, target capture {list(facts.layers_to_capture)} x {facts.target_hidden_size})"
             ),
         )
-        _register(hooks.ACCEPT_HOOK, _accept_hook, "AFTER")
+        _place(outer, hooks.ACCEPT_METHOD, _accept_hook, "AFTER", f"{ENV_ACCEPT_WATCHDOG}=0")
     HookRegistry.apply_hooks()
-    return sorted(_REGISTERED - before)
+    added = sorted(_REGISTERED - before)
+    hooks.verify(added)
+    return added
 
 
 def _report(entry: dict[str, Any]) -> None:
@@ -379,31 +408,64 @@ def _startup_guard(scheduler: Any, *args: Any, **kwargs: Any) -> None:
                 facts.fc_in_width,
             )
     if facts.draft_present:
-        install_runtime_hooks(facts, eagle3_draft=bool(signals))
+        install_runtime_hooks(scheduler, facts, eagle3_draft=bool(signals))
     _report({**entry, "verdict": None})
     return None
 
 
+def _stop_at_scheduler_init(problem: SGLangCompatError | None) -> Callable[..., None]:
+    """The BEFORE hook on ``Scheduler.__init__``: raises what went wrong at plugin load (SGLang's
+    ``load_plugins`` only logs a plugin's error), else checks that the hooks registered then are in place."""
+    at_load = sorted(_REGISTERED)
+
+    def check(*args: Any, **kwargs: Any) -> None:
+        if problem is not None:
+            raise problem
+        hooks.verify(at_load)
+
+    return check
+
+
+def _version_problem() -> SGLangCompatError | None:
+    v = compat.sglang_version()
+    if compat.version_supported(v) or (v is not None and os.environ.get(ENV_ALLOW_SGLANG) == v):
+        return None
+    return SGLangCompatError(
+        f"SGLang {v} is outside the range eagle-io supports ({compat.SUPPORTED_SGLANG}, tested "
+        f"{compat.TESTED_SGLANG}): the guard's hooks and probes may not hold there, so the launch is stopped. To run "
+        f"on it knowingly (every hook is still resolved and checked), set {ENV_ALLOW_SGLANG}={v}"
+    )
+
+
 def register() -> None:
-    """The ``sglang.srt.plugins`` entry point: registers the startup guard in SGLang processes that host a
-    ``Scheduler`` (the module is already imported there; other processes are left alone, so the detokenizer does
-    not import the scheduler stack for nothing). Does nothing when ``EAGLE_IO_SGLANG_PLUGIN=0``."""
+    """The ``sglang.srt.plugins`` entry point: registers the startup guard (and the SGLang capture's hooks) in SGLang
+    processes that host a ``Scheduler`` (the module is already imported there; other processes are left alone, so
+    the detokenizer does not import the scheduler stack for nothing). Does nothing when ``EAGLE_IO_SGLANG_PLUGIN=0``.
+
+    Every target is resolved before it is registered (:func:`eagle_io.sglang.hooks.register`). SGLang's
+    ``load_plugins`` only logs what this function raises, so a target that does not resolve, or an SGLang outside
+    :data:`eagle_io.sglang.compat.SUPPORTED_SGLANG` without ``EAGLE_IO_ALLOW_SGLANG_VERSION``, is raised from a
+    BEFORE hook on ``Scheduler.__init__``, which stops the launch; that hook also checks that the hooks registered
+    here are in place once SGLang applied them."""
     if not _enabled(ENV_PLUGIN):
         logger.info("eagle-io SGLang plugin disabled (%s=0)", ENV_PLUGIN)
         return
-    v = compat.sglang_version()
-    if not compat.version_supported(v):
-        logger.warning(
-            "eagle-io SGLang plugin: SGLang %s is outside the supported range %s (tested %s); its lookups fail "
-            "loudly if an attribute moved",
-            v,
-            compat.SUPPORTED_SGLANG,
-            compat.TESTED_SGLANG,
-        )
-    if hooks.STARTUP_HOOK.rsplit(".", 2)[0] in sys.modules:
-        _register(hooks.STARTUP_HOOK, _startup_guard, "BEFORE")
-        if _enabled(ENV_CAPTURE) and hooks.TP_FORWARD_HOOK not in _REGISTERED:
-            from ..capturing.sglang import scheduler as sglang_scheduler
+    if hooks.STARTUP_HOOK.rsplit(".", 2)[0] not in sys.modules:
+        return
+    problem = _version_problem()
+    if problem is None:
+        try:
+            if hooks.STARTUP_HOOK not in _REGISTERED:
+                hooks.register(hooks.STARTUP_HOOK, _startup_guard, "BEFORE", switch=f"{ENV_PLUGIN}=0")
+                _REGISTERED.add(hooks.STARTUP_HOOK)
+            if _enabled(ENV_CAPTURE) and hooks.TP_FORWARD_HOOK not in _REGISTERED:
+                from ..capturing.sglang import scheduler as sglang_scheduler
 
-            sglang_scheduler.install()
-            _REGISTERED.add(hooks.TP_FORWARD_HOOK)
+                _REGISTERED.update(sglang_scheduler.install(switch=f"{ENV_CAPTURE}=0"))
+        except SGLangCompatError as e:
+            problem = e
+    if problem is not None:
+        logger.error("%s", problem)
+    if hooks.SCHEDULER_INIT_HOOK not in _REGISTERED:
+        hooks.register(hooks.SCHEDULER_INIT_HOOK, _stop_at_scheduler_init(problem), "BEFORE", switch=f"{ENV_PLUGIN}=0")
+        _REGISTERED.add(hooks.SCHEDULER_INIT_HOOK)

@@ -21,12 +21,14 @@ from typing import Any
 from .checkpoint import TensorHeader
 
 __all__ = [
+    "EAGLE3_CLASS_FIX",
     "EAGLE3_DRAFT_CLASSES",
     "LEGACY_NAMES",
     "DraftBuild",
     "TensorProblem",
     "canonical_name",
     "draft_build",
+    "eagle3_class_problem",
     "tensor_problems",
 ]
 
@@ -35,6 +37,30 @@ EAGLE3_DRAFT_CLASSES = {
     "Eagle3DeepseekV2ForCausalLM": "srt/models/kimi_k25_eagle3.py",
 }
 """SGLang's EAGLE-3 draft model classes (``EntryClass`` of those files) -> source file."""
+
+EAGLE3_CLASS_FIX = (
+    'set "architectures": ["LlamaForCausalLMEagle3"] in the draft\'s config.json (the class SpecForge and eagle-io '
+    "export)"
+)
+"""The fix of :func:`eagle3_class_problem`."""
+
+
+def eagle3_class_problem(built_class: str, has_fc: bool = True) -> str | None:
+    """Why an EAGLE-3 draft that SGLang builds as ``built_class`` cannot use the target's aux states, or None.
+
+    The one rule of ``eagle-io check-serving``'s ``draft-architecture`` finding (``built_class`` from the config's
+    ``architectures[0]``) and of the serving plugin's startup guard (the class of the live draft model, and
+    whether it has an ``fc``): SGLang builds ``architectures[0]`` as given (``ModelConfig`` rewrites no EAGLE-3
+    draft name), and only :data:`EAGLE3_DRAFT_CLASSES` have the ``fc`` that projects the aux states."""
+    if built_class not in EAGLE3_DRAFT_CLASSES:
+        return (
+            f"SGLang builds the draft as {built_class!r} (its architectures[0]), not as an EAGLE-3 draft class "
+            f"({', '.join(EAGLE3_DRAFT_CLASSES)}), so fc.weight is dropped and the target's aux states are never used"
+        )
+    if not has_fc:
+        return f"SGLang built the draft as {built_class} without an fc: the target's aux states would not be projected"
+    return None
+
 
 LEGACY_NAMES = {"midlayer": "layers.0", "aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1",
                 "aux_norm_high": "fc_norm.2"}  # fmt: skip

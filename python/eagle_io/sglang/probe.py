@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import InternalError, SGLangCompatError
 from .compat import SUPPORTED_SGLANG, sglang_version
-from .hooks import DRAFT_EXTEND_DECODE_HOOK, DRAFT_EXTEND_PREFILL_HOOK
+from .hooks import DECODE_METHOD, PREFILL_METHOD
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class StartupFacts:
     draft_present: bool  # False on non-last PP ranks (EAGLEWorkerV2._draft_worker is None)
     draft_architecture: str | None
     draft_config: dict[str, Any]  # the draft hf_config as a dict
+    draft_class: str | None  # the class SGLang built the draft as: type(draft_runner.model).__name__
     fc_in_width: int | None
     draft_embed_width: int | None
     wiring_problems: tuple[str, ...] = ()  # capture_wiring_problems(model): empty = wired (or not checkable)
@@ -223,22 +224,34 @@ def startup_facts(scheduler: Any) -> StartupFacts:
         draft_present=draft_model is not None,
         draft_architecture=(archs[0] if archs else type(draft_model).__name__) if draft_model is not None else None,
         draft_config=draft_dict,
+        draft_class=type(draft_model).__name__ if draft_model is not None else None,
         fc_in_width=_fc_in_width(draft_model) if draft_model is not None else None,
         draft_embed_width=_embed_width(draft_model) if draft_model is not None else None,
         wiring_problems=capture_wiring_problems(model),
     )
 
 
-def draft_extend_width(hook: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
+def draft_workers(scheduler: Any) -> tuple[Any, Any]:
+    """``(outer, inner)``: the scheduler's speculative worker (``scheduler.draft_worker``: ``EAGLEWorkerV2``,
+    ``MultiLayerEagleWorkerV2``...) and the draft worker inside it that runs the draft extends (its
+    ``_draft_worker``: ``EagleDraftWorker``, ``MultiLayerEagleDraftWorker``; None on non-last PP ranks)."""
+    outer = _attr(scheduler, "draft_worker")
+    return outer, getattr(outer, "_draft_worker", None)
+
+
+def draft_extend_width(method: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
     """Width of the states entering a draft extend, from the hooked call's arguments (host metadata only:
-    ``Tensor.shape`` never synchronises the device). None when absent (idle batches)."""
-    if hook == DRAFT_EXTEND_PREFILL_HOOK:
+    ``Tensor.shape`` never synchronises the device). None when absent (idle batches). ``method`` is
+    :data:`~eagle_io.sglang.hooks.PREFILL_METHOD` (``(self, batch, target_hidden_states, ...)``) or
+    :data:`~eagle_io.sglang.hooks.DECODE_METHOD` (``(self, batch, batch_result, ...)``: the verify forward's
+    ``logits_output.hidden_states``); ``EagleDraftWorker`` and ``MultiLayerEagleDraftWorker`` share both signatures."""
+    if method == PREFILL_METHOD:
         states = kwargs.get("target_hidden_states", args[2] if len(args) > 2 else None)
-    elif hook == DRAFT_EXTEND_DECODE_HOOK:
+    elif method == DECODE_METHOD:
         result = kwargs.get("batch_result", args[2] if len(args) > 2 else None)
         states = getattr(getattr(result, "logits_output", None), "hidden_states", None)
     else:
-        raise InternalError(hook)
+        raise InternalError(method)
     shape = getattr(states, "shape", None)
     return int(shape[-1]) if shape is not None and len(shape) >= 1 else None
 

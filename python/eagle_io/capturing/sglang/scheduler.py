@@ -213,16 +213,18 @@ def _start_from_env(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     return None
 
 
-def install() -> None:
+def install(*, switch: str) -> list[str]:
     """Called by the plugin in scheduler processes: adds ``Scheduler.eagle_io_capture_start`` (a new attribute, so
     not a HookRegistry hook) and registers, through ``HookRegistry``, the forward hook and the start by
-    environment."""
-    import pkgutil
+    environment; returns the targets registered (each resolved first: :func:`eagle_io.sglang.hooks.register`).
 
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    sched_cls = pkgutil.resolve_name(hooks.STARTUP_HOOK.rsplit(".", 1)[0])
+    Raises:
+        SGLangCompatError: a target does not resolve on the installed SGLang (naming ``switch``, the setting that
+            runs without the capture knowingly).
+    """
+    sched_cls = hooks.resolve(hooks.STARTUP_HOOK.rsplit(".", 1)[0])
+    hooks.register(hooks.TP_FORWARD_HOOK, _forward_hook, "AFTER", switch=switch)
+    hooks.register(hooks.STARTUP_HOOK, _start_from_env, "BEFORE", switch=switch)
     if not hasattr(sched_cls, "eagle_io_capture_start"):
         sched_cls.eagle_io_capture_start = _start
-    HookRegistry.register(hooks.TP_FORWARD_HOOK, _forward_hook, HookType.AFTER)
-    HookRegistry.register(hooks.STARTUP_HOOK, _start_from_env, HookType.BEFORE)
+    return [hooks.TP_FORWARD_HOOK, hooks.STARTUP_HOOK]
