@@ -296,6 +296,46 @@ def test_launch_args_from_raw_cli():
     assert la.resolved_algorithm == "EAGLE3" and la.draft_path is None
 
 
+def test_launch_args_are_parsed_by_sglangs_own_parser(tmp_path, monkeypatch):
+    """Abbreviations (``--speculative-algo``, common in SGLang's docs and issues) and ``--config launch.yaml``
+    read as SGLang reads them; the command line beats the config file; what SGLang refuses is refused."""
+    pytest.importorskip("sglang.srt.server_args", reason="SGLang's parser needs SGLang installed")
+    for algo in ("EAGLE3", "EAGLE"):
+        la = launch_args(["--model", "/m", "--speculative-algo", algo, "--speculative-draft-model", "/d"])
+        assert (la.algorithm, la.draft_path, la.parser) == (algo, "/d", "sglang")
+    cfg = tmp_path / "launch.yaml"
+    cfg.write_text("model-path: /from-config\nspeculative-algorithm: NEXTN\nspeculative-draft-model-path: /d\ntp: 8\n")
+    la = launch_args(["--config", str(cfg)])
+    assert (la.model_path, la.draft_path, la.resolved_algorithm) == ("/from-config", "/d", "EAGLE")
+    la = launch_args(["--config", str(cfg), "--speculative-algorithm", "EAGLE3", "--use-ray"])
+    assert (la.model_path, la.resolved_algorithm, la.use_ray) == ("/from-config", "EAGLE3", True)
+    with pytest.raises(eagle_io.InvalidArgumentError, match="unrecognized arguments: --no-such-flag"):
+        launch_args(["--model-path", "/m", "--no-such-flag", "1"])
+    with pytest.raises(eagle_io.InvalidArgumentError, match="ambiguous option: --speculative-draft could match"):
+        launch_args(["--model-path", "/m", "--speculative-draft", "/d"])  # what SGLang itself refuses
+    with pytest.raises(eagle_io.InvalidArgumentError, match="--config: SGLang's config merge refuses it"):
+        launch_args(["--config", str(tmp_path / "launch.json")])
+
+
+def test_launch_args_without_sglang_refuse_what_they_cannot_read_as_sglang_does(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_sglang(name, *a, **k):
+        if name.startswith("sglang"):
+            raise ImportError(f"No module named {name!r} (test: SGLang not installed)")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_sglang)
+    la = launch_args(["--model-path", "/m", "--speculative-algorithm", "EAGLE3", "--tp", "8", "--use-ray"])
+    assert (la.model_path, la.resolved_algorithm, la.use_ray, la.parser) == ("/m", "EAGLE3", True, "eagle-io")
+    with pytest.raises(eagle_io.InvalidArgumentError, match="cannot resolve abbreviations: spell the flag out"):
+        launch_args(["--model-path", "/m", "--speculative-algo", "EAGLE3"])
+    with pytest.raises(eagle_io.InvalidArgumentError, match="--config: reading a launch config file"):
+        launch_args(["--config", "launch.yaml"])
+
+
 # ---------------------------------------------------------------------------------------------- the findings
 
 
@@ -574,6 +614,22 @@ def test_cli_reads_sglang_launch_args_after_dashdash(tmp_path, capsys):
         == 1
     )  # conflicting algorithm
     assert "launch-args-conflict" in capsys.readouterr().out
+
+
+def test_an_abbreviated_correct_launch_is_not_refused_and_ray_is_warned(tmp_path):
+    """``--speculative-algo EAGLE3`` is SGLang's ``--speculative-algorithm EAGLE3``: no false
+    eagle3-draft-wrong-algorithm (the old parser, allow_abbrev=False, saw no algorithm at all); ``--use-ray`` gets the
+    warning that the plugin cannot guard that launch."""
+    pytest.importorskip("sglang.srt.server_args", reason="SGLang's parser needs SGLang installed")
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    raw = ["--model-path", str(t), "--speculative-algo", "EAGLE3", "--speculative-draft-model-path", str(d)]
+    fs = check_serving(None, None, server_args=raw)
+    assert issues(fs) == {}
+    fs = check_serving(None, None, server_args=[*raw, "--use-ray"])
+    assert issues(fs) == {"ray-no-guard": "warning"} and "never call load_plugins()" in fs[0].message
+    wrong = ["--model", str(t), "--speculative-algo", "EAGLE", "--speculative-draft-model", str(d)]
+    fs = check_serving(None, None, server_args=wrong)
+    assert issues(fs) == {"eagle3-draft-wrong-algorithm": "error"}
 
 
 def test_cli_registered_console_script(tmp_path):

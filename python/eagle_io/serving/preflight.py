@@ -116,6 +116,23 @@ def check_serving(
                     f"{name} is {given!r} here but the SGLang launch arguments say {flag} {from_args!r}",
                     f"check the launch you mean to run: pass {flag} {given} to SGLang, or check that one",
                 )
+    if la.use_ray:
+        add(
+            WARNING,
+            "ray-no-guard",
+            "--use-ray: SGLang's Ray scheduler actors (srt/ray/scheduler_actor.py) replace run_scheduler_process and "
+            "never call load_plugins(), so eagle-io's startup guard, draft-extend width check and acceptance watchdog "
+            "will not run in this launch (nor eagle-io's capture); this preflight is the only check it gets",
+            "launch without --use-ray to keep the guard",
+        )
+    if la.parser == "eagle-io":
+        add(
+            INFO,
+            "launch-args-parser",
+            "SGLang is not importable here, so the launch arguments were read by eagle-io's own parser (the flags it "
+            "checks, spelled out; SGLang would also accept abbreviations and --config, which this parser refuses)",
+            "",
+        )
     target_path = target_path if target_path is not None else la.model_path
     draft_path = draft_path if draft_path is not None else la.draft_path
     if algorithm is None:

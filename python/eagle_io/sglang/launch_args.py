@@ -1,15 +1,24 @@
-"""The launch arguments eagle-io's serving checks read: the target, the draft, the speculative algorithm and the
-context length, from raw ``sglang serve`` / ``python -m sglang.launch_server`` arguments, a mapping of
-``ServerArgs`` fields, or a live ``ServerArgs``. Nothing here imports SGLang at module import time.
+"""The launch arguments eagle-io's serving checks read: the target, the draft, the speculative algorithm, the context
+length and whether Ray runs the schedulers, from raw ``sglang serve`` / ``python -m sglang.launch_server``
+arguments, a mapping of ``ServerArgs`` fields, or a live ``ServerArgs``.
+
+Raw arguments are parsed as SGLang parses them when SGLang is importable: its own parser
+(``srt/server_args.py``, ``prepare_server_args``: ``argparse.ArgumentParser(prog="sglang serve")`` filled by
+``ServerArgs.add_cli_args``, abbreviations allowed, so ``--speculative-algo EAGLE3`` is ``--speculative-algorithm``)
+and its ``--config FILE`` merge (``srt/utils/server_args_config_parser.py``, ``ConfigArgumentMerger``: the YAML's
+keys become flags, command-line arguments win). Without SGLang a small parser reads the four flags eagle-io needs,
+spelled out in full; it refuses ``--config`` and an abbreviation of them rather than misread them
+(:attr:`LaunchArgs.parser` says which ran). Nothing here imports SGLang at module import time.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidArgumentError
 from .compat import resolve_algorithm
 
 __all__ = ["LaunchArgs", "launch_args"]
@@ -20,7 +29,9 @@ class LaunchArgs:
     """The launch arguments the serving checks read.
 
     ``algorithm`` is as given; ``resolved_algorithm`` is what SGLang runs (``NEXTN -> EAGLE``; read from
-    ``sglang.srt.arg_groups.overrides.resolved_view`` when a resolved ``ServerArgs`` is given).
+    ``sglang.srt.arg_groups.overrides.resolved_view`` when a resolved ``ServerArgs`` is given). ``use_ray``: the
+    schedulers run as Ray actors (``--use-ray``). ``parser``: who read raw arguments, ``"sglang"`` (SGLang's own
+    parser) or ``"eagle-io"`` (the fallback without SGLang); None for a mapping or a ``ServerArgs``.
     """
 
     model_path: str | None = None
@@ -28,16 +39,70 @@ class LaunchArgs:
     algorithm: str | None = None
     resolved_algorithm: str | None = None
     context_length: int | None = None
+    use_ray: bool = False
+    parser: str | None = None
 
 
-def _launch_parser() -> argparse.ArgumentParser:
-    # Flag spellings of sglang/srt/server_args.py (ServerArgs.add_cli_args); unknown flags are ignored.
+class _Refused(argparse.ArgumentParser):
+    """An ``argparse`` parser whose errors raise instead of exiting (``exit_on_error=False`` does not cover
+    unrecognised arguments)."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise InvalidArgumentError(f"the SGLang launch arguments do not parse ({self.prog}: {message})")
+
+
+def _sglang_parse(argv: list[str]) -> argparse.Namespace | None:
+    """``argv`` parsed by SGLang's own parser and ``--config`` merge (``prepare_server_args`` without building a
+    ``ServerArgs``); no argument is required here (``--model-path`` may come as ``check-serving --target``).
+    None when SGLang is not importable."""
+    try:
+        from sglang.srt.server_args import ServerArgs
+        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+    except ImportError:
+        return None
+    parser = _Refused(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    for action in parser._actions:  # what SGLang requires (--model-path) may be given to check-serving instead
+        action.required = False
+    if "--config" in argv:
+        try:
+            argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+        except (ValueError, OSError) as e:
+            raise InvalidArgumentError(f"--config: SGLang's config merge refuses it: {e}") from e
+    return parser.parse_args(argv)
+
+
+_FALLBACK = {
+    "model_path": ("--model-path", "--model"),
+    "speculative_draft_model_path": ("--speculative-draft-model-path", "--speculative-draft-model"),
+    "speculative_algorithm": ("--speculative-algorithm",),
+    "context_length": ("--context-length",),
+}
+
+
+def _fallback_parse(argv: list[str]) -> argparse.Namespace:
+    """The flags eagle-io reads, without SGLang: spelled in full (SGLang would also take abbreviations, which only
+    its full flag list can resolve, so one is refused here rather than ignored), ``--config`` refused, other flags
+    ignored."""
+    full = {flag for flags in _FALLBACK.values() for flag in flags}
+    for a in argv:
+        name = a.split("=", 1)[0]
+        if name == "--config":
+            raise InvalidArgumentError(
+                "--config: reading a launch config file the way SGLang merges it needs SGLang installed; pass the "
+                "flags themselves, or install SGLang"
+            )
+        if name.startswith("--") and name not in full and any(f.startswith(name) for f in full):
+            raise InvalidArgumentError(
+                f"{name}: SGLang may take it for an abbreviation of {[f for f in full if f.startswith(name)]}; without "
+                "SGLang installed eagle-io cannot resolve abbreviations: spell the flag out"
+            )
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument("--model-path", "--model", dest="model_path")
-    p.add_argument("--speculative-draft-model-path", "--speculative-draft-model", dest="draft_path")
-    p.add_argument("--speculative-algorithm", dest="algorithm")
-    p.add_argument("--context-length", dest="context_length", type=int)
-    return p
+    for dest, flags in _FALLBACK.items():
+        p.add_argument(*flags, dest=dest, type=int if dest == "context_length" else str)
+    p.add_argument("--use-ray", dest="use_ray", action="store_true")
+    ns, _ = p.parse_known_args(argv)
+    return ns
 
 
 def launch_args(server_args: Any) -> LaunchArgs:
@@ -47,25 +112,29 @@ def launch_args(server_args: Any) -> LaunchArgs:
     For a ``ServerArgs`` object the resolved view is used when resolution has run
     (``ServerArgs.resolve_once``; ``sglang.srt.arg_groups.overrides.resolved_view``), so ``NEXTN`` already reads
     ``EAGLE`` there; an unresolved object is resolved here by :func:`resolve_algorithm`'s rule.
+
+    Raises:
+        InvalidArgumentError: raw arguments SGLang's parser refuses (an unknown or ambiguous flag, a bad value, a
+            ``--config`` file it cannot merge); without SGLang, ``--config`` or an abbreviated flag.
     """
     if server_args is None:
         return LaunchArgs()
-    if isinstance(server_args, (list, tuple)):
-        ns, _ = _launch_parser().parse_known_args([str(a) for a in server_args])
-        return LaunchArgs(
-            ns.model_path, ns.draft_path, ns.algorithm, resolve_algorithm(ns.algorithm), ns.context_length
-        )
+    parser = None
+    if isinstance(server_args, Sequence) and not isinstance(server_args, str):
+        argv = [str(a) for a in server_args]
+        ns = _sglang_parse(argv)
+        parser = "sglang"
+        if ns is None:
+            ns, parser = _fallback_parse(argv), "eagle-io"
+        server_args = vars(ns)
     if isinstance(server_args, Mapping):
         get = server_args.get
     else:
         view = server_args
         if getattr(server_args, "_resolution_finished", False):
-            try:
-                from sglang.srt.arg_groups.overrides import resolved_view
+            from sglang.srt.arg_groups.overrides import resolved_view
 
-                view = resolved_view(server_args)
-            except ImportError:  # pragma: no cover - a ServerArgs without sglang cannot exist
-                pass
+            view = resolved_view(server_args)
 
         def get(key: str, default: Any = None) -> Any:
             return getattr(view, key, default)
@@ -78,4 +147,6 @@ def launch_args(server_args: Any) -> LaunchArgs:
         algorithm=algo,
         resolved_algorithm=resolve_algorithm(algo),
         context_length=int(ctx) if isinstance(ctx, int) else None,
+        use_ray=bool(get("use_ray", False)),
+        parser=parser,
     )
