@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from test_serving_preflight import H, by_code, eagle3_draft, llama_target
+from test_serving_preflight import H, by_code, eagle3_draft, kimi_k25, llama_target
 
 import eagle_io
 from eagle_io.cli import check_serving_cmd, main
@@ -71,7 +71,16 @@ def test_duplicate_eagle_config_ids(tmp_path, ids, layers, arrive):
     fs = check_serving(t, d, algorithm="EAGLE3")
     f = by_code(fs, "layer-ids-duplicate")
     assert f.severity == "error" and f"layers_to_capture {layers}" in f.message
-    assert f"so {arrive} states arrive, not 3" in f.message
+    assert f"only {arrive} of 3 states are captured and sent to the draft" in f.message
+
+
+def test_duplicate_ids_on_a_kimi_k25_target_crash_sglang_rather_than_send_fewer_states(tmp_path):
+    """Kimi-K2.5 (its DeepSeek-V3 language model packs the states): [29, 29, 57] -> the packer raises 'captured 2
+    of 3' at the first forward, and the finding says so."""
+    t, d = kimi_k25(tmp_path, algo_ids=[29, 29, 57])
+    f = by_code(check_serving(t, d, algorithm="EAGLE3"), "layer-ids-duplicate")
+    assert "AuxHiddenStatePacker on KimiK25ForConditionalGeneration raises 'captured 2 of 3" in f.message
+    assert "fails on its first request" in f.message
 
 
 def test_a_draft_trained_for_another_layer_count(tmp_path, capsys):

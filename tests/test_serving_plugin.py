@@ -87,7 +87,7 @@ def test_startup_decision_rules():
     msg = plugin.startup_decision(facts(capture_enabled=False, layers_to_capture=()))
     assert "does not capture aux states" in msg and "language_model" in msg
     msg = plugin.startup_decision(facts(layers_to_capture=(2, 5, 8)))  # 8 = N is never captured
-    assert "ids outside 1..7" in msg and "only 2 of 3 states" in msg and "fc expects 192" in msg
+    assert "ids outside 1..7" in msg and "only 2 of 3 states are captured" in msg and "fc expects 192" in msg
     msg = plugin.startup_decision(facts(layers_to_capture=(2, 4)))
     assert "captures 2 aux states ([2, 4]) x hidden 64 = 128 wide, but the draft's fc expects 192" in msg
     assert "use_aux_hidden_state: false" in plugin.startup_decision(facts(spec_aux_enabled=False))
@@ -772,7 +772,7 @@ def _writing_capture(out: Path, sink: _SlowSink):
     from eagle_io.capturing.store import SampleStore
 
     cap = object.__new__(sc._SchedulerCapture)
-    cap.out_dir, cap.dp_rank, cap.writes, cap.max_length, cap.vocab_size = str(out), 0, True, 4, 100
+    cap.out_dir, cap.writer_rank, cap.writes, cap.max_length, cap.vocab_size = str(out), 0, True, 4, 100
     cap.store = SampleStore(sink, state_dtype=torch.bfloat16, max_length=4, vocab_size=100)
     cap.stale_token, cap.outcome = protocol.read_token(str(out / protocol.STOP_FILE)), None
     cap.answer_lock = threading.Lock()
@@ -803,7 +803,7 @@ def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samp
         time.sleep(0.6)
         assert not cap.stopped, "a stop file present at start belongs to an earlier run"
         cap.on_forward(*_prefill(7))
-        with pytest.raises(eagle_io.errors.CaptureStopTimeoutError, match=r"DP ranks \[0\] did not stop"):
+        with pytest.raises(eagle_io.errors.CaptureStopTimeoutError, match=r"shard writers \[0\] of 1 did not stop"):
             client.stop_capture(tmp_path, timeout_s=0.5)  # the close takes 1.5 s
         (first,) = client.stop_capture(tmp_path, timeout_s=10)  # retried: answered once the close is done
         assert first["error"] is None and first["counts"]["written"] == 1 and first["stats"] == {"samples": 1}
@@ -846,11 +846,16 @@ def test_a_sample_id_that_is_not_a_u64_integer_is_refused(tmp_path, bad):
 def test_startup_decision_counts_captured_states_not_ids():
     """eagle_config [3, 3, 7] / [1, 1, 1] through Llama's +1: the forward captures each layer once."""
     msg = plugin.startup_decision(facts(target_num_layers=36, layers_to_capture=(4, 4, 8)))
-    assert msg is not None and "names layer 4 more than once" in msg and "2 states arrive, not 3" in msg
+    assert msg is not None and "names layer 4 more than once" in msg and "only 2 of 3 states are captured" in msg
     assert "captures 2 aux states" in msg and "= 128 wide, but the draft's fc expects 192" in msg
     msg = plugin.startup_decision(facts(target_num_layers=36, layers_to_capture=(2, 2, 2)))
-    assert msg is not None and "1 states arrive, not 3" in msg
+    assert msg is not None and "only 1 of 3 states are captured" in msg
     assert plugin.startup_decision(facts(target_num_layers=36, layers_to_capture=(4, 5, 8))) is None
+    # DeepSeek-family targets pack the states: SGLang raises at the first forward instead of sending fewer.
+    deepseek = facts(target_architecture="DeepseekV3ForCausalLM", target_num_layers=36, layers_to_capture=(4, 4, 8))
+    msg = plugin.startup_decision(deepseek)
+    assert "AuxHiddenStatePacker on DeepseekV3ForCausalLM raises 'captured 2 of 3 aux hidden states'" in msg
+    assert "states are captured and sent" not in msg
 
 
 @needs_sglang

@@ -219,11 +219,22 @@ def test_generate_refuses_an_existing_capture_without_resume_or_with_another_dp_
     assert main(["generate", "--backend", "sglang", "--out", str(out), "--limit", "1"]) == 2
     assert "pass --resume" in capsys.readouterr().err
     assert main(["generate", "--backend", "sglang", "--out", str(out), "--resume", "--dp-size", "2"]) == 2
-    assert "captured by 1 DP rank(s): resume it with --dp-size 1" in capsys.readouterr().err
+    assert "captured by 1 shard writer(s) (data-parallel ranks), this launch has 2" in capsys.readouterr().err
     for r in range(2):
         (out / f"manifest.r{r:05d}.json").write_text("{}")
     assert main(["generate", "--backend", "sglang", "--out", str(out), "--resume"]) == 2
-    assert "captured by 2 DP rank(s): resume it with --dp-size 2" in capsys.readouterr().err
+    assert "captured by 2 shard writer(s) (data-parallel ranks), this launch has 1" in capsys.readouterr().err
+    # Attention-DP groups are writers too (the old count, dp_size alone, saw 1 writer and 4 replicas here).
+    argv = ["generate", "--backend", "sglang", "--out", str(out), "--resume", "--tp-size", "4"]
+    assert main([*argv, "--attn-dp-size", "4"]) == 2
+    assert "captured by 2 shard writer(s) (data-parallel ranks), this launch has 4" in capsys.readouterr().err
+    assert main([*argv, "--dp-size", "4", "--sglang-arg", "enable_dp_attention=true"]) == 2  # the deprecated spelling
+    assert "this launch has 4" in capsys.readouterr().err
+    # A Ray launch never loads the plugin in its scheduler actors: refused before anything runs.
+    assert (
+        main(["generate", "--backend", "sglang", "--out", str(tmp_path / "ray"), "--sglang-arg", "use_ray=true"]) == 2
+    )
+    assert "Ray scheduler actors" in capsys.readouterr().err
 
 
 def post(url: str, body: dict) -> int:
@@ -279,7 +290,7 @@ def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs
             assert post(f"{url}/generate", body) == 200
         other = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
         assert post(f"{url}/generate", other) == 200  # not a sample: ignored
-        (answer,) = stop_capture(out, dp_size=1, timeout_s=120)
+        (answer,) = stop_capture(out, writers=1, timeout_s=120)
     finally:
         server.terminate()
         server.wait(60)

@@ -21,6 +21,7 @@ from itertools import chain, islice, takewhile
 
 from .. import defaults
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from ..sglang.ranks import writers_of
 from ..store import layout
 from ..store.schema import EXPECTED_RATIO, precision_name
 from ..store.values import IMPLAUSIBLE
@@ -95,7 +96,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     sg = p.add_argument_group("--backend sglang")
     sg.add_argument("--backend", default="hf", choices=["hf", "sglang"], help="who runs the target's forward")
     sg.add_argument("--tp-size", type=int, default=1, help="SGLang tensor parallelism (TP rank 0 writes)")
-    sg.add_argument("--dp-size", type=int, default=1, help="SGLang data parallelism (each DP rank writes its shards)")
+    sg.add_argument("--dp-size", type=int, default=1, help="SGLang data-parallel replicas (each writes its shards)")
+    sg.add_argument(
+        "--attn-dp-size",
+        type=int,
+        default=1,
+        help="SGLang attention-DP groups inside the TP group (each writes its shards; --tp-size a multiple of it)",
+    )
     sg.add_argument(
         "--sglang-arg",
         action="append",
@@ -183,9 +190,13 @@ def _template_kwargs(args, tokenizer) -> dict | None:
     return args.template_kwargs
 
 
-def _engine_args(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs:
+def _engine_args(args: argparse.Namespace) -> dict:
+    """The ``sglang.Engine`` keyword arguments of ``--tp-size``, ``--dp-size``, ``--attn-dp-size`` and each
+    ``--sglang-arg``; a Ray launch is refused (its scheduler actors never load SGLang plugins, so no capture)."""
+    out: dict = {"tp_size": args.tp_size, "dp_size": args.dp_size}
+    if args.attn_dp_size != 1:
+        out["attn_dp_size"] = args.attn_dp_size
+    for pair in args.sglang_arg:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise InvalidArgumentError(f"--sglang-arg {pair!r} is not KEY=VALUE")
@@ -193,6 +204,11 @@ def _engine_args(pairs: list[str]) -> dict:
             out[key] = json.loads(value)
         except ValueError:
             out[key] = value
+    if out.get("use_ray"):
+        raise InvalidArgumentError(
+            "--sglang-arg use_ray: SGLang's Ray scheduler actors (srt/ray/scheduler_actor.py) never call "
+            "load_plugins(), so eagle-io's capture would not run in them; capture without Ray"
+        )
     return out
 
 
@@ -242,15 +258,19 @@ def _sglang_session(args, dataset: str, layer_ids):
         raise InvalidArgumentError(f"{where} already holds a capture: pass --resume to continue it")
     remote_ranks = {n for n in getattr(args, "remote_manifests", []) if n != layout.MANIFEST}
     ranks = len({p.name for p in layout.rank_manifests(args.out)} | remote_ranks)
-    if args.resume and held and ranks != (args.dp_size if args.dp_size > 1 else 0):
+    if args.resume and held and ranks != (args.writers if args.writers > 1 else 0):
         raise InvalidArgumentError(
-            f"{where} was captured by {ranks or 1} DP rank(s): resume it with --dp-size {ranks or 1} (each rank "
-            "resumes its own manifest)"
+            f"{where} was captured by {ranks or 1} shard writer(s) (data-parallel ranks), this launch has "
+            f"{args.writers}: resume it with as many (--dp-size, or --attn-dp-size; each writer resumes its own "
+            "manifest)"
         )
     check_out_dir(args, dataset)  # before the checkpoint is made and the engine launched
     path, tokenizer, info = target_checkpoint(args.model)
     staging = {"staging": args.out} if args.remote else {}
-    print(f"target    {info['model_id']} through SGLang ({path}): tp {args.tp_size}, dp {args.dp_size}")
+    print(
+        f"target    {info['model_id']} through SGLang ({path}): tp {args.tp_size}, dp {args.dp_size}, "
+        f"attention dp {args.attn_dp_size}: {args.writers} shard writer(s)"
+    )
     options = capture_options(
         state_dtype="bfloat16",
         metadata={"source_dataset": os.path.basename(dataset)},
@@ -269,8 +289,7 @@ def _sglang_session(args, dataset: str, layer_ids):
             **staging,  # an s3:// --out: each scheduler's writer stages here and uploads each shard as it commits
         },
     )
-    engine_args = {"tp_size": args.tp_size, "dp_size": args.dp_size, **_engine_args(args.sglang_arg)}
-    engine = launch_capture_engine(path, args.remote or args.out, options, **engine_args)
+    engine = launch_capture_engine(path, args.remote or args.out, options, **args.engine_args)
     try:
         session = SGLangCaptureSession(engine, args.remote or args.out, started=True, **staging)
     except BaseException:
@@ -294,12 +313,15 @@ def run(args: argparse.Namespace) -> int:
     remote = args.remote = args.out if layout.is_url(args.out) else None
     if remote is not None and remote.rstrip("/").endswith(".json"):
         raise InvalidArgumentError(f"--out {remote}: name the dataset's prefix (s3://bucket/run), not a manifest")
+    if args.backend == "sglang":
+        args.engine_args = _engine_args(args)
+        args.writers = writers_of(args.engine_args)  # one per data-parallel rank (replica or attention-DP group)
     if remote is not None:
         from ..store.upload import default_staging, stage_remote_manifests
 
         args.out = args.staging or default_staging(remote)
-        writers = range(args.dp_size) if args.backend == "sglang" else [args.rank]
-        world = args.dp_size if args.backend == "sglang" else args.world_size
+        writers = range(args.writers) if args.backend == "sglang" else [args.rank]
+        world = args.writers if args.backend == "sglang" else args.world_size
         mine = [layout.manifest_name(r, world) for r in writers]
         # The checks below then see the remote dataset's manifests, fetched into the staging.
         args.remote_manifests = stage_remote_manifests(remote, args.out, mine, resume=args.resume)
@@ -318,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
         summary = _capture(args, session, tokenizer, info, records, stats, t_start)
     finally:
         shutdown()
-    if args.backend == "sglang" and args.dp_size > 1:
+    if args.backend == "sglang" and args.writers > 1:
         from ..store.merge import merge_ranks
 
         merged = merge_ranks(remote or args.out)  # remote: the ranks' uploaded manifests, merged with a conditional PUT

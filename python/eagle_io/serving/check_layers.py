@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from ..errors import InvalidArgumentError
 from ..sglang.checkpoint import CheckpointInfo, DraftInfo
 from ..sglang.draft_build import DraftBuild
-from ..sglang.setters import capturable_range, captured_ids, explicit_ids_for, served_aux_layer_ids, setter_rule
+from ..sglang.setters import (
+    capturable_range,
+    captured_ids,
+    explicit_ids_for,
+    served_aux_layer_ids,
+    setter_rule,
+    short_capture,
+)
 from .findings import ERROR, INFO, WARNING, Findings
 
 __all__ = ["check_fc_width", "check_layer_ids", "ids_text"]
@@ -84,8 +91,7 @@ def check_layer_ids(
             ERROR,
             "layer-ids-out-of-range",
             f"SGLang will ask {arch} ({n} layers) to capture eagle-io ids {ids_text(served)} (from eagle_config ids "
-            f"{given}); {ids_text(bad)} lie outside {lo}..{hi}, so only {len(captured)} of {len(served)} states are "
-            "captured",
+            f"{given}); {ids_text(bad)} lie outside {lo}..{hi}: {short_capture(arch, len(captured), len(served))}",
             f"set eagle_config.eagle_aux_hidden_state_layer_ids to ids whose captured layers lie in {lo}..{hi} "
             f"({setter_rule(arch)})",
         )
@@ -95,7 +101,7 @@ def check_layer_ids(
             ERROR,
             "layer-ids-duplicate",
             f"eagle_config ids {given} become layers_to_capture {ids_text(served)} on {arch}: SGLang's forward "
-            f"captures layer {', '.join(map(str, dups))} once, so {len(captured)} states arrive, not {len(served)}",
+            f"captures layer {', '.join(map(str, dups))} once: {short_capture(arch, len(captured), len(served))}",
             "list each layer once in eagle_config.eagle_aux_hidden_state_layer_ids: the ids the draft was trained on",
         )
     if served != sorted(served) and not dups:

@@ -64,7 +64,7 @@ from typing import Any
 from ..errors import DraftWidthError, ServingGuardError, SGLangCompatError
 from ..sglang import compat, hooks, probe
 from ..sglang.draft_build import EAGLE3_CLASS_FIX, eagle3_class_problem
-from ..sglang.setters import capturable_range, captured_ids, setter_rule
+from ..sglang.setters import capturable_range, captured_ids, setter_rule, short_capture
 
 __all__ = [
     "ENV_ACCEPT_WATCHDOG",
@@ -169,16 +169,16 @@ def startup_decision(facts: probe.StartupFacts) -> str | None:
             dups = sorted({i for i in layers if layers.count(i) > 1})
             if outside:
                 problems.append(
-                    f"layers_to_capture {layers} has ids outside {lo}..{hi} for a {n}-layer target: only "
-                    f"{len(captured)} of {len(layers)} states would be captured. Fix "
+                    f"layers_to_capture {layers} has ids outside {lo}..{hi} for a {n}-layer target: "
+                    f"{short_capture(facts.target_architecture, len(captured), len(layers))}. Fix "
                     "eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json "
                     f"({setter_rule(facts.target_architecture)}); `eagle-io check-serving` computes the ids"
                 )
             if dups:
                 problems.append(
                     f"layers_to_capture {layers} names layer {', '.join(map(str, dups))} more than once: the forward "
-                    f"captures each layer once, so {len(captured)} states arrive, not {len(layers)}. List each trained "
-                    "layer once in eagle_config.eagle_aux_hidden_state_layer_ids"
+                    f"captures each layer once: {short_capture(facts.target_architecture, len(captured), len(layers))}"
+                    ". List each trained layer once in eagle_config.eagle_aux_hidden_state_layer_ids"
                 )
             layers = captured
         if facts.capture_enabled:

@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import InternalError, SGLangCompatError
 from .compat import SUPPORTED_SGLANG, sglang_version
 from .hooks import DECODE_METHOD, PREFILL_METHOD
+from .ranks import capture_ranks
 
 
 @dataclass(frozen=True)
@@ -256,19 +257,19 @@ def draft_extend_width(method: str, args: Sequence[Any], kwargs: Mapping[str, An
     return int(shape[-1]) if shape is not None and len(shape) >= 1 else None
 
 
-def _parallel(name: str, default: int) -> int:
-    try:
-        from sglang.srt.runtime_context import get_parallel
-
-        v = getattr(get_parallel(), name)
-        return int(v) if v is not None else default
-    except (ImportError, AttributeError, RuntimeError, ValueError):
-        return default
-
-
 def capture_target(scheduler: Any) -> dict[str, Any]:
     """Facts the SGLang capture needs from a scheduler: the target's sizes and capture layers (eagle-io ids: SGLang's
-    ``layers_to_capture`` mean the input of layer i), ranks, and the chunked-prefill / radix-cache settings."""
+    ``layers_to_capture`` mean the input of layer i), this process' place among the shard writers
+    (:func:`eagle_io.sglang.ranks.capture_ranks` over ``runtime_context.get_parallel()``: ``writer_rank``,
+    ``writers``, ``writes``), SGLang's ``dp_size`` / ``attn_dp_size``, and the chunked-prefill / radix-cache
+    settings.
+
+    Raises:
+        InvalidArgumentError: a parallel layout the capture cannot number
+            (:func:`~eagle_io.sglang.ranks.capture_ranks`).
+    """
+    from sglang.srt.runtime_context import get_parallel
+
     runner = _attr(scheduler, "tp_worker.model_runner", "tp_worker.worker.model_runner")
     model = _attr(runner, "model")
     cap = _capture_model(model)
@@ -280,7 +281,7 @@ def capture_target(scheduler: Any) -> dict[str, Any]:
         from sglang.srt.arg_groups.overrides import resolved_view
 
         view = resolved_view(sa)
-    dp_size = int(getattr(view, "dp_size", 1) or 1)
+    ranks = capture_ranks(get_parallel())
     return {
         "architecture": type(model).__name__,
         "hidden_size": int(_attr(text, "hidden_size")),
@@ -290,9 +291,11 @@ def capture_target(scheduler: Any) -> dict[str, Any]:
         "layers": [int(i) for i in (getattr(owner, "layers_to_capture", None) or ())],
         "chunked_prefill_size": getattr(view, "chunked_prefill_size", None),
         "radix_cache_disabled": bool(getattr(view, "disable_radix_cache", False)),
-        "tp_rank": _parallel("attn_tp_rank", _parallel("tp_rank", 0)),
-        "dp_rank": _parallel("dp_rank", 0) if dp_size > 1 else 0,
-        "dp_size": dp_size,
+        "writer_rank": ranks.writer_rank,
+        "writers": ranks.writers,
+        "writes": ranks.writes,
+        "dp_size": int(getattr(view, "dp_size", 1) or 1),
+        "attn_dp_size": int(getattr(view, "attn_dp_size", 1) or 1),
     }
 
 

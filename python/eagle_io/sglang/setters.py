@@ -19,6 +19,7 @@ from ..store.eagle3 import validate_aux_layer_ids
 __all__ = [
     "DEEPSEEK_STYLE_SETTERS",
     "FINAL_BOUNDARY_SETTERS",
+    "PACKING_TARGETS",
     "SETTER_RULES",
     "SetterRule",
     "capturable_range",
@@ -29,6 +30,7 @@ __all__ = [
     "served_aux_layer_ids",
     "setter_for",
     "setter_rule",
+    "short_capture",
 ]
 
 
@@ -208,3 +210,31 @@ def from_specforge(
     per-architecture rules are :func:`served_aux_layer_ids`. Not validated here.
     """
     return served_aux_layer_ids(architecture, num_layers, ids)
+
+
+PACKING_TARGETS = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "GlmMoeDsaForCausalLM",
+        "MistralLarge3ForCausalLM",
+        "KimiK25ForConditionalGeneration",  # its language_model is a DeepseekV3ForCausalLM
+    }
+)
+"""Targets whose forward collects aux states in ``AuxHiddenStatePacker(len(layers_to_capture))``
+(``srt/models/deepseek_v2.py``, ``DeepseekV2Model.forward``): when fewer states are captured than ids listed (a
+duplicate, an id out of range), its ``finalize()`` raises ``RuntimeError("captured 2 of 3 aux hidden states")``
+(``srt/layers/aux_hidden_states.py``) at the first forward, instead of sending fewer states as Llama's list does."""
+
+
+def short_capture(architecture: str, captured: int, listed: int) -> str:
+    """What happens on ``architecture`` when ``listed`` ids in ``layers_to_capture`` yield ``captured`` states:
+    a crash at the first forward (:data:`PACKING_TARGETS`), or fewer states sent to the draft."""
+    if architecture in PACKING_TARGETS:
+        return (
+            f"SGLang's AuxHiddenStatePacker on {architecture} raises 'captured {captured} of {listed} aux hidden "
+            "states' at the first forward (srt/layers/aux_hidden_states.py): the server starts, then fails on its "
+            "first request"
+        )
+    return f"only {captured} of {listed} states are captured and sent to the draft"

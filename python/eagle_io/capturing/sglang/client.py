@@ -15,6 +15,7 @@ from typing import Any
 
 from ... import defaults
 from ...errors import CaptureStopTimeoutError, InvalidArgumentError, ObjectStorageError, StorageError
+from ...sglang.ranks import writers_of
 from ...store import layout
 from ...store.manifest import read_manifest
 from ...store.upload import local_dir
@@ -41,14 +42,15 @@ def sample_params(sample: Any) -> dict[str, Any]:
     return params
 
 
-def _manifests(out_dir: str, dp_size: int) -> list[str]:
-    return [os.path.join(out_dir, layout.manifest_name(r, dp_size)) for r in range(dp_size)]
+def _manifests(out_dir: str, writers: int) -> list[str]:
+    return [os.path.join(out_dir, layout.manifest_name(r, writers)) for r in range(writers)]
 
 
-def committed_ids(out_dir: str | os.PathLike[str], dp_size: int = 1) -> set[int]:
-    """Sample ids the writers of a capture into ``out_dir`` have committed (all DP ranks). For an object-storage
-    ``out_dir`` (``s3://...``): those its remote manifests list. Shards committed in the staging but not uploaded yet
-    are left out; the schedulers' writers know them and skip their samples, counted as ``already_done``.
+def committed_ids(out_dir: str | os.PathLike[str], writers: int = 1) -> set[int]:
+    """Sample ids the ``writers`` shard writers of a capture into ``out_dir`` have committed (all of them). For an
+    object-storage ``out_dir`` (``s3://...``): those its remote manifests list. Shards committed in the staging but
+    not uploaded yet are left out; the schedulers' writers know them and skip their samples, counted as
+    ``already_done``.
 
     Raises:
         ObjectStorageError: a request failed (other than a 404 on a manifest: that rank has uploaded nothing yet).
@@ -57,7 +59,7 @@ def committed_ids(out_dir: str | os.PathLike[str], dp_size: int = 1) -> set[int]
 
     ids: set[int] = set()
     remote = layout.is_url(out_dir)
-    for m in _manifests(os.fspath(out_dir), dp_size):
+    for m in _manifests(os.fspath(out_dir), writers):
         if not remote and not os.path.exists(m):
             continue
         try:
@@ -72,19 +74,20 @@ def committed_ids(out_dir: str | os.PathLike[str], dp_size: int = 1) -> set[int]
 
 def stop_capture(
     out_dir: str | os.PathLike[str],
-    dp_size: int = 1,
+    writers: int = 1,
     timeout_s: float = defaults.STOP_TIMEOUT_S,
     staging: str | os.PathLike[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Asks every writing scheduler of the capture into ``out_dir`` to drain, commit and answer (see the module
-    docstring); waits for the ``dp_size`` answers and returns them, in DP rank order. For an object-storage
-    ``out_dir`` (``s3://...``) the stop and answer files live in its local ``staging`` directory (the capture's
-    ``writer_options["staging"]``, default ``./eagle-io-staging/BUCKET/PREFIX``).
+        docstring); waits for the answers of the ``writers`` shard writers (one per data-parallel rank:
+    :func:`eagle_io.sglang.ranks.writers_of`) and returns them, in writer-rank order. For an object-storage
+        ``out_dir`` (``s3://...``) the stop and answer files live in its local ``staging`` directory (the capture's
+        ``writer_options["staging"]``, default ``./eagle-io-staging/BUCKET/PREFIX``).
 
-    Raises:
-        StorageError: a writer failed while closing (the answer's error, naming the rank).
-        CaptureStopTimeoutError: not every rank answered within ``timeout_s`` (a scheduler died, or no capture
-            runs; a ``TimeoutError``).
+        Raises:
+            StorageError: a writer failed while closing (the answer's error, naming the rank).
+            CaptureStopTimeoutError: not every writer answered within ``timeout_s`` (a scheduler died, or no capture
+                runs; a ``TimeoutError``).
     """
     out_dir = local_dir(out_dir, staging)
     token = uuid.uuid4().hex
@@ -95,8 +98,8 @@ def stop_capture(
     deadline = time.monotonic() + timeout_s
     answers: dict[int, dict[str, Any]] = {}
     try:
-        while len(answers) < dp_size:
-            for r in range(dp_size):
+        while len(answers) < writers:
+            for r in range(writers):
                 try:
                     with open(ack_path(out_dir, r), encoding="utf-8") as f:
                         a = json.load(f)
@@ -104,21 +107,22 @@ def stop_capture(
                     continue
                 if a.get("token") == token:
                     answers[r] = a
-            if len(answers) < dp_size:
+            if len(answers) < writers:
                 if time.monotonic() > deadline:
-                    missing = [r for r in range(dp_size) if r not in answers]
+                    missing = [r for r in range(writers) if r not in answers]
                     raise CaptureStopTimeoutError(
-                        f"{out_dir}: DP ranks {missing} did not stop their capture in {timeout_s:.0f} s"
+                        f"{out_dir}: shard writers {missing} of {writers} did not stop their capture in "
+                        f"{timeout_s:.0f} s"
                     )
                 time.sleep(POLL_S)
     finally:
         os.remove(stop)
         for r in answers:
             os.remove(ack_path(out_dir, r))
-    bad = [f"DP rank {r}: {a['error']}" for r, a in sorted(answers.items()) if a.get("error")]
+    bad = [f"writer {r}: {a['error']}" for r, a in sorted(answers.items()) if a.get("error")]
     if bad:
         raise StorageError(f"{out_dir}: the capture failed while closing: " + "; ".join(bad))
-    return [answers[r] for r in range(dp_size)]
+    return [answers[r] for r in range(writers)]
 
 
 class SGLangCaptureSession:
@@ -127,9 +131,9 @@ class SGLangCaptureSession:
     out for an engine. ``aux_layer_ids`` are the captured layers, from the writers' manifests.
 
     With ``started=False`` (default) it starts the scheduler-side capture through
-    ``Engine.collective_rpc("eagle_io_capture_start", ...)`` (``dp_size`` 1 only); with ``started=True`` it attaches
-    to a capture the engine started at launch by environment (``EAGLE_IO_CAPTURE_DIR``; the options then come from
-    ``EAGLE_IO_CAPTURE_OPTIONS``, not from these arguments). Each :meth:`submit` runs one prefill per sample
+    ``Engine.collective_rpc("eagle_io_capture_start", ...)`` (one data-parallel rank only); with ``started=True`` it
+    attaches to a capture the engine started at launch by environment (``EAGLE_IO_CAPTURE_DIR``; the options then
+    come from ``EAGLE_IO_CAPTURE_OPTIONS``, not from these arguments). Each :meth:`submit` runs one prefill per sample
     (``max_new_tokens=1``) whose ``custom_params`` carry the sample id and loss mask; :meth:`close` stops every
     writing scheduler and waits for their manifests (:func:`stop_capture`).
 
@@ -142,8 +146,8 @@ class SGLangCaptureSession:
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``...).
 
     Raises:
-        InvalidArgumentError: ``started=False`` with ``dp_size > 1``; or, from the schedulers, a launch that is not
-            capture-only mode, chunked prefill or the radix cache on, other aux layers than ``aux_layer_ids``.
+        InvalidArgumentError: ``started=False`` with several data-parallel ranks; or, from the schedulers, a launch that
+            is not capture-only mode, chunked prefill or the radix cache on, other aux layers than ``aux_layer_ids``.
     """
 
     def __init__(
@@ -167,16 +171,17 @@ class SGLangCaptureSession:
         self.engine = engine
         self.url = os.fspath(out_dir)  # the dataset: a directory, or an object-storage prefix (staged locally)
         self.out_dir = local_dir(self.url, writer_options.get("staging"))
-        self.dp_size = int(getattr(engine.server_args, "dp_size", 1) or 1)
-        self.manifest_path = _manifests(self.out_dir, self.dp_size)[0] if self.dp_size == 1 else self.out_dir
+        self.writers = writers_of(engine.server_args)
+        self.manifest_path = _manifests(self.out_dir, self.writers)[0] if self.writers == 1 else self.out_dir
         self.counts = dict.fromkeys(("submitted", "already_done"), 0)
         self.answers: list[dict[str, Any]] = []
         self.manifest: dict[str, Any] | None = None
         if not started:
-            if self.dp_size > 1:
+            if self.writers > 1:
                 raise InvalidArgumentError(
-                    f"dp_size={self.dp_size}: SGLang's collective_rpc does not reach DP schedulers; start the capture "
-                    f"at launch by environment ({ENV_CAPTURE_DIR}, {ENV_CAPTURE_OPTIONS}) and pass started=True"
+                    f"{self.writers} data-parallel ranks: SGLang's collective_rpc does not reach DP schedulers; start "
+                    f"the capture at launch by environment ({ENV_CAPTURE_DIR}, {ENV_CAPTURE_OPTIONS}) and pass "
+                    "started=True"
                 )
             engine.collective_rpc(
                 "eagle_io_capture_start",
@@ -195,8 +200,8 @@ class SGLangCaptureSession:
                     writer_options=writer_options,
                 ),
             )
-        self.done = committed_ids(self.url if layout.is_url(self.url) else self.out_dir, self.dp_size)
-        first = _manifests(self.out_dir, self.dp_size)[0]
+        self.done = committed_ids(self.url if layout.is_url(self.url) else self.out_dir, self.writers)
+        first = _manifests(self.out_dir, self.writers)[0]
         self.aux_layer_ids = list(read_manifest(first)["metadata"]["aux_layer_ids"]) if os.path.exists(first) else []
 
     def submit(self, samples: Sequence[Any]) -> None:
@@ -220,7 +225,7 @@ class SGLangCaptureSession:
         self.done.update(int(s.index) for s in todo)
 
     def stats(self) -> dict[str, Any]:
-        """``counts``; after :meth:`close`, plus the writers' and rings' counters over the DP ranks: summed, except
+        """``counts``; after :meth:`close`, plus the writers' and rings' counters over the writers: summed, except
         sizes and times per rank (``ring_capacity``, ``ring_high_water_bytes``, ``elapsed_seconds``: the largest);
         the schedulers' counters (:data:`eagle_io.capturing.store.COUNTS`: ``written``, ``dropped``,
         ``nonfinite_skipped`` and the other value skips, ``already_done``, ``after_stop``) as ``scheduler_*``."""
@@ -233,10 +238,10 @@ class SGLangCaptureSession:
 
     def close(self, timeout_s: float = defaults.STOP_TIMEOUT_S) -> dict[str, Any]:
         """Stops the capture in every writing scheduler (waiting up to ``timeout_s`` for them to commit); returns
-        ``manifest.json`` (``{}`` when several DP ranks each wrote their ``manifest.rNNNNN.json``)."""
+        ``manifest.json`` (``{}`` when several writers each wrote their ``manifest.rNNNNN.json``)."""
         if self.manifest is None:
-            self.answers = stop_capture(self.out_dir, self.dp_size, timeout_s)
-            self.manifest = read_manifest(self.manifest_path) if self.dp_size == 1 else {}
+            self.answers = stop_capture(self.out_dir, self.writers, timeout_s)
+            self.manifest = read_manifest(self.manifest_path) if self.writers == 1 else {}
         return self.manifest
 
     def __enter__(self) -> SGLangCaptureSession:

@@ -6,9 +6,10 @@ Scheduler side (:mod:`.scheduler` ; installed by the plugin, :func:`eagle_io.ser
 prefill forward, the concatenated aux states (``LogitsProcessorOutput.hidden_states``, ``[T, k*H]``, FULL capture)
 and the final post-norm states (``.last_hidden_states``, ``[T, H]``) as tensors on the device, splits them per
 request and puts them in eagle-io's capture ring (:class:`eagle_io.capturing.ring.RingSink`, asynchronous copies), which
-feeds the shard writer. They never go through SGLang's float-list path. Only TP rank 0 (attention-TP rank 0) of
-each DP rank writes, as shard-writer rank ``dp_rank`` of ``dp_size`` (``manifest.rNNNNN.json`` when ``dp_size > 1``;
-``eagle-io merge`` joins them).
+feeds the shard writer. They never go through SGLang's float-list path. One process of each data-parallel rank (a
+replica of ``--dp-size``, or an attention-DP group of ``--attn-dp-size`` / ``--enable-dp-attention``) writes, its
+attention-TP rank 0, as one of ``dp_size * attn_dp_size`` shard writers (:mod:`eagle_io.sglang.ranks`;
+``manifest.rNNNNN.json`` when there are several; ``eagle-io merge`` joins them).
 
 A request is a sample when its ``sampling_params.custom_params`` hold ``eagle_io_sample_id`` (int) and
 ``eagle_io_loss_mask`` (0/1 per input token; optional ``eagle_io_key``): the mapping travels with the request, so it
@@ -26,7 +27,8 @@ Starting, either:
 Stopping (drain the ring, commit the last shard, mark the manifest complete) goes through a file, because SGLang
 kills its scheduler processes with SIGKILL on shutdown and ``collective_rpc`` does not reach DP ranks: writing
 ``<out_dir>/.eagle-io-stop`` (a JSON ``{"token": ...}``) makes every writing scheduler close and answer in
-``<out_dir>/.eagle-io-stop.rNNNNN.json`` (``token``, ``error``, ``counts``, ``stats``).
+``<out_dir>/.eagle-io-stop.rNNNNN.json`` (``token``, ``writer_rank``, ``error``, ``counts``, ``stats``), one per
+writer.
 :meth:`SGLangCaptureSession.close` / :func:`stop_capture` do both sides.
 
 The engine must run SGLang's capture-only mode (0.5.23: ``enable_return_aux_hidden_states=True,
@@ -74,6 +76,6 @@ def read_token(stop_file: str) -> Any:
         return None
 
 
-def ack_path(out_dir: str, dp_rank: int) -> str:
-    """Where DP rank ``dp_rank`` answers a stop: ``<out_dir>/.eagle-io-stop.rNNNNN.json``."""
-    return os.path.join(out_dir, f"{STOP_FILE}.r{dp_rank:05d}.json")
+def ack_path(out_dir: str, writer_rank: int) -> str:
+    """Where shard writer ``writer_rank`` answers a stop: ``<out_dir>/.eagle-io-stop.rNNNNN.json``."""
+    return os.path.join(out_dir, f"{STOP_FILE}.r{writer_rank:05d}.json")

@@ -6,8 +6,9 @@ An AFTER hook on ``TpModelWorker.forward_batch_generation`` takes, for each pref
 states (``LogitsProcessorOutput.hidden_states``, ``[T, k*H]``, FULL capture) and the final post-norm states
 (``.last_hidden_states``, ``[T, H]``) as tensors on the device, splits them per request and hands them to the
 capture core (:class:`eagle_io.capturing.store.SampleStore`), which copies them asynchronously into the capture
-ring. They never go through SGLang's float-list path. Only TP rank 0 (attention-TP rank 0) of each DP rank writes,
-as shard-writer rank ``dp_rank`` of ``dp_size``.
+ring. They never go through SGLang's float-list path. One process of each data-parallel rank (a replica, or an
+attention-DP group) writes: its attention-TP rank 0, as shard-writer rank ``replica * attn_dp_size + attn_dp_rank``
+of ``dp_size * attn_dp_size`` (:mod:`eagle_io.sglang.ranks`).
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ class _SchedulerCapture:
             )
         # An object-storage out_dir (s3://...) is staged locally: the stop and answer files live in the staging.
         staging = (options.get("writer_options") or {}).get("staging")
-        self.out_dir, self.dp_rank = local_dir(out_dir, staging), t["dp_rank"]
+        self.out_dir, self.writer_rank = local_dir(out_dir, staging), t["writer_rank"]
         self.max_length = options.get("max_length")
         self.vocab_size = int(t["vocab_size"])
-        self.writes = t["tp_rank"] == 0
+        self.writes = t["writes"]
         self.store: SampleStore | None = None
         self.outcome: dict[str, Any] | None = None
         if not self.writes:
@@ -96,13 +97,18 @@ class _SchedulerCapture:
             state_dtype=str(options.get("state_dtype", "bfloat16")),
             tokenizer_identity=options.get("tokenizer_identity"),
             max_length=self.max_length,
-            metadata={"capture_backend": f"sglang {v}", "dp_size": t["dp_size"], **dict(options.get("metadata") or {})},
+            metadata={
+                "capture_backend": f"sglang {v}",
+                "dp_size": t["dp_size"],
+                "attn_dp_size": t["attn_dp_size"],
+                **dict(options.get("metadata") or {}),
+            },
             nonfinite=str(options.get("nonfinite", "raise")),
             implausible=str(options.get("implausible", "raise")),
             ring_bytes=int(options.get("ring_bytes", defaults.RING_BYTES)),
             timeout_s=float(options.get("timeout_s", defaults.RING_TIMEOUT_S)),
-            rank=t["dp_rank"],
-            world_size=t["dp_size"],
+            rank=t["writer_rank"],
+            world_size=t["writers"],
             **dict(options.get("writer_options") or {}),
         )
         # A stop file present now asks an earlier run to stop: only another token stops this one.
@@ -170,8 +176,13 @@ class _SchedulerCapture:
                     self.outcome = {"error": None, "stats": self.store.ring_stats(), "upload": self.store.upload_report}
                 except Exception as e:  # reported to the client through the answer file
                     self.outcome = {"error": f"{type(e).__name__}: {e}"}
-            answer = {"token": token, "dp_rank": self.dp_rank, **self.outcome, "counts": dict(self.store.counts)}
-        layout.write_atomic(ack_path(self.out_dir, self.dp_rank), json.dumps(answer, default=str).encode())
+            answer = {
+                "token": token,
+                "writer_rank": self.writer_rank,
+                **self.outcome,
+                "counts": dict(self.store.counts),
+            }
+        layout.write_atomic(ack_path(self.out_dir, self.writer_rank), json.dumps(answer, default=str).encode())
         return answer
 
 
