@@ -21,6 +21,7 @@ from pathlib import Path
 from benchkit import object_store_args, object_store_setup, write_section
 
 from eagle_io import _native
+from eagle_io.capturing.options import CaptureOptions
 from eagle_io.capturing.store import SampleStore
 
 HERE = Path(__file__).resolve().parent
@@ -33,9 +34,9 @@ INFO = {"num_layers": 30, "hidden_size": 576, "vocab_size": 49152, "model_id": "
 
 def capture(out: str, samples: list[dict], copies: int, shard_bytes: int, staging: Path | None) -> dict:
     """Seconds from open to close (the last upload included) and the store's upload report."""
-    extra = {"staging": staging} if staging is not None else {}
+    writer = {"shard_bytes": shard_bytes, **({"staging": staging} if staging is not None else {})}
     t0 = time.perf_counter()
-    store = SampleStore.create(out, target_info=INFO, aux_layer_ids=[2, 15, 27], shard_bytes=shard_bytes, **extra)
+    store = SampleStore.create(out, CaptureOptions(target_info=INFO, writer_options=writer), aux_layer_ids=[2, 15, 27])
     for c in range(copies):
         for i, s in enumerate(samples):
             store.put(c * len(samples) + i, s["input_ids"], s["loss_mask"], s["aux_hidden_states"], s["hidden_states"])

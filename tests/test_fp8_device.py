@@ -11,6 +11,7 @@ import torch
 import eagle_io
 from conftest import make_sample
 from eagle_io import TensorSpec
+from eagle_io.capturing.options import CaptureOptions
 from eagle_io.capturing.ring import RingSink
 from eagle_io.capturing.store import SampleStore
 from eagle_io.errors import InvalidArgumentError, SchemaError
@@ -102,15 +103,10 @@ def test_the_nonfinite_policy_applies_before_quantising_on_either_path(tmp_path)
     samples[2]["hidden_states"][7, 3] = float("nan")
     counts = {}
     for name, where in (("host", None), ("dev", True)):
-        store = SampleStore.create(
-            tmp_path / name,
-            target_info=INFO,
-            aux_layer_ids=[1, 2, 3],
-            precision="fp8",
-            nonfinite="skip",
-            threads=1,
-            quantize_on_device=where,
+        options = CaptureOptions(
+            target_info=INFO, precision="fp8", nonfinite="skip", quantize_on_device=where, writer_options={"threads": 1}
         )
+        store = SampleStore.create(tmp_path / name, options, aux_layer_ids=[1, 2, 3])
         for i, s in samples.items():
             store.put(i, s["input_ids"], s["loss_mask"], s["aux_hidden_states"], s["hidden_states"])
         store.close()
@@ -119,7 +115,7 @@ def test_the_nonfinite_policy_applies_before_quantising_on_either_path(tmp_path)
     assert counts["host"]["nonfinite_skipped"] == counts["dev"]["nonfinite_skipped"] == 1
     assert counts["dev"]["fp8_quantized_before_copy"] == 3
     with pytest.raises(InvalidArgumentError, match="quantize_on_device"):
-        SampleStore.create(tmp_path / "bad", target_info=INFO, aux_layer_ids=[1, 2, 3], quantize_on_device="gpu")
+        CaptureOptions(target_info=INFO, quantize_on_device="gpu")
 
 
 @pytest.mark.parametrize("where", [None, True])

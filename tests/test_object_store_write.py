@@ -20,6 +20,7 @@ from test_object_store import s3, write_dataset  # noqa: F401  (s3: the server f
 
 import eagle_io
 from eagle_io import _native
+from eagle_io.capturing.options import CaptureOptions
 from eagle_io.capturing.store import ForwardSample, SampleStore
 from eagle_io.store.manifest import read_manifest
 
@@ -47,8 +48,8 @@ def forward(first: int, n: int, length: int = 24):
 
 def capture(url, staging, ids, **options):
     """Captures the samples ``ids`` (in forwards of 4) into ``url``; returns the store after close."""
-    store = SampleStore.create(url, target_info=INFO, aux_layer_ids=LAYERS, staging=staging, shard_bytes=6_000,
-                               threads=1, **options)  # fmt: skip
+    writer = {"staging": staging, "shard_bytes": 6_000, "threads": 1, **options}
+    store = SampleStore.create(url, CaptureOptions(target_info=INFO, writer_options=writer), aux_layer_ids=LAYERS)
     for first in ids[::4]:
         store.put_forward(*forward(first, min(4, ids[-1] + 1 - first)))
     store.close()
@@ -76,8 +77,8 @@ def test_capture_to_s3_uploads_each_shard_as_it_commits(s3, tmp_path):  # noqa: 
     follower = eagle_io.ShardDataset(url, follow=True, poll_s=0.05, timeout_s=120)
     reader = threading.Thread(target=lambda: seen.extend(int(x["sample_id"]) for x in follower))
     reader.start()
-    store = SampleStore.create(url, target_info=INFO, aux_layer_ids=LAYERS, staging=staging, shard_bytes=6_000,
-                               threads=1, staging_bytes=1)  # fmt: skip
+    writer = {"staging": staging, "shard_bytes": 6_000, "threads": 1, "staging_bytes": 1}
+    store = SampleStore.create(url, CaptureOptions(target_info=INFO, writer_options=writer), aux_layer_ids=LAYERS)
     for first in range(0, 40, 4):
         store.put_forward(*forward(first, 4))
     # Before close: the remote manifest lists committed shards, is not complete, and no staged copy of a listed
@@ -185,7 +186,8 @@ def test_a_shard_lost_from_the_staging_before_its_upload_is_named_at_resume(s3, 
 
 def test_staging_is_for_object_storage_only(tmp_path):
     with pytest.raises(eagle_io.InvalidArgumentError, match="staging is for an object-storage out_dir"):
-        SampleStore.create(tmp_path / "d", target_info=INFO, aux_layer_ids=LAYERS, staging=tmp_path / "s")
+        options = CaptureOptions(target_info=INFO, writer_options={"staging": tmp_path / "s"})
+        SampleStore.create(tmp_path / "d", options, aux_layer_ids=LAYERS)
     from eagle_io.store.upload import StagedUpload
 
     with pytest.raises(eagle_io.InvalidArgumentError, match="staging_bytes must be an integer >= 1"):

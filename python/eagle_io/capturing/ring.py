@@ -33,18 +33,23 @@ _FOREVER_S = 1e9
 """``timeout_s=inf`` waits this long (31 years): the core's wait takes a finite duration."""
 
 
-def check_ring_options(*, ring_bytes: int, batch: int, timeout_s: float) -> None:
+def check_ring_options(
+    *, ring_bytes: int, batch: int, timeout_s: float, quantize_on_device: bool | None = None
+) -> None:
     """Refuses ring options the core cannot take, before anything is created (a capture checks them before it
     opens its writer, so a bad option leaves no dataset behind).
 
     Raises:
-        InvalidArgumentError: ``ring_bytes`` or ``batch`` not an integer >= 1, ``timeout_s`` not a number >= 0.
+        InvalidArgumentError: ``ring_bytes`` or ``batch`` not an integer >= 1, ``timeout_s`` not a number >= 0,
+            ``quantize_on_device`` neither None nor a bool.
     """
     for name, value in (("ring_bytes", ring_bytes), ("batch", batch)):
         if type(value) is not int or value < 1:
             raise InvalidArgumentError(f"{name} must be an integer >= 1, not {value!r}")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
         raise InvalidArgumentError(f"timeout_s must be a number of seconds >= 0 (inf: no limit), not {timeout_s!r}")
+    if quantize_on_device not in (None, True, False):
+        raise InvalidArgumentError(f"quantize_on_device must be None, True or False, not {quantize_on_device!r}")
 
 
 class RingSink:
@@ -61,8 +66,7 @@ class RingSink:
             in torch: the path tests can run without a GPU), False never.
 
     Raises:
-        InvalidArgumentError: a bad option (:func:`check_ring_options`), or a ``quantize_on_device`` that is not
-            None or a bool.
+        InvalidArgumentError: a bad option (:func:`check_ring_options`).
     """
 
     def __init__(
@@ -75,9 +79,9 @@ class RingSink:
         drop_when_full: bool = False,
         quantize_on_device: bool | None = None,
     ) -> None:
-        check_ring_options(ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s)
-        if quantize_on_device not in (None, True, False):
-            raise InvalidArgumentError(f"quantize_on_device must be None, True or False, not {quantize_on_device!r}")
+        check_ring_options(
+            ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s, quantize_on_device=quantize_on_device
+        )
         self.schema = writer.schema
         self._ids = set(writer.sample_ids())  # refused at put, not later by the sink thread (which then stops)
         self._sink = _native.CaptureSink(writer._native, ring_bytes, batch)

@@ -6,14 +6,18 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import defaults
 from ..errors import ArgumentTypeError, InternalError, InvalidArgumentError, SchemaError
 from .hf import HFCapture
-from .store import VALUE_POLICIES, ForwardSample, SampleStore
+from .options import CaptureOptions
+from .store import ForwardSample, SampleStore
+
+if TYPE_CHECKING:
+    from .sglang.client import SGLangCaptureSession
 
 
 class CaptureSession:
@@ -26,42 +30,15 @@ class CaptureSession:
         forward_seconds / store_seconds: time in the target's forward vs. copying into the ring.
     """
 
-    def __init__(
-        self,
-        target: Any,
-        out_dir: str | os.PathLike[str],
-        *,
-        target_info: Mapping[str, Any],
-        tokenizer_identity: Mapping[str, Any] | None,
-        aux_layer_ids: Sequence[int] | None,
-        state_dtype: torch.dtype,
-        max_length: int | None,
-        metadata: Mapping[str, Any] | None,
-        nonfinite: str,
-        implausible: str,
-        store_options: Mapping[str, Any],
-    ) -> None:
+    def __init__(self, target: Any, out_dir: str | os.PathLike[str], options: CaptureOptions) -> None:
         if not isinstance(target, torch.nn.Module):
             raise InvalidArgumentError(
                 f"cannot capture from a {type(target).__name__}: expected a Hugging Face model (torch.nn.Module)"
             )
-        for name, policy in (("nonfinite", nonfinite), ("implausible", implausible)):
-            if policy not in VALUE_POLICIES:
-                raise InvalidArgumentError(f"{name} must be 'raise' or 'skip', not {policy!r}")
-        self._hooks = HFCapture(target, aux_layer_ids, state_dtype=state_dtype)
+        state_dtype = getattr(torch, options.state_dtype)
+        self._hooks = HFCapture(target, options.aux_layer_ids, state_dtype=state_dtype)
         self.aux_layer_ids = list(self._hooks.aux_layer_ids)
-        self._store = SampleStore.create(
-            out_dir,
-            target_info=target_info,
-            aux_layer_ids=self.aux_layer_ids,
-            state_dtype=str(state_dtype).removeprefix("torch."),
-            tokenizer_identity=tokenizer_identity,
-            max_length=max_length,
-            metadata=metadata,
-            nonfinite=nonfinite,
-            implausible=implausible,
-            **store_options,
-        )
+        self._store = SampleStore.create(out_dir, options, aux_layer_ids=self.aux_layer_ids)
         self.manifest_path = self._store.manifest_path
         self.done = self._store.done
         self._device = next(target.parameters()).device
@@ -157,7 +134,7 @@ def capture(
     target_info: Mapping[str, Any],
     tokenizer_identity: Mapping[str, Any] | None = None,
     aux_layer_ids: Sequence[int] | None = None,
-    state_dtype: torch.dtype = torch.bfloat16,
+    state_dtype: torch.dtype | str = torch.bfloat16,
     precision: str | None = None,
     max_length: int | None = None,
     metadata: Mapping[str, Any] | None = None,
@@ -167,7 +144,7 @@ def capture(
     timeout_s: float = defaults.RING_TIMEOUT_S,
     drop_when_full: bool = False,
     **writer_options: Any,
-) -> CaptureSession:
+) -> CaptureSession | SGLangCaptureSession:
     """Starts capturing EAGLE-3 training data from ``target`` into ``out_dir``: a directory, or an object-storage
     prefix ``s3://bucket/run`` (docs/STORAGE.md: written to a local staging directory, each shard uploaded when it
     commits and its staged copy removed, the manifest last with a conditional PUT; ``staging=`` and
@@ -181,63 +158,51 @@ def capture(
     ``state_dtype``; padding is never stored. On exit (also on an exception) the ring is drained and the
     manifest committed, so everything submitted before stays valid.
 
+    The arguments become one :class:`~eagle_io.capturing.options.CaptureOptions` (where each is described and
+    checked), carried unchanged to the capture core on either backend.
+
     Args:
         target_info: facts about the target (``load_target``'s info: ``num_layers``, ``hidden_size``, ...).
         tokenizer_identity: :func:`eagle_io.data.chat_template_identity`, recorded in the manifest.
         aux_layer_ids: eagle-io ids (input of decoder layer i); None = SGLang's default ``[2, N//2, N-3]``.
         state_dtype: stored dtype (float32 forwards are rounded to nearest-even); float16 (stored, or the target's
             forward) warns: its range ends at 65504, bfloat16 is recommended.
-        nonfinite: ``"raise"`` (default) or ``"skip"`` (counted) for samples with NaN/Inf states, or values the
-            storage dtype cannot hold.
         precision: ``None``/``"bf16"`` (lossless) or ``"fp8"``: states stored as FP8 e4m3fn with one fp32 scale per
             token (lossy, ~2.4x smaller than bf16 lossless' 1.47x: benches/README.md), read back as ``state_dtype``
             (bfloat16 or float32).
+        nonfinite: ``"raise"`` (default) or ``"skip"`` (counted) for samples with NaN/Inf states, or values the
+            storage dtype cannot hold.
         implausible: ``"raise"`` (default) or ``"skip"`` (counted) for samples whose states are finite but cannot be
             real: all zeros, a layer all zeros in a row, rows equal to another sample's of the same forward
             (:mod:`eagle_io.store.values`).
         ring_bytes, timeout_s, drop_when_full: the capture ring (:class:`eagle_io.capturing.ring.RingSink`).
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
             ``world_size``, ``resume``, ...), and ``staging`` / ``staging_bytes`` for an object-storage ``out_dir``.
+            An SGLang engine sets ``rank`` / ``world_size`` from its data-parallel layout and refuses them here.
 
     Raises:
+        InvalidArgumentError: an option :class:`~eagle_io.capturing.options.CaptureOptions` refuses, or one the
+            backend cannot honour.
         ObjectStorageError: a request to the object store failed (names the URL and the HTTP status), at start
             (resume), while capturing or at exit.
     """
     from .sglang import client as sglang_client
 
-    if sglang_client.is_sglang_engine(target):
-        return sglang_client.SGLangCaptureSession(
-            target,
-            out_dir,
-            state_dtype=str(state_dtype).removeprefix("torch."),
-            precision=precision,
-            metadata=metadata,
-            target_info=target_info,
-            tokenizer_identity=tokenizer_identity,
-            aux_layer_ids=aux_layer_ids,
-            max_length=max_length,
-            nonfinite=nonfinite,
-            implausible=implausible,
-            ring_bytes=ring_bytes,
-            timeout_s=timeout_s,
-            **writer_options,
-        )
-    return CaptureSession(
-        target,
-        out_dir,
+    options = CaptureOptions(
         target_info=target_info,
         tokenizer_identity=tokenizer_identity,
         aux_layer_ids=aux_layer_ids,
         state_dtype=state_dtype,
+        precision=precision,
         max_length=max_length,
-        metadata=metadata,
+        metadata=metadata or {},
         nonfinite=nonfinite,
         implausible=implausible,
-        store_options={
-            "precision": precision,
-            "ring_bytes": ring_bytes,
-            "timeout_s": timeout_s,
-            "drop_when_full": drop_when_full,
-            **writer_options,
-        },
+        ring_bytes=ring_bytes,
+        timeout_s=timeout_s,
+        drop_when_full=drop_when_full,
+        writer_options=writer_options,
     )
+    if sglang_client.is_sglang_engine(target):
+        return sglang_client.SGLangCaptureSession(target, out_dir, options)
+    return CaptureSession(target, out_dir, options)

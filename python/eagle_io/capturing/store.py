@@ -28,18 +28,12 @@ from ..store.metadata import eagle3_metadata
 from ..store.schema import eagle3_schema
 from ..store.upload import StagedUpload, local_dir, stage_remote_manifests
 from ..store.writer import ShardWriter
-from .ring import RingSink, check_ring_options
+from .options import VALUE_POLICIES, CaptureOptions
+from .ring import RingSink
 
-__all__ = ["COUNTS", "NONFINITE_POLICIES", "VALUE_POLICIES", "ForwardSample", "SampleStore", "check_sample"]
+__all__ = ["COUNTS", "ForwardSample", "SampleStore", "check_sample"]
 
 logger = logging.getLogger("eagle_io.capture")
-
-VALUE_POLICIES = ("raise", "skip")
-"""What :meth:`SampleStore.put_forward` does with a sample whose states fail a value check
-(:data:`eagle_io.store.values.KINDS`): raise (:class:`~eagle_io.errors.NonFiniteStatesError` for ``nonfinite``,
-:class:`~eagle_io.errors.ImplausibleStatesError` for the others), or skip it and count it (``{kind}_skipped``).
-``nonfinite=`` sets the policy of NaN/Inf, ``implausible=`` the policy of the other kinds."""
-NONFINITE_POLICIES = VALUE_POLICIES
 
 COUNTS = (
     "written",
@@ -183,73 +177,56 @@ class SampleStore:
     def create(
         cls,
         out_dir: str | os.PathLike[str],
+        options: CaptureOptions,
         *,
-        target_info: Mapping[str, Any],
         aux_layer_ids: Sequence[int],
-        state_dtype: str = "bfloat16",
-        precision: str | None = None,
-        tokenizer_identity: Mapping[str, Any] | None = None,
-        max_length: int | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        nonfinite: str = "raise",
-        implausible: str = "raise",
-        ring_bytes: int = defaults.RING_BYTES,
-        batch: int = defaults.RING_BATCH,
-        timeout_s: float = defaults.RING_TIMEOUT_S,
-        drop_when_full: bool = False,
-        quantize_on_device: bool | None = None,
-        staging: str | os.PathLike[str] | None = None,
-        staging_bytes: int = defaults.STAGING_BYTES,
-        **writer_options: Any,
+        target_info: Mapping[str, Any] | None = None,
     ) -> SampleStore:
-        """Opens (or, with ``resume=True``, continues) the EAGLE-3 dataset in ``out_dir`` behind a capture ring.
+        """Opens (or, with ``writer_options["resume"]``, continues) the EAGLE-3 dataset in ``out_dir`` behind a
+        capture ring, with ``options`` (:class:`~eagle_io.capturing.options.CaptureOptions`, checked when built).
 
         ``out_dir`` may be an object-storage prefix (``s3://bucket/run``, docs/STORAGE.md): the dataset is then
-        written to the local directory ``staging`` (default ``./eagle-io-staging/BUCKET/PREFIX``), each shard uploaded
-        when it commits and its staged copy removed (:class:`eagle_io.store.upload.StagedUpload`), the manifest
-        last; :meth:`put_forward` blocks while more than ``staging_bytes`` of committed shards await upload. Resuming
-        continues the remote dataset (its manifest is fetched when the staging directory has none); the prefix is
-        checked first (:func:`eagle_io.store.upload.stage_remote_manifests`).
+        written to the local directory ``writer_options["staging"]`` (default ``./eagle-io-staging/BUCKET/PREFIX``),
+        each shard uploaded when it commits and its staged copy removed (:class:`eagle_io.store.upload.StagedUpload`),
+        the manifest last; :meth:`put_forward` blocks while more than ``writer_options["staging_bytes"]`` (default
+        :data:`eagle_io.defaults.STAGING_BYTES`) of committed shards await upload. Resuming continues the remote
+        dataset (its manifest is fetched when the staging directory has none); the prefix is checked first
+        (:func:`eagle_io.store.upload.stage_remote_manifests`).
 
         Args:
+            aux_layer_ids: the layers the backend captures (eagle-io ids, :mod:`eagle_io.store.eagle3`): ``options``'
+                ids once the backend placed them, or the target's default.
             target_info: ``num_layers``, ``hidden_size``, ``vocab_size`` (and ``model_id``, ``files``,
                 ``architecture`` when known), recorded in the metadata
-                (:func:`eagle_io.store.metadata.eagle3_metadata`).
-            aux_layer_ids: the captured layers (eagle-io ids, :mod:`eagle_io.store.eagle3`).
-            state_dtype: stored dtype name of the states (``"float16"`` warns: bfloat16 is recommended).
-            precision: ``None``/``"bf16"`` (lossless) or ``"fp8"``: the states stored as FP8 e4m3fn with one scale
-                per token (docs/FORMAT.md 3.1), read back as ``state_dtype``; quantised where the copy happens: on
-                their GPU before the device-to-host copy for CUDA states, in the writer's encode pass for CPU ones.
-            quantize_on_device: the ring's choice of where FP8 states are quantised (:class:`RingSink`: None, the
-                default, as above; True also quantises CPU states in torch before the copy; False never).
-            nonfinite, implausible: the value policies (:data:`VALUE_POLICIES`).
-            ring_bytes, batch, timeout_s, drop_when_full: the capture ring (:class:`~eagle_io.capturing.ring.RingSink`).
-            writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
-                ``world_size``, ``resume``...).
-            staging, staging_bytes: for an object-storage ``out_dir`` only (above).
+                (:func:`eagle_io.store.metadata.eagle3_metadata`); default ``options.target_info``.
+
+        FP8 states (``options.precision="fp8"``) are quantised where the copy happens: on their GPU before the
+        device-to-host copy for CUDA states, in the writer's encode pass for CPU ones (``quantize_on_device``:
+        :class:`~eagle_io.capturing.ring.RingSink`).
 
         Raises:
             ObjectStorageError: a request to the object store failed (at resume, or an upload, raised by
                 :meth:`put_forward` / :meth:`close`), naming the object's URL and the HTTP status.
             InvalidArgumentError: ``out_dir`` holds this writer's data without ``resume`` (or, an object-storage one,
-                a capture by another number of writers), a bad option, ``staging`` with a local ``out_dir``, a
-                ``target_info`` without positive ``num_layers`` / ``hidden_size`` / ``vocab_size``, or a
-                ``state_dtype`` that is not floating.
+                a capture by another number of writers), a bad writer option, ``staging`` with a local ``out_dir``,
+                or a ``target_info`` without positive ``num_layers`` / ``hidden_size`` / ``vocab_size``.
             IncompatibleDatasetError: resuming a dataset of another schema or metadata, or from a staging directory
                 that is not the remote dataset's state nor a later one.
         """
-        _check_policy("nonfinite", nonfinite)  # before anything is created on disk
-        _check_policy("implausible", implausible)
-        check_ring_options(ring_bytes=ring_bytes, batch=batch, timeout_s=timeout_s)
+        target_info = dict(options.target_info if target_info is None else target_info)
+        writer_options = dict(options.writer_options)
+        staging = writer_options.pop("staging", None)
+        staging_bytes = writer_options.pop("staging_bytes", defaults.STAGING_BYTES)
         meta = eagle3_metadata(  # checks target_info
             target_info=target_info,
             aux_layer_ids=aux_layer_ids,
-            dtype=state_dtype,
-            tokenizer_identity=tokenizer_identity,
-            max_length=max_length,
-            extra=metadata,
+            dtype=options.state_dtype,
+            tokenizer_identity=options.tokenizer_identity,
+            max_length=options.max_length,
+            extra=options.metadata,
         )
-        schema = eagle3_schema(int(target_info["hidden_size"]), len(aux_layer_ids), state_dtype, precision)
+        hidden = int(target_info["hidden_size"])
+        schema = eagle3_schema(hidden, len(aux_layer_ids), options.state_dtype, options.precision)
         url = os.fspath(out_dir) if layout.is_url(out_dir) else None
         if url is None and staging is not None:
             raise InvalidArgumentError(f"staging is for an object-storage out_dir (s3://...), not {out_dir}")
@@ -264,19 +241,19 @@ class SampleStore:
         done = writer.sample_ids()
         sink = RingSink(
             writer,
-            ring_bytes=ring_bytes,
-            batch=batch,
-            timeout_s=timeout_s,
-            drop_when_full=drop_when_full,
-            quantize_on_device=quantize_on_device,
+            ring_bytes=options.ring_bytes,
+            batch=options.ring_batch,
+            timeout_s=options.timeout_s,
+            drop_when_full=options.drop_when_full,
+            quantize_on_device=options.quantize_on_device,
         )
         store = cls(
             sink,
-            state_dtype=getattr(torch, state_dtype),
-            max_length=max_length,
+            state_dtype=getattr(torch, options.state_dtype),
+            max_length=options.max_length,
             vocab_size=int(target_info["vocab_size"]),
-            nonfinite=nonfinite,
-            implausible=implausible,
+            nonfinite=options.nonfinite,
+            implausible=options.implausible,
             done=done,
             manifest_path=writer.manifest_path,
             aux_layer_ids=aux_layer_ids,

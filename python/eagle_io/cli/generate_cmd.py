@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Iterator
 from itertools import chain, islice, takewhile
+from typing import Any
 
 from .. import defaults
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
@@ -212,19 +213,14 @@ def _engine_args(args: argparse.Namespace) -> dict:
     return out
 
 
-def _hf_session(args, dataset: str, layer_ids):
-    import torch
-
-    from ..capturing.models import load_target
-    from ..capturing.session import capture
+def _capture_options(args, dataset: str, layer_ids, info, tokenizer, **extra: Any):
+    """The run's :class:`~eagle_io.capturing.options.CaptureOptions`, the same for both backends; ``extra``: the
+    backend's own metadata and writer options."""
+    from ..capturing.options import CaptureOptions
     from ..data import chat_template_identity
 
-    model, tokenizer, info = load_target(args.model, dtype=getattr(torch, args.dtype))
-    print(f"target    {info['model_id']}: {info['num_layers']} layers, hidden {info['hidden_size']}, {args.dtype}")
-    remote = {"staging": args.out} if args.remote else {}  # each shard uploaded as it commits
-    session = capture(
-        model,
-        args.remote or args.out,
+    metadata, writer = extra.pop("metadata", {}), extra.pop("writer_options", {})
+    return CaptureOptions(
         target_info=info,
         tokenizer_identity=chat_template_identity(tokenizer, _template_kwargs(args, tokenizer)),
         aux_layer_ids=layer_ids,
@@ -232,23 +228,43 @@ def _hf_session(args, dataset: str, layer_ids):
         precision=args.precision,
         nonfinite=args.nonfinite,
         implausible=args.implausible,
-        metadata={"source_dataset": os.path.basename(dataset), "world_size": args.world_size},
+        metadata={"source_dataset": os.path.basename(dataset), **metadata},
         ring_bytes=args.ring_bytes,
-        shard_bytes=args.shard_bytes,
-        threads=args.threads,
-        rank=args.rank,
-        world_size=args.world_size,
-        resume=args.resume,
-        **remote,
+        writer_options={
+            "shard_bytes": args.shard_bytes,
+            "threads": args.threads,
+            "resume": args.resume,
+            **({"staging": args.out} if args.remote else {}),  # an s3:// --out: each shard uploaded as it commits
+            **writer,
+        },
+        **extra,
     )
-    return session, tokenizer, info, lambda: None
+
+
+def _hf_session(args, dataset: str, layer_ids):
+    import torch
+
+    from ..capturing.models import load_target
+    from ..capturing.session import CaptureSession
+
+    model, tokenizer, info = load_target(args.model, dtype=getattr(torch, args.dtype))
+    print(f"target    {info['model_id']}: {info['num_layers']} layers, hidden {info['hidden_size']}, {args.dtype}")
+    options = _capture_options(
+        args,
+        dataset,
+        layer_ids,
+        info,
+        tokenizer,
+        metadata={"world_size": args.world_size},
+        writer_options={"rank": args.rank, "world_size": args.world_size},
+    )
+    return CaptureSession(model, args.remote or args.out, options), tokenizer, info, lambda: None
 
 
 def _sglang_session(args, dataset: str, layer_ids):
     from ..capturing.models import target_checkpoint
-    from ..capturing.sglang.client import SGLangCaptureSession, capture_options
+    from ..capturing.sglang.client import SGLangCaptureSession
     from ..capturing.sglang.launch import launch_capture_engine
-    from ..data import chat_template_identity
 
     if args.world_size != 1:
         raise InvalidArgumentError("--backend sglang runs one engine: use --dp-size / --tp-size, not --world-size")
@@ -266,29 +282,12 @@ def _sglang_session(args, dataset: str, layer_ids):
         )
     check_out_dir(args, dataset)  # before the checkpoint is made and the engine launched
     path, tokenizer, info = target_checkpoint(args.model)
-    staging = {"staging": args.out} if args.remote else {}
     print(
         f"target    {info['model_id']} through SGLang ({path}): tp {args.tp_size}, dp {args.dp_size}, "
         f"attention dp {args.attn_dp_size}: {args.writers} shard writer(s)"
     )
-    options = capture_options(
-        state_dtype="bfloat16",
-        metadata={"source_dataset": os.path.basename(dataset)},
-        target_info=info,
-        tokenizer_identity=chat_template_identity(tokenizer, _template_kwargs(args, tokenizer)),
-        aux_layer_ids=layer_ids,
-        max_length=args.max_length,
-        nonfinite=args.nonfinite,
-        implausible=args.implausible,
-        ring_bytes=args.ring_bytes,
-        writer_options={
-            "shard_bytes": args.shard_bytes,
-            "threads": args.threads,
-            "resume": args.resume,
-            "precision": args.precision,
-            **staging,  # an s3:// --out: each scheduler's writer stages here and uploads each shard as it commits
-        },
-    )
+    options = _capture_options(args, dataset, layer_ids, info, tokenizer)
+    staging = {"staging": args.out} if args.remote else {}
     engine = launch_capture_engine(path, args.remote or args.out, options, **args.engine_args)
     try:
         session = SGLangCaptureSession(engine, args.remote or args.out, started=True, **staging)

@@ -41,7 +41,7 @@ Environment switches (read when the plugin loads and at startup):
 ``EAGLE_IO_CAPTURE_DIR``           unset        a directory, or an ``s3://`` prefix (staged locally, each shard
                                                 uploaded as it commits: docs/STORAGE.md): each scheduler starts
                                                 capturing into it at startup.
-``EAGLE_IO_CAPTURE_OPTIONS``       ``{}``       JSON options of that capture (``client.capture_options``).
+``EAGLE_IO_CAPTURE_OPTIONS``       ``{}``       JSON options of that capture (``CaptureOptions.to_json``).
 ``EAGLE_IO_ALLOW_SGLANG_VERSION``  unset        an SGLang version outside the supported range, run on knowingly.
 ``EAGLE_IO_GUARD_REPORT``          unset        a file path: each scheduler process appends one JSON line with
                                                 the startup guard's facts and verdict (for health checks).

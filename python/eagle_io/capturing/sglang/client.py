@@ -10,7 +10,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ... import defaults
@@ -19,6 +19,7 @@ from ...sglang.ranks import writers_of
 from ...store import layout
 from ...store.manifest import read_manifest
 from ...store.upload import local_dir
+from ..options import CaptureOptions
 from .protocol import (
     ENV_CAPTURE_DIR,
     ENV_CAPTURE_OPTIONS,
@@ -130,76 +131,61 @@ class SGLangCaptureSession:
     ``close``, context manager, ``done``, ``counts``, ``stats``, ``manifest``), so ``eagle_io.capture`` can hand it
     out for an engine. ``aux_layer_ids`` are the captured layers, from the writers' manifests.
 
-    With ``started=False`` (default) it starts the scheduler-side capture through
-    ``Engine.collective_rpc("eagle_io_capture_start", ...)`` (one data-parallel rank only); with ``started=True`` it
-    attaches to a capture the engine started at launch by environment (``EAGLE_IO_CAPTURE_DIR``; the options then
-    come from ``EAGLE_IO_CAPTURE_OPTIONS``, not from these arguments). Each :meth:`submit` runs one prefill per sample
-    (``max_new_tokens=1``) whose ``custom_params`` carry the sample id and loss mask; :meth:`close` stops every
-    writing scheduler and waits for their manifests (:func:`stop_capture`).
+    With ``options`` it starts the scheduler-side capture through ``Engine.collective_rpc("eagle_io_capture_start",
+    ...)`` (one data-parallel rank only); with ``started=True`` it attaches to a capture the engine started at launch
+    by environment (``EAGLE_IO_CAPTURE_DIR``, options from ``EAGLE_IO_CAPTURE_OPTIONS``:
+    :func:`eagle_io.capturing.sglang.launch.launch_capture_engine`), and takes no options of its own. Each
+    :meth:`submit` runs one prefill per sample (``max_new_tokens=1``) whose ``custom_params`` carry the sample id and
+    loss mask; :meth:`close` stops every writing scheduler and waits for their manifests (:func:`stop_capture`).
 
     Args:
         engine: an ``sglang.Engine`` in capture-only mode.
-        aux_layer_ids: when given, must equal the layers the target captures (SGLang sets them at launch).
-        nonfinite, implausible: ``"raise"`` or ``"skip"`` (counted) for samples with NaN/Inf states, and with
-            all-zero or copied states, as :func:`eagle_io.capture`.
-        resume: continue the dataset in ``out_dir``: ``done`` lists what is committed, :meth:`submit` skips it.
-        writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``...).
+        options: the capture's :class:`~eagle_io.capturing.options.CaptureOptions`, carried to every scheduler's
+            capture core. ``aux_layer_ids``, when given, must equal the layers the target captures (SGLang sets them
+            at launch). ``writer_options`` ``rank`` / ``world_size`` are refused: the data-parallel layout sets them.
+        staging: the local directory of an object-storage ``out_dir`` (an attached session; else
+            ``options.writer_options["staging"]``).
 
     Raises:
-        InvalidArgumentError: ``started=False`` with several data-parallel ranks; or, from the schedulers, a launch that
-            is not capture-only mode, chunked prefill or the radix cache on, other aux layers than ``aux_layer_ids``.
+        InvalidArgumentError: ``options`` with several data-parallel ranks, or with ``started=True``; neither; a
+            writer rank set by hand; or, from the schedulers, a launch that is not capture-only mode, chunked prefill
+            or the radix cache on, other aux layers than ``aux_layer_ids``.
     """
 
     def __init__(
         self,
         engine: Any,
         out_dir: str | os.PathLike[str],
+        options: CaptureOptions | None = None,
         *,
         started: bool = False,
-        state_dtype: str = "bfloat16",
-        metadata: Mapping[str, Any] | None = None,
-        target_info: Mapping[str, Any] | None = None,
-        tokenizer_identity: Mapping[str, Any] | None = None,
-        aux_layer_ids: Sequence[int] | None = None,
-        max_length: int | None = None,
-        nonfinite: str = "raise",
-        implausible: str = "raise",
-        ring_bytes: int = defaults.RING_BYTES,
-        timeout_s: float = defaults.RING_TIMEOUT_S,
-        **writer_options: Any,
+        staging: str | os.PathLike[str] | None = None,
     ) -> None:
+        if started == (options is not None):
+            raise InvalidArgumentError(
+                "an SGLang capture either starts with options, or attaches (started=True) to one the engine started "
+                f"at launch with its own ({ENV_CAPTURE_OPTIONS}); options given: {options is not None}, started: "
+                f"{started}"
+            )
+        if options is not None:
+            refuse_writer_ranks(options)
+            staging = options.writer_options.get("staging")
         self.engine = engine
         self.url = os.fspath(out_dir)  # the dataset: a directory, or an object-storage prefix (staged locally)
-        self.out_dir = local_dir(self.url, writer_options.get("staging"))
+        self.out_dir = local_dir(self.url, staging)
         self.writers = writers_of(engine.server_args)
         self.manifest_path = _manifests(self.out_dir, self.writers)[0] if self.writers == 1 else self.out_dir
         self.counts = dict.fromkeys(("submitted", "already_done"), 0)
         self.answers: list[dict[str, Any]] = []
         self.manifest: dict[str, Any] | None = None
-        if not started:
+        if options is not None:
             if self.writers > 1:
                 raise InvalidArgumentError(
                     f"{self.writers} data-parallel ranks: SGLang's collective_rpc does not reach DP schedulers; start "
                     f"the capture at launch by environment ({ENV_CAPTURE_DIR}, {ENV_CAPTURE_OPTIONS}) and pass "
                     "started=True"
                 )
-            engine.collective_rpc(
-                "eagle_io_capture_start",
-                out_dir=self.url,
-                **capture_options(
-                    state_dtype=state_dtype,
-                    metadata=metadata,
-                    target_info=target_info,
-                    tokenizer_identity=tokenizer_identity,
-                    aux_layer_ids=aux_layer_ids,
-                    max_length=max_length,
-                    nonfinite=nonfinite,
-                    implausible=implausible,
-                    ring_bytes=ring_bytes,
-                    timeout_s=timeout_s,
-                    writer_options=writer_options,
-                ),
-            )
+            engine.collective_rpc("eagle_io_capture_start", out_dir=self.url, options=options.to_json())
         self.done = committed_ids(self.url if layout.is_url(self.url) else self.out_dir, self.writers)
         first = _manifests(self.out_dir, self.writers)[0]
         self.aux_layer_ids = list(read_manifest(first)["metadata"]["aux_layer_ids"]) if os.path.exists(first) else []
@@ -257,19 +243,15 @@ class SGLangCaptureSession:
             logger.error("eagle-io: could not stop the SGLang capture after %s: %s", exc_type.__name__, e)
 
 
-def capture_options(*, writer_options: Mapping[str, Any] | None = None, **options: Any) -> dict[str, Any]:
-    """The scheduler-side options (``eagle_io_capture_start``'s keyword arguments, ``EAGLE_IO_CAPTURE_OPTIONS``'s
-    JSON): ``state_dtype``, ``metadata``, ``target_info``, ``tokenizer_identity``, ``aux_layer_ids``,
-    ``max_length``, ``nonfinite``, ``implausible``, ``ring_bytes``, ``timeout_s``, ``writer_options``; None values
-    are left out."""
-    out = {k: v for k, v in options.items() if v is not None}
-    if "state_dtype" in out:
-        out["state_dtype"] = str(out["state_dtype"]).removeprefix("torch.")
-    for k in ("metadata", "target_info", "tokenizer_identity"):
-        if k in out:
-            out[k] = dict(out[k])
-    out["writer_options"] = dict(writer_options or {})
-    return out
+def refuse_writer_ranks(options: CaptureOptions) -> None:
+    """Refuses shard-writer ranks set by hand on SGLang: each scheduler's comes from its data-parallel layout
+    (:mod:`eagle_io.sglang.ranks`).
+
+    Raises:
+        InvalidArgumentError: ``writer_options`` holds ``rank`` or ``world_size``.
+    """
+    why = "SGLang's data-parallel layout numbers the writers (eagle_io.sglang.ranks); leave it out"
+    options.refuse("eagle-io's SGLang capture", rank=why, world_size=why)
 
 
 def is_sglang_engine(obj: Any) -> bool:

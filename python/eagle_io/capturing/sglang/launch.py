@@ -11,6 +11,8 @@ from typing import Any
 
 from ...errors import InvalidArgumentError
 from ...store.upload import local_dir
+from ..options import CaptureOptions
+from .client import refuse_writer_ranks
 from .protocol import ENV_CAPTURE_DIR, ENV_CAPTURE_OPTIONS
 
 #: The engine arguments of SGLang 0.5.23's capture-only mode as eagle-io's capture needs it: aux states captured
@@ -25,9 +27,9 @@ CAPTURE_ENGINE_ARGS: dict[str, Any] = {
 
 
 def capture_layer_args(
-    model_path: str | os.PathLike[str], options: Mapping[str, Any], engine_args: Mapping[str, Any]
+    model_path: str | os.PathLike[str], options: CaptureOptions, engine_args: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The engine argument that makes SGLang capture ``options["aux_layer_ids"]`` (eagle-io ids), or ``{}``.
+    """The engine argument that makes SGLang capture ``options.aux_layer_ids`` (eagle-io ids), or ``{}``.
 
     SGLang's capture-only mode hands ``return_aux_hidden_state_layer_ids`` to the target's
     ``set_eagle3_layers_to_capture`` as explicit ids (``spec_aux_hidden_state.py``,
@@ -42,7 +44,7 @@ def capture_layer_args(
             cannot express, an unreadable ``config.json``, or a ``return_aux_hidden_state_layer_ids`` engine argument
             that disagrees.
     """
-    ids = options.get("aux_layer_ids")
+    ids = options.aux_layer_ids
     if ids is None:
         return {}
     from ...sglang.checkpoint import read_checkpoint
@@ -69,7 +71,7 @@ def capture_layer_args(
 def launch_capture_engine(
     model_path: str | os.PathLike[str],
     out_dir: str | os.PathLike[str],
-    options: Mapping[str, Any],
+    options: CaptureOptions,
     **engine_args: Any,
 ) -> Any:
     """Starts an ``sglang.Engine`` over the HF checkpoint ``model_path`` whose schedulers capture into ``out_dir``
@@ -77,8 +79,8 @@ def launch_capture_engine(
     each shard uploaded as it commits: docs/STORAGE.md).
 
     Args:
-        options: the capture options (:func:`eagle_io.capturing.sglang.client.capture_options`), handed to every
-            scheduler through ``EAGLE_IO_CAPTURE_OPTIONS``.
+        options: the capture's :class:`~eagle_io.capturing.options.CaptureOptions`, handed to every scheduler
+            through ``EAGLE_IO_CAPTURE_OPTIONS`` (JSON); writer ranks are refused (the data-parallel layout sets them).
         engine_args: further ``sglang.Engine`` arguments (``tp_size``, ``dp_size``, ``device``,
             ``attention_backend``, ``mem_fraction_static``...); they may not contradict
             :data:`CAPTURE_ENGINE_ARGS`. ``options["aux_layer_ids"]`` become ``return_aux_hidden_state_layer_ids``
@@ -89,9 +91,10 @@ def launch_capture_engine(
         object-storage ``out_dir``).
 
     Raises:
-        InvalidArgumentError: an engine argument that contradicts capture-only mode, or aux layer ids the target
-            cannot capture (:func:`capture_layer_args`).
+        InvalidArgumentError: an engine argument that contradicts capture-only mode, aux layer ids the target
+            cannot capture (:func:`capture_layer_args`), or writer ranks set by hand.
     """
+    refuse_writer_ranks(options)
     clash = {k: v for k, v in engine_args.items() if k in CAPTURE_ENGINE_ARGS and v != CAPTURE_ENGINE_ARGS[k]}
     if clash:
         raise InvalidArgumentError(f"engine arguments {clash} contradict eagle-io's capture-only mode")
@@ -101,9 +104,9 @@ def launch_capture_engine(
     out_dir = os.fspath(out_dir)
     # The stop and answer files' directory (the staging of an s3:// out_dir); a stop file left there by an
     # interrupted stop is ignored (its token).
-    os.makedirs(local_dir(out_dir, (options.get("writer_options") or {}).get("staging")), exist_ok=True)
+    os.makedirs(local_dir(out_dir, options.writer_options.get("staging")), exist_ok=True)
     saved = {k: os.environ.get(k) for k in (ENV_CAPTURE_DIR, ENV_CAPTURE_OPTIONS)}
-    os.environ[ENV_CAPTURE_DIR], os.environ[ENV_CAPTURE_OPTIONS] = out_dir, json.dumps(dict(options))
+    os.environ[ENV_CAPTURE_DIR], os.environ[ENV_CAPTURE_OPTIONS] = out_dir, json.dumps(options.to_json())
     try:  # the scheduler processes are spawned here and keep this environment
         return sglang.Engine(model_path=os.fspath(model_path), **{**CAPTURE_ENGINE_ARGS, **engine_args})
     finally:

@@ -21,12 +21,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ... import defaults
 from ...errors import InvalidArgumentError
 from ...sglang import compat, hooks, probe
 from ...store import layout
 from ...store.upload import local_dir
+from ..options import CaptureOptions
 from ..store import ForwardSample, SampleStore, check_sample
+from .client import refuse_writer_ranks
 from .protocol import (
     ENV_CAPTURE_DIR,
     ENV_CAPTURE_OPTIONS,
@@ -47,6 +48,8 @@ class _SchedulerCapture:
     """One capture in one scheduler process."""
 
     def __init__(self, scheduler: Any, out_dir: str, options: Mapping[str, Any]) -> None:
+        opts = CaptureOptions.from_json(options)  # the client's options, JSON through the RPC or the environment
+        refuse_writer_ranks(opts)
         v = compat.sglang_version()
         if not compat.capture_supported(v):
             raise InvalidArgumentError(
@@ -58,8 +61,8 @@ class _SchedulerCapture:
                 "the target captures no aux states: launch SGLang in capture-only mode "
                 "(enable_return_aux_hidden_states=True, speculative_algorithm='EAGLE3')"
             )
-        wanted = options.get("aux_layer_ids")
-        if wanted is not None and [int(i) for i in wanted] != list(t["layers"]):
+        wanted = opts.aux_layer_ids
+        if wanted is not None and list(wanted) != list(t["layers"]):
             raise InvalidArgumentError(
                 f"aux_layer_ids {list(wanted)} were asked for, but this SGLang target captures {list(t['layers'])} "
                 "(eagle-io ids: input of layer i); set them at launch (the draft config's eagle_config)"
@@ -74,9 +77,9 @@ class _SchedulerCapture:
                 "the radix cache is on: shared prefixes would not be recomputed; launch with disable_radix_cache=True"
             )
         # An object-storage out_dir (s3://...) is staged locally: the stop and answer files live in the staging.
-        staging = (options.get("writer_options") or {}).get("staging")
+        staging = opts.writer_options.get("staging")
         self.out_dir, self.writer_rank = local_dir(out_dir, staging), t["writer_rank"]
-        self.max_length = options.get("max_length")
+        self.max_length = opts.max_length
         self.vocab_size = int(t["vocab_size"])
         self.writes = t["writes"]
         self.store: SampleStore | None = None
@@ -88,29 +91,14 @@ class _SchedulerCapture:
             "hidden_size": t["hidden_size"],
             "vocab_size": t["vocab_size"],
             "architecture": t["architecture"],
-            **dict(options.get("target_info") or {}),
+            **opts.target_info,
         }
-        self.store = SampleStore.create(
-            out_dir,
-            target_info=info,
-            aux_layer_ids=list(t["layers"]),
-            state_dtype=str(options.get("state_dtype", "bfloat16")),
-            tokenizer_identity=options.get("tokenizer_identity"),
-            max_length=self.max_length,
-            metadata={
-                "capture_backend": f"sglang {v}",
-                "dp_size": t["dp_size"],
-                "attn_dp_size": t["attn_dp_size"],
-                **dict(options.get("metadata") or {}),
-            },
-            nonfinite=str(options.get("nonfinite", "raise")),
-            implausible=str(options.get("implausible", "raise")),
-            ring_bytes=int(options.get("ring_bytes", defaults.RING_BYTES)),
-            timeout_s=float(options.get("timeout_s", defaults.RING_TIMEOUT_S)),
-            rank=t["writer_rank"],
-            world_size=t["writers"],
-            **dict(options.get("writer_options") or {}),
+        launch = {"capture_backend": f"sglang {v}", "dp_size": t["dp_size"], "attn_dp_size": t["attn_dp_size"]}
+        opts = opts.replace(
+            metadata={**launch, **opts.metadata},
+            writer_options={**opts.writer_options, "rank": t["writer_rank"], "world_size": t["writers"]},
         )
+        self.store = SampleStore.create(out_dir, opts, aux_layer_ids=list(t["layers"]), target_info=info)
         # A stop file present now asks an earlier run to stop: only another token stops this one.
         self.stale_token = read_token(os.path.join(self.out_dir, STOP_FILE))
         self.answer_lock = threading.Lock()
@@ -203,7 +191,7 @@ def _forward_hook(result: Any, *args: Any, **kwargs: Any) -> None:
     return None
 
 
-def _start(self: Any, out_dir: str, **options: Any) -> None:
+def _start(self: Any, out_dir: str, options: Mapping[str, Any]) -> None:
     """``Scheduler.eagle_io_capture_start`` (through ``Engine.collective_rpc``, or at startup by environment). A
     stopped capture stays active until the next start, so that requests reaching it are counted (``after_stop``)."""
     global _ACTIVE
@@ -219,7 +207,7 @@ def _start_from_env(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``Scheduler.init_all_cuda_graphs``: starts the capture named by ``EAGLE_IO_CAPTURE_DIR``."""
     out_dir = os.environ.get(ENV_CAPTURE_DIR)
     if out_dir:
-        _start(scheduler, out_dir, **json.loads(os.environ.get(ENV_CAPTURE_OPTIONS) or "{}"))
+        _start(scheduler, out_dir, json.loads(os.environ.get(ENV_CAPTURE_OPTIONS) or "{}"))
         logger.info("eagle-io capture started from %s=%s", ENV_CAPTURE_DIR, out_dir)
     return None
 

@@ -1,0 +1,69 @@
+"""One capture options object (eagle_io.capturing.options.CaptureOptions), checked once and carried unchanged from
+``eagle_io.capture`` to the capture core on both backends; what a backend cannot honour is refused."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import eagle_io
+from eagle_io.capturing.options import CaptureOptions
+from eagle_io.capturing.sglang.client import SGLangCaptureSession
+
+
+def test_options_round_trip_through_json_and_refuse_unknown_keys():
+    o = CaptureOptions(
+        target_info={"num_layers": 8},
+        aux_layer_ids=[2, 4, 5],
+        state_dtype=torch.float32,
+        precision="fp8",
+        drop_when_full=True,
+        writer_options={"shard_bytes": 1 << 20},
+    )
+    assert (o.state_dtype, o.aux_layer_ids) == ("float32", (2, 4, 5))
+    wire = json.loads(json.dumps(o.to_json()))
+    assert CaptureOptions.from_json(wire) == o and wire["aux_layer_ids"] == [2, 4, 5]
+    with pytest.raises(eagle_io.InvalidArgumentError, match=r"unknown capture option\(s\) \['drop_when_ful'\]"):
+        CaptureOptions.from_json({**wire, "drop_when_ful": True})
+    with pytest.raises(eagle_io.InvalidArgumentError, match="nonfinite must be 'raise' or 'skip', not 'drop'"):
+        o.replace(nonfinite="drop")
+    with pytest.raises(eagle_io.InvalidArgumentError, match="aux_layer_ids must be a list of integers"):
+        CaptureOptions(aux_layer_ids=[2, "15", 27])
+
+
+def test_sglang_refuses_writer_ranks_and_options_it_would_not_use(tmp_path):
+    """Before: ``rank``/``world_size`` reached the schedulers' writers and were overwritten by the DP layout, and an
+    attached session (``started=True``) dropped the options it was given."""
+    engine = SimpleNamespace(server_args=SimpleNamespace(dp_size=1))
+    for key in ("rank", "world_size"):
+        with pytest.raises(eagle_io.InvalidArgumentError, match=f"{key}=1 cannot be honoured by eagle-io's SGLang"):
+            SGLangCaptureSession(engine, tmp_path, CaptureOptions(writer_options={key: 1}))
+    with pytest.raises(eagle_io.InvalidArgumentError, match="options given: True, started: True"):
+        SGLangCaptureSession(engine, tmp_path, CaptureOptions(), started=True)
+
+
+def test_the_sglang_scheduler_honours_drop_when_full(tmp_path, monkeypatch):
+    """``drop_when_full`` was silently ignored on SGLang (``eagle_io.capture`` never passed it on): the scheduler's
+    capture core now gets it, with every other option, from the JSON the client sent."""
+    pytest.importorskip("sglang.srt.runtime_context")
+    import sglang.srt.runtime_context as rc
+
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(dp_size=1, attn_dp_size=1, attn_tp_rank=0))
+    text = SimpleNamespace(hidden_size=8, num_hidden_layers=8, vocab_size=100)
+    model = SimpleNamespace(capture_aux_hidden_states=True, model=SimpleNamespace(layers_to_capture=[2, 4, 5]))
+    runner = SimpleNamespace(model=model, model_config=SimpleNamespace(hf_text_config=text))
+    sched = SimpleNamespace(
+        tp_worker=SimpleNamespace(model_runner=runner),
+        server_args=SimpleNamespace(chunked_prefill_size=-1, disable_radix_cache=True),
+    )
+    sent = CaptureOptions(drop_when_full=True, ring_bytes=1 << 16, max_length=64, nonfinite="skip").to_json()
+    cap = sc._SchedulerCapture(sched, str(tmp_path), sent)
+    sink = cap.store._sink
+    assert sink._drop is True and sink.stats()["ring_capacity"] == 1 << 16
+    assert (cap.store.nonfinite, cap.store.max_length) == ("skip", 64)
+    cap.stop("t")
