@@ -14,14 +14,14 @@ spelled out in full; it refuses ``--config`` and an abbreviation of them rather 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgumentError
 from .compat import resolve_algorithm
 
-__all__ = ["LaunchArgs", "launch_args"]
+__all__ = ["LaunchArgs", "launch_args", "reader"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,24 @@ def _fallback_parse(argv: list[str]) -> argparse.Namespace:
     return ns
 
 
+def reader(server_args: Any) -> Callable[..., Any]:
+    """``get(field, default=None)`` over ``server_args``: a mapping of ``ServerArgs`` field names (its keys), or a
+    ``ServerArgs`` (its resolved view once resolution has run, ``ServerArgs.resolve_once`` /
+    ``sglang.srt.arg_groups.overrides.resolved_view``: the raw attribute can still show an unresolved value)."""
+    if isinstance(server_args, Mapping):
+        return server_args.get
+    view = server_args
+    if getattr(server_args, "_resolution_finished", False):
+        from sglang.srt.arg_groups.overrides import resolved_view
+
+        view = resolved_view(server_args)
+
+    def get(key: str, default: Any = None) -> Any:
+        return getattr(view, key, default)
+
+    return get
+
+
 def launch_args(server_args: Any) -> LaunchArgs:
     """Reads :class:`LaunchArgs` from raw SGLang launch arguments (``["--model-path", "m", ...]``, as given to
     ``python -m sglang.launch_server``), a mapping of ``ServerArgs`` field names, or a ``ServerArgs`` object.
@@ -127,18 +145,7 @@ def launch_args(server_args: Any) -> LaunchArgs:
         if ns is None:
             ns, parser = _fallback_parse(argv), "eagle-io"
         server_args = vars(ns)
-    if isinstance(server_args, Mapping):
-        get = server_args.get
-    else:
-        view = server_args
-        if getattr(server_args, "_resolution_finished", False):
-            from sglang.srt.arg_groups.overrides import resolved_view
-
-            view = resolved_view(server_args)
-
-        def get(key: str, default: Any = None) -> Any:
-            return getattr(view, key, default)
-
+    get = reader(server_args)
     algo = get("speculative_algorithm")
     ctx = get("context_length")
     return LaunchArgs(

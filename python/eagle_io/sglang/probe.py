@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import InternalError, SGLangCompatError
 from .compat import SUPPORTED_SGLANG, sglang_version
 from .hooks import DECODE_METHOD, PREFILL_METHOD
+from .launch_args import reader
 from .ranks import capture_ranks
 
 
@@ -275,12 +276,7 @@ def capture_target(scheduler: Any) -> dict[str, Any]:
     cap = _capture_model(model)
     owner = getattr(cap, "model", cap)
     text = _attr(runner, "model_config.hf_text_config", "model_config.hf_config")
-    sa = _attr(scheduler, "server_args")
-    view = sa
-    if getattr(sa, "_resolution_finished", False):
-        from sglang.srt.arg_groups.overrides import resolved_view
-
-        view = resolved_view(sa)
+    get = reader(_attr(scheduler, "server_args"))
     ranks = capture_ranks(get_parallel())
     return {
         "architecture": type(model).__name__,
@@ -289,13 +285,13 @@ def capture_target(scheduler: Any) -> dict[str, Any]:
         "vocab_size": int(_attr(text, "vocab_size")),
         "capture_enabled": bool(getattr(cap, "capture_aux_hidden_states", False)),
         "layers": [int(i) for i in (getattr(owner, "layers_to_capture", None) or ())],
-        "chunked_prefill_size": getattr(view, "chunked_prefill_size", None),
-        "radix_cache_disabled": bool(getattr(view, "disable_radix_cache", False)),
+        "chunked_prefill_size": get("chunked_prefill_size"),
+        "radix_cache_disabled": bool(get("disable_radix_cache", False)),
         "writer_rank": ranks.writer_rank,
         "writers": ranks.writers,
         "writes": ranks.writes,
-        "dp_size": int(getattr(view, "dp_size", 1) or 1),
-        "attn_dp_size": int(getattr(view, "attn_dp_size", 1) or 1),
+        "dp_size": int(get("dp_size", 1) or 1),
+        "attn_dp_size": int(get("attn_dp_size", 1) or 1),
     }
 
 

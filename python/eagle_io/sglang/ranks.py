@@ -20,11 +20,11 @@ module import time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidArgumentError
+from .launch_args import reader
 
 __all__ = ["CaptureRanks", "capture_ranks", "writers_of"]
 
@@ -92,18 +92,7 @@ def writers_of(server_args: Any) -> int:
     Raises:
         InvalidArgumentError: replicas and attention DP at once, or attention context parallelism.
     """
-    if isinstance(server_args, Mapping):
-        get = server_args.get
-    else:
-        view = server_args
-        if getattr(server_args, "_resolution_finished", False):
-            from sglang.srt.arg_groups.overrides import resolved_view
-
-            view = resolved_view(server_args)
-
-        def get(key: str, default: Any = None) -> Any:
-            return getattr(view, key, default)
-
+    get = reader(server_args)
     dp, attn_dp = int(get("dp_size", 1) or 1), int(get("attn_dp_size", 1) or 1)
     if get("enable_dp_attention", False) and attn_dp == 1:
         dp, attn_dp = 1, dp
