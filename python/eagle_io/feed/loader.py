@@ -45,8 +45,9 @@ class Loader:
     :class:`PackingCollator`, or whatever ``collate_fn`` returns).
 
     Buffer-reuse contract: the tensors of a CPU batch are views of the loader's ring; batch ``k`` stays valid until
-    the consumer takes batch ``k + keep`` (by default: until the next batch is asked for). ``clone()`` what is kept
-    longer, or raise ``keep``. ``debug=True`` enforces it: any torch operation on a batch's tensor (or a view of it)
+    the consumer takes batch ``k + keep`` (by default: until the next batch is asked for), and at the latest until
+    the next pass over the loader starts (the buffers serve every epoch). ``clone()`` what is kept longer, or raise
+    ``keep``. ``debug=True`` enforces it: any torch operation on a batch's tensor (or a view of it)
     after that raises :class:`eagle_io.errors.BatchRecycledError`, and a reused buffer is first filled with 0xFF (NaN
     in bf16), so reads around torch (``.numpy()``) see poison, not data (:mod:`eagle_io.feed.ring`). With
     ``device``, the batch is copied to it on a side stream and the yielded tensors are the device copies (fresh
@@ -146,6 +147,10 @@ class Loader:
             warnings.warn("Loader(pin_memory=True): CUDA is not available, so the batch buffers are not pinned",
                           stacklevel=2)  # fmt: skip
         self.pin_memory = (pin_memory or self.device is not None) and cuda
+        # The ring's slots, kept from pass to pass; with a device copy the slots are only staging, reused as soon
+        # as their copy completed, so `keep` needs none.
+        n_slots = prefetch if self.device is not None else prefetch + keep
+        self._slots = [Slot(i, self.pin_memory) for i in range(n_slots)]
         self._epochs = 0  # iterations started, for shuffle=True
         self._pending: dict[str, Any] | None = None
         self._state: dict[str, Any] | None = None  # after the last batch taken; None before any iteration
@@ -298,11 +303,9 @@ def _check_device(device: Any) -> torch.device | None:
 def _start(loader: Loader, source, stopped: threading.Event) -> tuple[Iterator[Any], _Stop]:
     """Starts one pass: the producer thread, and the consumer's generator. Closing the generator (``break``, an
     exception, garbage collection) or calling the returned :class:`_Stop` stops the producer and joins it."""
-    device = loader.device
-    slots = loader.prefetch if device is not None else loader.prefetch + loader.keep
-    ring = Ring(slots, loader.prefetch, pin=loader.pin_memory, poison=loader.debug, stopped=stopped)
+    ring = Ring(loader._slots, loader.prefetch, poison=loader.debug, stopped=stopped)
     out: queue.SimpleQueue = queue.SimpleQueue()
-    stream = torch.cuda.Stream(device) if device is not None else None
+    stream = torch.cuda.Stream(loader.device) if loader.device is not None else None
     thread = threading.Thread(target=_produce, args=(loader, source, ring, out, stream), name="eagle-io-loader")
     thread.daemon = True
     thread.start()

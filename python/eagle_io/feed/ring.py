@@ -58,12 +58,16 @@ class Slot:
 
 
 class Ring:
-    """``n`` slots handed out in turn (:meth:`acquire` for batch ``k`` takes slot ``k % n``), at most ``ahead``
+    """``slots`` handed out in turn (:meth:`acquire` for batch ``k`` takes slot ``k % n``), at most ``ahead``
     batches acquired and not yet :meth:`taken` by the consumer; :meth:`stop` wakes a producer waiting for one (it
-    then gets None) and sets :attr:`stopped`."""
+    then gets None) and sets :attr:`stopped`. The slots outlive a ring: a loader's next pass reuses them (and their
+    memory, already mapped), after the previous pass's ring released them all."""
 
-    def __init__(self, n: int, ahead: int, pin: bool, poison: bool, stopped: threading.Event) -> None:
-        self.slots = [Slot(i, pin) for i in range(n)]
+    def __init__(self, slots: list[Slot], ahead: int, poison: bool, stopped: threading.Event) -> None:
+        for slot in slots:
+            slot.generation += slot.held  # a batch the last pass's consumer still held expires now
+            slot.held = False
+        self.slots = slots
         self.poison = poison
         self.stopped = stopped
         self._ahead, self._in_flight = ahead, 0
