@@ -188,8 +188,9 @@ def prepare_dataset(path: str, limit: int | None) -> Data:
     print(f"data {base.name}: eagle-io {t1 - t0:.1f} s, export-specforge {time.perf_counter() - t1:.1f} s", flush=True)
     ids = [ds.entry(p).sample_id for p in range(len(ds))]
     tokens, mb = sum(ds.lengths()), sum(ds.lengths()) * 8 * H / 1e6
-    desc = (f"the first {n} samples of {path} ({src.metadata.get('target_model', '?')}), {tokens} tokens, "
-            f"{mb:.1f} MB of bf16 aux + final states")  # fmt: skip
+    target = src.metadata.get("target_model", "?")
+    target = target.get("model_id", "?") if isinstance(target, dict) else target
+    desc = f"the first {n} samples of {path} ({target}), {tokens} tokens, {mb:.1f} MB of bf16 aux + final states"
     return Data(base / "eagleio", [exported_path(base / "ckpt", i) for i in ids], ds.lengths(), 8 * H, desc)
 
 
