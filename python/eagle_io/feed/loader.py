@@ -25,7 +25,7 @@ from ..errors import ArgumentTypeError, InvalidArgumentError
 from .collate import PaddingCollator, _Collator
 from .dataset import ShardDataset
 from .follow import FollowingShardDataset
-from .ring import Ring, Slot, lease
+from .ring import Ring, Slot, lease, tensors
 from .samplers import RankSampler
 
 _END = object()
@@ -334,9 +334,8 @@ def _consume(loader: Loader, ring: Ring, out: queue.SimpleQueue, stream: Any, st
             if event is not None:
                 current = torch.cuda.current_stream(loader.device)
                 current.wait_event(event)
-                for v in batch.values():
-                    if isinstance(v, torch.Tensor):
-                        v.record_stream(current)
+                for t in tensors(batch):
+                    t.record_stream(current)  # allocated on the side stream, used on this one
             loader._state = state
             yield batch
     finally:
@@ -378,10 +377,7 @@ def _produce(loader: Loader, source, ring: Ring, out: queue.SimpleQueue, stream:
             event = None
             if stream is not None:
                 with torch.cuda.stream(stream):
-                    batch = {
-                        key: v.to(loader.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
-                        for key, v in batch.items()
-                    }
+                    batch = _to_device(batch, loader.device)
                     event = torch.cuda.Event()
                     event.record(stream)
                 ring.release(slot, event)  # the device copy owns the data; the slot is reused once it is done
@@ -390,3 +386,15 @@ def _produce(loader: Loader, source, ring: Ring, out: queue.SimpleQueue, stream:
         out.put(_END)
     except BaseException as e:  # every failure is raised again in the consumer's thread
         out.put(_Failed(e))
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` (a dict, list or tuple of tensors and other values, nested) with its tensors copied to ``device``
+    (``non_blocking``: from pinned memory, asynchronous on the current stream)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)([_to_device(v, device) for v in batch])
+    return batch

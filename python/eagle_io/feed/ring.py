@@ -120,7 +120,7 @@ class LeasedTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         lease = None
-        for t in _tensors((args, kwargs)):
+        for t in tensors((args, kwargs)):
             if isinstance(t, LeasedTensor):
                 _check(t._lease)
                 lease = lease or t._lease
@@ -145,15 +145,16 @@ def _check(lease: tuple[Slot, int, int, str, int]) -> None:
         )
 
 
-def _tensors(obj: Any) -> Iterable[torch.Tensor]:
+def tensors(obj: Any) -> Iterable[torch.Tensor]:
+    """The tensors in ``obj`` (a tensor, or dicts, lists and tuples of them, nested)."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, (list, tuple)):
         for o in obj:
-            yield from _tensors(o)
+            yield from tensors(o)
     elif isinstance(obj, dict):
         for o in obj.values():
-            yield from _tensors(o)
+            yield from tensors(o)
 
 
 def _relabel(out: Any, lease: tuple | None) -> Any:
