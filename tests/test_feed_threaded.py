@@ -32,13 +32,6 @@ from eagle_io.feed import (
 H = 8
 
 
-@pytest.fixture(scope="module")
-def feed(tmp_path_factory):
-    """40 samples (ids 1000+i, lengths 1..23) in several shards; returns (root, {sample_id: sample})."""
-    root = tmp_path_factory.mktemp("threaded")
-    return root, write_samples(root, 1000, LENGTHS[:40], H)
-
-
 def loader_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name == "eagle-io-loader"]
 
@@ -74,8 +67,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_batches_equal_the_dataloaders_for_every_collator_and_sampler(feed, case):
-    root, _ = feed
+def test_batches_equal_the_dataloaders_for_every_collator_and_sampler(feed_dataset, case):
+    root, _ = feed_dataset
     ds = ShardDataset(root)
     make_args, make_collator = CASES[case]
     expected = list(torch.utils.data.DataLoader(ds, collate_fn=make_collator(), **make_args(ds)))
@@ -86,8 +79,8 @@ def test_batches_equal_the_dataloaders_for_every_collator_and_sampler(feed, case
     assert loader_threads() == []
 
 
-def test_follow_batches_equal_the_dataloaders_and_resume_per_capture(feed):
-    root, _ = feed
+def test_follow_batches_equal_the_dataloaders_and_resume_per_capture(feed_dataset):
+    root, _ = feed_dataset
     expected = list(torch.utils.data.DataLoader(ShardDataset(root, follow=True), batch_size=6,
                                                 collate_fn=PaddingCollator()))  # fmt: skip
     loader = Loader(ShardDataset(root, follow=True, poll_s=0.05), batch_size=6)
@@ -120,8 +113,8 @@ def test_a_real_sigint_while_waiting_for_a_batch_reaches_the_loop_and_stops_the_
     assert loader_threads() == [], "stopped before the KeyboardInterrupt left next()"
 
 
-def test_mid_epoch_resume_over_two_ranks_gives_every_sample_once(feed):
-    root, _ = feed
+def test_mid_epoch_resume_over_two_ranks_gives_every_sample_once(feed_dataset):
+    root, _ = feed_dataset
     ds = ShardDataset(root)
 
     def make(rank):
@@ -150,8 +143,8 @@ def test_mid_epoch_resume_over_two_ranks_gives_every_sample_once(feed):
         assert Counter(seen) == Counter(range(1000, 1040)), "every sample exactly once over the two ranks"
 
 
-def test_resume_through_a_plain_sampler_and_after_a_finished_epoch(feed):
-    root, _ = feed
+def test_resume_through_a_plain_sampler_and_after_a_finished_epoch(feed_dataset):
+    root, _ = feed_dataset
     ds = ShardDataset(root)
     loader = Loader(ds, batch_size=7)
     it = iter(loader)
@@ -181,8 +174,8 @@ def test_resume_through_a_plain_sampler_and_after_a_finished_epoch(feed):
 
 
 @pytest.mark.parametrize("keep", [1, 2])
-def test_debug_mode_catches_a_batch_used_after_its_buffers_were_reused(feed, keep):
-    root, samples = feed
+def test_debug_mode_catches_a_batch_used_after_its_buffers_were_reused(feed_dataset, keep):
+    root, samples = feed_dataset
     # batch 0: 4 long samples; then 1-token batches, so a reused slot's tail keeps its poison
     batches = [[1, 3, 5, 7]] + [[0]] * 4
     loader = Loader(ShardDataset(root), batch_sampler=batches, keep=keep, prefetch=1, debug=True)
@@ -227,8 +220,8 @@ def test_a_corrupt_record_raises_in_the_consumer_naming_the_sample(tmp_path):
     assert batches[2] == ([2008, 2010, 2011], [2009])
 
 
-def test_shutdown_leaves_no_thread_on_break_exception_or_collection(feed):
-    root, _ = feed
+def test_shutdown_leaves_no_thread_on_break_exception_or_collection(feed_dataset):
+    root, _ = feed_dataset
     loader = Loader(ShardDataset(root), batch_size=2, prefetch=4)
     for k, _ in enumerate(loader):
         if k == 1:
@@ -252,8 +245,8 @@ def test_shutdown_leaves_no_thread_on_break_exception_or_collection(feed):
     assert len(loader) == 20
 
 
-def test_cpu_fallback_of_pinned_and_device_options(feed):
-    root, _ = feed
+def test_cpu_fallback_of_pinned_and_device_options(feed_dataset):
+    root, _ = feed_dataset
     ds = ShardDataset(root)
     expected = [cloned(b) for b in Loader(ds, batch_size=5)]
     if torch.cuda.is_available():
@@ -276,8 +269,8 @@ def test_cpu_fallback_of_pinned_and_device_options(feed):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: pinned buffers and a side stream")
-def test_pinned_device_path(feed):
-    root, _ = feed
+def test_pinned_device_path(feed_dataset):
+    root, _ = feed_dataset
     ds = ShardDataset(root)
     sampler = LengthGroupedBatchSampler(ds.lengths(), max_tokens=48, seed=2)
     expected = list(torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=PackingCollator(48)))
