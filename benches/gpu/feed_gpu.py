@@ -83,15 +83,16 @@ def write_data(root: Path, args: argparse.Namespace) -> tuple[list[int], list[st
     return lengths, paths
 
 
-def run_pass(loader, device: torch.device | None, ours: bool) -> tuple[int, int]:
+def run_pass(loader, device: torch.device | None, ours: bool, lengths: list[int]) -> tuple[int, int]:
     """One pass: every batch on the device (ours: the Loader copied it; else ``.to(non_blocking=True)`` here),
-    synchronised at the end. -> (tokens, bytes of tensors delivered)."""
+    synchronised once at the end (tokens are counted from the sample ids, which stay on the host). -> (tokens,
+    bytes of tensors delivered)."""
     tokens = nbytes = 0
     for b in loader:
         tensors = {k: v for k, v in b.items() if isinstance(v, torch.Tensor)}
         if device is not None and not ours:
             tensors = {k: v.to(device, non_blocking=True) for k, v in tensors.items()}
-        tokens += int(tensors["lengths"].sum())
+        tokens += sum(lengths[i] for i in b["sample_ids"])
         nbytes += sum(t.numel() * t.element_size() for t in tensors.values())
     if device is not None:
         torch.cuda.synchronize(device)
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                 if phase == "cold":
                     evict(files)  # DataLoader workers start inside the cold pass, as at a job's start
                 w0, c0 = time.perf_counter(), cpu.seconds()
-                tokens, nbytes = run_pass(loader, device, ours)
+                tokens, nbytes = run_pass(loader, device, ours, lengths)
                 wall, cpu_s = time.perf_counter() - w0, max(cpu.seconds() - c0, 0.01)
                 assert tokens == sum(lengths), (path, tokens)
                 if phase not in figures or wall < figures[phase]["wall_s"]:
