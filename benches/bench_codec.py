@@ -139,6 +139,7 @@ def main():
     ap.add_argument("-n", type=int, default=44)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    torch.set_num_threads(1)  # the torch rows run as in DataLoader workers; threads=2 is two Python threads
     mach, native_mtime = machine(), NATIVE.stat().st_mtime
     git = ["git", "-C", str(HERE.parent)]
     head = subprocess.run([*git, "log", "-1", "--format=%h %s"], capture_output=True, text=True).stdout.strip()
@@ -191,8 +192,10 @@ NOTES = """\
 - zstd-1: python `zstandard`, one frame per tensor per sample, in memory (no file I/O); threads=2 = two Python
   threads over samples (the GIL is released while compressing).
 - torch.save: one file per sample with SpecForge's dict (loss_mask int64, states [1, L, W]); decode = `torch.load`
-  (not mmap, so the bytes are read). gzip-6: `gzip.compress(torch.save bytes, 6)` per file; decode = gunzip +
-  `torch.load`. Files written to the same disk as eagle-io's; no fsync (eagle-io fsyncs each shard at commit).
+  (not mmap, so the bytes are read); torch at 1 intra-op thread, as in DataLoader workers (since issue 25; the
+  whole-file save and load copy on one thread either way). gzip-6: `gzip.compress(torch.save bytes, 6)` per file;
+  decode = gunzip + `torch.load`. Files written to the same disk as eagle-io's; no fsync (eagle-io fsyncs each
+  shard at commit).
 - eagle-io rows use the writer's default settings; "zstd_level=-1000" passes that level (the setting recommended by
   explore_codec.py below) through the public `ShardWriter(zstd_level=...)`.
 - eagle-io encode (end to end): `ShardWriter(threads=T)`, `write_batch` of 8 samples at a time, `close()` (shard

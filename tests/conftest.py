@@ -40,6 +40,13 @@ def write_samples(root, first_id: int, lengths, hidden: int) -> dict[int, dict[s
     return samples
 
 
+@pytest.fixture(scope="module")
+def feed_dataset(tmp_path_factory):
+    """40 samples (ids 1000+i, lengths 1..23, hidden 8) in several shards; returns (root, {sample_id: sample})."""
+    root = tmp_path_factory.mktemp("feed")
+    return root, write_samples(root, 1000, FEED_LENGTHS[:40], 8)
+
+
 def flat(batches):
     """The items of a list of batches, in order."""
     return [i for b in batches for i in b]

@@ -11,7 +11,7 @@ import torch
 
 import eagle_io
 from conftest import FEED_LENGTHS as LENGTHS
-from conftest import flat, write_samples
+from conftest import flat
 from eagle_io.feed import (
     LengthGroupedBatchSampler,
     PackingCollator,
@@ -21,15 +21,6 @@ from eagle_io.feed import (
     permutation,
     shift_targets,
 )
-
-H = 8
-
-
-@pytest.fixture(scope="module")
-def feed_dataset(tmp_path_factory):
-    """40 samples (ids 1000+i, lengths 1..23) in several shards; returns (root, {sample_id: sample})."""
-    root = tmp_path_factory.mktemp("feed")
-    return root, write_samples(root, 1000, LENGTHS[:40], H)
 
 
 def test_permutation_is_a_fixed_function_of_seed_and_epoch():

@@ -22,7 +22,15 @@ from .errors import (
     SchemaError,
     StorageError,
 )
-from .feed import LengthGroupedBatchSampler, PackingCollator, PaddingCollator, RankSampler, ShardDataset, shift_targets
+from .feed import (
+    LengthGroupedBatchSampler,
+    Loader,
+    PackingCollator,
+    PaddingCollator,
+    RankSampler,
+    ShardDataset,
+    shift_targets,
+)
 from .store.reader import Dataset, SampleInfo
 from .store.schema import TensorSpec, eagle3_schema
 from .store.writer import ShardWriter
@@ -38,6 +46,7 @@ __all__ = [
     "IncompatibleDatasetError",
     "InvalidArgumentError",
     "LengthGroupedBatchSampler",
+    "Loader",
     "NonFiniteStatesError",
     "ObjectStorageError",
     "PackingCollator",

@@ -33,6 +33,7 @@ every ``raise`` in the package raises one of these.
     ├── MissingDataPackageError (ImportError)    a package with model/data files or an optional feature is missing
     ├── RingTimeoutError (TimeoutError)          the capture ring stayed full
     ├── RingSlotError (BufferError)              a ring slot's bytes asked for after its commit
+    ├── BatchRecycledError (BufferError)         a Loader batch used after its buffers were reused (debug mode)
     ├── CaptureStopTimeoutError (TimeoutError)   SGLang schedulers did not answer a stop
     ├── CaptureStalledError (TimeoutError)       a followed capture committed nothing for too long: path
     ├── ServingGuardError (RuntimeError)         an EAGLE-3 draft served without (the right) aux capture
@@ -245,6 +246,12 @@ class RingSlotError(EagleIOError, BufferError):
     to the writer; raised by the buffer protocol, hence ``BufferError``."""
 
 
+class BatchRecycledError(EagleIOError, BufferError):
+    """A tensor of a :class:`eagle_io.feed.Loader` batch used after the loader took its buffers back for a later
+    batch (caught in ``Loader(debug=True)``): a batch stays valid until ``keep`` more batches are taken; clone what
+    is kept longer."""
+
+
 class CaptureStopTimeoutError(EagleIOError, TimeoutError):
     """Not every SGLang scheduler answered a capture stop in time (a scheduler died, or no capture runs)."""
 
@@ -281,6 +288,7 @@ class InternalError(EagleIOError, RuntimeError):
 
 __all__ = [
     "ArgumentTypeError",
+    "BatchRecycledError",
     "CaptureRefusedError",
     "CaptureStalledError",
     "CaptureStopTimeoutError",

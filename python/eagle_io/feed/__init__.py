@@ -7,18 +7,20 @@
   ``StatefulDataLoader`` saves and restores them mid-epoch).
 - :class:`FollowingShardDataset` (``ShardDataset(paths, follow=True)``): samples of a capture still running, as its
   shards commit, until its manifest is marked complete.
+- :class:`Loader`: the recommended way to batch them: no worker processes; batches decoded on eagle-io's native
+  threads (GIL released) into a ring of reused, pinned buffers, optionally copied to the GPU on a side stream;
+  ``state_dict`` / ``load_state_dict`` like torchdata's ``StatefulDataLoader``. A DataLoader works too.
 
 Typical use on rank ``r`` of ``W``::
 
-    ds = ShardDataset(["run-a/", "run-b/"], max_length=2048)
+    ds = ShardDataset(["run-a/", "run-b/"], max_length=2048, threads=4)
     sampler = LengthGroupedBatchSampler(ds.lengths(), max_tokens=16384, rank=r, world_size=W, seed=0)
-    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=PackingCollator(16384), num_workers=4,
-                        pin_memory=True, persistent_workers=True)
+    loader = Loader(ds, batch_sampler=sampler, collate_fn=PackingCollator(16384), device="cuda")
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
-        for step, batch in enumerate(loader):
-            batch = shift_targets({k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()})
-            ...  # checkpoint with sampler.state_dict(step + 1); resume: sampler.load_state_dict(saved), then iterate
+        for batch in loader:
+            batch = shift_targets(batch)
+            ...  # checkpoint loader.state_dict(); resume: loader.load_state_dict(saved), then iterate
 """
 
 from ..store.eagle3 import REQUIRED_TENSORS
@@ -33,6 +35,7 @@ from .dataset import (
     read_item,
 )
 from .follow import CaptureProgress, FollowingShardDataset, capture_progress, manifest_to_follow
+from .loader import Loader
 from .samplers import UNEVEN, LengthGroupedBatchSampler, RankSampler, permutation
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "FollowingShardDataset",
     "LazyItems",
     "LengthGroupedBatchSampler",
+    "Loader",
     "PackingCollator",
     "PaddingCollator",
     "RankSampler",

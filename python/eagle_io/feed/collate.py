@@ -17,8 +17,9 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from ..errors import CorruptRecordError, InvalidArgumentError
@@ -26,11 +27,21 @@ from .dataset import LazyItems, ShardDataset
 
 _STATES = ("aux_hidden_states", "hidden_states")
 _ROWS = ("input_ids", "loss_mask", *_STATES)
+#: The [B, T] int64 entries of both layouts.
+_INT_ENTRIES = ("input_ids", "attention_mask", "loss_mask", "position_ids")
 
 
-def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialised CPU tensor; in a DataLoader worker, in shared memory, so that sending the batch to the
-    main process does not copy it (as ``torch.utils.data.default_collate`` does)."""
+class Allocator(Protocol):
+    """``empty(key, shape, dtype)``: an uninitialised contiguous CPU tensor for the batch entry ``key`` (the
+    collators fill every byte of it). The default gives fresh memory (shared memory in a DataLoader worker);
+    :class:`eagle_io.feed.Loader` gives views of its reused (pinned) batch buffers."""
+
+    def __call__(self, key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
+
+
+def fresh_tensor(key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The default :class:`Allocator`: a new CPU tensor; in a DataLoader worker, in shared memory, so that sending
+    the batch to the main process does not copy it (as ``torch.utils.data.default_collate`` does)."""
     if torch.utils.data.get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)
     numel = 1
@@ -40,13 +51,10 @@ def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return base.new(base._typed_storage()._new_shared(numel, device="cpu")).view(shape)
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return _empty(shape, dtype).zero_()
-
-
 def _zero_rows(t: torch.Tensor) -> None:
-    """Zeroes ``t`` (a contiguous block of a batch's rows, any dtype) through numpy: a torch fill of a few rows
-    starts torch's intra-op thread pool, whose spinning threads cost ~8 CPU-ms per call (benches/README.md)."""
+    """Zeroes ``t`` (a contiguous block of a batch's rows, any dtype) through numpy. Every fill of a batch goes
+    through numpy: a torch fill of a few rows starts torch's intra-op thread pool, whose spinning threads cost ~8
+    CPU-ms per call (benches/README.md)."""
     if t.numel():
         t.view(torch.uint8).numpy().fill(0)
 
@@ -76,19 +84,20 @@ def _check_items(items: Sequence[Mapping[str, Any]]) -> list[int]:
 
 
 class _Collator(abc.ABC):
-    """Allocates the batch (``_allocate``), then fills each item's rows: from item tensors (``__call__``) or by
-    decoding straight into them (``collate_from``, used automatically for ``ShardDataset`` batches)."""
+    """Allocates the batch (``_allocate``, every tensor from an :class:`Allocator`), then fills each item's rows:
+    from item tensors (``__call__``) or by decoding straight into them (``collate_from``, used automatically for
+    ``ShardDataset`` batches)."""
 
     @abc.abstractmethod
-    def _allocate(self, lengths: list[int], states: dict[str, tuple[tuple[int, ...], torch.dtype]]):
+    def _allocate(self, lengths: list[int], states: dict[str, tuple[tuple[int, ...], torch.dtype]], empty: Allocator):
         """-> (batch dict, [(row, start)] per item)."""
 
-    def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    def __call__(self, items: Sequence[Mapping[str, Any]], *, empty: Allocator = fresh_tensor) -> dict[str, Any]:
         if isinstance(items, LazyItems):
-            return self.collate_from(items.dataset, items.indices)
+            return self.collate_from(items.dataset, items.indices, empty=empty)
         lengths = _check_items(items)
         states = {n: (tuple(items[0][n].shape[1:]), items[0][n].dtype) for n in _STATES}
-        batch, slots = self._allocate(lengths, states)
+        batch, slots = self._allocate(lengths, states, empty)
         for it, (row, start), n in zip(items, slots, lengths, strict=True):
             for name in _ROWS:
                 batch[name][row, start : start + n] = it[name]
@@ -97,9 +106,12 @@ class _Collator(abc.ABC):
         batch["skipped"] = []
         return batch
 
-    def collate_from(self, dataset: ShardDataset, indices: Sequence[int]) -> dict[str, Any]:
+    def collate_from(
+        self, dataset: ShardDataset, indices: Sequence[int], *, empty: Allocator = fresh_tensor
+    ) -> dict[str, Any]:
         """The batch of ``dataset``'s items at ``indices``, decoded straight into the batch tensors (what
-        ``__call__`` gives for ``[dataset[i] for i in indices]``, without per-item tensors or their copy).
+        ``__call__`` gives for ``[dataset[i] for i in indices]``, without per-item tensors or their copy), each
+        tensor from ``empty``.
 
         A corrupt record raises, or under ``dataset.on_corrupt == "skip"`` is left out: the batch is rebuilt
         from the other items (never padded with another sample) and ``batch["skipped"]`` lists what was left
@@ -111,7 +123,7 @@ class _Collator(abc.ABC):
         todo, skipped = list(indices), []
         while True:
             lengths = [dataset.length(i) for i in todo]
-            batch, slots = self._allocate(lengths, states)
+            batch, slots = self._allocate(lengths, states, empty)
             rows = [
                 (i, {name: batch[name][row, start : start + n] for name in _ROWS})
                 for i, (row, start), n in zip(todo, slots, lengths, strict=True)
@@ -155,23 +167,22 @@ class PaddingCollator(_Collator):
         self.pad_to_multiple_of = pad_to_multiple_of
         self.pad_token_id = pad_token_id
 
-    def _allocate(self, lengths, states):
+    def _allocate(self, lengths, states, empty):
         B, T = len(lengths), max(lengths, default=0)
         if self.pad_to_multiple_of:
             T = -(-T // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        lens = torch.tensor(lengths, dtype=torch.int64)
-        attention_mask = (torch.arange(T)[None, :] < lens[:, None]).to(torch.int64)
-        batch = {
-            "input_ids": _empty((B, T), torch.int64).fill_(self.pad_token_id),
-            "attention_mask": attention_mask,
-            "loss_mask": _zeros((B, T), torch.int64),
-            "position_ids": torch.arange(T, dtype=torch.int64).expand(B, T).contiguous(),
-        }
+        lens = np.asarray(lengths, dtype=np.int64)
+        batch = {name: empty(name, (B, T), torch.int64) for name in _INT_ENTRIES}
+        batch["input_ids"].numpy().fill(self.pad_token_id)
+        batch["attention_mask"].numpy()[:] = np.arange(T)[None, :] < lens[:, None]
+        batch["loss_mask"].numpy().fill(0)
+        batch["position_ids"].numpy()[:] = np.arange(T)
         for name, (tail, dtype) in states.items():
-            out = batch[name] = _empty((B, T, *tail), dtype)
+            out = batch[name] = empty(name, (B, T, *tail), dtype)
             for b, n in enumerate(lengths):
                 _zero_rows(out[b, n:])
-        batch["lengths"] = lens
+        batch["lengths"] = empty("lengths", (B,), torch.int64)
+        batch["lengths"].numpy()[:] = lens
         return batch, [(b, 0) for b in range(B)]
 
 
@@ -204,7 +215,7 @@ class PackingCollator(_Collator):
         self.pad_to_max_tokens = pad_to_max_tokens
         self.pad_token_id = pad_token_id
 
-    def _allocate(self, lengths, states):
+    def _allocate(self, lengths, states, empty):
         total = sum(lengths)
         if total > self.max_tokens:
             raise InvalidArgumentError(
@@ -212,26 +223,25 @@ class PackingCollator(_Collator):
                 f"batch them with LengthGroupedBatchSampler(max_tokens={self.max_tokens})"
             )
         N = self.max_tokens if self.pad_to_max_tokens else total
-        lens = torch.tensor(lengths, dtype=torch.int64)
-        ends = torch.cumsum(lens, 0)
-        cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
-        cu[1:] = ends.to(torch.int32)
-        position_ids = torch.zeros((1, N), dtype=torch.int64)
-        starts = (ends - lens).repeat_interleave(lens)
-        position_ids[0, :total] = torch.arange(total, dtype=torch.int64) - starts
-        attention_mask = torch.zeros((1, N), dtype=torch.int64)
-        attention_mask[0, :total] = 1
-        batch = {
-            "input_ids": _empty((1, N), torch.int64).fill_(self.pad_token_id),
-            "attention_mask": attention_mask,
-            "loss_mask": _zeros((1, N), torch.int64),
-            "position_ids": position_ids,
-        }
+        lens = np.asarray(lengths, dtype=np.int64)
+        ends = np.cumsum(lens)
+        batch = {name: empty(name, (1, N), torch.int64) for name in _INT_ENTRIES}
+        batch["input_ids"].numpy().fill(self.pad_token_id)
+        am = batch["attention_mask"].numpy()
+        am[0, :total], am[0, total:] = 1, 0
+        batch["loss_mask"].numpy().fill(0)
+        pos = batch["position_ids"].numpy()
+        pos[0, :total] = np.arange(total, dtype=np.int64) - np.repeat(ends - lens, lens)
+        pos[0, total:] = 0
         for name, (tail, dtype) in states.items():
-            out = batch[name] = _empty((1, N, *tail), dtype)
+            out = batch[name] = empty(name, (1, N, *tail), dtype)
             _zero_rows(out[0, total:])
-        batch["cu_seqlens"], batch["max_seqlen"], batch["lengths"] = cu, max(lengths, default=0), lens
-        return batch, [(0, int(s)) for s in cu[:-1].tolist()]
+        cu = batch["cu_seqlens"] = empty("cu_seqlens", (len(lengths) + 1,), torch.int32)
+        cu.numpy()[0], cu.numpy()[1:] = 0, ends
+        batch["max_seqlen"] = max(lengths, default=0)
+        batch["lengths"] = empty("lengths", (len(lengths),), torch.int64)
+        batch["lengths"].numpy()[:] = lens
+        return batch, [(0, int(s)) for s in (ends - lens).tolist()]
 
 
 LOSS_MASK_ALIGNMENTS = ("target", "specforge")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -172,8 +173,19 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
             return None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        for _d, _p, item in self.entries():
+            yield item
+
+    def entries(
+        self, start: Sequence[int] | None = None, stop: threading.Event | None = None
+    ) -> Iterator[tuple[int, int, dict[str, Any]]]:
+        """What iteration yields, as ``(capture index, position in it, item)``, starting at position ``start[d]``
+        of capture ``d`` (default 0: a resume point is the position after the last item consumed, per capture).
+        Ends early, without error, once ``stop`` is set (checked while waiting for the captures)."""
         slot, stride = self._slot()
-        done = [0] * len(self.manifests)
+        done = [0] * len(self.manifests) if start is None else [int(p) for p in start]
+        if len(done) != len(self.manifests):
+            raise InvalidArgumentError(f"start has {len(done)} positions for {len(self.manifests)} captures")
         pending = set(range(len(self.manifests)))
         first: Dataset | None = None
         ids: set[int] = set()
@@ -203,7 +215,7 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
                                     f"read from another followed capture; sample ids must be unique across them"
                                 )
                             ids.add(item["sample_id"])
-                        yield item
+                        yield d, p, item
                     done[d], complete, news = len(ds), bool(ds.manifest["complete"]), True
                 if complete:
                     pending.discard(d)
@@ -220,7 +232,10 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
                     )
                     err.path, err.waited_s = m, waited
                     raise err
-                time.sleep(self.poll_s)
+                if stop is None:
+                    time.sleep(self.poll_s)
+                elif stop.wait(self.poll_s):
+                    return
 
     def __repr__(self) -> str:
         return f"FollowingShardDataset({len(self.manifests)} capture(s), rank {self.rank}/{self.world_size})"
