@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError, NonFiniteTrainingError
+from ..sglang.draft_build import fc_skip_problem
 from .model import Eagle3Draft, Eagle3DraftConfig
 
 __all__ = [
@@ -352,6 +353,13 @@ def build_draft(
             f"dataset vocab_size {metadata['vocab_size']} != target head vocab_size {c['vocab_size']}"
         )
     k = len(metadata["aux_layer_ids"]) if metadata.get("aux_layer_ids") else int(metadata.get("num_aux_layers", 3))
+    skip = fc_skip_problem(k, hidden, hidden)
+    if skip:
+        raise IncompatibleDatasetError(
+            f"cannot build a draft SGLang would serve: the dataset's aux layers {metadata.get('aux_layer_ids')}: "
+            f"{skip}; capture the training data on 2 or more aux layers (eagle-io generate --aux-layer-ids, "
+            "default 3 layers)"
+        )
     cfg = Eagle3DraftConfig(
         vocab_size=c["vocab_size"],
         draft_vocab_size=draft_vocab_size,

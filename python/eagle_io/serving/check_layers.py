@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ..errors import InvalidArgumentError
 from ..sglang.checkpoint import CheckpointInfo, DraftInfo
-from ..sglang.draft_build import DraftBuild
+from ..sglang.draft_build import DraftBuild, fc_skip_problem
 from ..sglang.setters import capturable_range, captured_ids, explicit_ids_for, served_aux_layer_ids, setter_rule
 from .findings import ERROR, INFO, WARNING, Findings
 
@@ -163,9 +163,21 @@ def check_layer_ids(
 def check_fc_width(
     out: Findings, build: DraftBuild, width: int | None, h_t: int | None, n_captured: int | None
 ) -> None:
-    """``fc-width``: the checkpoint's ``fc.weight`` input against the ``fc`` SGLang allocates (loading fails),
-    then against the states the target sends (``n_captured x h_t``; None = the layer count is unknown: SGLang's
-    sizing is used)."""
+    """``fc-skipped``: the states the target sends are as wide as the draft's embedding, so SGLang skips ``fc``
+    (:func:`eagle_io.sglang.draft_build.fc_skip_problem`). ``fc-width``: the checkpoint's ``fc.weight`` input
+    against the ``fc`` SGLang allocates (loading fails), then against the states the target sends (``n_captured x
+    h_t``; None = the layer count is unknown: SGLang's sizing is used)."""
+    k_sent = n_captured if n_captured is not None else build.num_aux
+    skip = fc_skip_problem(k_sent, h_t, build.hidden_size) if build.family is not None else None
+    if skip:
+        out.add(
+            ERROR,
+            "fc-skipped",
+            f"{skip}: the draft reads the target's concatenated states as its own hidden state and acceptance "
+            "collapses with no error",
+            f"retrain the draft so that aux layers x target hidden {h_t} differs from its hidden size: on 2 or more "
+            "aux layers (SGLang's default is 3), or with another hidden size",
+        )
     if width is None or h_t is None:
         return
     fc_in = build.fc_in if build.family is not None else None
