@@ -200,12 +200,12 @@ def build_figures(
     Raises:
         InvalidArgumentError: ``sample < 1``.
         CorruptRecordError, FormatVersionError, StorageError: as :class:`eagle_io.Dataset` (a sampled record that
-            fails its checksum raises); MissingDataPackageError: ``zstandard`` is missing.
+            fails its checksum raises; a loss mask that fails is listed in ``loss_mask.unreadable``).
     """
     if sample < 1:
         raise InvalidArgumentError(f"--sample must be at least 1, not {sample}")
     ds = Dataset(path, threads=0)
-    masks = mask_counts(path, progress=(lambda d, t: progress("masks", d, t)) if progress else None)
+    masks = mask_counts(ds, progress=(lambda d, t: progress("masks", d, t)) if progress else None)
     lengths = masks.lengths
     shards = shard_figures(ds.manifest)
     raw, stored = sum(s["raw_bytes"] for s in shards), sum(s["bytes"] for s in shards)
