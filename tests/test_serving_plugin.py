@@ -796,6 +796,23 @@ def test_a_sample_longer_than_the_capture_max_length_is_refused(tmp_path):
         sc._ACTIVE = None
 
 
+def test_a_request_whose_loss_mask_is_all_zero_is_skipped_and_counted(tmp_path):
+    """The SGLang path wrote a sample with no supervised token (the HF path's tokenizer refuses them earlier): the
+    capture core skips it and counts it (unsupervised_skipped), for every backend; the others are written."""
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    sink = _SlowSink(0)
+    cap = _writing_capture(tmp_path, sink)  # max_length 4
+    try:
+        batch, result = _prefill(3, n=4)
+        batch.reqs[0].sampling_params.custom_params["eagle_io_loss_mask"] = [0, 0, 0, 0]
+        cap.on_forward(batch, result)
+        cap.on_forward(*_prefill(4, n=2))
+        assert sink.put_ids == [4] and cap.store.counts["unsupervised_skipped"] == 1
+    finally:
+        sc._ACTIVE = None
+
+
 @pytest.mark.parametrize("bad", [7.9, "12", True, -1, 1 << 64, None])
 def test_a_sample_id_that_is_not_a_u64_integer_is_refused(tmp_path, bad):
     from eagle_io.capturing.sglang import scheduler as sc

@@ -49,10 +49,13 @@ COUNTS = (
     "zero_sample_skipped",
     "zero_rows_skipped",
     "copied_rows_skipped",
+    "unsupervised_skipped",
     "after_stop",
 )
 """The store's counters: samples put into the ring; skipped because the dataset holds them (resume); dropped by a
-full ring (``drop_when_full``); skipped by a value policy, per kind; arriving after :meth:`SampleStore.close`."""
+full ring (``drop_when_full``); skipped by a value policy, per kind; skipped because their loss mask is all 0 (no
+token to train on: every backend's samples, e.g. SGLang requests whose mask was cut to nothing before capture);
+arriving after :meth:`SampleStore.close`."""
 
 FP16_WARNING = (
     "float16 {what}: its range ends at 65504, and residual-stream states of large models exceed it (an overflow "
@@ -333,8 +336,9 @@ class SampleStore:
                 them in ``state_dtype``); default their dtype.
 
         Returns:
-            Per sample, True when it was put, False when it was skipped and counted: a value policy ``"skip"``,
-            already in the dataset, the ring full under ``drop_when_full``, or the store closed.
+            Per sample, True when it was put, False when it was skipped and counted: a loss mask with no 1
+            (``unsupervised_skipped``), a value policy ``"skip"``, already in the dataset, the ring full under
+            ``drop_when_full``, or the store closed.
 
         Raises:
             NonFiniteStatesError: NaN/Inf (or a storage-cast overflow) under ``nonfinite="raise"``: names the
@@ -369,6 +373,15 @@ class SampleStore:
         )
         out = []
         for s, problems in zip(samples, found, strict=True):
+            if not bool(torch.as_tensor(s.loss_mask).any()):
+                logger.warning(
+                    "eagle-io capture: sample %d has no supervised token (its loss_mask is all 0: a template or "
+                    "max_length that left no assistant token); skipped (unsupervised_skipped)", s.sample_id,
+                )  # fmt: skip
+                with self._lock:
+                    self.counts["unsupervised_skipped"] += 1
+                out.append(False)
+                continue
             if problems and not self._policy_allows(problems[0]):
                 out.append(False)
                 continue

@@ -29,6 +29,7 @@ from .dataset import (
     LazyItems,
     ShardDataset,
     SkippedRecord,
+    UnsupervisedSample,
     expand_paths,
     read_item,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "RankSampler",
     "ShardDataset",
     "SkippedRecord",
+    "UnsupervisedSample",
     "capture_progress",
     "expand_paths",
     "has_next_token",
