@@ -48,6 +48,7 @@ COUNTS = (
     "nonfinite_skipped",
     "zero_sample_skipped",
     "zero_rows_skipped",
+    "copied_layers_skipped",
     "copied_rows_skipped",
     "unsupervised_skipped",
     "after_stop",
@@ -362,6 +363,10 @@ class SampleStore:
             x = aux_hidden_states if tensor == "aux_hidden_states" else hidden_states
             return torch.equal(x[a], x[b])
 
+        def same_blocks(row: int, a: int, b: int) -> bool:
+            h = hidden_states.shape[1]
+            return torch.equal(aux_hidden_states[row, a * h : (a + 1) * h], aux_hidden_states[row, b * h : (b + 1) * h])
+
         found = values.find_problems(
             stats,
             rows,
@@ -370,6 +375,7 @@ class SampleStore:
             held_dtype=aux_hidden_states.dtype,
             store_dtype=self.state_dtype,
             same_rows=same_rows,
+            same_blocks=same_blocks,
         )
         out = []
         for s, problems in zip(samples, found, strict=True):
