@@ -447,7 +447,7 @@ class ShardDataset(torch.utils.data.Dataset):
         Raises:
             IncompatibleDatasetError: no item keeps a supervised token, naming ``option`` (the caller's name for
                 ``max_length``, e.g. ``"--max-length"``), the item count, and how many were cut by it.
-            CorruptRecordError: a record that fails its checks.
+            CorruptRecordError: a record that fails its checks (passed over under ``on_corrupt="skip"``).
         """
         todo = list(range(len(self))) if items is None else [self._index(i) for i in items]
         cut = past = 0
@@ -458,8 +458,12 @@ class ShardDataset(torch.utils.data.Dataset):
                 d, p = self.locate(i)
                 by_dataset.setdefault(d, []).append((i, p))
             for d, pairs in by_dataset.items():
-                masks = self.datasets[d].read_tensor("loss_mask", [p for _, p in pairs])
+                masks = self.datasets[d].read_tensor("loss_mask", [p for _, p in pairs], on_error="return")
                 for m in masks:
+                    if not isinstance(m, torch.Tensor):
+                        if self.on_corrupt == "skip":  # left out of batches too
+                            continue
+                        raise m
                     kept = m if self.max_length is None else m[: self.max_length]
                     if bool(kept.any()):
                         return
