@@ -958,3 +958,56 @@ def test_wiring_probe_on_sglangs_qwen3_vl_setter_and_qwen35_backbone(tmp_path, h
     sched.tp_worker.model_runner.model = good
     Scheduler.init_all_cuda_graphs(sched)
     assert calls == ["target graphs", "draft"]
+
+
+class _HelperBackbone(torch.nn.Module):
+    """TEST-ONLY: a flag-selecting text backbone whose ``forward`` hands the layer loop to a helper (the flag is
+    read there, not in ``forward``), without a capture setter; like Qwen3.5 it returns plain states when it
+    captured nothing."""
+
+    def __init__(self, n: int = 8) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Identity() for _ in range(n))
+        self.layers_to_capture: list[int] = []
+
+    def forward(self, input_ids=None, positions=None, forward_batch=None, pp_proxy_tensors=None):
+        return self._run_layers(input_ids.float()[:, None].expand(-1, 4))
+
+    def _run_layers(self, x):
+        aux = []
+        for layer in self.layers:
+            if getattr(layer, "_is_layer_to_capture", False):
+                aux.append(x)
+            x = layer(x)
+        return (x, aux) if aux else x
+
+
+@needs_sglang
+def test_a_vl_wrapper_whose_decoder_records_nothing_fails_its_first_request_in_the_target(tmp_path, hooks):
+    """SGLang's real Qwen3VLForConditionalGeneration setter on a backbone without one: it sets the capture flags and
+    assigns layers_to_capture, every per-layer flag stays False. Its first request does not reach the draft-extend
+    width check: SGLang's own Qwen3VL forward unpacks the backbone's plain states as (states, aux) and fails inside
+    the target forward (a ValueError, not DraftWidthError). So the startup probe must catch it, and now does (the
+    flag is read in a helper of forward, which the probe did not read)."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
+
+    w = _named("Qwen3_5ForConditionalGeneration", torch.nn.Module)()
+    w.model, w.capture_aux_hidden_states = _HelperBackbone(), False
+    w.config, w.pp_group = SimpleNamespace(num_hidden_layers=8), SimpleNamespace(is_last_rank=True)
+    w.is_mrope_enabled, w.language_model_only, w.lm_head = False, True, None
+    w.logits_processor = lambda ids, states, head, batch, aux: SimpleNamespace(hidden_states=aux)
+    Qwen3VLForConditionalGeneration.set_eagle3_layers_to_capture(w, [1, 3, 4])  # SGLang's setter
+    assert w.capture_aux_hidden_states and w.model.capture_aux_hidden_states and w.model.layers_to_capture == [2, 4, 5]
+    assert not any(getattr(layer, "_is_layer_to_capture", False) for layer in w.model.layers)
+    with pytest.raises(ValueError, match="too many values to unpack") as e:  # the first request, 5 tokens
+        Qwen3VLForConditionalGeneration.forward(w, torch.arange(5), torch.arange(5), SimpleNamespace())
+    assert not isinstance(e.value, plugin.DraftWidthError) and plugin._RUNTIME.width_checks == 0
+    (p,) = probe.capture_wiring_problems(w)
+    assert "_HelperBackbone.forward captures the layers flagged _is_layer_to_capture ([])" in p
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    sched, calls = real_scheduler(t, d, "EAGLE3")
+    sched.tp_worker.model_runner.model = w
+    with pytest.raises(plugin.ServingGuardError, match="the target's capture is not wired"):
+        Scheduler.init_all_cuda_graphs(sched)
+    assert calls == []
