@@ -127,7 +127,7 @@ impl Error {
             },
             Error::Internal(m) => Error::Internal(m.clone()),
             Error::Earlier { context, cause } => Error::Earlier {
-                context: *context,
+                context,
                 cause: Box::new(cause.duplicate()),
             },
         }

@@ -17,7 +17,11 @@ from ..store.reader import Dataset
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="dataset directory or manifest file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--no-masks", action="store_true", help="skip the loss-mask read (manifest and indexes only)")
+    p.add_argument(
+        "--no-masks",
+        action="store_true",
+        help="skip the loss masks (they read every record: manifest and indexes only)",
+    )
 
 
 def mask_summary(ds: Dataset) -> dict:
