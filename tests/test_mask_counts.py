@@ -105,6 +105,16 @@ def test_a_mask_is_read_through_its_records_checksum(tmp_path):
     assert torch.equal(states.view(torch.int16), samples[5]["hidden_states"].view(torch.int16))
     with pytest.raises(eagle_io.InvalidArgumentError, match="no tensor 'mask'"):
         ds.read_tensor("mask", [0])
+    # A tensor stored as FP8 comes back dequantised, as a whole-sample read gives it.
+    fp8 = tmp_path / "fp8"
+    schema = eagle_io.eagle3_schema(32, precision="fp8")
+    with eagle_io.ShardWriter(fp8, schema, {"target_model": "tiny"}, threads=1) as w:
+        w.write(7, make_sample(7, 9))
+    ds8 = eagle_io.Dataset(fp8)
+    (aux,) = ds8.read_tensor("aux_hidden_states", [0])
+    assert aux.dtype == torch.bfloat16 and torch.equal(
+        aux.view(torch.int16), ds8[0]["aux_hidden_states"].view(torch.int16)
+    )
 
 
 def test_inspect_shows_percentiles_and_supervised_share(small_dataset, capsys):

@@ -69,15 +69,19 @@ pub fn decode_tensor(shard: &ShardFile, i: usize, rec: &[u8], t: usize, out: &mu
 }
 
 fn check_output(e: &IndexEntry, spec: &TensorSpec, out: &[u8]) -> Result<()> {
-    let want = e.n_tokens * spec.stored_row_bytes();
+    check_output_len(e, spec, spec.stored_row_bytes(), out)
+}
+
+/// `out` must hold exactly `n_tokens x row_bytes` bytes of tensor `spec` of sample `e`.
+pub fn check_output_len(e: &IndexEntry, spec: &TensorSpec, row_bytes: u64, out: &[u8]) -> Result<()> {
+    let want = e.n_tokens * row_bytes;
     if out.len() as u64 != want {
         return Err(Error::InvalidArgument(format!(
-            "output for tensor {:?} of sample {} is {} bytes; it needs {} tokens x {} bytes = {want}",
+            "output for tensor {:?} of sample {} is {} bytes; it needs {} tokens x {row_bytes} bytes = {want}",
             spec.name,
             e.sample_id,
             out.len(),
             e.n_tokens,
-            spec.stored_row_bytes()
         )));
     }
     Ok(())

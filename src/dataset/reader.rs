@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::decode::{decode_record, decode_tensor};
+use super::decode::{check_output_len, decode_record, decode_tensor};
 use super::manifest::Manifest;
 use super::options::ReadOptions;
 use crate::error::{Error, Result};
@@ -463,17 +463,7 @@ impl Dataset {
             let Some(p) = &spec.precision else {
                 return decode_tensor(shard, e.record, rec, t, out);
             };
-            let want = e.n_tokens * spec.row_bytes();
-            if out.len() as u64 != want {
-                return Err(Error::InvalidArgument(format!(
-                    "output for tensor {:?} of sample {} is {} bytes; it needs {} tokens x {} bytes = {want}",
-                    spec.name,
-                    e.sample_id,
-                    out.len(),
-                    e.n_tokens,
-                    spec.row_bytes()
-                )));
-            }
+            check_output_len(&shard.entries[e.record], spec, spec.row_bytes(), out)?;
             let mut stored = vec![0u8; (e.n_tokens * spec.stored_row_bytes()) as usize];
             decode_tensor(shard, e.record, rec, t, &mut stored)?;
             let width = spec.elems_per_row() as usize;
