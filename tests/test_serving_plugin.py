@@ -617,6 +617,8 @@ def test_sglang_capture_matches_the_hf_reference(tmp_path):
         i * 7 + 3: (torch.randint(10, 990, (n,), generator=g), (torch.rand(n, generator=g) > 0.5).to(torch.int64))
         for i, n in enumerate([1, 5, 17, 33, 9])
     }
+    for _, mask in samples.values():
+        mask[-1] = 1  # a supervised token each (an all-zero mask is skipped, unsupervised_skipped)
     torch.save(samples, tmp_path / "samples.pt")
     (tmp_path / "capture.py").write_text(_CAPTURE_SCRIPT)
     env = cpu_engine_env()
@@ -749,12 +751,16 @@ def _writing_capture(out: Path, sink: _SlowSink):
     return cap
 
 
+_STATES = torch.Generator().manual_seed(0)
+
+
 def _prefill(sample_id, n=3):
     params = {"eagle_io_sample_id": sample_id, "eagle_io_loss_mask": [1] * n}
     sp = SimpleNamespace(custom_params=params)
     req = SimpleNamespace(rid="r", prefix_len=0, extend_len=n, origin_input_ids=list(range(n)), sampling_params=sp)
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=[req], extend_lens=[n])
-    out = SimpleNamespace(hidden_states=torch.ones(n, 6), last_hidden_states=torch.ones(n, 2))
+    # states as a forward makes them: no two layers alike
+    out = SimpleNamespace(hidden_states=torch.randn(n, 6, generator=_STATES), last_hidden_states=torch.randn(n, 2))
     return batch, SimpleNamespace(logits_output=out)
 
 
