@@ -59,7 +59,7 @@ HASH_COLUMNS = 64
 """Columns per row (evenly spaced over the row) hashed to find candidate copies; candidates are compared in full."""
 
 _CHUNK_ELEMENTS = 1 << 24  # bounds the hash's int64 temporary (128 MiB)
-_WEIGHTS: dict[tuple[int, int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+_WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
 
 
 def block_names(k: int, aux_layer_ids: Sequence[int] | None = None) -> list[str]:
@@ -103,28 +103,28 @@ class RowStats:
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+    """``x``'s bits as signed integers of its element size (a view: same-size dtype views keep any strides)."""
+    return x.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
 
 
 def _block_hashes(x: torch.Tensor, k: int) -> torch.Tensor:
-    """``[N, k]`` int64: for each of the ``k`` blocks of ``width // k`` columns of each row, a weighted sum (mod 2^64)
-    of the bits of up to :data:`HASH_COLUMNS` evenly spaced columns (the same offsets and weights in every block, so
-    equal blocks hash equal)."""
+    """``[N, k]`` int64: for each of the ``k`` blocks of ``H = width // k`` columns of each row, a weighted sum (mod
+    2^64) of the bits of up to :data:`HASH_COLUMNS` evenly spaced columns (every ``H // HASH_COLUMNS``-th, a strided
+    view: no gather; the same offsets and weights in every block, so equal blocks hash equal)."""
     n, width = x.shape
     h = width // k
+    step = max(1, h // HASH_COLUMNS)
     cols = min(h, HASH_COLUMNS)
-    key = (h, k, str(x.device))
+    key = (h, str(x.device))
     if key not in _WEIGHTS:
         g = torch.Generator().manual_seed(0x5EED + h)
-        w = torch.randint(-(2**62), 2**62, (cols,), generator=g, dtype=torch.int64) | 1
-        idx = torch.linspace(0, h - 1, cols).round().to(torch.int64)
-        _WEIGHTS[key] = (w.to(x.device), (idx[None, :] + h * torch.arange(k)[:, None]).flatten().to(x.device))
-    w, idx = _WEIGHTS[key]
-    picked = _bits(x.index_select(1, idx))
+        _WEIGHTS[key] = (torch.randint(-(2**62), 2**62, (cols,), generator=g, dtype=torch.int64) | 1).to(x.device)
+    w = _WEIGHTS[key]
+    picked = _bits(x if x.stride(-1) == 1 else x.contiguous()).unflatten(1, (k, h))[:, :, ::step][:, :, :cols]
     out = torch.empty(n, k, dtype=torch.int64, device=x.device)
-    step = max(1, _CHUNK_ELEMENTS // (k * cols))
-    for i in range(0, n, step):
-        out[i : i + step] = (picked[i : i + step].view(-1, k, cols).to(torch.int64) * w).sum(-1)
+    rows = max(1, _CHUNK_ELEMENTS // (k * cols))
+    for i in range(0, n, rows):
+        out[i : i + rows] = (picked[i : i + rows].to(torch.int64) * w).sum(-1)
     return out
 
 
