@@ -53,6 +53,11 @@ pub enum Error {
     /// not start, or a thread's channel closed unexpectedly.
     #[error("internal error: {0}")]
     Internal(String),
+    /// An error that already happened, raised again under `context` (a writer that failed
+    /// accepts nothing more): `cause` keeps its own variant, so it reaches Python as its own
+    /// class with its fields (a full disk stays a `StorageError` with its errno).
+    #[error("{context}: {cause}")]
+    Earlier { context: &'static str, cause: Box<Error> },
 }
 
 fn sample_note(sample_id: &Option<u64>) -> String {
@@ -71,6 +76,13 @@ fn status_note(status: &Option<u16>) -> String {
 
 /// The core's result type.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Runs `f`, turning a panic inside it into [`Error::panicked`] (`what` names the thread or job),
+/// so a bug surfaces as `InternalError` instead of unwinding through the caller.
+pub fn catch_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|payload| Err(Error::panicked(what, &*payload)))
+}
 
 impl Error {
     /// An equal error for another receiver (`std::io::Error` is not `Clone`; its kind, OS
@@ -114,7 +126,41 @@ impl Error {
                 message: message.clone(),
             },
             Error::Internal(m) => Error::Internal(m.clone()),
+            Error::Earlier { context, cause } => Error::Earlier {
+                context,
+                cause: Box::new(cause.duplicate()),
+            },
         }
+    }
+
+    /// This error raised again under `context`, its variant kept ([`Error::Earlier`]).
+    pub fn earlier(&self, context: &'static str) -> Error {
+        match self {
+            Error::Earlier { cause, .. } => cause.earlier(context),
+            _ => Error::Earlier {
+                context,
+                cause: Box::new(self.duplicate()),
+            },
+        }
+    }
+
+    /// The error itself, under any [`Error::Earlier`] wrapping: what decides its Python class.
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::Earlier { cause, .. } => cause.root(),
+            _ => self,
+        }
+    }
+
+    /// The `Internal` error for a thread (or pool job) that panicked with `payload`: the panic
+    /// message is kept (a `&str` or `String` payload, as `panic!` makes).
+    pub fn panicked(what: &str, payload: &(dyn std::any::Any + Send)) -> Error {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string panic payload".into());
+        Error::Internal(format!("{what} panicked: {message}"))
     }
 
     /// Wraps an I/O error with the path it happened on.
@@ -133,5 +179,36 @@ impl Error {
             offset,
             what: what.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_earlier_error_keeps_its_variant_and_fields() {
+        let disk_full = Error::io("/d/.r00000-000002.eio.tmp", std::io::Error::from_raw_os_error(28));
+        let again = disk_full.earlier("the writer failed earlier");
+        assert!(matches!(again.root(), Error::Io { source, .. } if source.raw_os_error() == Some(28)));
+        assert!(again
+            .to_string()
+            .starts_with("the writer failed earlier: /d/.r00000-000002.eio.tmp: "));
+        // Raised again once more: one context, not two.
+        let twice = again.earlier("closing");
+        assert_eq!(twice.to_string().matches(": /d/").count(), 1);
+        assert!(matches!(twice.duplicate(), Error::Earlier { cause, .. } if matches!(*cause, Error::Io { .. })));
+    }
+
+    #[test]
+    fn a_panic_becomes_an_internal_error_with_its_message() {
+        let e = catch_panic::<()>("the shard I/O thread", || panic!("index {} out of range", 7)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "internal error: the shard I/O thread panicked: index 7 out of range"
+        );
+        let e = catch_panic::<()>("a pool job", || std::panic::panic_any(5u8)).unwrap_err();
+        assert!(e.to_string().ends_with("a non-string panic payload"));
+        assert_eq!(catch_panic("ok", || Ok(3)).unwrap(), 3);
     }
 }

@@ -193,6 +193,49 @@ def test_sglang_scheduler_forward_with_copied_request_rows():
     assert sink.put_ids == [7] and store.counts["copied_rows_skipped"] == 1
 
 
+def test_a_layer_captured_twice_is_caught_on_both_backends(tmp_path):
+    """One layer's block written into another's slot, from row 1 on (aux layer 27 = aux layer 2): the SGLang
+    scheduler's forward and the HF hooks both reach the capture core, which raises (or skips and counts); real states
+    of two layers are never equal, and equal blocks in rows of two different samples are not this kind."""
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    aux, final, rows = _forward(2, 4)
+    aux[5:8, 16:24] = aux[5:8, 0:8]  # sample 1, rows 1..3
+    found = values.find_problems(values.row_stats(aux, final), _rows(rows), names=values.block_names(3, [2, 15, 27]))
+    assert found[0] == [] and [p["kind"] for p in found[1]] == ["copied_layers"]
+    (c,) = found[1]
+    assert (c["row"], c["rows"], c["layers"]) == (1, 3, ["aux layer 2", "aux layer 27"])
+    assert "sample 1: aux layer 2 and aux layer 27 states are equal bit for bit at token row 1" in c["message"]
+    store, sink = _store(implausible="skip")
+    cap = object.__new__(sc._SchedulerCapture)
+    cap.writes, cap.store, cap.max_length, cap.vocab_size = True, store, 8, 100
+    reqs = []
+    for r in rows:
+        params = {"eagle_io_sample_id": r.sample_id, "eagle_io_loss_mask": [1] * r.length}
+        sp = SimpleNamespace(custom_params=params)
+        reqs.append(SimpleNamespace(rid=str(r.sample_id), prefix_len=0, extend_len=r.length,
+                                    origin_input_ids=r.input_ids, sampling_params=sp))  # fmt: skip
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=reqs, extend_lens=[4, 4])
+    cap.on_forward(batch, SimpleNamespace(logits_output=SimpleNamespace(hidden_states=aux, last_hidden_states=final)))
+    assert sink.put_ids == [0] and store.counts["copied_layers_skipped"] == 1
+    # HF: a hook makes layer 4's output (eagle-io id 5) layer 1's (id 2) for sample 1.
+    model, info = tiny_target()
+    kept = {}
+
+    def keep(module, args, output):
+        kept["x"] = (output[0] if isinstance(output, tuple) else output).clone()
+
+    def twice(module, args, output):
+        (output[0] if isinstance(output, tuple) else output)[1] = kept["x"][1]
+
+    model.model.layers[1].register_forward_hook(keep)
+    model.model.layers[4].register_forward_hook(twice)
+    session = eagle_io.capture(model, tmp_path / "hf", target_info=info, threads=1)
+    with session, pytest.raises(eagle_io.ImplausibleStatesError, match=r"^sample 1: aux layer 2 and aux layer 5 ") as e:
+        session.submit(samples([6, 6]))
+    assert e.value.kind == "copied_layers"
+
+
 # --- the HF path, end to end ------------------------------------------------------------------------------------
 
 

@@ -55,8 +55,6 @@ def test_a_damaged_mask_is_listed_not_raised(tmp_path):
     root = write(tmp_path / "ds", samples)
     counts = mask_counts(root)
     assert counts.supervised.tolist() == [58, 58, 58]
-    stored = json.loads((root / "manifest.json").read_text())["shards"][0]["bytes"]
-    assert 0 < counts.bytes_read < stored / 20  # chunk tables and masks only, not the states
     shard = next((root / "shards").glob("*.eio"))
     data = bytearray(shard.read_bytes())
     # Record 1's loss_mask frame: after its header, 4 chunk tables and the input_ids payload.
@@ -76,6 +74,47 @@ def test_a_damaged_mask_is_listed_not_raised(tmp_path):
     counts = mask_counts(root)
     assert counts.supervised.tolist() == [58, -1, 58]
     assert [(u[1]) for u in counts.unreadable] == [1] and str(shard) in counts.unreadable[0][0]
+
+
+def test_a_mask_is_read_through_its_records_checksum(tmp_path):
+    """A flipped bit in a record's hidden states, not in its mask: the record fails its CRC-32, so its mask is not
+    counted (it was: the masks were read around the checksum) and the error names the shard, sample and offset."""
+    samples = {i: make_sample(i, 64) for i in (3, 4, 5)}
+    root = write(tmp_path / "ds", samples)
+    shard = next((root / "shards").glob("*.eio"))
+    entry = eagle_io.Dataset(root)._native.entry(1)  # (sample id, tokens, key) of position 1
+    from eagle_io.store import reference as ref
+
+    _, offset, length, *_ = ref.open_dataset(str(root)).shards[0].entries[1]
+    data = bytearray(shard.read_bytes())
+    data[offset + length - 3] ^= 0x10  # the last payload: hidden_states
+    shard.write_bytes(bytes(data))
+    counts = mask_counts(root)
+    supervised = [int(s["loss_mask"].sum()) for s in samples.values()]
+    assert counts.supervised.tolist() == [supervised[0], -1, supervised[2]]
+    ((path, sample_id, message),) = counts.unreadable
+    assert (path, sample_id) == (str(shard), entry[0]) and "checksum mismatch" in message
+    assert f"byte offset {offset}" in message
+    ds = eagle_io.Dataset(root)
+    got = ds.read_tensor("loss_mask", [0, 2])
+    assert [int(m.sum()) for m in got] == [supervised[0], supervised[2]] and got[0].dtype == torch.uint8
+    with pytest.raises(eagle_io.CorruptRecordError, match="checksum mismatch") as e:
+        ds.read_tensor("loss_mask", [0, 1, 2])
+    assert e.value.sample_id == 4
+    states = ds.read_tensor("hidden_states", [2])[0]
+    assert torch.equal(states.view(torch.int16), samples[5]["hidden_states"].view(torch.int16))
+    with pytest.raises(eagle_io.InvalidArgumentError, match="no tensor 'mask'"):
+        ds.read_tensor("mask", [0])
+    # A tensor stored as FP8 comes back dequantised, as a whole-sample read gives it.
+    fp8 = tmp_path / "fp8"
+    schema = eagle_io.eagle3_schema(32, precision="fp8")
+    with eagle_io.ShardWriter(fp8, schema, {"target_model": "tiny"}, threads=1) as w:
+        w.write(7, make_sample(7, 9))
+    ds8 = eagle_io.Dataset(fp8)
+    (aux,) = ds8.read_tensor("aux_hidden_states", [0])
+    assert aux.dtype == torch.bfloat16 and torch.equal(
+        aux.view(torch.int16), ds8[0]["aux_hidden_states"].view(torch.int16)
+    )
 
 
 def test_inspect_shows_percentiles_and_supervised_share(small_dataset, capsys):

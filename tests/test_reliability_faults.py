@@ -70,7 +70,7 @@ def test_file_size_limit_gives_efbig_storage_error_naming_the_shard(server, tmp_
     assert os.path.dirname(e["path"]) == str(root / "shards"), "the error names the shard being written"
     # Later calls keep failing, naming the first error; the root stays resumable.
     after = e["after_error"]
-    assert "failed earlier" in after["write"] and e["path"] in after["write"]
+    assert "failed earlier" in after["write"]["message"] and e["path"] in after["write"]["message"]
     committed = assert_intact_then_resume(server, root, long_from=20)
     assert 10 <= len(committed) <= 20
 
@@ -110,8 +110,29 @@ def test_failed_writer_releases_the_root_for_a_resume_in_the_same_process(server
         fault="ENOSPC:write:.eio.tmp:2",
     )
     after = r["error"]["after_error"]
-    assert "failed earlier" in after["close"]
+    assert "failed earlier" in after["close"]["message"]
     assert after["resume_in_process"] is None, after["resume_in_process"]
+
+
+def test_a_full_disk_stays_a_storage_error_with_its_errno_on_every_later_call(server, tmp_path):
+    """The shard I/O thread hits a real ENOSPC (injected at the write(2) of the second shard's temp file): the
+    write that finds it, every later write and close raise StorageError with errno ENOSPC and the file, each
+    saying it failed earlier (the sticky error was kept as a string and came back as InvalidArgumentError)."""
+    needs_injector(server)
+    root = tmp_path / "ds"
+    r = server.run(
+        "write_dataset",
+        {"root": str(root), "n": 30, "shard_bytes": 9_000, "queue_depth": 1},
+        fault="ENOSPC:write:.eio.tmp:2",
+    )
+    first = r["error"]
+    assert (first["type"], first["errno"]) == ("StorageError", errno.ENOSPC), first
+    for call, after in first["after_error"].items():
+        if call == "resume_in_process":
+            continue
+        assert (after["type"], after["errno"], after["storage"]) == ("StorageError", errno.ENOSPC, True), (call, after)
+        assert after["path"] == first["path"] and after["message"].startswith("the writer failed earlier")
+        assert "No space left on device" in after["message"]
 
 
 def test_permission_denied_on_a_read_only_shards_dir(server, tmp_path):

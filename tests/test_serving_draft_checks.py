@@ -6,6 +6,9 @@ test_serving_preflight (real shapes, no disk for the zeros)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 from test_serving_preflight import H, N, V, by_code, eagle3_draft, issues, llama_target
 
@@ -143,7 +146,8 @@ def test_a_correct_draft_of_each_size_is_clean(tmp_path):
     for n, eagle_ids in ((N, [1, 3, 4]), (32, None)):
         t = llama_target(tmp_path / str(n), layers=n)
         d = eagle3_draft(tmp_path / str(n), eagle_ids=eagle_ids, vocab=V)
-        assert issues(check_serving(t, d, algorithm="EAGLE3")) == {}
+        trained = None if eagle_ids else [2, n // 2, n - 3]  # no ids in the config: the default, trained on
+        assert issues(check_serving(t, d, algorithm="EAGLE3", layer_ids=trained)) == {}
 
 
 def test_a_draft_without_safetensors_is_not_reported_missing_everything(tmp_path):
@@ -152,3 +156,74 @@ def test_a_draft_without_safetensors_is_not_reported_missing_everything(tmp_path
     (d / "model.safetensors").rename(d / "pytorch_model.bin")  # not read: only safetensors headers are
     fs = check_serving(t, d, algorithm="EAGLE3")
     assert issues(fs) == {"fc-unknown": "warning"} and "pytorch_model.bin" in by_code(fs, "fc-unknown").message
+
+
+def test_a_draft_as_wide_as_its_aux_states_is_served_without_fc(tmp_path):
+    """SGLang runs fc only when the incoming width differs from the draft's embedding: two aux layers of a 64-wide
+    target under a 128-wide draft (2 x 64 = 128) reach the draft unprojected. check-serving, the startup guard and
+    eagle-io's own trainer (a one-layer dataset for a draft as wide as its target) refuse it."""
+    from test_serving_plugin import facts
+
+    from eagle_io.draft import build_draft
+    from eagle_io.errors import IncompatibleDatasetError
+    from eagle_io.serving import plugin
+
+    t = llama_target(tmp_path)
+    emb = {"embed_tokens.weight": ("BF16", (V, 2 * H))}  # target_hidden_size != hidden_size: the draft's own
+    d = eagle3_draft(tmp_path, hidden=2 * H, fc_in=2 * H, eagle_ids=[1, 3], extra_tensors=emb)
+    fs = check_serving(t, d, algorithm="EAGLE3")
+    assert issues(fs) == {"fc-skipped": "error"}
+    f = by_code(fs, "fc-skipped")
+    assert "2 aux state(s) x target hidden 64 = 128 is the draft's own hidden size 128" in f.message
+    assert "shape[-1] != embeds.shape[-1]" in f.message and "2 or more aux layers" in f.fix
+    d3 = eagle3_draft(tmp_path, hidden=2 * H, fc_in=3 * H, eagle_ids=[1, 3, 4], extra_tensors=emb, name="d3")
+    assert issues(check_serving(t, d3, algorithm="EAGLE3")) == {}  # 3 x 64 = 192 != 128: fc runs
+    msg = plugin.startup_decision(facts(layers_to_capture=(2, 4), fc_in_width=128, draft_embed_width=128))
+    assert msg is not None and "served without its fc" in msg
+    head = __import__("test_train_draft").synthetic_head()
+    with pytest.raises(IncompatibleDatasetError, match=r"aux layers \[5\].*served without its fc"):
+        build_draft(head, {"hidden_size": head.config["hidden_size"], "aux_layer_ids": [5]}, 16)
+
+
+def test_parameters_sglang_allocates_from_config_switches_must_be_in_the_checkpoint(tmp_path):
+    """Every parameter the draft class builds for its config, switches included: Llama's o_proj bias under
+    attention_bias (or bias, which llama.py reads as both), MLA's attention and MLP (kimi_k25_eagle3.py), whose loader
+    never strips a model. prefix."""
+    t = llama_target(tmp_path)
+    d = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], extra_config={"attention_bias": True})
+    f = by_code(check_serving(t, d, algorithm="EAGLE3"), "draft-tensor-missing")
+    assert "layers.0.self_attn.o_proj.bias [64]" in f.message and "attention_bias: true asks for it" in f.message
+    fc_bias = {"fc.bias": ("BF16", (H,))}
+    d2 = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], extra_config={"bias": True}, extra_tensors=fc_bias, name="d2")
+    f = by_code(check_serving(t, d2, algorithm="EAGLE3"), "draft-tensor-missing")
+    assert "layers.0.self_attn.o_proj.bias" in f.message and "bias: true" in f.message
+    both = {**fc_bias, "midlayer.self_attn.o_proj.bias": ("BF16", (H,))}
+    d3 = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], extra_config={"bias": True}, extra_tensors=both, name="d3")
+    assert issues(check_serving(t, d3, algorithm="EAGLE3")) == {}
+    d4 = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], extra_tensors={"midlayer.self_attn.o_proj.bias": ("BF16", (H,))},
+                      name="d4")  # fmt: skip
+    f = by_code(check_serving(t, d4, algorithm="EAGLE3"), "draft-tensor-ignored")
+    assert "attention_bias (or bias) is off" in f.message
+
+    mla_cfg = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "hidden_size": H, "target_hidden_size": H,
+               "num_hidden_layers": 1, "num_attention_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 16,
+               "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "intermediate_size": 128,
+               "vocab_size": V, "draft_vocab_size": 500, "bias": True}  # fmt: skip
+    mla = {"fc.weight": (H, 3 * H), "fc.bias": (H,), "norm.weight": (H,), "lm_head.weight": (500, H),
+           "layers.0.self_attn.q_a_proj.weight": (32, 2 * H),
+           "layers.0.self_attn.kv_a_proj_with_mqa.weight": (20, 2 * H),
+           "layers.0.self_attn.q_a_layernorm.weight": (32,), "layers.0.self_attn.q_b_proj.weight": (48, 32),
+           "layers.0.self_attn.kv_a_layernorm.weight": (16,), "layers.0.self_attn.kv_b_proj.weight": (64, 16),
+           "layers.0.self_attn.o_proj.weight": (H, 32), "layers.0.mlp.gate_up_proj.weight": (256, H),
+           "layers.0.mlp.down_proj.weight": (H, 128), "layers.0.input_layernorm.weight": (H,),
+           "midlayer.hidden_norm.weight": (H,), "layers.0.post_attention_layernorm.weight": (H,)}  # fmt: skip
+    headers = {name: SimpleNamespace(shape=shape) for name, shape in mla.items()}
+    b = draft_build(mla_cfg)
+    assert tensor_problems(b, headers) == []
+    del headers["layers.0.self_attn.q_b_proj.weight"]
+    (p,) = tensor_problems(b, headers)
+    assert (p.kind, p.canonical, p.expected) == ("missing", "layers.0.self_attn.q_b_proj.weight", (48, 32))
+    prefixed = {("model." + n if n.startswith("fc.") else n): h for n, h in headers.items()}
+    missing = {p.canonical: p.detail for p in tensor_problems(b, prefixed) if p.kind == "missing"}
+    assert "model.fc.weight, which Eagle3DeepseekV2ForCausalLM.load_weights never loads" in missing["fc.weight"]
+    assert "model.fc.bias" in missing["fc.bias"]

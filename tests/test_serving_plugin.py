@@ -649,6 +649,8 @@ def test_sglang_capture_matches_the_hf_reference(tmp_path):
         i * 7 + 3: (torch.randint(10, 990, (n,), generator=g), (torch.rand(n, generator=g) > 0.5).to(torch.int64))
         for i, n in enumerate([1, 5, 17, 33, 9])
     }
+    for _, mask in samples.values():
+        mask[-1] = 1  # a supervised token each (an all-zero mask is skipped, unsupervised_skipped)
     torch.save(samples, tmp_path / "samples.pt")
     (tmp_path / "capture.py").write_text(_CAPTURE_SCRIPT)
     env = cpu_engine_env()
@@ -781,12 +783,16 @@ def _writing_capture(out: Path, sink: _SlowSink):
     return cap
 
 
+_STATES = torch.Generator().manual_seed(0)
+
+
 def _prefill(sample_id, n=3):
     params = {"eagle_io_sample_id": sample_id, "eagle_io_loss_mask": [1] * n}
     sp = SimpleNamespace(custom_params=params)
     req = SimpleNamespace(rid="r", prefix_len=0, extend_len=n, origin_input_ids=list(range(n)), sampling_params=sp)
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=[req], extend_lens=[n])
-    out = SimpleNamespace(hidden_states=torch.ones(n, 6), last_hidden_states=torch.ones(n, 2))
+    # states as a forward makes them: no two layers alike
+    out = SimpleNamespace(hidden_states=torch.randn(n, 6, generator=_STATES), last_hidden_states=torch.randn(n, 2))
     return batch, SimpleNamespace(logits_output=out)
 
 
@@ -824,6 +830,23 @@ def test_a_sample_longer_than_the_capture_max_length_is_refused(tmp_path):
         cap.on_forward(*_prefill(1, n=4))
         with pytest.raises(eagle_io.SchemaError, match="sample 2: it has 5 tokens, more than this run's max_length 4"):
             cap.on_forward(*_prefill(2, n=5))
+    finally:
+        sc._ACTIVE = None
+
+
+def test_a_request_whose_loss_mask_is_all_zero_is_skipped_and_counted(tmp_path):
+    """The SGLang path wrote a sample with no supervised token (the HF path's tokenizer refuses them earlier): the
+    capture core skips it and counts it (unsupervised_skipped), for every backend; the others are written."""
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    sink = _SlowSink(0)
+    cap = _writing_capture(tmp_path, sink)  # max_length 4
+    try:
+        batch, result = _prefill(3, n=4)
+        batch.reqs[0].sampling_params.custom_params["eagle_io_loss_mask"] = [0, 0, 0, 0]
+        cap.on_forward(batch, result)
+        cap.on_forward(*_prefill(4, n=2))
+        assert sink.put_ids == [4] and cap.store.counts["unsupervised_skipped"] == 1
     finally:
         sc._ACTIVE = None
 
@@ -1116,3 +1139,56 @@ def test_guard_refuses_an_eagle3_draft_that_sglang_builds_without_fc(tmp_path, h
     assert 'set "architectures": ["LlamaForCausalLMEagle3"]' in str(e.value) and calls == []
     # The same rule, from the same place, for a live EAGLE-3 class that lost its fc.
     assert "without an fc" in plugin.startup_decision(facts(fc_in_width=None))
+
+
+class _HelperBackbone(torch.nn.Module):
+    """TEST-ONLY: a flag-selecting text backbone whose ``forward`` hands the layer loop to a helper (the flag is
+    read there, not in ``forward``), without a capture setter; like Qwen3.5 it returns plain states when it
+    captured nothing."""
+
+    def __init__(self, n: int = 8) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Identity() for _ in range(n))
+        self.layers_to_capture: list[int] = []
+
+    def forward(self, input_ids=None, positions=None, forward_batch=None, pp_proxy_tensors=None):
+        return self._run_layers(input_ids.float()[:, None].expand(-1, 4))
+
+    def _run_layers(self, x):
+        aux = []
+        for layer in self.layers:
+            if getattr(layer, "_is_layer_to_capture", False):
+                aux.append(x)
+            x = layer(x)
+        return (x, aux) if aux else x
+
+
+@needs_sglang
+def test_a_vl_wrapper_whose_decoder_records_nothing_fails_its_first_request_in_the_target(tmp_path, hooks):
+    """SGLang's real Qwen3VLForConditionalGeneration setter on a backbone without one: it sets the capture flags and
+    assigns layers_to_capture, every per-layer flag stays False. Its first request does not reach the draft-extend
+    width check: SGLang's own Qwen3VL forward unpacks the backbone's plain states as (states, aux) and fails inside
+    the target forward (a ValueError, not DraftWidthError). So the startup probe must catch it, and now does (the
+    flag is read in a helper of forward, which the probe did not read)."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
+
+    w = _named("Qwen3_5ForConditionalGeneration", torch.nn.Module)()
+    w.model, w.capture_aux_hidden_states = _HelperBackbone(), False
+    w.config, w.pp_group = SimpleNamespace(num_hidden_layers=8), SimpleNamespace(is_last_rank=True)
+    w.is_mrope_enabled, w.language_model_only, w.lm_head = False, True, None
+    w.logits_processor = lambda ids, states, head, batch, aux: SimpleNamespace(hidden_states=aux)
+    Qwen3VLForConditionalGeneration.set_eagle3_layers_to_capture(w, [1, 3, 4])  # SGLang's setter
+    assert w.capture_aux_hidden_states and w.model.capture_aux_hidden_states and w.model.layers_to_capture == [2, 4, 5]
+    assert not any(getattr(layer, "_is_layer_to_capture", False) for layer in w.model.layers)
+    with pytest.raises(ValueError, match="too many values to unpack") as e:  # the first request, 5 tokens
+        Qwen3VLForConditionalGeneration.forward(w, torch.arange(5), torch.arange(5), SimpleNamespace())
+    assert not isinstance(e.value, plugin.DraftWidthError) and plugin._RUNTIME.width_checks == 0
+    (p,) = probe.capture_wiring_problems(w)
+    assert "_HelperBackbone.forward captures the layers flagged _is_layer_to_capture ([])" in p
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    sched, calls = real_scheduler(t, d, "EAGLE3")
+    sched.tp_worker.model_runner.model = w
+    with pytest.raises(plugin.ServingGuardError, match="the target's capture is not wired"):
+        Scheduler.init_all_cuda_graphs(sched)
+    assert calls == []

@@ -372,7 +372,7 @@ def test_eagle3_detected_from_fc_width_alone(tmp_path):
     assert "architecture" not in f.message  # not detected through the name
     # Under EAGLE3, SGLang 0.5.23 builds architectures[0] = a plain LlamaForCausalLM: no fc, aux states unused.
     fs = check_serving(t, d, algorithm="EAGLE3")
-    assert issues(fs) == {"draft-architecture": "error"}
+    assert issues(fs) == {"draft-architecture": "error", "layer-ids-default": "warning"}
     assert "'LlamaForCausalLM'" in by_code(fs, "draft-architecture").message
     assert "LlamaForCausalLMEagle3" in by_code(fs, "draft-architecture").fix
 
@@ -424,8 +424,8 @@ def test_off_by_one_between_conventions_names_both(tmp_path):
 def test_layer_mismatch_with_default_ids(tmp_path):
     t = llama_target(tmp_path, layers=32)
     d = eagle3_draft(tmp_path)  # no eagle_config: SGLang captures its default [2, 16, 29]
-    f = by_code(check_serving(t, d, algorithm="EAGLE3", layer_ids=[3, 10, 20]), "layer-ids-mismatch")
-    assert "[2, 16, 29]" in f.message and "default [2, N//2, N-3]" in f.message
+    f = by_code(check_serving(t, d, algorithm="EAGLE3", layer_ids=[3, 10, 20]), "layer-ids-default")
+    assert f.severity == "error" and "default [2, 16, 29]" in f.message and "[2, N//2, N-3]" in f.message
     assert '"eagle_aux_hidden_state_layer_ids": [2, 9, 19]' in f.fix
     (info,) = check_serving(t, d, algorithm="EAGLE3", layer_ids=[2, 16, 29])
     assert info.code == "layer-ids-default" and info.severity == "info" and "[2, 16, 29]" in info.message

@@ -237,6 +237,53 @@ def test_cli_train_draft(synthetic, tmp_path, monkeypatch, capsys):
     assert "dataset_sha256: mapping has" in capsys.readouterr().err
 
 
+def test_supervision_lost_to_max_length_is_skipped_counted_and_an_empty_run_fails(tmp_path, monkeypatch, capsys):
+    """30-token samples supervised only from token 20 on, under max_length 16: each is left out of its batch and
+    counted (it trained on nothing, silently); a run where no sample keeps a supervised token fails naming
+    --max-length and exports nothing (it "trained" and exited 0)."""
+    import eagle_io.draft as draft_mod
+    from eagle_io import cli as cli_mod
+    from eagle_io.feed import PaddingCollator
+
+    head, g = synthetic_head(), torch.Generator().manual_seed(3)
+
+    def write(root, late: int, early: int):
+        """``late`` samples supervised from token 20, then ``early`` from token 3."""
+        meta = {"hidden_size": H, "vocab_size": V, "aux_layer_ids": [1, 2, 3], "num_layers": 4}
+        with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(H, K), meta, threads=1) as w:
+            for i in range(late + early):
+                mask = torch.zeros(30, dtype=torch.uint8)
+                mask[20 if i < late else 3 :] = 1
+                hid = torch.randn(30, H, generator=g).bfloat16()
+                w.write(i, {"input_ids": torch.randint(0, V, (30,), generator=g), "loss_mask": mask,
+                            "aux_hidden_states": torch.cat([hid] * 3, 1), "hidden_states": hid})  # fmt: skip
+        return root
+
+    root = write(tmp_path / "late", 7, 3)
+    ds = ShardDataset(root, max_length=16)
+    batch = PaddingCollator().collate_from(ds, [0, 8, 1, 9])
+    assert batch["sample_ids"] == [8, 9] and batch["input_ids"].shape == (2, 16)
+    assert [(u["sample_id"], u["reason"], u["stored_tokens"]) for u in batch["unsupervised"]] == [
+        (0, "no_supervised_token_within_max_length", 30), (1, "no_supervised_token_within_max_length", 30)]  # fmt: skip
+    assert torch.equal(batch["loss_mask"][0], ds[8]["loss_mask"]) and len(ds.unsupervised) == 2
+    r = train_draft(ds, head, build_vocab_mapping(root, 64), TrainConfig(steps=2, eval_samples=2, batch_size=4,
+                    log_every=0, threads=1), log=None)  # fmt: skip
+    assert r.unsupervised_samples >= 1 and r.summary()["unsupervised_samples_skipped"] == r.unsupervised_samples
+    late = ShardDataset(root, max_length=16, filter=lambda info, meta: info.sample_id < 7)
+    with pytest.raises(eagle_io.IncompatibleDatasetError, match=r"none of the 7 samples has a supervised token"):
+        late.require_supervision(option="--max-length")
+    ShardDataset(root, max_length=16).require_supervision()  # samples 7..9 keep theirs
+    monkeypatch.setitem(cli_mod.COMMANDS, "train-draft", train_draft_cmd)
+    monkeypatch.setattr(draft_mod, "load_target_head", lambda model=None: head)
+    out = tmp_path / "run"
+    only_late = write(tmp_path / "only-late", 7, 0)
+    args = ["train-draft", str(only_late), "--out", str(out), "--max-length", "16", "--draft-vocab-size", "16"]
+    assert main([*args, "--steps", "2", "--eval-samples", "2", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "none of the 5 samples" in err and "5 are longer and cut by it (5 of them have supervised tokens past" in err
+    assert "Raise max_length (train-draft --max-length)" in err and not (out / "model.safetensors").exists()
+
+
 def test_cli_train_draft_past_a_corrupt_record_only_when_asked(synthetic, tmp_path, monkeypatch, capsys):
     import eagle_io.draft as draft_mod
     from eagle_io import cli as cli_mod

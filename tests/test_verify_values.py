@@ -42,7 +42,7 @@ def test_nan_written_through_the_writer_fails_verify(tmp_path, capsys):
     assert "OK 5 samples in 1 shard(s) verified" in out, "the records themselves are sound"
     assert "VALUE FAIL nonfinite: sample 4: NaN/Inf in captured hidden_states at token row 2 (1 bad rows)" in out
     want = "values    5 samples, 20 tokens decoded and checked; samples with a problem, by kind: nonfinite 1, "
-    assert want + "zero_sample 0, zero_rows 0, copied_rows 0\n" in out, out
+    assert want + "zero_sample 0, zero_rows 0, copied_layers 0, copied_rows 0\n" in out, out
     assert main(["verify", str(tmp_path), "--no-values"]) == 0
 
 
@@ -94,4 +94,24 @@ def test_copies_are_found_across_window_blocks(tmp_path):
     r = scan_dataset(tmp_path, window=2)
     (p,) = r["problems"]
     assert (p["kind"], p["sample_id"], p["row"], p["source_sample_id"], p["source_row"]) == ("copied_rows", 3, 1, 1, 3)
-    assert r["counts"] == {"nonfinite": 0, "zero_sample": 0, "zero_rows": 0, "copied_rows": 1}
+    assert r["counts"] == {"nonfinite": 0, "zero_sample": 0, "zero_rows": 0, "copied_layers": 0, "copied_rows": 1}
+
+
+def test_a_layer_stored_twice_is_listed_by_verify_and_counted_in_the_report(tmp_path, capsys):
+    """Sample 2's aux layer 15 block holds aux layer 27's, on rows 0 and 3 only: verify lists it (copied_layers,
+    failing under --strict), and the report's figures count it among the samples read (it was found by neither)."""
+    from eagle_io.report.figures import build_figures
+
+    samples = {i: _sample(i, 6) for i in range(4)}
+    aux = samples[2]["aux_hidden_states"]
+    aux[[0, 3], H : 2 * H] = aux[[0, 3], 2 * H :]
+    _write(tmp_path, samples)
+    assert main(["verify", str(tmp_path)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("VALUE WARN")]
+    assert line.startswith("VALUE WARN copied_layers: sample 2: aux layer 15 and aux layer 27 states are equal bit")
+    assert "at token row 0 (2 of 6 rows have two equal layers)" in line
+    assert main(["verify", str(tmp_path), "--strict"]) == 1
+    values = build_figures(tmp_path, sample=4)["states"]["values"]
+    assert values["checked"] and values["samples"] == 4
+    assert values["counts"] == {"nonfinite": 0, "zero_sample": 0, "zero_rows": 0, "copied_layers": 1, "copied_rows": 0}
+    assert [(p["kind"], p["sample_id"]) for p in values["problems"]] == [("copied_layers", 2)]

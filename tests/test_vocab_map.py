@@ -198,3 +198,32 @@ def test_cli_vocab_map(corpus, tmp_path, monkeypatch, capsys):
     assert '"padded": 4' in text and "padded with the 4 lowest unused target ids" in text
     assert load_vocab_mapping(out, dataset=corpus, draft_vocab_size=8).key["padded"] == 4
     assert main(["vocab-map", str(corpus), "--draft-vocab-size", "99", "--out", str(out)]) == 2
+
+
+def test_a_map_that_names_a_target_id_twice_is_refused_everywhere(tmp_path):
+    """Draft ids 5 and 6 both reach target id 9 (d2t[6] = 3): t2d marks as many ids as d2t has entries and holds
+    True at every mapped id, so only the one-to-one check sees it: check-serving, validate_mapping (vocab-map,
+    train-draft --vocab-map, save_draft) and a draft given the map directly (train_draft)."""
+    from test_serving_preflight import by_code, eagle3_draft, llama_target
+
+    from eagle_io.draft.model import Eagle3Draft, Eagle3DraftConfig
+    from eagle_io.interop.vocab import mapping_problems
+    from eagle_io.serving import check_serving
+
+    d2t = torch.tensor([4, 4, 4, 4, 4, 4, 3, 4, 4, 4], dtype=torch.int64)  # target ids 4..9, 9, 11..14
+    t2d = torch.zeros(64, dtype=torch.bool)
+    t2d[4:15] = True
+    t2d[10] = False  # 10 target ids marked, one of them (target id 15 - 5) never drafted
+    (p,) = mapping_problems(d2t, t2d, 10, 64)
+    assert "not one-to-one: draft ids 5 and 6 both map to target id 9 (1 of 10 draft ids" in p
+    with pytest.raises(eagle_io.InvalidArgumentError, match="draft ids 5 and 6 both map to target id 9"):
+        validate_mapping(d2t, t2d, 10, 64)
+    cfg = Eagle3DraftConfig(64, 10, 16, 16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=16)
+    with pytest.raises(eagle_io.InvalidArgumentError, match="not one-to-one"):
+        Eagle3Draft(cfg).set_vocab_mapping(d2t, t2d)
+    t = llama_target(tmp_path)  # vocab 1000
+    big = torch.zeros(500, dtype=torch.int64)
+    big[300:] = -1  # draft ids 300.. reach target ids 299..498: 299 is named twice
+    d = eagle3_draft(tmp_path, eagle_ids=[1, 3, 4], d2t_values=big)
+    f = by_code(check_serving(t, d, algorithm="EAGLE3"), "d2t-values")
+    assert f.severity == "error" and "draft ids 299 and 300 both map to target id 299" in f.message

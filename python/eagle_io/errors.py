@@ -148,7 +148,7 @@ class ImplausibleStatesError(InvalidArgumentError):
     sample all zeros, a layer's states all zeros in a row, rows equal to another request's (broken capture
     wiring); nothing of the sample was written.
 
-    Attributes: ``sample_id``, ``kind`` (``"zero_sample"``, ``"zero_rows"`` or ``"copied_rows"``,
+    Attributes: ``sample_id``, ``kind`` (``"zero_sample"``, ``"zero_rows"``, ``"copied_layers"`` or ``"copied_rows"``,
     :data:`eagle_io.store.values.KINDS`), ``row`` (first such token row), ``tensor``.
     """
 

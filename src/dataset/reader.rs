@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::decode::decode_record;
+use super::decode::{check_output_len, decode_record, decode_tensor};
 use super::manifest::Manifest;
 use super::options::ReadOptions;
 use crate::error::{Error, Result};
@@ -403,6 +403,82 @@ impl Dataset {
         results
             .into_iter()
             .try_for_each(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Reads, checksums and decodes one tensor, `name`, of several records: `items` pairs a
+    /// position with its output buffer (exactly `n_tokens x row_bytes` of that tensor; an FP8
+    /// tensor comes out dequantised into its schema dtype). The CRC-32 covers the whole record,
+    /// so each record is read whole (where it lies in a mapped local shard, else one positioned
+    /// read; from object storage, the batch's records fetched together as by `read_batch`) and
+    /// checked; only `name`'s chunks are decoded. Every item is attempted: the result has one
+    /// entry per item. `Err` only for a tensor the schema lacks.
+    pub fn read_tensor_batch(&self, name: &str, items: &mut [(u64, &mut [u8])]) -> Result<Vec<Result<()>>> {
+        let schema = self.schema();
+        let t = schema.tensors.iter().position(|s| s.name == name).ok_or_else(|| {
+            let names: Vec<&str> = schema.tensors.iter().map(|s| s.name.as_str()).collect();
+            Error::InvalidArgument(format!("the schema has no tensor {name:?} (it has {names:?})"))
+        })?;
+        let pool = pool::shared(self.threads);
+        let results: Vec<Mutex<Result<()>>> = items.iter().map(|_| Mutex::new(Ok(()))).collect();
+        let (requests, remote): (Vec<_>, Vec<usize>) = items
+            .iter()
+            .enumerate()
+            .filter_map(|(k, (pos, _))| {
+                let e = self.entry(*pos).ok()?;
+                let shard = &self.shards[e.shard];
+                let ie = &shard.entries[e.record];
+                Some(((shard.remote()?, ie.offset, ie.length), k))
+            })
+            .unzip();
+        let mut slots: Vec<Option<&mut (u64, &mut [u8])>> = items.iter_mut().map(Some).collect();
+        pool.in_place_scope(|scope| {
+            let is_remote: std::collections::HashSet<usize> = remote.iter().copied().collect();
+            for (k, slot) in slots.iter_mut().enumerate() {
+                if !is_remote.contains(&k) {
+                    let (item, result) = (slot.take().expect("each item once"), &results[k]);
+                    scope.spawn(move |_| *lock(result) = self.read_tensor_into(item.0, t, item.1, None));
+                }
+            }
+            self.fetcher.fetch_each(&requests, |j, rec| {
+                let k = remote[j];
+                let (item, result) = (slots[k].take().expect("each item once"), &results[k]);
+                scope.spawn(move |_| {
+                    *lock(result) = rec.and_then(|rec| self.read_tensor_into(item.0, t, item.1, Some(&rec)))
+                });
+            });
+        });
+        Ok(results
+            .into_iter()
+            .map(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
+            .collect())
+    }
+
+    /// Tensor `t` of the sample at `pos` into `out` (`read_tensor_batch`), from the record's bytes
+    /// when `fetched` holds them.
+    fn read_tensor_into(&self, pos: u64, t: usize, out: &mut [u8], fetched: Option<&[u8]>) -> Result<()> {
+        let e = self.entry(pos)?;
+        let shard = &self.shards[e.shard];
+        let spec = &self.schema().tensors[t];
+        let mut decode = |rec: &[u8]| -> Result<()> {
+            let Some(p) = &spec.precision else {
+                return decode_tensor(shard, e.record, rec, t, out);
+            };
+            check_output_len(&shard.entries[e.record], spec, spec.row_bytes(), out)?;
+            let mut stored = vec![0u8; (e.n_tokens * spec.stored_row_bytes()) as usize];
+            decode_tensor(shard, e.record, rec, t, &mut stored)?;
+            let width = spec.elems_per_row() as usize;
+            quant::dequantize(&stored, e.n_tokens as usize, width, p, spec.dtype, out);
+            Ok(())
+        };
+        if let Some(rec) = fetched {
+            shard.check_record(e.record, rec)?;
+            return decode(rec);
+        }
+        RECORD.with(|cell| {
+            let (mut own, mut reused) = (Vec::new(), cell.try_borrow_mut().ok());
+            let buf = reused.as_deref_mut().unwrap_or(&mut own);
+            decode(shard.read_record(e.record, buf)?)
+        })
     }
 
     /// Reads the sample at `pos` into new buffers, one per schema tensor.

@@ -20,7 +20,7 @@ use super::manifest::{CodecInfo, Manifest, MANIFEST_FORMAT};
 use super::options::WriterOptions;
 use super::resume;
 use crate::codec::{encode_chunk, encode_fp8, recycle_payload, CodecOptions, EncodedChunk};
-use crate::error::{Error, Result};
+use crate::error::{catch_panic, Error, Result};
 use crate::format::{record, FORMAT_VERSION, MAX_KEY_BYTES};
 use crate::layout;
 use crate::pool;
@@ -144,7 +144,8 @@ pub struct DatasetWriter {
     io: Option<JoinHandle<Result<Manifest>>>,
     stats: StatsHandle,
     seen: Mutex<HashSet<u64>>,
-    failed: Option<String>,
+    /// The error that stopped the I/O thread, raised again (same variant) by every later call.
+    failed: Option<Error>,
     /// The root lock, released by `close`.
     lock: Option<File>,
 }
@@ -217,7 +218,7 @@ impl DatasetWriter {
         };
         let io = std::thread::Builder::new()
             .name("eagle-io-shard-io".into())
-            .spawn(move || io.run(rx))
+            .spawn(move || catch_panic("the shard I/O thread", || io.run(rx)))
             .map_err(|e| Error::io(root, e))?;
         Ok(DatasetWriter {
             root: root.to_owned(),
@@ -268,10 +269,8 @@ impl DatasetWriter {
     /// them in parallel and queues the records in the given order. Blocks while the queue
     /// is full.
     pub fn write_batch(&mut self, samples: &[SampleRef<'_>]) -> Result<()> {
-        if let Some(msg) = &self.failed {
-            return Err(Error::InvalidArgument(format!(
-                "the writer failed earlier and accepts no more samples: {msg}"
-            )));
+        if let Some(err) = &self.failed {
+            return Err(err.earlier("the writer failed earlier and accepts no more samples"));
         }
         if self.tx.is_none() {
             return Err(Error::InvalidArgument("the writer is closed".into()));
@@ -307,7 +306,7 @@ impl DatasetWriter {
                     .join_io()
                     .err()
                     .unwrap_or_else(|| Error::Internal("shard I/O thread stopped".into()));
-                self.failed = Some(err.to_string());
+                self.failed = Some(err.duplicate());
                 return Err(err);
             }
         }
@@ -382,29 +381,31 @@ impl DatasetWriter {
         }
         let codec = self.opts.codec;
         let schema = &self.schema;
-        let encoded: Vec<(EncodedChunk, QuantCounts)> = self.pool.install(|| {
-            jobs.par_iter()
-                .map(|&(si, ti, row, rows)| {
-                    let spec = &schema.tensors[ti];
-                    let s = &samples[si];
-                    let rb = SampleRef::given_row_bytes(spec, s.prequantised.is_some()) as usize;
-                    let data = &s.tensors[ti][row as usize * rb..(row + rows) as usize * rb];
-                    let schema_err = |message| Error::Schema {
-                        sample_id: s.sample_id,
-                        message,
-                    };
-                    match &spec.precision {
-                        Some(p) if s.prequantised.is_some() => {
-                            encode_quantised_rows(data, row, rows as usize, spec, p, &codec).map_err(schema_err)
+        let encoded: Vec<(EncodedChunk, QuantCounts)> = catch_panic("an encode thread", || {
+            self.pool.install(|| {
+                jobs.par_iter()
+                    .map(|&(si, ti, row, rows)| {
+                        let spec = &schema.tensors[ti];
+                        let s = &samples[si];
+                        let rb = SampleRef::given_row_bytes(spec, s.prequantised.is_some()) as usize;
+                        let data = &s.tensors[ti][row as usize * rb..(row + rows) as usize * rb];
+                        let schema_err = |message| Error::Schema {
+                            sample_id: s.sample_id,
+                            message,
+                        };
+                        match &spec.precision {
+                            Some(p) if s.prequantised.is_some() => {
+                                encode_quantised_rows(data, row, rows as usize, spec, p, &codec).map_err(schema_err)
+                            }
+                            Some(p) => encode_fp8_rows(data, row, rows as usize, spec, p, &codec).map_err(schema_err),
+                            None => Ok((
+                                encode_chunk(data, rows as u32, spec.dtype, &codec),
+                                QuantCounts::default(),
+                            )),
                         }
-                        Some(p) => encode_fp8_rows(data, row, rows as usize, spec, p, &codec).map_err(schema_err),
-                        None => Ok((
-                            encode_chunk(data, rows as u32, spec.dtype, &codec),
-                            QuantCounts::default(),
-                        )),
-                    }
-                })
-                .collect::<Result<_>>()
+                    })
+                    .collect::<Result<_>>()
+            })
         })?;
         let mut counts = QuantCounts::default();
         for (_, c) in &encoded {
@@ -457,7 +458,7 @@ impl DatasetWriter {
         match self.io.take() {
             Some(h) => h
                 .join()
-                .map_err(|_| Error::Internal("shard I/O thread panicked".into()))?,
+                .map_err(|payload| Error::panicked("the shard I/O thread", &*payload))?,
             None => Err(Error::InvalidArgument("the writer is closed".into())),
         }
     }
@@ -466,8 +467,8 @@ impl DatasetWriter {
     pub fn close(&mut self) -> Result<Manifest> {
         // Whatever happens, the root is released: a caller may resume it at once.
         self.lock = None;
-        if let Some(msg) = &self.failed {
-            return Err(Error::InvalidArgument(format!("the writer failed earlier: {msg}")));
+        if let Some(err) = &self.failed {
+            return Err(err.earlier("the writer failed earlier"));
         }
         self.join_io()
     }

@@ -1,6 +1,7 @@
 //! Maps each core `Error` variant to its Python exception class (defined in
 //! `python/eagle_io/errors.py`, so classes can also derive from `ValueError`, `OSError`...)
-//! and attaches the fields (path, sample id, byte offset) as attributes.
+//! and attaches the fields (path, sample id, byte offset) as attributes. An `Error::Earlier`
+//! (an error raised again under a context) takes its cause's class and fields.
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -11,9 +12,11 @@ use crate::error::Error;
 /// The Python class of each variant, in `class_of`'s order, imported once per process.
 static CLASSES: [PyOnceLock<Py<PyType>>; 10] = [const { PyOnceLock::new() }; 10];
 
-/// The index into `CLASSES` and the `eagle_io.errors` class name of `err`'s variant.
+/// The index into `CLASSES` and the `eagle_io.errors` class name of `err`'s variant (of its
+/// cause, for `Error::Earlier`).
 fn class_of(err: &Error) -> (usize, &'static str) {
-    match err {
+    match err.root() {
+        Error::Earlier { .. } => unreachable!("root() unwraps Earlier"),
         Error::Io { .. } => (0, "StorageError"),
         Error::Corrupt { .. } => (1, "CorruptRecordError"),
         Error::FormatVersion { .. } => (2, "FormatVersionError"),
@@ -29,7 +32,7 @@ fn class_of(err: &Error) -> (usize, &'static str) {
 
 fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
     let attrs = PyDict::new(py);
-    match err {
+    match err.root() {
         Error::Io { path, source } => {
             attrs.set_item("path", path.to_string_lossy())?;
             attrs.set_item("errno", source.raw_os_error())?;
@@ -60,7 +63,8 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
         | Error::NotFound(_)
         | Error::InvalidArgument(_)
         | Error::Timeout(_)
-        | Error::Internal(_) => {}
+        | Error::Internal(_)
+        | Error::Earlier { .. } => {}
     }
     let (index, name) = class_of(err);
     let exc = CLASSES[index]

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 
 use super::args::{unsigned, unsigned_opt};
 use super::buffers::{Borrowed, WriteProbe};
-use super::errors::py_err;
+use super::errors::{py_err, to_py};
 use crate::dataset::{Dataset, ReadOptions};
 use crate::error::Error;
 use crate::storage::{CacheOptions, DEFAULT_CACHE_BYTES};
@@ -114,6 +114,37 @@ impl Reader {
             .collect();
         let inner = &self.inner;
         py.detach(|| inner.read_batch(&mut batch)).map_err(py_err(py))
+    }
+
+    /// Reads one tensor, `name`, of several samples with the GIL released, on the reader's
+    /// threads: `items` is `[(pos, out)]`, `out` one writable C-contiguous buffer of exactly
+    /// `n_tokens x row_bytes` of that tensor (FP8 dequantised). Each record is read whole and
+    /// checksummed (the CRC covers the record); only `name` is decoded. Returns one entry per
+    /// item: None, or that item's error (a `CorruptRecordError` names its sample id, file and
+    /// offset), returned, not raised. Raises `InvalidArgumentError` for a tensor the schema
+    /// lacks or buffers that overlap.
+    fn read_tensor(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
+    ) -> PyResult<Vec<Option<Py<pyo3::exceptions::PyBaseException>>>> {
+        let probe = write_probe().map_err(py_err(py))?;
+        let mut held = Vec::with_capacity(items.len());
+        for (pos, out) in &items {
+            let pos: u64 = unsigned(pos, "pos")?;
+            held.push((pos, Borrowed::get_writable(out, name, &probe).map_err(py_err(py))?));
+        }
+        check_disjoint(held.iter().map(|(_, b)| b)).map_err(py_err(py))?;
+        let mut batch: Vec<(u64, &mut [u8])> = held.iter_mut().map(|(pos, b)| (*pos, b.bytes_mut())).collect();
+        let inner = &self.inner;
+        let results = py
+            .detach(|| inner.read_tensor_batch(name, &mut batch))
+            .map_err(py_err(py))?;
+        Ok(results
+            .into_iter()
+            .map(|r| r.err().map(|e| to_py(py, e).into_value(py)))
+            .collect())
     }
 
     #[getter]

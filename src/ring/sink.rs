@@ -6,7 +6,7 @@ use std::thread::JoinHandle;
 
 use super::slots::{Committed, Ring, RingStats};
 use crate::dataset::{DatasetWriter, Manifest, SampleRef, StatsHandle, WriterStats};
-use crate::error::{Error, Result};
+use crate::error::{catch_panic, Error, Result};
 
 /// Ring and writer counters together.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,7 +80,14 @@ impl CaptureSink {
         let r = ring.clone();
         let thread = std::thread::Builder::new()
             .name("eagle-io-capture-sink".into())
-            .spawn(move || pump(&r, writer, batch.max(1)))
+            .spawn(move || {
+                // A panic fails the ring too, so producers stop waiting for room at once.
+                let out = catch_panic("the capture sink thread", || pump(&r, writer, batch.max(1)));
+                if let Err(e @ Error::Internal(_)) = &out {
+                    r.fail(e);
+                }
+                out
+            })
             .map_err(|e| Error::Internal(format!("cannot start the capture sink thread: {e}")))?;
         Ok(CaptureSink {
             ring,
@@ -148,7 +155,7 @@ impl CaptureSink {
         match self.thread.take() {
             Some(t) => t
                 .join()
-                .map_err(|_| Error::Internal("capture sink thread panicked".into()))?,
+                .map_err(|payload| Error::panicked("the capture sink thread", &*payload))?,
             None => Err(Error::InvalidArgument("the capture sink is closed".into())),
         }
     }

@@ -101,7 +101,7 @@ def _after_error(w: eagle_io.ShardWriter, root: str, hidden: int, metadata, rank
             call()
             out[what] = None
         except eagle_io.EagleIOError as e:
-            out[what] = f"{type(e).__name__}: {e}"
+            out[what] = _describe(e)
     try:  # the failed writer object is still alive here, as in a caller that caught the error
         again = eagle_io.ShardWriter(
             root, eagle_io.eagle3_schema(hidden), METADATA if metadata is None else metadata,

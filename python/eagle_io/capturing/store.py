@@ -42,11 +42,15 @@ COUNTS = (
     "nonfinite_skipped",
     "zero_sample_skipped",
     "zero_rows_skipped",
+    "copied_layers_skipped",
     "copied_rows_skipped",
+    "unsupervised_skipped",
     "after_stop",
 )
 """The store's counters: samples put into the ring; skipped because the dataset holds them (resume); dropped by a
-full ring (``drop_when_full``); skipped by a value policy, per kind; arriving after :meth:`SampleStore.close`."""
+full ring (``drop_when_full``); skipped by a value policy, per kind; skipped because their loss mask is all 0 (no
+token to train on: every backend's samples, e.g. SGLang requests whose mask was cut to nothing before capture);
+arriving after :meth:`SampleStore.close`."""
 
 FP16_WARNING = (
     "float16 {what}: its range ends at 65504, and residual-stream states of large models exceed it (an overflow "
@@ -310,8 +314,9 @@ class SampleStore:
                 them in ``state_dtype``); default their dtype.
 
         Returns:
-            Per sample, True when it was put, False when it was skipped and counted: a value policy ``"skip"``,
-            already in the dataset, the ring full under ``drop_when_full``, or the store closed.
+            Per sample, True when it was put, False when it was skipped and counted: a loss mask with no 1
+            (``unsupervised_skipped``), a value policy ``"skip"``, already in the dataset, the ring full under
+            ``drop_when_full``, or the store closed.
 
         Raises:
             NonFiniteStatesError: NaN/Inf (or a storage-cast overflow) under ``nonfinite="raise"``: names the
@@ -335,6 +340,10 @@ class SampleStore:
             x = aux_hidden_states if tensor == "aux_hidden_states" else hidden_states
             return torch.equal(x[a], x[b])
 
+        def same_blocks(row: int, a: int, b: int) -> bool:
+            h = hidden_states.shape[1]
+            return torch.equal(aux_hidden_states[row, a * h : (a + 1) * h], aux_hidden_states[row, b * h : (b + 1) * h])
+
         found = values.find_problems(
             stats,
             rows,
@@ -343,9 +352,19 @@ class SampleStore:
             held_dtype=aux_hidden_states.dtype,
             store_dtype=self.state_dtype,
             same_rows=same_rows,
+            same_blocks=same_blocks,
         )
         out = []
         for s, problems in zip(samples, found, strict=True):
+            if not bool(torch.as_tensor(s.loss_mask).any()):
+                logger.warning(
+                    "eagle-io capture: sample %d has no supervised token (its loss_mask is all 0: a template or "
+                    "max_length that left no assistant token); skipped (unsupervised_skipped)", s.sample_id,
+                )  # fmt: skip
+                with self._lock:
+                    self.counts["unsupervised_skipped"] += 1
+                out.append(False)
+                continue
             if problems and not self._policy_allows(problems[0]):
                 out.append(False)
                 continue

@@ -492,6 +492,7 @@ def _summary(session, st: dict, stats, total_s: float, capture_s: float) -> dict
         "dropped_ring_full": st.get("dropped", st.get("scheduler_dropped")),
         "nonfinite_skipped": st.get("nonfinite_skipped", st.get("scheduler_nonfinite_skipped")),
         "implausible_skipped": {k: st.get(f"{k}_skipped", st.get(f"scheduler_{k}_skipped")) for k in IMPLAUSIBLE},
+        "unsupervised_skipped": st.get("unsupervised_skipped", st.get("scheduler_unsupervised_skipped")),
         "records_skipped": stats.as_dict()["skipped"],
         "records_modified": stats.as_dict()["modified"],
         "raw_bytes": raw,

@@ -17,6 +17,8 @@ HINTS = {
     "nonfinite_states": "the target's states hold NaN/Inf (--nonfinite skip dropped them): try --dtype float32 or "
     "check --model",
     "dropped_ring_full": "the capture ring was full: raise --ring-bytes",
+    "no_supervised_token": "every loss mask was all 0 when it reached the capture: check the masks sent (an "
+    "assistant token within --max-length {max_length})",
 }
 PARSE_HINT = "the records are not ShareGPT / OpenAI conversations: check --dataset"
 
@@ -39,9 +41,12 @@ def _reasons(counts: dict[str, int]) -> str:
 
 
 def skip_counts(summary: dict[str, Any]) -> dict[str, int]:
-    """Records that yielded no stored sample, by reason: the source's skips, NaN/Inf states, ring drops."""
+    """Records that yielded no stored sample, by reason: the source's skips, NaN/Inf states, ring drops, loss masks
+    with no 1 at the capture."""
     out = dict(summary.get("records_skipped") or {})
-    for key, reason in (("nonfinite_skipped", "nonfinite_states"), ("dropped_ring_full", "dropped_ring_full")):
+    pairs = (("nonfinite_skipped", "nonfinite_states"), ("dropped_ring_full", "dropped_ring_full"),
+             ("unsupervised_skipped", "no_supervised_token"))  # fmt: skip
+    for key, reason in pairs:
         if summary.get(key):
             out[reason] = summary[key]
     return out

@@ -1,5 +1,6 @@
 """Summarise a dataset from its manifest and shard indexes: samples, tokens, length percentiles, bytes, ratio,
-metadata, and the supervised-token share (from the records' loss_mask tensors alone; no hidden state is read)."""
+metadata, and the supervised-token share (from the records' loss_mask tensors alone: each record checksummed, no
+hidden state decoded; local or object storage)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import json
 
 import numpy as np
 
-from ..errors import MissingDataPackageError
 from ..report.figures import mask_figures, percentiles
-from ..store.layout import is_url
 from ..store.masks import mask_counts
 from ..store.reader import Dataset
 
@@ -18,21 +17,20 @@ from ..store.reader import Dataset
 def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="dataset directory or manifest file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.add_argument("--no-masks", action="store_true", help="skip the loss-mask read (manifest and indexes only)")
+    p.add_argument(
+        "--no-masks",
+        action="store_true",
+        help="skip the loss masks (they read every record: manifest and indexes only)",
+    )
 
 
-def mask_summary(path: str) -> dict:
+def mask_summary(ds: Dataset) -> dict:
     """Supervised-token figures (:func:`eagle_io.report.figures.mask_figures`, without the histogram) from the
-    loss_mask tensors alone, plus ``bytes_read``; ``{"error": why}`` when they cannot be read."""
-    if is_url(path):
-        return {"error": "loss-mask figures read shard files with the reference reader: local datasets only"}
-    try:
-        counts = mask_counts(path)
-    except MissingDataPackageError as e:
-        return {"error": str(e)}
+    loss_mask tensors alone (every record checksummed, local or object storage), plus how many were unreadable."""
+    counts = mask_counts(ds)
     figures = mask_figures(counts.lengths, counts.supervised)
     del figures["share_histogram"]
-    return {**figures, "unreadable": len(counts.unreadable), "bytes_read": counts.bytes_read}
+    return {**figures, "unreadable": len(counts.unreadable)}
 
 
 def summary(ds: Dataset, *, masks: bool = True) -> dict:
@@ -50,7 +48,7 @@ def summary(ds: Dataset, *, masks: bool = True) -> dict:
         "samples": len(ds),
         "tokens": sum(s["tokens"] for s in shards),
         "length_percentiles": percentiles(np.asarray(ds.lengths(), dtype=np.int64)),
-        "loss_mask": mask_summary(ds.manifest_path) if masks else None,
+        "loss_mask": mask_summary(ds) if masks else None,
         "raw_bytes": raw,
         "stored_bytes": stored,
         "ratio": round(raw / stored, 4) if stored else None,
@@ -75,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
             f"max {p['max']:,} tokens (mean {p['mean']:,.1f})"
         )
     m = s["loss_mask"]
-    if m and "error" in m:
-        print(f"masks     n/a: {m['error']}")
-    elif m and m["supervised_share"] is not None:
+    if m and m["supervised_share"] is not None:
         print(
             f"masks     {100 * m['supervised_share']:.1f}% of tokens supervised ({m['supervised_tokens']:,}); per "
             f"sample mean {100 * m['mean_sample_share']:.1f}%; {m['all_zero']:,} all-zero, {m['all_one']:,} all-one"

@@ -191,12 +191,17 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
 
     def set_vocab_mapping(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        """Installs ``d2t [draft_vocab]`` int64 offsets and ``t2d [vocab]`` bool (shapes checked)."""
+        """Installs ``d2t [draft_vocab]`` int64 offsets and ``t2d [vocab]`` bool: shapes checked, then every
+        invariant of :func:`eagle_io.interop.vocab.validate_mapping` (one-to-one included), so no draft is trained
+        or exported with a broken map (raises InvalidArgumentError naming the first)."""
+        from ..interop.vocab import validate_mapping
+
         if tuple(d2t.shape) != tuple(self.d2t.shape) or tuple(t2d.shape) != tuple(self.t2d.shape):
             raise InvalidArgumentError(
                 f"vocab mapping d2t {list(d2t.shape)} / t2d {list(t2d.shape)} does not fit the draft "
                 f"(draft_vocab_size {self.config.draft_vocab_size}, vocab_size {self.config.vocab_size})"
             )
+        validate_mapping(d2t.to(torch.int64), t2d.to(torch.bool), self.config.draft_vocab_size, self.config.vocab_size)
         self.d2t.copy_(d2t.to(torch.int64))
         self.t2d.copy_(t2d.to(torch.bool))
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError, NonFiniteTrainingError
+from ..sglang.draft_build import fc_skip_problem
 from .model import Eagle3Draft, Eagle3DraftConfig
 
 __all__ = [
@@ -137,7 +138,7 @@ def make_batch(dataset: Any, positions: Sequence[int]) -> dict[str, Any]:
     from ..feed import PaddingCollator, shift_targets
 
     batch = shift_targets(PaddingCollator().collate_from(dataset, list(positions)), loss_mask="target")
-    left_out = {s["item"] for s in batch["skipped"]}
+    left_out = {s["item"] for s in batch["skipped"] + batch["unsupervised"]}
     return {
         "aux": batch["aux_hidden_states"],
         "next_ids": batch["next_input_ids"],
@@ -208,6 +209,7 @@ class TrainResult:
     teacher_seconds: float = 0.0
     skipped_records: int = 0
     empty_steps: int = 0
+    unsupervised_samples: int = 0
 
     def summary(self) -> dict[str, Any]:
         first = [h["loss"] for h in self.history[:10]]
@@ -225,6 +227,7 @@ class TrainResult:
             "teacher_argmax_seconds": round(self.teacher_seconds, 2),
             "skipped_corrupt_records": self.skipped_records,
             "steps_without_samples": self.empty_steps,
+            "unsupervised_samples_skipped": self.unsupervised_samples,
         }
 
 
@@ -352,6 +355,13 @@ def build_draft(
             f"dataset vocab_size {metadata['vocab_size']} != target head vocab_size {c['vocab_size']}"
         )
     k = len(metadata["aux_layer_ids"]) if metadata.get("aux_layer_ids") else int(metadata.get("num_aux_layers", 3))
+    skip = fc_skip_problem(k, hidden, hidden)
+    if skip:
+        raise IncompatibleDatasetError(
+            f"cannot build a draft SGLang would serve: the dataset's aux layers {metadata.get('aux_layer_ids')}: "
+            f"{skip}; capture the training data on 2 or more aux layers (eagle-io generate --aux-layer-ids, "
+            "default 3 layers)"
+        )
     cfg = Eagle3DraftConfig(
         vocab_size=c["vocab_size"],
         draft_vocab_size=draft_vocab_size,
@@ -400,7 +410,9 @@ def train_draft(
         dataset: a path (or list of paths) or an :class:`eagle_io.feed.ShardDataset` (EAGLE-3 schema; metadata
             ``hidden_size``, ``aux_layer_ids``); paths are opened with ``max_length=config.max_length``. A
             ``ShardDataset(..., on_corrupt="skip")`` trains past bad records; ``skipped_records`` counts them
-            (distinct sample ids) and ``empty_steps`` the steps whose every sample was one (no update).
+            (distinct sample ids) and ``empty_steps`` the steps whose every sample was one (no update). Samples
+            that ``max_length`` truncates to no supervised token are left out of their batches and counted
+            (``unsupervised_samples``).
         head: the target's frozen head (:func:`load_target_head` / :meth:`TargetHead.from_model`).
         mapping: :class:`eagle_io.interop.vocab.VocabMapping` whose ``target_vocab_size`` is the head's vocabulary.
         config: :class:`TrainConfig`.
@@ -410,7 +422,8 @@ def train_draft(
         :class:`TrainResult` with ``initial`` / ``final`` held-out metrics (:func:`evaluate`) and the loss history.
 
     Raises:
-        IncompatibleDatasetError: hidden or vocabulary sizes of dataset, head and mapping disagree.
+        IncompatibleDatasetError: hidden or vocabulary sizes of dataset, head and mapping disagree, or no training
+            sample keeps a supervised token within ``max_length`` (:meth:`ShardDataset.require_supervision`).
         NonFiniteTrainingError: a batch's states hold NaN/Inf, or the loss becomes NaN/Inf: training stops (no
             metric is computed from NaN, nothing is returned to export).
     """
@@ -432,6 +445,7 @@ def train_draft(
     head_draft = head_w[mapping.t2d].contiguous()  # rows in ascending target id = draft id order
 
     train_pos, eval_pos = split_positions(len(ds), cfg.eval_fraction, cfg.eval_samples, cfg.seed)
+    ds.require_supervision(train_pos, option="max_length (train-draft --max-length)")
     t0 = time.perf_counter()
     teacher = _Teacher(head_w)
     say(f"data      {len(train_pos)} train + {len(eval_pos)} held-out samples, draft vocab {mapping.draft_vocab_size}")
@@ -461,7 +475,7 @@ def train_draft(
         picked, order = order[: cfg.batch_size], order[cfg.batch_size :]
         batch = make_batch(ds, picked)
         if not batch["positions"]:
-            empty_steps += 1  # every sample was a skipped corrupt record: no update
+            empty_steps += 1  # every sample was a skipped corrupt or unsupervised one: no update
             continue
         check_finite_batch(batch, f"step {step + 1}")
         batch = teacher.add_target_ids(batch)
@@ -506,6 +520,7 @@ def train_draft(
         teacher_seconds=teacher.seconds,
         skipped_records=len({s.sample_id for s in ds.skipped}),
         empty_steps=empty_steps,
+        unsupervised_samples=len({s.sample_id for s in ds.unsupervised}),
     )
 
 

@@ -31,6 +31,7 @@ from .dataset import (
     LazyItems,
     ShardDataset,
     SkippedRecord,
+    UnsupervisedSample,
     expand_paths,
     read_item,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "RankSampler",
     "ShardDataset",
     "SkippedRecord",
+    "UnsupervisedSample",
     "capture_progress",
     "expand_paths",
     "has_next_token",

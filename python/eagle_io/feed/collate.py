@@ -103,7 +103,7 @@ class _Collator(abc.ABC):
                 batch[name][row, start : start + n] = it[name]
         batch["sample_ids"] = [it.get("sample_id") for it in items]
         batch["dataset_index"] = [it.get("dataset_index") for it in items]
-        batch["skipped"] = []
+        batch["skipped"], batch["unsupervised"] = [], []
         return batch
 
     def collate_from(
@@ -115,7 +115,9 @@ class _Collator(abc.ABC):
 
         A corrupt record raises, or under ``dataset.on_corrupt == "skip"`` is left out: the batch is rebuilt
         from the other items (never padded with another sample) and ``batch["skipped"]`` lists what was left
-        out (dicts of :class:`eagle_io.feed.SkippedRecord` fields)."""
+        out (dicts of :class:`eagle_io.feed.SkippedRecord` fields). An item that ``max_length`` truncation left
+        with no supervised token is left out the same way and listed in ``batch["unsupervised"]`` (dicts of
+        :class:`eagle_io.feed.UnsupervisedSample` fields)."""
         if len(indices) == 0:
             raise InvalidArgumentError("cannot collate an empty list of items")
         specs = {s.name: s for s in dataset.schema}
@@ -134,8 +136,25 @@ class _Collator(abc.ABC):
             except CorruptRecordError as e:
                 skipped.append(asdict(dataset.record_skip(todo[e.item], e)))  # raises unless on_corrupt="skip"
                 del todo[e.item]  # rare: rebuild the batch without it (its shapes change)
+        unsupervised = []
+        if dataset.max_length is not None:
+            for k, (i, (row, start), n) in enumerate(zip(todo, slots, lengths, strict=True)):
+                rec = dataset.truncated_unsupervised(i, batch["loss_mask"][row, start : start + n])
+                if rec is not None:
+                    unsupervised.append((k, asdict(rec)))
+        if unsupervised:  # rebuilt from the kept items' decoded rows (copied, not decoded again)
+            left = {k for k, _ in unsupervised}
+            keep = [k for k in range(len(todo)) if k not in left]
+            old, old_slots = batch, slots
+            batch, slots = self._allocate([lengths[k] for k in keep], states)
+            for (row, start), k in zip(slots, keep, strict=True):
+                (r, s), n = old_slots[k], lengths[k]
+                for name in _ROWS:
+                    batch[name][row, start : start + n] = old[name][r, s : s + n]
+            done = [done[k] for k in keep]
         batch["sample_ids"], batch["dataset_index"] = [sid for sid, _ in done], [d for _, d in done]
         batch["skipped"] = skipped
+        batch["unsupervised"] = [rec for _, rec in unsupervised]
         return batch
 
 
@@ -153,6 +172,8 @@ class PaddingCollator(_Collator):
     - ``sample_ids``, ``dataset_index``: lists of ``B`` ints (sample ids are u64, so not a tensor)
     - ``skipped``: records left out under ``ShardDataset(on_corrupt="skip")``, as dicts (empty otherwise); when
       every item was, ``B`` is 0
+    - ``unsupervised``: items left out because ``ShardDataset(max_length=...)`` truncation left them no supervised
+      token, as dicts (:class:`eagle_io.feed.UnsupervisedSample`)
 
     Takes a list of items (``ShardDataset`` items or equal dicts); given ``ShardDataset`` items through a
     DataLoader (``ShardDataset.__getitems__``), it decodes them straight into the batch.
@@ -201,7 +222,7 @@ class PackingCollator(_Collator):
     - ``cu_seqlens`` ``[n + 1]`` int32: ``0, L0, L0+L1, ..., S`` (real tokens only; flash-attn's varlen layout)
     - ``max_seqlen`` int: the longest ``L``
     - ``lengths`` ``[n]`` int64, ``sample_ids``, ``dataset_index``: lists of ``n`` ints
-    - ``skipped``: as for :class:`PaddingCollator` (``n`` is 0 when every item was skipped)
+    - ``skipped``, ``unsupervised``: as for :class:`PaddingCollator` (``n`` is 0 when every item was left out)
 
     Raises:
         InvalidArgumentError: the items hold more than ``max_tokens`` tokens (batch them with

@@ -40,6 +40,9 @@ SampleFilter = Callable[[SampleInfo, Mapping[str, Any]], bool]
 #: What a batch does with a record that fails its checks: ``"raise"`` (default) or ``"skip"`` and count it.
 ON_CORRUPT = ("raise", "skip")
 
+#: The reason an item is left out of a batch when ``max_length`` truncation leaves it no supervised token.
+TRUNCATED_UNSUPERVISED = "no_supervised_token_within_max_length"
+
 log = logging.getLogger("eagle_io.feed")
 
 
@@ -55,6 +58,21 @@ class SkippedRecord:
     path: str
     offset: int
     error: str
+
+
+@dataclass(frozen=True)
+class UnsupervisedSample:
+    """An item the eagle-io collators leave out of its batch because ``max_length`` truncation left it no supervised
+    token (its ``loss_mask`` is 0 on its first ``max_length`` tokens, so it would train on nothing): ``item`` (the
+    ShardDataset index), ``sample_id``, ``dataset_index``, ``stored_tokens`` (before truncation), ``max_length``
+    and ``reason`` (:data:`TRUNCATED_UNSUPERVISED`)."""
+
+    item: int
+    sample_id: int
+    dataset_index: int
+    stored_tokens: int
+    max_length: int
+    reason: str = TRUNCATED_UNSUPERVISED
 
 
 def expand_paths(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
@@ -181,6 +199,11 @@ class ShardDataset(torch.utils.data.Dataset):
             append a :class:`SkippedRecord` to :attr:`skipped` (this process's count) and to the batch's
             ``"skipped"`` list (how the counts of DataLoader workers reach the training loop). ``ds[i]`` and
             other collate functions always raise: a single item cannot be skipped without substituting one.
+
+    A sample that ``max_length`` truncates to no supervised token is left out of its batch by the eagle-io
+    collators (never replaced by another), logged, and counted in :attr:`unsupervised` and the batch's
+    ``"unsupervised"`` list (:class:`UnsupervisedSample`); :meth:`require_supervision` fails a run that would be
+    left with none at all, naming ``max_length``.
         follow: return a :class:`eagle_io.feed.FollowingShardDataset` instead: an iterable view that yields
             samples as a running capture commits them and ends when its manifest is marked complete (training
             while capture runs, docs/TRAINING.md). It takes the arguments above and ``poll_s``, ``timeout_s``,
@@ -235,6 +258,9 @@ class ShardDataset(torch.utils.data.Dataset):
         #: Records skipped in this process under ``on_corrupt="skip"`` (DataLoader workers each keep their own;
         #: batches carry theirs in ``batch["skipped"]``).
         self.skipped: list[SkippedRecord] = []
+        #: Items left out of batches in this process because truncation left them no supervised token (batches
+        #: carry theirs in ``batch["unsupervised"]``).
+        self.unsupervised: list[UnsupervisedSample] = []
         self.cache = (None if cache_dir is None else os.fspath(cache_dir), cache_bytes)
         self.datasets = [Dataset(p, threads=threads, cache_dir=cache_dir, cache_bytes=cache_bytes) for p in self.paths]
         for ds in self.datasets:
@@ -395,6 +421,65 @@ class ShardDataset(torch.utils.data.Dataset):
         log.warning("on_corrupt='skip': left item %d (sample id %d) out of its batch: %s", i, rec.sample_id, error)
         return rec
 
+    def truncated_unsupervised(self, i: int, loss_mask: torch.Tensor) -> UnsupervisedSample | None:
+        """Whether item ``i``, whose truncated ``loss_mask`` is given, lost every supervised token to ``max_length``:
+        then it is counted in :attr:`unsupervised`, logged and returned; None when it keeps one (or is not
+        truncated: a sample stored without supervision is the capture's to refuse, and is kept)."""
+        stored = int(self._stored_lengths[self._index(i)])
+        if self.max_length is None or stored <= self.max_length or bool(loss_mask.any()):
+            return None
+        d, p = self.locate(i)
+        rec = UnsupervisedSample(i, self.datasets[d].entry(p).sample_id, d, stored, self.max_length)
+        if all(u.item != i for u in self.unsupervised[-1000:]):  # once per item and epoch, roughly
+            log.warning(
+                "left item %d (sample id %d) out of its batch: max_length %d keeps none of its supervised tokens "
+                "(%d tokens stored)", i, rec.sample_id, self.max_length, stored,
+            )  # fmt: skip
+        self.unsupervised.append(rec)
+        return rec
+
+    def require_supervision(self, items: Sequence[int] | None = None, *, option: str = "max_length") -> None:
+        """Fails when none of ``items`` (default: all) has a supervised token within ``max_length``: a run on them
+        would train on nothing. Reads the items' ``loss_mask`` tensors (:meth:`eagle_io.Dataset.read_tensor`: each
+        record checksummed, nothing else decoded) in order and stops at the first supervised one, so a healthy
+        dataset costs one batch of reads.
+
+        Raises:
+            IncompatibleDatasetError: no item keeps a supervised token, naming ``option`` (the caller's name for
+                ``max_length``, e.g. ``"--max-length"``), the item count, and how many were cut by it.
+            CorruptRecordError: a record that fails its checks (passed over under ``on_corrupt="skip"``).
+        """
+        todo = list(range(len(self))) if items is None else [self._index(i) for i in items]
+        cut = past = 0
+        for start in range(0, len(todo), 256):
+            chunk = todo[start : start + 256]
+            by_dataset: dict[int, list[tuple[int, int]]] = {}
+            for i in chunk:
+                d, p = self.locate(i)
+                by_dataset.setdefault(d, []).append((i, p))
+            for d, pairs in by_dataset.items():
+                masks = self.datasets[d].read_tensor("loss_mask", [p for _, p in pairs], on_error="return")
+                for m in masks:
+                    if not isinstance(m, torch.Tensor):
+                        if self.on_corrupt == "skip":  # left out of batches too
+                            continue
+                        raise m
+                    kept = m if self.max_length is None else m[: self.max_length]
+                    if bool(kept.any()):
+                        return
+                    if self.max_length is not None and m.shape[0] > self.max_length:
+                        cut += 1
+                        past += bool(m.any())
+        limit = "no max_length" if self.max_length is None else f"max_length {self.max_length}"
+        raise IncompatibleDatasetError(
+            f"none of the {len(todo)} samples has a supervised token (loss_mask 1) within {limit}: "
+            f"{cut} are longer and cut by it ({past} of them have supervised tokens past it); a run on them would "
+            f"train on nothing. Raise {option} (or train on samples with assistant tokens earlier)"
+            if cut
+            else f"none of the {len(todo)} samples has a supervised token (loss_mask 1): a run on them would train on "
+            "nothing; recapture with loss masks (the data's assistant turns)"
+        )
+
     def __getitems__(self, indices: Sequence[int]) -> LazyItems:
         """The items at ``indices``, decoded on first access; the DataLoader calls this for a batch and hands
         the result to ``collate_fn``. eagle-io's collators decode the samples straight into the batch tensors
@@ -420,6 +505,7 @@ class ShardDataset(torch.utils.data.Dataset):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.paths, self.max_length, self.threads = state["paths"], state["max_length"], state["threads"]
         self.on_corrupt, self.skipped, self.cache = state["on_corrupt"], [], state["cache"]
+        self.unsupervised = []
         self.datasets = [Dataset(p, threads=self.threads, cache_dir=self.cache[0], cache_bytes=self.cache[1])
                          for p in self.paths]  # fmt: skip
         self._owner, self._pos, self._stored_lengths = state["owner"], state["pos"], state["stored_lengths"]

@@ -155,7 +155,9 @@ def mapping_problems(
     ``hot_token_id[topk_index]`` to a target token id; ``t2d`` is skipped (SpecForge uses it). Checks: ``d2t`` is
     1-D and integer; ``t2d`` (when given) is 1-D bool with ``target_vocab_size`` entries; ``t2d.sum()``,
     ``len(d2t)`` and ``draft_vocab_size`` agree; every ``d2t[i] + i`` is a target id in ``[0, target_vocab_size)``
-    and ``t2d`` is True there. ``None`` sizes are not checked.
+    and ``t2d`` is True there; no two draft ids reach the same target id (a map that is not one-to-one drafts one
+    target token from two draft logits, splitting its probability, and never drafts the target ids it leaves out).
+    ``None`` sizes are not checked.
     """
     problems: list[str] = []
     d2t_ok = d2t.dim() == 1 and not d2t.is_floating_point() and d2t.dtype != torch.bool
@@ -186,9 +188,32 @@ def mapping_problems(
                 f"d2t maps draft ids outside the target vocabulary [0, {hi}): {int(bad.sum())} of {d2t.shape[0]}, "
                 f"first draft id {i} -> target id {int(target_ids[i])}"
             )
-        elif t2d_ok and (hi is None or t2d.shape[0] == hi) and not bool(t2d[target_ids].all()):
-            problems.append("t2d is False at some target id that d2t maps to")
+        else:
+            if t2d_ok and (hi is None or t2d.shape[0] == hi) and not bool(t2d[target_ids].all()):
+                problems.append("t2d is False at some target id that d2t maps to")
+            dup = _first_duplicate(target_ids)
+            if dup is not None:
+                (a, b), n_dup = dup
+                problems.append(
+                    f"d2t is not one-to-one: draft ids {a} and {b} both map to target id {int(target_ids[a])} "
+                    f"({n_dup} of {d2t.shape[0]} draft ids repeat a target id already named; SGLang's hot_token_id "
+                    "= d2t + arange must name each target id once)"
+                )
     return problems
+
+
+def _first_duplicate(target_ids: torch.Tensor) -> tuple[tuple[int, int], int] | None:
+    """``((a, b), repeats)``: the first draft id ``b`` whose target id an earlier draft id ``a`` already names, and
+    how many draft ids repeat one; None when every target id is named once."""
+    order = torch.sort(target_ids, stable=True).indices
+    ids = target_ids[order]
+    repeat = ids[1:] == ids[:-1]
+    if not bool(repeat.any()):
+        return None
+    later = order[1:][repeat]  # draft ids naming a target id an earlier one (in id order within a run) names
+    b = int(later.min())
+    a = int((target_ids == target_ids[b]).nonzero()[0, 0])
+    return (a, b), int(repeat.sum())
 
 
 def validate_mapping(d2t: torch.Tensor, t2d: torch.Tensor, draft_vocab_size: int, target_vocab_size: int) -> None:

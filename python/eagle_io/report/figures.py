@@ -18,6 +18,8 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..store.masks import mask_counts
 from ..store.reader import Dataset
+from ..store.value_scan import check_group, value_layout
+from ..store.values import KINDS, row_stats
 from .capture_log import read_logs
 from .states import LayerStats, layer_specs
 
@@ -93,15 +95,25 @@ def sample_positions(n: int, sample: int, seed: int) -> list[int]:
     return list(range(n)) if sample >= n else sorted(random.Random(seed).sample(range(n), sample))
 
 
+SHOWN_PROBLEMS = 5
+"""Value problems listed per kind in the report (the counts cover every sample read)."""
+
+
 def state_figures(ds: Dataset, positions: list[int], progress: Callable[[int, int], None] | None) -> dict[str, Any]:
-    """Per-layer statistics (:mod:`eagle_io.report.states`) over the samples at ``positions``."""
+    """Per-layer statistics (:mod:`eagle_io.report.states`) and ``eagle-io verify``'s value checks
+    (:func:`value_figures`) over the samples at ``positions``."""
     lengths = ds.lengths()
     max_length = max((lengths[p] for p in positions), default=1)
     layers = [LayerStats(spec, max_length) for spec in layer_specs(ds.schema, ds.metadata)]
+    lay = value_layout(ds)
+    group = []
     for i, pos in enumerate(positions):
         item = ds.read(pos)
         for layer in layers:
             layer.add(item[layer.spec.tensor])
+        if lay is not None:
+            stats = row_stats(item["aux_hidden_states"], item["hidden_states"])
+            group.append((pos, item["sample_id"], item["input_ids"], stats, int(item["input_ids"].shape[0])))
         if progress:
             progress(i + 1, len(positions))
     return {
@@ -110,7 +122,26 @@ def state_figures(ds: Dataset, positions: list[int], progress: Callable[[int, in
         "all_samples": len(positions) == len(ds),
         "tokens_read": int(sum(lengths[p] for p in positions)),
         "layers": [layer.figures() for layer in layers],
+        "values": value_figures(ds, group, lay),
     }
+
+
+def value_figures(ds: Dataset, group: list, lay: tuple[int, list[str]] | None) -> dict[str, Any]:
+    """``eagle-io verify``'s value categories (:data:`eagle_io.store.values.KINDS`) over the samples read:
+    ``checked`` (False without an ``aux_hidden_states [L, k*H]`` / ``hidden_states [L, H]`` pair), ``samples``,
+    ``counts`` (samples per kind; copies are looked for among the samples read) and ``problems`` (the first
+    :data:`SHOWN_PROBLEMS` messages of each kind)."""
+    out: dict[str, Any] = {"checked": lay is not None, "samples": len(group), "counts": dict.fromkeys(KINDS, 0)}
+    out["problems"] = []
+    if lay is None or not group:
+        return out
+    found, _, _ = check_group(ds, group, lay[1])
+    for kind in KINDS:
+        of_kind = [p for problems in found for p in problems if p["kind"] == kind]
+        out["counts"][kind] = len({p["sample_id"] for p in of_kind})
+        out["problems"] += [{"kind": kind, "sample_id": p["sample_id"], "message": p["message"]}
+                            for p in of_kind[:SHOWN_PROBLEMS]]  # fmt: skip
+    return out
 
 
 def _counters(line: dict[str, Any]) -> tuple[float, float, float | None]:
@@ -200,12 +231,12 @@ def build_figures(
     Raises:
         InvalidArgumentError: ``sample < 1``.
         CorruptRecordError, FormatVersionError, StorageError: as :class:`eagle_io.Dataset` (a sampled record that
-            fails its checksum raises); MissingDataPackageError: ``zstandard`` is missing.
+            fails its checksum raises; a loss mask that fails is listed in ``loss_mask.unreadable``).
     """
     if sample < 1:
         raise InvalidArgumentError(f"--sample must be at least 1, not {sample}")
     ds = Dataset(path, threads=0)
-    masks = mask_counts(path, progress=(lambda d, t: progress("masks", d, t)) if progress else None)
+    masks = mask_counts(ds, progress=(lambda d, t: progress("masks", d, t)) if progress else None)
     lengths = masks.lengths
     shards = shard_figures(ds.manifest)
     raw, stored = sum(s["raw_bytes"] for s in shards), sum(s["bytes"] for s in shards)

@@ -156,12 +156,27 @@ def _states(f: dict[str, Any]) -> str:
         for ly in st["layers"]
     ]
     out += _table(rows, ("layer", "finite rows", "RMS", "max |x|", "NaN", "Inf", "rows with NaN/Inf"))
+    out += _values(st.get("values"))
     for ly in st["layers"]:
         out += f"<h3>{_e(ly['name'])}</h3>" + _img(plots.layer_plot(ly), f"{ly['name']} statistics")
         if ly["nan"] or ly["inf"]:
             out += f"<p class='bad'>{ly['nan']:,} NaN and {ly['inf']:,} Inf values in {ly['nonfinite_rows']:,} rows</p>"
         top = [(c["channel"], c["rms"], c["max_abs"], c["ratio"]) for c in ly["top_channels"]]
         out += _table(top, ("top channel", "RMS", "max |x|", "RMS / median channel RMS"))
+    return out
+
+
+def _values(v: dict[str, Any] | None) -> str:
+    """``eagle-io verify``'s value categories over the samples read (:func:`eagle_io.report.figures.value_figures`)."""
+    if not v or not v["checked"]:
+        return ""
+    out = (
+        f"<h3>Value checks</h3><p class='note'><code>eagle-io verify</code>'s categories over the {v['samples']:,} "
+        "samples read (copies looked for among them): samples per kind.</p>"
+    )
+    out += _table([(kind, n) for kind, n in v["counts"].items()], ("kind", "samples"))
+    for p in v["problems"]:
+        out += f"<p class='bad'>{_e(p['kind'])}: {_e(p['message'])}</p>"
     return out
 
 

@@ -61,6 +61,14 @@ def check_draft_build(out: Findings, draft: DraftInfo, build: DraftBuild, h_t: i
             "and refuses to build the draft",
             'set "hidden_act": "silu" if the draft was trained with it; SGLang cannot serve another activation here',
         )
+    if build.family == "mla_eagle3" and draft.config.get("q_lora_rank") is None:
+        out.add(
+            ERROR,
+            "draft-mla-q-lora-rank",
+            f"{build.architecture} has no q_lora_rank: SGLang's Eagle3MLADecoderLayer refuses to build without it "
+            "(kimi_k25_eagle3.py: 'Eagle3 MLA layer requires q_lora_rank in the draft config')",
+            "set q_lora_rank in the draft's config.json to the rank its q_a_proj was trained with",
+        )
     n_layers = draft.config.get("num_hidden_layers")
     if build.family == "mla_eagle3" and n_layers not in (None, 1):
         out.add(
@@ -99,12 +107,16 @@ def check_tensors(out: Findings, draft: DraftInfo, build: DraftBuild) -> None:
                 "num_aux_hidden_states, draft_vocab_size) to match the weights it was trained with",
             )
         elif p.kind == "missing":
+            why = f" ({p.detail})" if p.detail else ""
             out.add(
                 ERROR,
                 "draft-tensor-missing",
-                f"{p.name} {_dims(p.expected)} is not in the draft's safetensors: SGLang's {build.architecture} keeps "
-                "that parameter uninitialised (or at ones for a norm) and serves it",
-                "export the draft with every trained tensor (or fix the config switch that asks for it)",
+                f"{p.name} {_dims(p.expected)} is not in the draft's safetensors{why}: SGLang's "
+                f"{build.architecture} allocates that parameter from the config, keeps it uninitialised (or at ones "
+                "for a norm) and serves it",
+                f"store {p.name} under that name"
+                if "never loads" in p.detail
+                else "export the draft with every trained tensor (or fix the config switch that asks for it)",
             )
         else:
             out.add(

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ..errors import InvalidArgumentError
 from ..sglang.checkpoint import CheckpointInfo, DraftInfo
-from ..sglang.draft_build import DraftBuild
+from ..sglang.draft_build import DraftBuild, fc_skip_problem
 from ..sglang.setters import (
     capturable_range,
     captured_ids,
@@ -75,15 +75,7 @@ def check_layer_ids(
     captured = captured_ids(arch, n, served)
     given = ids_text(draft.eagle_layer_ids or [])
     if draft.eagle_layer_ids is None:
-        out.add(
-            INFO,
-            "layer-ids-default",
-            f"the draft config names no eagle_config.eagle_aux_hidden_state_layer_ids: SGLang's {arch} setter "
-            f"captures its default {ids_text(served)} (eagle-io ids: input of 0-based layer i; [2, N//2, N-3] for "
-            f"N = {n} layers)",
-            "if the draft was trained on other layers, set eagle_config.eagle_aux_hidden_state_layer_ids; check "
-            "with --dataset or --trained-layer-ids",
-        )
+        _default_ids(out, arch, n, served, captured, trained, draft.top_level_layer_ids is not None)
     lo, hi = capturable_range(arch, n)
     bad = [i for i in served if not lo <= i <= hi]
     if bad:
@@ -134,7 +126,7 @@ def check_layer_ids(
             "input_norm.weight)",
         )
     for what, ids in trained:
-        if sorted(ids) == captured:
+        if sorted(ids) == captured or draft.eagle_layer_ids is None:  # (the default's finding names it)
             continue
         src = (
             f"eagle_config ids {given} through SGLang's {arch} setter"
@@ -166,12 +158,66 @@ def check_layer_ids(
     return captured
 
 
+def _default_ids(
+    out: Findings,
+    arch: str,
+    n: int,
+    served: list[int],
+    captured: list[int],
+    trained: Sequence[tuple[str, list[int]]],
+    top_level: bool,
+) -> None:
+    """``layer-ids-default``: the draft config names no ``eagle_config`` ids, so SGLang captures its default. A
+    warning naming the default ids while nothing says what the draft was trained on (a retrained or re-exported
+    draft silently gets them; none when ``top_level`` ids already have their finding); info when every known
+    training source agrees; an error when one differs."""
+    default = (
+        f"the draft config names no eagle_config.eagle_aux_hidden_state_layer_ids: SGLang's {arch} setter captures "
+        f"its default {ids_text(served)} (eagle-io ids: input of 0-based layer i; [2, N//2, N-3] for N = {n} layers)"
+    )
+    differ = [(what, ids) for what, ids in trained if sorted(ids) != captured]
+    if differ:
+        what, ids = differ[0]
+        shift = {s - t for s, t in zip(captured, sorted(ids), strict=False)} if len(ids) == len(captured) else set()
+        note = (
+            f"; off by {next(iter(shift)):+d} between conventions (eagle-io id i = input of layer i; SGLang's explicit "
+            f"eagle_config ids mean 'output of layer i' where the setter shifts them: {setter_rule(arch)})"
+            if len(shift) == 1 and abs(next(iter(shift))) == 1
+            else ""
+        )
+        out.add(ERROR, "layer-ids-default", f"{default}, but the draft was trained on eagle-io ids {ids_text(ids)} "
+                f"({what}){note}", _fix_for(arch, n, ids))  # fmt: skip
+    elif trained:
+        out.add(INFO, "layer-ids-default", f"{default}, the ids the draft was trained on ({trained[0][0]})",
+                "nothing to do; naming them in eagle_config keeps them if SGLang's default changes")  # fmt: skip
+    elif not top_level:
+        out.add(
+            WARNING,
+            "layer-ids-default",
+            f"{default}; nothing here says which layers the draft was trained on",
+            "set eagle_config.eagle_aux_hidden_state_layer_ids in the draft's config.json to the ids it was trained "
+            "on (check with --dataset or --trained-layer-ids)",
+        )
+
+
 def check_fc_width(
     out: Findings, build: DraftBuild, width: int | None, h_t: int | None, n_captured: int | None
 ) -> None:
-    """``fc-width``: the checkpoint's ``fc.weight`` input against the ``fc`` SGLang allocates (loading fails),
-    then against the states the target sends (``n_captured x h_t``; None = the layer count is unknown: SGLang's
-    sizing is used)."""
+    """``fc-skipped``: the states the target sends are as wide as the draft's embedding, so SGLang skips ``fc``
+    (:func:`eagle_io.sglang.draft_build.fc_skip_problem`). ``fc-width``: the checkpoint's ``fc.weight`` input
+    against the ``fc`` SGLang allocates (loading fails), then against the states the target sends (``n_captured x
+    h_t``; None = the layer count is unknown: SGLang's sizing is used)."""
+    k_sent = n_captured if n_captured is not None else build.num_aux
+    skip = fc_skip_problem(k_sent, h_t, build.hidden_size) if build.family is not None else None
+    if skip:
+        out.add(
+            ERROR,
+            "fc-skipped",
+            f"{skip}: the draft reads the target's concatenated states as its own hidden state and acceptance "
+            "collapses with no error",
+            f"retrain the draft so that aux layers x target hidden {h_t} differs from its hidden size: on 2 or more "
+            "aux layers (SGLang's default is 3), or with another hidden size",
+        )
     if width is None or h_t is None:
         return
     fc_in = build.fc_in if build.family is not None else None

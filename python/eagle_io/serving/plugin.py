@@ -63,7 +63,7 @@ from typing import Any
 
 from ..errors import DraftWidthError, ServingGuardError, SGLangCompatError
 from ..sglang import compat, hooks, probe
-from ..sglang.draft_build import EAGLE3_CLASS_FIX, eagle3_class_problem
+from ..sglang.draft_build import EAGLE3_CLASS_FIX, eagle3_class_problem, fc_skip_problem
 from ..sglang.setters import capturable_range, captured_ids, setter_rule, short_capture
 
 __all__ = [
@@ -187,6 +187,9 @@ def startup_decision(facts: probe.StartupFacts) -> str | None:
                 "whose wrapper delegates set_eagle3_layers_to_capture to its language model"
                 for p in facts.wiring_problems
             )
+        skip = fc_skip_problem(len(layers), h, facts.draft_embed_width) if facts.capture_enabled else None
+        if skip:
+            problems.append(f"{skip}. Retrain the draft on 2 or more aux layers (or with another hidden size)")
         if facts.capture_enabled and w is not None and len(layers) * h != w:
             problems.append(
                 f"the target captures {len(layers)} aux states ({list(facts.layers_to_capture)}) x hidden {h} = "

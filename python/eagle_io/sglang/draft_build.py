@@ -5,15 +5,37 @@ draft that declares a plain ``LlamaForCausalLM`` is built as a plain Llama witho
 classes, :data:`EAGLE3_DRAFT_CLASSES`:
 
 * ``LlamaForCausalLMEagle3`` (``srt/models/llama_eagle3.py``, ``LlamaModel.__init__`` /
-  ``LlamaForCausalLMEagle3.__init__`` / ``load_weights``): every tensor is modelled here.
-* ``Eagle3DeepseekV2ForCausalLM`` (``srt/models/kimi_k25_eagle3.py``, ``Eagle3MLAModel``): ``fc``, its norms, the
-  final norm, ``lm_head`` and ``embed_tokens``; the MLA attention tensors are not modelled (not checked).
+  ``LlamaForCausalLMEagle3.__init__`` / ``load_weights``; its ``LlamaDecoderLayer`` over ``srt/models/llama.py``'s):
+  every parameter it allocates, for every config switch it reads.
+* ``Eagle3DeepseekV2ForCausalLM`` (``srt/models/kimi_k25_eagle3.py``, ``Eagle3MLAModel`` / ``Eagle3MLADecoderLayer``
+  over ``srt/models/deepseek_v2.py``'s ``DeepseekV2AttentionMLA`` and ``DeepseekV2MLP``): every parameter too.
+
+The config switches that add parameters (SGLang 0.5.23), each modelled in :func:`draft_build`:
+
+======================================  =====================================================================
+``bias``                                ``fc.bias`` (both classes); Llama also ``layers.{i}.self_attn.o_proj.bias``
+                                        (``llama.py`` ``LlamaDecoderLayer``: ``attention_bias or bias``)
+``attention_bias``                      Llama: ``layers.{i}.self_attn.o_proj.bias`` (``qkv_proj`` is rebuilt
+                                        without bias by ``llama_eagle3.py``'s ``LlamaDecoderLayer``)
+``norm_before_fc`` (or in eagle_config)  Llama: ``input_norm.weight [k * hidden_size_in]``
+``fc_norm`` / ``use_aux_norm``          ``fc_norm.{j}.weight [hidden_size_in]``, one per aux state
+``tie_word_embeddings`` /               ``lm_head.weight`` (or none: tied, or replaced by the target's)
+``draft_vocab_size``
+``target_hidden_size`` != hidden        ``embed_tokens.weight`` must be the draft's own (``set_embed`` keeps it)
+``num_hidden_layers``                   Llama: ``layers.{i}.*`` for each layer (layer 0 reads ``2 x hidden``)
+``q_lora_rank`` / ``kv_lora_rank`` ...  MLA: the attention's projections and norms (``q_lora_rank`` required)
+======================================  =====================================================================
+
+SGLang's fc-skip rule (both classes' ``forward``: ``if hidden_states.shape[-1] != embeds.shape[-1]``): ``fc`` runs
+only when the incoming states are not as wide as the draft's embedding (its hidden size), so a draft whose
+``k x target hidden`` equals its hidden size is served without its ``fc`` (:func:`fc_skip_problem`).
 
 Nothing here reads a weight or imports SGLang.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +51,7 @@ __all__ = [
     "canonical_name",
     "draft_build",
     "eagle3_class_problem",
+    "fc_skip_problem",
     "tensor_problems",
 ]
 
@@ -99,7 +122,9 @@ class DraftBuild:
         expected: canonical tensor name (:func:`canonical_name`) -> the shape SGLang allocates for it.
         required: canonical names that must be in the checkpoint (SGLang allocates the parameter uninitialised,
             or as ones for a norm, and keeps it when the checkpoint has no tensor for it).
-        switched: canonical name prefixes SGLang would load only under a config switch that is off -> the switch.
+        switched: patterns (``re.fullmatch``) of canonical names SGLang would load only under a config switch that
+            is off -> the switch.
+        switched_on: patterns of required names that SGLang allocates only because a switch is on -> the switch.
     """
 
     architecture: str
@@ -119,6 +144,7 @@ class DraftBuild:
     expected: dict[str, tuple[int, ...]] = field(default_factory=dict)
     required: frozenset[str] = frozenset()
     switched: dict[str, str] = field(default_factory=dict)
+    switched_on: dict[str, str] = field(default_factory=dict)
 
     @property
     def fc_in(self) -> int | None:
@@ -188,40 +214,75 @@ def draft_build(config: Mapping[str, Any]) -> DraftBuild:
         return build
     expected: dict[str, tuple[int, ...]] = {"fc.weight": (h, k * hin), "norm.weight": (h,)}
     required = {"fc.weight", "norm.weight"}
-    switched = {"fc.bias": "bias", "input_norm.": "norm_before_fc", "fc_norm.": "fc_norm (or use_aux_norm)"}
+    switched = {r"fc\.bias": "bias", r"input_norm\..*": "norm_before_fc", r"fc_norm\..*": "fc_norm (or use_aux_norm)"}
+    on: dict[str, str] = {}
     if config.get("bias"):
         expected["fc.bias"] = (h,)
         required.add("fc.bias")
-        switched.pop("fc.bias")
+        on[r"fc\.bias"] = "bias: true"
+        switched.pop(r"fc\.bias")
     if norm_before_fc:
         expected["input_norm.weight"] = (k * hin,)
         required.add("input_norm.weight")
-        switched.pop("input_norm.")
+        on[r"input_norm\..*"] = "norm_before_fc: true"
+        switched.pop(r"input_norm\..*")
     if fc_norm:
         for j in range(k):
             expected[f"fc_norm.{j}.weight"] = (hin,)
             required.add(f"fc_norm.{j}.weight")
-        switched.pop("fc_norm.")
+        on[r"fc_norm\..*"] = "fc_norm (or use_aux_norm): true"
+        switched.pop(r"fc_norm\..*")
     if vocab is not None:
         expected["embed_tokens.weight"] = (vocab, h)
         if build.own_embedding:
             required.add("embed_tokens.weight")
+            on[r"embed_tokens\.weight"] = f"target_hidden_size {tths} != hidden_size {h} (SGLang keeps the draft's own)"
     if tie:
-        switched["lm_head."] = "tie_word_embeddings: false (while tied, the draft's lm_head is its embedding)"
+        switched[r"lm_head\..*"] = "tie_word_embeddings: false (while tied, the draft's lm_head is its embedding)"
     elif build.lm_head_from_target:
-        switched["lm_head."] = "draft_vocab_size (without it SGLang replaces the draft's lm_head by the target's)"
+        switched[r"lm_head\..*"] = "draft_vocab_size (without it SGLang replaces the draft's lm_head by the target's)"
     elif build.lm_head_rows is not None:
         expected["lm_head.weight"] = (build.lm_head_rows, h)
         required.add("lm_head.weight")
     if family == "llama_eagle3":
-        _llama_layers(config, h, expected, required)
-    return DraftBuild(**{**vars(build), "expected": expected, "required": frozenset(required), "switched": switched})
+        _llama_layers(config, h, expected, required, switched, on)
+    else:
+        _mla_layer(config, h, expected, required)
+    parts = {"expected": expected, "required": frozenset(required), "switched": switched, "switched_on": on}
+    return DraftBuild(**{**vars(build), **parts})
 
 
-def _llama_layers(config: Mapping[str, Any], h: int, expected: dict[str, tuple[int, ...]], required: set[str]) -> None:
-    """``LlamaDecoderLayer`` of ``llama_eagle3.py``: layer 0's ``qkv_proj`` reads ``cat(embeds, hidden)`` (2H);
-    heads and ``head_dim`` as ``srt/models/llama.py``'s ``LlamaAttention`` (``getattr(config, "head_dim",
-    hidden_size // num_heads)``); ``intermediate_size`` (``intermediate_size_mlp`` for ``llama4_text``)."""
+def fc_skip_problem(num_aux: int, hidden_size_in: int | None, hidden_size: int | None) -> str | None:
+    """The sentence saying why SGLang would serve this draft without its ``fc``, or None when it applies ``fc``.
+
+    SGLang's EAGLE-3 drafts (``srt/models/llama_eagle3.py`` ``LlamaModel.forward`` and ``kimi_k25_eagle3.py``
+    ``Eagle3MLAModel.forward``) run ``fc`` only ``if hidden_states.shape[-1] != embeds.shape[-1]``: the incoming
+    states, ``num_aux x hidden_size_in`` wide, against the draft's embedding, ``hidden_size`` wide. When they are
+    equal (one aux layer of a target as wide as the draft; three of a 1024-wide target under a 3072-wide draft) the
+    draft takes the raw concatenated states as its hidden state and its trained ``fc`` is never applied."""
+    if not num_aux or hidden_size_in is None or hidden_size is None or num_aux * hidden_size_in != hidden_size:
+        return None
+    return (
+        f"{num_aux} aux state(s) x target hidden {hidden_size_in} = {num_aux * hidden_size_in} is the draft's own "
+        f"hidden size {hidden_size}: SGLang runs the draft's fc only when the incoming width differs from its "
+        "embedding's (llama_eagle3.py / kimi_k25_eagle3.py forward: `if hidden_states.shape[-1] != "
+        "embeds.shape[-1]`), so this draft is served without its fc"
+    )
+
+
+def _llama_layers(
+    config: Mapping[str, Any],
+    h: int,
+    expected: dict[str, tuple[int, ...]],
+    required: set[str],
+    switched: dict[str, str],
+    on: dict[str, str],
+) -> None:
+    """``LlamaDecoderLayer`` of ``llama_eagle3.py`` over ``llama.py``'s: layer 0's ``qkv_proj`` reads
+    ``cat(embeds, hidden)`` (2H) and is rebuilt without bias; ``o_proj`` keeps ``llama.py``'s bias switch
+    (``attention_bias = getattr(config, "attention_bias", False) or getattr(config, "bias", False)``); heads and
+    ``head_dim`` as ``llama.py``'s ``LlamaAttention`` (``getattr(config, "head_dim", hidden_size // num_heads)``);
+    ``intermediate_size`` (``intermediate_size_mlp`` for ``llama4_text``); ``LlamaMLP`` has no bias."""
     nh = _int(config.get("num_attention_heads"))
     if not nh:
         return
@@ -229,6 +290,16 @@ def _llama_layers(config: Mapping[str, Any], h: int, expected: dict[str, tuple[i
     hd = _int(config.get("head_dim")) or h // nh
     inter_key = "intermediate_size_mlp" if config.get("model_type") == "llama4_text" else "intermediate_size"
     inter = _int(config.get(inter_key))
+    o_bias = bool(config.get("attention_bias") or config.get("bias"))
+    o_bias_name = r"layers\.\d+\.self_attn\.o_proj\.bias"
+    if o_bias:
+        on[o_bias_name] = (
+            "attention_bias: true"
+            if config.get("attention_bias")
+            else "bias: true (llama.py reads it as attention_bias too)"
+        )
+    else:
+        switched[o_bias_name] = "attention_bias (or bias)"
     for i in range(_int(config.get("num_hidden_layers")) or 1):
         d_in = 2 * h if i == 0 else h
         p = f"layers.{i}."
@@ -241,6 +312,8 @@ def _llama_layers(config: Mapping[str, Any], h: int, expected: dict[str, tuple[i
             "hidden_norm.weight": (h,),
             "post_attention_layernorm.weight": (h,),
         }
+        if o_bias:
+            attn["self_attn.o_proj.bias"] = (h,)
         if inter:
             attn |= {
                 "mlp.gate_proj.weight": (inter, h),
@@ -255,15 +328,58 @@ def _llama_layers(config: Mapping[str, Any], h: int, expected: dict[str, tuple[i
             expected[p + "mlp.gate_up_proj.weight"] = (2 * inter, h)
 
 
+def _mla_layer(config: Mapping[str, Any], h: int, expected: dict[str, tuple[int, ...]], required: set[str]) -> None:
+    """``Eagle3MLADecoderLayer`` (one layer, checkpoint names ``layers.0.`` or ``midlayer.``): SGLang's
+    ``DeepseekV2AttentionMLA`` with ``q_lora_rank`` (required: the layer refuses to build without it) and its
+    ``fused_qkv_a_proj_with_mqa`` rebuilt for the ``2 x hidden`` input, which ``load_weights`` fills from the
+    checkpoint's ``q_a_proj`` and ``kv_a_proj_with_mqa`` (concatenated); ``q_a_layernorm``, ``q_b_proj``,
+    ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj`` (no biases); ``DeepseekV2MLP`` (no bias; ``gate_proj`` /
+    ``up_proj`` or the fused ``gate_up_proj``); the three RMSNorms."""
+    nh, q_lora, kv_lora = (_int(config.get(key)) for key in ("num_attention_heads", "q_lora_rank", "kv_lora_rank"))
+    nope, rope, v = (_int(config.get(key)) for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    inter = _int(config.get("intermediate_size"))
+    p = "layers.0."
+    shapes: dict[str, tuple[int, ...]] = {
+        "input_layernorm.weight": (h,),
+        "hidden_norm.weight": (h,),
+        "post_attention_layernorm.weight": (h,),
+    }
+    if None not in (nh, q_lora, kv_lora, nope, rope, v):
+        assert nh is not None and q_lora is not None and kv_lora is not None  # (for the type checker)
+        assert nope is not None and rope is not None and v is not None
+        shapes |= {
+            "self_attn.q_a_proj.weight": (q_lora, 2 * h),
+            "self_attn.kv_a_proj_with_mqa.weight": (kv_lora + rope, 2 * h),
+            "self_attn.q_a_layernorm.weight": (q_lora,),
+            "self_attn.q_b_proj.weight": (nh * (nope + rope), q_lora),
+            "self_attn.kv_a_layernorm.weight": (kv_lora,),
+            "self_attn.kv_b_proj.weight": (nh * (nope + v), kv_lora),
+            "self_attn.o_proj.weight": (h, nh * v),
+        }
+    if inter:
+        shapes |= {"mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
+                   "mlp.down_proj.weight": (h, inter)}  # fmt: skip
+        expected[p + "mlp.gate_up_proj.weight"] = (2 * inter, h)  # fused form, also accepted
+    for name, shape in shapes.items():
+        expected[p + name] = shape
+        required.add(p + name)
+
+
 _FUSED = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                         "self_attn.v_proj.weight"),
           "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}  # fmt: skip
 
 
-def canonical_name(name: str) -> str:
-    """A checkpoint tensor name as SGLang's loader resolves it, without the ``model.`` prefix:
-    :data:`LEGACY_NAMES` replaced (``midlayer.`` -> ``layers.0.``), then a leading ``model.`` dropped
-    (``load_weights`` tries ``name`` and ``"model." + name``)."""
+def canonical_name(name: str, family: str | None = "llama_eagle3") -> str:
+    """A checkpoint tensor name as SGLang's loader resolves it, without the ``model.`` prefix.
+
+    ``llama_eagle3`` (``LlamaForCausalLMEagle3.load_weights``): :data:`LEGACY_NAMES` replaced (``midlayer.`` ->
+    ``layers.0.``), then a leading ``model.`` dropped (it tries ``name`` and ``"model." + name``).
+    ``mla_eagle3`` (``Eagle3DeepseekV2ForCausalLM.load_weights``): ``layers.0.`` and ``midlayer.`` name the one
+    layer, no legacy names, and the loader prefixes ``model.`` itself, so a checkpoint name that starts with
+    ``model.`` is never loaded: it stays as it is here (SGLang logs "skipping unexpected weight")."""
+    if family == "mla_eagle3":
+        return "layers.0." + name[len("midlayer.") :] if name.startswith("midlayer.") else name
     for legacy, new in LEGACY_NAMES.items():
         if legacy in name:
             name = name.replace(legacy, new)
@@ -275,7 +391,8 @@ class TensorProblem:
     """One checkpoint tensor that does not fit the draft SGLang builds.
 
     ``kind``: ``"shape"`` (loading fails: SGLang's weight loader asserts equal shapes), ``"missing"`` (the
-    parameter keeps its uninitialised / ones value), ``"switched-off"`` (SGLang allocates no parameter for it, so
+    parameter keeps its uninitialised / ones value; ``detail`` names a checkpoint tensor of that parameter under a
+    name SGLang does not load), ``"switched-off"`` (SGLang allocates no parameter for it, so
     the trained values are silently dropped). ``name`` is the checkpoint's name (the canonical one when missing).
     """
 
@@ -299,7 +416,7 @@ def tensor_problems(build: DraftBuild, tensors: Mapping[str, TensorHeader]) -> l
     for name, t in tensors.items():
         if name in ("d2t", "t2d") or name.endswith((".d2t", ".t2d")):
             continue
-        c = canonical_name(name)
+        c = canonical_name(name, build.family)
         present.add(c)
         for fused, parts in _FUSED.items():
             if c.endswith(fused):
@@ -308,9 +425,20 @@ def tensor_problems(build: DraftBuild, tensors: Mapping[str, TensorHeader]) -> l
             if tuple(t.shape) != build.expected[c]:
                 out.append(TensorProblem("shape", name, c, build.expected[c], tuple(t.shape), ""))
             continue
-        for prefix, switch in build.switched.items():
-            if c.startswith(prefix):
+        for pattern, switch in build.switched.items():
+            if re.fullmatch(pattern, c):
                 out.append(TensorProblem("switched-off", name, c, None, tuple(t.shape), switch))
     for c in sorted(build.required - present):
-        out.append(TensorProblem("missing", c, c, build.expected.get(c), None, ""))
+        unloaded = next(
+            (n for n in (f"model.{c}", f"model.{c}".replace("layers.0.", "midlayer.")) if n in present), None
+        )
+        switch = next((sw for pattern, sw in build.switched_on.items() if re.fullmatch(pattern, c)), None)
+        if unloaded:
+            detail = (
+                f"the checkpoint names it {unloaded}, which {build.architecture}.load_weights never loads (it adds "
+                "the model. prefix itself)"
+            )
+        else:
+            detail = f"the config's {switch} asks for it" if switch else ""
+        out.append(TensorProblem("missing", c, c, build.expected.get(c), None, detail))
     return out

@@ -84,12 +84,23 @@ def _decoder_layers(module: Any) -> Any:
 
 
 def _forward_source(module: Any) -> str | None:
+    """The source of every method the module's class (and its bases outside torch) defines, setters excepted
+    (``set_eagle3_layers_to_capture`` writes the flags; what reads them is the forward and its helpers: a forward
+    that hands the layer loop to another method selects by the same flag). None when no source is readable."""
     import inspect
 
-    try:
-        return inspect.getsource(type(module).forward)
-    except (OSError, TypeError, AttributeError):
-        return None
+    parts = []
+    for cls in type(module).__mro__:
+        if cls.__module__.split(".")[0] in ("torch", "builtins"):
+            continue
+        for name, fn in vars(cls).items():
+            if name.startswith("set_") or not callable(fn):
+                continue
+            try:
+                parts.append(inspect.getsource(fn))
+            except (OSError, TypeError):
+                continue
+    return "\n".join(parts) or None
 
 
 def capture_wiring_problems(model: Any) -> tuple[str, ...]:
@@ -103,10 +114,13 @@ def capture_wiring_problems(model: Any) -> tuple[str, ...]:
     * a module on that path with ``capture_aux_hidden_states`` off while one above it has it on: its forward returns
       plain hidden states, so nothing reaches the logits processor (a VL wrapper that sets the flag on itself only);
     * the layer owner's ``layers_to_capture`` empty or missing;
-    * an owner whose ``forward`` selects layers by their ``_is_layer_to_capture`` flag (Qwen3.5, Qwen3-Next,
-      Qwen2-MoE, MiniMax-M3: ``setattr(self.layers[i], "_is_layer_to_capture", True)`` in their
-      ``set_eagle3_layers_to_capture``) and not by ``i in self.layers_to_capture``, whose flagged layers differ from
-      ``layers_to_capture`` (a wrapper that assigned ``model.layers_to_capture`` instead of calling the setter).
+    * an owner whose ``forward`` (or a method it hands the layer loop to) selects layers by their
+      ``_is_layer_to_capture`` flag (Qwen3.5, Qwen3-Next, Qwen2-MoE, MiniMax-M3: ``setattr(self.layers[i],
+      "_is_layer_to_capture", True)`` in their ``set_eagle3_layers_to_capture``) and not by ``i in
+      self.layers_to_capture``, whose flagged layers differ from ``layers_to_capture`` (a wrapper that assigned
+      ``model.layers_to_capture`` instead of calling the setter: SGLang's ``Qwen3VLForConditionalGeneration`` does so
+      for a backbone without the setter). Such a target records nothing: its first request fails inside the target
+      forward (the wrapper unpacks plain states as ``(states, aux)``), never reaching the draft-extend width check.
     """
     chain: list[Any] = []
     cur, seen = model, set()

@@ -13,7 +13,7 @@ import torch
 
 from .. import _native
 from ..defaults import CACHE_BYTES, REMOTE_IN_FLIGHT
-from ..errors import ArgumentTypeError, InvalidArgumentError, SampleNotFoundError
+from ..errors import ArgumentTypeError, EagleIOError, InvalidArgumentError, SampleNotFoundError
 from . import fp8, layout
 from ._tensors import empty, writable_bytes
 from .schema import TensorSpec, from_json
@@ -203,6 +203,44 @@ class Dataset:
             others are decoded.
         """
         self._native.read_batch([(pos, self._out_buffers(pos, out)) for pos, out in items])
+
+    def read_tensor(
+        self, name: str, positions: Sequence[int], *, on_error: str = "raise"
+    ) -> list[torch.Tensor | EagleIOError]:
+        """One schema tensor, ``name``, of each sample at ``positions``, as new CPU tensors (``[L]`` / ``[L, width]``
+        of the schema dtype; FP8 dequantised), decoding nothing else. Each record is read whole and its CRC-32
+        checked (the checksum covers the record), on the reader's threads with the GIL released once; from object
+        storage the records are fetched together, as by :meth:`read_batch`. Cheap for small tensors (a loss mask
+        is about ``L / 20`` bytes to decode), though every record's bytes are read.
+
+        Args:
+            on_error: ``"raise"``: raise the error of the first failing position (every record is attempted);
+                ``"return"``: put each failing position's error (e.g. its :class:`eagle_io.CorruptRecordError`,
+                naming the shard, sample id and byte offset) in its place in the list.
+
+        Raises:
+            InvalidArgumentError: a tensor the schema lacks, or an unknown ``on_error``.
+            ArgumentTypeError / SampleNotFoundError: a position that is not an int / out of range.
+            CorruptRecordError: a record that fails its checks (``on_error="raise"``).
+        """
+        if on_error not in ("raise", "return"):
+            raise InvalidArgumentError(f"on_error must be 'raise' or 'return', not {on_error!r}")
+        spec = next((s for s in self.schema if s.name == name), None)
+        if spec is None:
+            raise InvalidArgumentError(f"the schema has no tensor {name!r} (it has {[s.name for s in self.schema]})")
+        outs = []
+        for pos in positions:
+            if isinstance(pos, bool) or not isinstance(pos, int):
+                raise ArgumentTypeError(f"position must be an int, got {type(pos).__name__}")
+            if not 0 <= pos < len(self):
+                raise SampleNotFoundError(f"position {pos} out of range for a dataset of {len(self)} samples")
+            outs.append(empty(spec, self.entry(pos).n_tokens, False))
+        errors = self._native.read_tensor(name, [(p, writable_bytes(t)) for p, t in zip(positions, outs, strict=True)])
+        if on_error == "raise":
+            first = next((e for e in errors if e is not None), None)
+            if first is not None:
+                raise first
+        return [t if e is None else e for t, e in zip(outs, errors, strict=True)]
 
     def _out_buffers(self, pos: int, out: dict[str, torch.Tensor]) -> list:
         """The writable bytes of ``out``'s tensors in schema order, after checking them against the sample at

@@ -8,16 +8,20 @@ layer) and the final states ``[L, H]``:
   for storage would turn into Inf (|x| >= 65520 for float16);
 * ``zero_sample``: every value of the sample is exactly 0;
 * ``zero_rows``: a token row where one captured layer's ``H`` values (or the final state's) are all exactly 0;
+* ``copied_layers``: a token row where two captured layers' blocks are equal bit for bit (the capture wrote one
+  layer twice: two hooks on the same layer, a slot filled from the wrong layer); different layers' inputs differ by
+  the layers between them, so real states never do this;
 * ``copied_rows``: a token row whose aux (or final) states equal bit for bit a row of an earlier sample of the same
   forward (capture) or of the samples stored near it (``verify``), although the two rows' token prefixes differ
   (a row of states depends on the whole prefix, so only a shared prefix at the same position gives equal rows).
 
-The last three are the symptoms of broken capture wiring (a hook that never fired, a buffer read before it was
+The last four are the symptoms of broken capture wiring (a hook that never fired, a buffer read before it was
 written, per-request offsets that point into another request); real states never show them.
 
 Cost at capture: :func:`row_stats` reads the states once on their device (per-row max |x| per layer block, from
-the bits, and a hash of up to :data:`HASH_COLUMNS` columns per row) and brings ``[N, k + 3]`` numbers to the host in
-one copy: one host sync per forward. Only rows whose hashes collide are compared in full.
+the bits, and a hash of up to :data:`HASH_COLUMNS` columns of each layer block and of the final state) and brings
+``[N, 2k + 3]`` numbers to the host in one copy: one host sync per forward. Only rows whose hashes collide are
+compared in full (for copied layers, the first such row of a sample).
 
 Beside it: :mod:`eagle_io.store.value_stats` (the per-layer max |x| file a capture leaves, and the float16 range
 warning) and :mod:`eagle_io.store.value_scan` (every sample of a dataset, for ``eagle-io verify`` and the report).
@@ -47,9 +51,9 @@ __all__ = [
     "sample_absmax",
 ]
 
-KINDS = ("nonfinite", "zero_sample", "zero_rows", "copied_rows")
+KINDS = ("nonfinite", "zero_sample", "zero_rows", "copied_layers", "copied_rows")
 """Problem kinds, most severe first (a sample with several is reported under the first)."""
-IMPLAUSIBLE = ("zero_sample", "zero_rows", "copied_rows")
+IMPLAUSIBLE = ("zero_sample", "zero_rows", "copied_layers", "copied_rows")
 """The finite kinds: states that are numbers but cannot come from a real forward."""
 HASH_COLUMNS = 64
 """Columns per row (evenly spaced over the row) hashed to find candidate copies; candidates are compared in full."""
@@ -81,11 +85,13 @@ class RowStats:
         absmax: ``[N, k + 1]`` float32: max |x| of each aux layer block, then of the final state (NaN when the
             block holds a NaN, Inf when it holds an Inf; 0 exactly when the block is all zeros).
         aux_hash, final_hash: ``[N]`` int64 hashes of the rows' bits (equal rows, equal hashes).
+        block_hash: ``[N, k]`` int64 hashes of each aux layer block's bits (equal blocks, equal hashes).
     """
 
     absmax: torch.Tensor
     aux_hash: torch.Tensor
     final_hash: torch.Tensor
+    block_hash: torch.Tensor
 
     def __len__(self) -> int:
         return int(self.absmax.shape[0])
@@ -93,29 +99,32 @@ class RowStats:
     def rows(self, start: int, length: int) -> RowStats:
         """The stats of rows ``[start, start + length)``."""
         end = start + length
-        return RowStats(self.absmax[start:end], self.aux_hash[start:end], self.final_hash[start:end])
+        return RowStats(*(getattr(self, f)[start:end] for f in FIELDS))
 
 
 def _bits(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+    """``x``'s bits as signed integers of its element size (a view: same-size dtype views keep any strides)."""
+    return x.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
 
 
-def _row_hash(x: torch.Tensor) -> torch.Tensor:
-    """``[N]`` int64: a weighted sum (mod 2^64) of the bits of up to :data:`HASH_COLUMNS` evenly spaced columns."""
+def _block_hashes(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``[N, k]`` int64: for each of the ``k`` blocks of ``H = width // k`` columns of each row, a weighted sum (mod
+    2^64) of the bits of up to :data:`HASH_COLUMNS` evenly spaced columns (every ``H // HASH_COLUMNS``-th, a strided
+    view: no gather; the same offsets and weights in every block, so equal blocks hash equal)."""
     n, width = x.shape
-    cols = min(width, HASH_COLUMNS)
-    key = (width, str(x.device))
+    h = width // k
+    step = max(1, h // HASH_COLUMNS)
+    cols = min(h, HASH_COLUMNS)
+    key = (h, str(x.device))
     if key not in _WEIGHTS:
-        g = torch.Generator().manual_seed(0x5EED + width)
-        w = torch.randint(-(2**62), 2**62, (cols,), generator=g, dtype=torch.int64) | 1
-        idx = torch.linspace(0, width - 1, cols).round().to(torch.int64)
-        _WEIGHTS[key] = torch.stack([w, idx]).to(x.device)
-    w, idx = _WEIGHTS[key][0], _WEIGHTS[key][1]
-    picked = _bits(x.index_select(1, idx))
-    out = torch.empty(n, dtype=torch.int64, device=x.device)
-    step = max(1, _CHUNK_ELEMENTS // cols)
-    for i in range(0, n, step):
-        out[i : i + step] = (picked[i : i + step].to(torch.int64) * w).sum(-1)
+        g = torch.Generator().manual_seed(0x5EED + h)
+        _WEIGHTS[key] = (torch.randint(-(2**62), 2**62, (cols,), generator=g, dtype=torch.int64) | 1).to(x.device)
+    w = _WEIGHTS[key]
+    picked = _bits(x if x.stride(-1) == 1 else x.contiguous()).unflatten(1, (k, h))[:, :, ::step][:, :, :cols]
+    out = torch.empty(n, k, dtype=torch.int64, device=x.device)
+    rows = max(1, _CHUNK_ELEMENTS // (k * cols))
+    for i in range(0, n, rows):
+        out[i : i + rows] = (picked[i : i + rows].to(torch.int64) * w).sum(-1)
     return out
 
 
@@ -139,7 +148,7 @@ def _absmax(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def row_stats(aux: torch.Tensor, final: torch.Tensor) -> RowStats:
     """Summarises ``N`` rows: ``aux [N, k*H]`` and ``final [N, H]`` (same device, any floating dtype), on their
-    device, then copies ``[N, k + 3]`` numbers to the host at once (the only host sync).
+    device, then copies ``[N, 2k + 3]`` numbers to the host at once (the only host sync).
 
     Raises:
         SchemaError: (a ``ValueError``) shapes that are not ``[N, k*H]`` / ``[N, H]`` with ``k >= 1``.
@@ -153,12 +162,24 @@ def row_stats(aux: torch.Tensor, final: torch.Tensor) -> RowStats:
     k = width // hidden
     if n == 0:
         empty = torch.empty(0, dtype=torch.int64)
-        return RowStats(torch.empty(0, k + 1), empty, empty)
+        return RowStats(torch.empty(0, k + 1), empty, empty, torch.empty(0, k, dtype=torch.int64))
     absmax = torch.cat([_absmax(aux, k), _absmax(final, 1)], dim=1)
-    hashes = [_row_hash(aux)[:, None], _row_hash(final)[:, None]]
-    packed = torch.cat([absmax.view(torch.int32).to(torch.int64), *hashes], 1)
+    blocks = _block_hashes(aux, k)
+    # The whole row's hash from its blocks' (equal rows have equal blocks); odd weights per block position.
+    aux_hash = (blocks * _block_weights(k, blocks.device)).sum(-1, keepdim=True)
+    packed = torch.cat([absmax.view(torch.int32).to(torch.int64), aux_hash, _block_hashes(final, 1), blocks], 1)
     host = packed.cpu()
-    return RowStats(host[:, : k + 1].to(torch.int32).view(torch.float32), host[:, k + 1], host[:, k + 2])
+    absmax_host = host[:, : k + 1].to(torch.int32).view(torch.float32)
+    return RowStats(absmax_host, host[:, k + 1], host[:, k + 2], host[:, k + 3 :])
+
+
+def _block_weights(k: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0xB10C + k)
+    return (torch.randint(-(2**62), 2**62, (k,), generator=g, dtype=torch.int64) | 1).to(device)
+
+
+FIELDS = ("absmax", "aux_hash", "final_hash", "block_hash")
+"""The :class:`RowStats` fields, each with one row per state row (``torch.cat`` them to join two stats)."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +254,38 @@ def _copies(
     return {si: {**by_row[min(by_row)], "rows": len(by_row)} for si, by_row in hits.items()}
 
 
+def _copied_layers(
+    stats: RowStats,
+    samples: Sequence[SampleRows],
+    valid: torch.Tensor,
+    same_blocks: Callable[[int, int, int], bool] | None,
+) -> dict[int, dict[str, Any]]:
+    """``{sample index: its first row whose aux blocks a < b are equal (``row``, ``rows`` with such a pair,
+    ``blocks``)}``; the first candidate row of a sample is compared in full (``same_blocks``)."""
+    bh = stats.block_hash
+    k = int(bh.shape[1]) if bh.dim() == 2 else 0
+    pairs = [(a, b) for a in range(k) for b in range(a + 1, k)]
+    equal = {(a, b): (bh[:, a] == bh[:, b]) & valid for a, b in pairs}
+    equal = {ab: eq for ab, eq in equal.items() if bool(eq.any())}
+    if not equal:
+        return {}
+    any_pair = torch.stack(list(equal.values())).any(0)
+    out: dict[int, dict[str, Any]] = {}
+    for i, s in enumerate(samples):
+        lo, hi = s.start, s.start + s.length
+        if not bool(any_pair[lo:hi].any()):
+            continue
+        for (a, b), eq in equal.items():
+            rows = eq[lo:hi]
+            if not bool(rows.any()):
+                continue
+            row = int(rows.nonzero()[0, 0])
+            if same_blocks is None or same_blocks(lo + row, a, b):
+                out[i] = {"row": row, "rows": int(any_pair[lo:hi].sum()), "blocks": (a, b)}
+                break
+    return out
+
+
 def find_problems(
     stats: RowStats,
     samples: Sequence[SampleRows],
@@ -242,6 +295,7 @@ def find_problems(
     held_dtype: torch.dtype | None = None,
     store_dtype: torch.dtype | None = None,
     same_rows: Callable[[str, int, int], bool] | None = None,
+    same_blocks: Callable[[int, int, int], bool] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """The problems of each sample of one forward (or one window of a dataset), most severe first.
 
@@ -255,13 +309,15 @@ def find_problems(
             above :func:`overflow_limit` of ``store_dtype`` are ``nonfinite`` (the cast for storage makes them Inf).
         same_rows: ``same_rows(tensor, row_a, row_b)`` compares two rows in full (global row numbers; ``tensor`` is
             ``"aux_hidden_states"`` or ``"hidden_states"``); None trusts the hash.
+        same_blocks: ``same_blocks(row, a, b)`` compares aux blocks ``a`` and ``b`` of one (global) row in full; None
+            trusts the hash.
 
     Returns:
         Per sample (in order), a list of plain dicts, empty when the sample is plausible: ``kind`` (one of
         :data:`KINDS`), ``sample_id``, ``row`` (first token row), ``rows`` (how many rows), ``tensor``, ``where``
-        (block name), ``message`` (one line naming sample, tensor, layer and row); ``copied_rows`` adds
-        ``source_sample_id`` and ``source_row``; ``nonfinite`` adds ``overflow`` (True for a storage-cast
-        overflow) and ``value`` (the offending |x| when finite).
+        (block name), ``message`` (one line naming sample, tensor, layer and row); ``copied_layers`` adds ``layers``
+        (the two block names); ``copied_rows`` adds ``source_sample_id`` and ``source_row``; ``nonfinite`` adds
+        ``overflow`` (True for a storage-cast overflow) and ``value`` (the offending |x| when finite).
     """
     k1 = int(stats.absmax.shape[1]) if len(stats) else (len(names) if names else 1)
     names = list(names) if names is not None else block_names(k1 - 1)
@@ -277,6 +333,7 @@ def find_problems(
     bad_rows = (nonfinite | overflow).any(1)
     valid = ~bad_rows & ~zero.any(1)
     copies = _copies(stats, samples, valid, same_rows)
+    layer_copies = _copied_layers(stats, samples, valid, same_blocks)
     out: list[list[dict[str, Any]]] = []
     for i, s in enumerate(samples):
         lo, hi = s.start, s.start + s.length
@@ -323,6 +380,16 @@ def find_problems(
             )
             p = {"kind": "zero_rows", "sample_id": sid, "row": row, "rows": int(rows.sum()), "tensor": tensor}
             found.append({**p, "where": names[block], "message": msg})
+        if i in layer_copies:
+            c = layer_copies[i]
+            a, b = (names[j] for j in c["blocks"])
+            msg = (
+                f"sample {sid}: {a} and {b} states are equal bit for bit at token row {c['row']} ({c['rows']} of "
+                f"{s.length} rows have two equal layers): the capture wrote one layer twice (two hooks on one layer, "
+                "or a slot filled from the wrong layer)"
+            )
+            p = {"kind": "copied_layers", "sample_id": sid, "row": c["row"], "rows": c["rows"]}
+            found.append({**p, "tensor": "aux_hidden_states", "where": f"{a} = {b}", "layers": [a, b], "message": msg})
         if i in copies:
             c = copies[i]
             msg = (
