@@ -286,3 +286,30 @@ def test_pinned_device_path(feed_dataset):
         torch.cuda.current_stream().synchronize()
         assert all(torch.equal(b[k].cpu(), e[k]) for k in ("input_ids", "aux_hidden_states", "cu_seqlens"))
     assert loader_threads() == []
+
+
+@pytest.mark.parametrize("set_epoch", [True, False])
+def test_a_state_saved_at_the_end_of_a_drop_last_epoch_resumes_the_next_one(feed_dataset, set_epoch):
+    """40 items in batches of 6 with drop_last: the state after the last batch had the sampler at item 36 of 40,
+    so a resumed ``set_epoch(1)`` loop ran the dropped tail of epoch 0 (nothing) instead of epoch 1; without
+    ``set_epoch`` the next pass (the same epoch again) was empty too."""
+    root, _ = feed_dataset
+    ds = ShardDataset(root)
+
+    def epochs(state=None, first=0, count=2):
+        sampler = RankSampler(ds, seed=3)
+        loader = Loader(ds, sampler=sampler, batch_size=6, drop_last=True)
+        if state is not None:
+            loader.load_state_dict(json.loads(json.dumps(state)))
+        out = []
+        for epoch in range(first, first + count):
+            if set_epoch:
+                sampler.set_epoch(epoch)
+            out.append([b["sample_ids"] for b in loader])
+        return out, loader.state_dict()
+
+    full, _ = epochs()
+    (first,), end = epochs(count=1)
+    assert end["finished"] and first == full[0] and len(first) == 6
+    resumed, _ = epochs(end, first=1, count=1)
+    assert resumed == full[1:], "the resumed run goes on with the next pass, whole"

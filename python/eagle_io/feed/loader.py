@@ -26,9 +26,10 @@ from .collate import PaddingCollator, _Collator
 from .dataset import ShardDataset
 from .follow import FollowingShardDataset
 from .ring import Ring, Slot, lease, tensors
-from .samplers import RankSampler
+from .samplers import RankSampler, _Resumable
 
 _END = object()
+"""The last work a source yields, with the loader state once every batch was taken (:meth:`Loader._source`)."""
 _STATE_KEYS = ("batches", "finished", "sampler", "follow")
 
 
@@ -37,6 +38,13 @@ class _Failed:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+class _Ended:
+    """The end of a pass, handed to the consumer with the loader state it leaves (``finished``)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
 
 
 class Loader:
@@ -209,6 +217,10 @@ class Loader:
                     if state["finished"]:
                         self._stateful.set_epoch(self._epochs)
                         self._epochs += 1
+                elif state["finished"] and isinstance(self._stateful, _Resumable) and len(self._stateful) == 0:
+                    # Left at the end of the finished epoch (no set_epoch moved it past): the next pass runs that
+                    # epoch again from step 0, as the uninterrupted loader's next pass would.
+                    self._stateful.set_epoch(self._stateful.epoch)
             elif not state["finished"] and not self._follow:
                 skip = state["batches"]
             taken = 0 if state["finished"] else state["batches"]
@@ -225,8 +237,8 @@ class Loader:
 
     def _source(self, skip: int, taken: int, follow: list[int] | None, stopped: threading.Event):
         """A generator (run by the producer thread) of ``(work, state after it)`` per batch: the item indices
-        (map-style) or items (followed) of the batch, and the loader state once it is taken. ``stopped`` ends a
-        followed dataset's waiting for its captures."""
+        (map-style) or items (followed) of the batch, and the loader state once it is taken; then ``(_END, the
+        finished state)``. ``stopped`` ends a followed dataset's waiting for its captures."""
         if self._follow:
             return self._follow_source(taken, follow, stopped)
         return self._map_source(skip, taken)
@@ -239,6 +251,10 @@ class Loader:
             taken += 1
             sampler = None if stateful is None else stateful.state_dict()
             yield list(indices), {"batches": taken, "finished": False, "sampler": sampler, "follow": None}
+        # The sampler's state once the batch sampler drained it: with drop_last, past the items of a dropped last
+        # batch too, so that it reads as the end of its epoch (the state after the last batch does not).
+        sampler = None if stateful is None else stateful.state_dict()
+        yield _END, {"batches": taken, "finished": True, "sampler": sampler, "follow": None}
 
     def _follow_source(self, taken: int, start: list[int] | None, stopped: threading.Event):
         nexts = list(start) if start is not None else [0] * len(self.dataset.manifests)
@@ -251,7 +267,9 @@ class Loader:
                 yield items, {"batches": taken, "finished": False, "sampler": None, "follow": list(nexts)}
                 items = []
         if items and not self.drop_last:
-            yield items, {"batches": taken + 1, "finished": False, "sampler": None, "follow": list(nexts)}
+            taken += 1
+            yield items, {"batches": taken, "finished": False, "sampler": None, "follow": list(nexts)}
+        yield _END, {"batches": taken, "finished": True, "sampler": None, "follow": list(nexts)}
 
     def _build(self, work: Any, slot: Slot, k: int) -> Any:
         """Batch ``k`` from ``work`` (see :meth:`_source`), its tensors in ``slot``'s buffers."""
@@ -322,8 +340,8 @@ def _consume(loader: Loader, ring: Ring, out: queue.SimpleQueue, stream: Any, st
             while len(held) >= loader.keep:
                 ring.release(held.popleft(), _release_event(loader, stream))
             got = out.get()  # Ctrl-C here leaves through the finally below: the producer stops at once
-            if got is _END:
-                loader._state = {**loader._state, "finished": True}
+            if isinstance(got, _Ended):
+                loader._state = got.state
                 return
             if isinstance(got, _Failed):
                 raise got.error
@@ -370,6 +388,9 @@ def _produce(loader: Loader, source, ring: Ring, out: queue.SimpleQueue, stream:
     optionally copied to the device, then handed to the consumer."""
     try:
         for k, (work, state) in enumerate(source):
+            if work is _END:
+                out.put(_Ended(state))
+                return
             slot = ring.acquire(k)
             if slot is None:
                 return  # stopped
@@ -383,7 +404,6 @@ def _produce(loader: Loader, source, ring: Ring, out: queue.SimpleQueue, stream:
                 ring.release(slot, event)  # the device copy owns the data; the slot is reused once it is done
                 slot = None
             out.put((slot, batch, state, event))
-        out.put(_END)
     except BaseException as e:  # every failure is raised again in the consumer's thread
         out.put(_Failed(e))
 
