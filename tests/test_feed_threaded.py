@@ -313,3 +313,36 @@ def test_a_state_saved_at_the_end_of_a_drop_last_epoch_resumes_the_next_one(feed
     assert end["finished"] and first == full[0] and len(first) == 6
     resumed, _ = epochs(end, first=1, count=1)
     assert resumed == full[1:], "the resumed run goes on with the next pass, whole"
+
+
+def test_closing_a_followed_pass_from_another_thread_keeps_its_resume_point(tmp_path):
+    """A followed capture still running; the consumer waits in next() on another thread and the loader is closed
+    (a preemption handler): the pass ends, but the captures did not, so the state is not ``finished`` (it was, and
+    a resume started again at position 0, repeating every sample taken)."""
+    from conftest import make_sample
+
+    root = tmp_path / "running"
+    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(H), {}, shard_bytes=2_000, threads=1) as w:
+        for sid in range(100, 106):
+            w.write(sid, make_sample(sid, 5, hidden=H), key="")
+        loader = Loader(ShardDataset(root, follow=True, poll_s=0.02), batch_size=2)
+        taken, waiting = [], threading.Event()
+
+        def consume():
+            for b in loader:
+                taken.append(b["sample_ids"])
+                if len(taken) == 2:
+                    waiting.set()
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        assert waiting.wait(10)
+        loader.close()
+        consumer.join(10)
+        assert not consumer.is_alive() and loader_threads() == []
+        state = loader.state_dict()
+    assert taken == [[100, 101], [102, 103]]
+    assert state == {"batches": 2, "finished": False, "sampler": None, "follow": [4]}
+    resumed = Loader(ShardDataset(root, follow=True, poll_s=0.02), batch_size=2)
+    resumed.load_state_dict(state)
+    assert [b["sample_ids"] for b in resumed] == [[104, 105]]

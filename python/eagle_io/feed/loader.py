@@ -41,9 +41,10 @@ class _Failed:
 
 
 class _Ended:
-    """The end of a pass, handed to the consumer with the loader state it leaves (``finished``)."""
+    """The end of a pass, handed to the consumer with the loader state it leaves (``finished``), or None when the
+    pass was stopped before its end (the state after the last batch taken stands)."""
 
-    def __init__(self, state: dict[str, Any]) -> None:
+    def __init__(self, state: dict[str, Any] | None) -> None:
         self.state = state
 
 
@@ -238,7 +239,7 @@ class Loader:
     def _source(self, skip: int, taken: int, follow: list[int] | None, stopped: threading.Event):
         """A generator (run by the producer thread) of ``(work, state after it)`` per batch: the item indices
         (map-style) or items (followed) of the batch, and the loader state once it is taken; then ``(_END, the
-        finished state)``. ``stopped`` ends a followed dataset's waiting for its captures."""
+        finished state)``, or ``(_END, None)`` when ``stopped`` ended a followed dataset's waiting for its captures."""
         if self._follow:
             return self._follow_source(taken, follow, stopped)
         return self._map_source(skip, taken)
@@ -266,6 +267,9 @@ class Loader:
                 taken += 1
                 yield items, {"batches": taken, "finished": False, "sampler": None, "follow": list(nexts)}
                 items = []
+        if stopped.is_set():  # closed while waiting for the captures: not their end, the state stays
+            yield _END, None
+            return
         if items and not self.drop_last:
             taken += 1
             yield items, {"batches": taken, "finished": False, "sampler": None, "follow": list(nexts)}
@@ -341,7 +345,8 @@ def _consume(loader: Loader, ring: Ring, out: queue.SimpleQueue, stream: Any, st
                 ring.release(held.popleft(), _release_event(loader, stream))
             got = out.get()  # Ctrl-C here leaves through the finally below: the producer stops at once
             if isinstance(got, _Ended):
-                loader._state = got.state
+                if got.state is not None:
+                    loader._state = got.state
                 return
             if isinstance(got, _Failed):
                 raise got.error
