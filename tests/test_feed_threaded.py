@@ -182,6 +182,7 @@ def test_debug_mode_catches_a_batch_used_after_its_buffers_were_reused(feed_data
     it = iter(loader)
     b0 = next(it)
     row = b0["hidden_states"][1]  # a view made while the batch is valid
+    aliases = {"detach": b0["loss_mask"].detach(), "data": b0["lengths"].data}  # the slot's memory, not views
     kept = b0["aux_hidden_states"].clone()
     raw = b0["input_ids"].numpy()  # around torch: not guarded, poisoned instead
     n = samples[1003]["hidden_states"].shape[0]
@@ -194,6 +195,10 @@ def test_debug_mode_catches_a_batch_used_after_its_buffers_were_reused(feed_data
         row.sum()
     with pytest.raises(BatchRecycledError, match="aux_hidden_states"):
         torch.equal(b0["aux_hidden_states"], kept)
+    for how, alias in aliases.items():
+        with pytest.raises(BatchRecycledError, match=r"loss_mask|lengths"):
+            alias.sum()
+            pytest.fail(f"a {how} alias of the recycled slot escaped the guard")
     n = samples[1001]["aux_hidden_states"].shape[0]
     assert torch.equal(kept[0, :n], samples[1001]["aux_hidden_states"]), "a clone is the caller's own"
     next(it)  # batch 1 + keep: decoded into batch 0's slot, poisoned first
