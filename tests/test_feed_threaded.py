@@ -351,3 +351,24 @@ def test_closing_a_followed_pass_from_another_thread_keeps_its_resume_point(tmp_
     resumed = Loader(ShardDataset(root, follow=True, poll_s=0.02), batch_size=2)
     resumed.load_state_dict(state)
     assert [b["sample_ids"] for b in resumed] == [[104, 105]]
+
+
+def test_passes_after_a_mid_epoch_resume_run_whole(feed_dataset):
+    """A loop without set_epoch (one fixed order) resumed mid-epoch: the resumed pass ends the epoch, and every
+    later pass is whole again (the sampler's start step held for good, so each later pass skipped the first 9)."""
+    root, _ = feed_dataset
+    ds = ShardDataset(root)
+
+    def make():
+        return Loader(ds, sampler=RankSampler(ds, shuffle=False), batch_size=3)
+
+    whole = [b["sample_ids"] for b in make()]
+    first = make()
+    it = iter(first)
+    head = [next(it)["sample_ids"] for _ in range(3)]
+    state = first.state_dict()
+    it.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [b["sample_ids"] for b in resumed] == whole
+    assert [b["sample_ids"] for b in resumed] == whole and len(resumed) == len(whole) == 14
