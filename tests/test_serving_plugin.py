@@ -1116,3 +1116,26 @@ def test_guard_refuses_an_eagle3_draft_that_sglang_builds_without_fc(tmp_path, h
     assert 'set "architectures": ["LlamaForCausalLMEagle3"]' in str(e.value) and calls == []
     # The same rule, from the same place, for a live EAGLE-3 class that lost its fc.
     assert "without an fc" in plugin.startup_decision(facts(fc_in_width=None))
+
+
+def test_an_sglang_without_package_metadata_is_named_by_its_own_version(monkeypatch):
+    """SGLang run from a source tree has no dist-info: the version read as None stopped every launch with "set
+    EAGLE_IO_ALLOW_SGLANG_VERSION=None", a setting that could never match; its own ``__version__`` names it."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def no_sglang(name):
+        if name == "sglang":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", no_sglang)
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.0.0.dev0"))
+    assert compat.sglang_version() == "0.0.0.dev0"
+    problem = plugin._version_problem()
+    assert problem is not None and "set EAGLE_IO_ALLOW_SGLANG_VERSION=0.0.0.dev0" in str(problem)
+    monkeypatch.setenv(plugin.ENV_ALLOW_SGLANG, "0.0.0.dev0")
+    assert plugin._version_problem() is None
+    monkeypatch.delitem(sys.modules, "sglang")
+    assert compat.sglang_version() is None
