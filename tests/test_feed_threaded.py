@@ -272,6 +272,17 @@ def test_cpu_fallback_of_pinned_and_device_options(feed_dataset):
         Loader(ds, batch_size=5, batch_sampler=[[0]])
 
 
+def test_a_cuda_device_this_process_does_not_have_is_refused_when_the_loader_is_built(feed_dataset, monkeypatch):
+    """``device="cuda:3"`` on a one-GPU process was accepted, and the first pass failed in torch.cuda.Stream with a
+    RuntimeError ("invalid device ordinal"), not the InvalidArgumentError the docstring promises at construction."""
+    root, _ = feed_dataset
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(eagle_io.InvalidArgumentError, match=r"'cuda:3': this process sees 1 CUDA device\(s\)"):
+        Loader(ShardDataset(root), batch_size=5, device="cuda:3")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: pinned buffers and a side stream")
 def test_pinned_device_path(feed_dataset):

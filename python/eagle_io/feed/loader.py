@@ -319,7 +319,13 @@ def _check_device(device: Any) -> torch.device | None:
     if dev.type != "cuda" or not torch.cuda.is_available():
         cuda = "available" if torch.cuda.is_available() else "not available"
         raise InvalidArgumentError(f"device {device!r}: the Loader copies to CUDA devices only (CUDA is {cuda})")
-    return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if not 0 <= index < torch.cuda.device_count():
+        raise InvalidArgumentError(
+            f"device {device!r}: this process sees {torch.cuda.device_count()} CUDA device(s) (0 .. "
+            f"{torch.cuda.device_count() - 1}; CUDA_VISIBLE_DEVICES renumbers them)"
+        )
+    return torch.device("cuda", index)
 
 
 def _start(loader: Loader, source, stopped: threading.Event) -> tuple[Iterator[Any], _Stop]:
