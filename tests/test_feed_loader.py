@@ -126,7 +126,8 @@ def test_rank_sampler_split_and_resume():
     full = list(s)
     resumed = RankSampler(n, rank=2, world_size=W, seed=5)
     resumed.load_state_dict(s.state_dict(3))
-    assert list(resumed) == full[3:] and len(resumed) == len(full) - 3
+    assert len(resumed) == len(full) - 3 and list(resumed) == full[3:]
+    assert len(resumed) == len(full) and list(resumed) == full, "the next pass over the epoch runs whole"
 
 
 def check_batch(batch, samples):

@@ -182,6 +182,7 @@ def test_debug_mode_catches_a_batch_used_after_its_buffers_were_reused(feed_data
     it = iter(loader)
     b0 = next(it)
     row = b0["hidden_states"][1]  # a view made while the batch is valid
+    aliases = {"detach": b0["loss_mask"].detach(), "data": b0["lengths"].data}  # the slot's memory, not views
     kept = b0["aux_hidden_states"].clone()
     raw = b0["input_ids"].numpy()  # around torch: not guarded, poisoned instead
     n = samples[1003]["hidden_states"].shape[0]
@@ -194,6 +195,10 @@ def test_debug_mode_catches_a_batch_used_after_its_buffers_were_reused(feed_data
         row.sum()
     with pytest.raises(BatchRecycledError, match="aux_hidden_states"):
         torch.equal(b0["aux_hidden_states"], kept)
+    for how, alias in aliases.items():
+        with pytest.raises(BatchRecycledError, match=r"loss_mask|lengths"):
+            alias.sum()
+            pytest.fail(f"a {how} alias of the recycled slot escaped the guard")
     n = samples[1001]["aux_hidden_states"].shape[0]
     assert torch.equal(kept[0, :n], samples[1001]["aux_hidden_states"]), "a clone is the caller's own"
     next(it)  # batch 1 + keep: decoded into batch 0's slot, poisoned first
@@ -267,6 +272,17 @@ def test_cpu_fallback_of_pinned_and_device_options(feed_dataset):
         Loader(ds, batch_size=5, batch_sampler=[[0]])
 
 
+def test_a_cuda_device_this_process_does_not_have_is_refused_when_the_loader_is_built(feed_dataset, monkeypatch):
+    """``device="cuda:3"`` on a one-GPU process was accepted, and the first pass failed in torch.cuda.Stream with a
+    RuntimeError ("invalid device ordinal"), not the InvalidArgumentError the docstring promises at construction."""
+    root, _ = feed_dataset
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(eagle_io.InvalidArgumentError, match=r"'cuda:3': this process sees 1 CUDA device\(s\)"):
+        Loader(ShardDataset(root), batch_size=5, device="cuda:3")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: pinned buffers and a side stream")
 def test_pinned_device_path(feed_dataset):
@@ -286,3 +302,84 @@ def test_pinned_device_path(feed_dataset):
         torch.cuda.current_stream().synchronize()
         assert all(torch.equal(b[k].cpu(), e[k]) for k in ("input_ids", "aux_hidden_states", "cu_seqlens"))
     assert loader_threads() == []
+
+
+@pytest.mark.parametrize("set_epoch", [True, False])
+def test_a_state_saved_at_the_end_of_a_drop_last_epoch_resumes_the_next_one(feed_dataset, set_epoch):
+    """40 items in batches of 6 with drop_last: the state after the last batch had the sampler at item 36 of 40,
+    so a resumed ``set_epoch(1)`` loop ran the dropped tail of epoch 0 (nothing) instead of epoch 1; without
+    ``set_epoch`` the next pass (the same epoch again) was empty too."""
+    root, _ = feed_dataset
+    ds = ShardDataset(root)
+
+    def epochs(state=None, first=0, count=2):
+        sampler = RankSampler(ds, seed=3)
+        loader = Loader(ds, sampler=sampler, batch_size=6, drop_last=True)
+        if state is not None:
+            loader.load_state_dict(json.loads(json.dumps(state)))
+        out = []
+        for epoch in range(first, first + count):
+            if set_epoch:
+                sampler.set_epoch(epoch)
+            out.append([b["sample_ids"] for b in loader])
+        return out, loader.state_dict()
+
+    full, _ = epochs()
+    (first,), end = epochs(count=1)
+    assert end["finished"] and first == full[0] and len(first) == 6
+    resumed, _ = epochs(end, first=1, count=1)
+    assert resumed == full[1:], "the resumed run goes on with the next pass, whole"
+
+
+def test_closing_a_followed_pass_from_another_thread_keeps_its_resume_point(tmp_path):
+    """A followed capture still running; the consumer waits in next() on another thread and the loader is closed
+    (a preemption handler): the pass ends, but the captures did not, so the state is not ``finished`` (it was, and
+    a resume started again at position 0, repeating every sample taken)."""
+    from conftest import make_sample
+
+    root = tmp_path / "running"
+    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(H), {}, shard_bytes=2_000, threads=1) as w:
+        for sid in range(100, 106):
+            w.write(sid, make_sample(sid, 5, hidden=H), key="")
+        loader = Loader(ShardDataset(root, follow=True, poll_s=0.02), batch_size=2)
+        taken, waiting = [], threading.Event()
+
+        def consume():
+            for b in loader:
+                taken.append(b["sample_ids"])
+                if len(taken) == 2:
+                    waiting.set()
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        assert waiting.wait(10)
+        loader.close()
+        consumer.join(10)
+        assert not consumer.is_alive() and loader_threads() == []
+        state = loader.state_dict()
+    assert taken == [[100, 101], [102, 103]]
+    assert state == {"batches": 2, "finished": False, "sampler": None, "follow": [4]}
+    resumed = Loader(ShardDataset(root, follow=True, poll_s=0.02), batch_size=2)
+    resumed.load_state_dict(state)
+    assert [b["sample_ids"] for b in resumed] == [[104, 105]]
+
+
+def test_passes_after_a_mid_epoch_resume_run_whole(feed_dataset):
+    """A loop without set_epoch (one fixed order) resumed mid-epoch: the resumed pass ends the epoch, and every
+    later pass is whole again (the sampler's start step held for good, so each later pass skipped the first 9)."""
+    root, _ = feed_dataset
+    ds = ShardDataset(root)
+
+    def make():
+        return Loader(ds, sampler=RankSampler(ds, shuffle=False), batch_size=3)
+
+    whole = [b["sample_ids"] for b in make()]
+    first = make()
+    it = iter(first)
+    head = [next(it)["sample_ids"] for _ in range(3)]
+    state = first.state_dict()
+    it.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + [b["sample_ids"] for b in resumed] == whole
+    assert [b["sample_ids"] for b in resumed] == whole and len(resumed) == len(whole) == 14

@@ -1192,3 +1192,26 @@ def test_a_vl_wrapper_whose_decoder_records_nothing_fails_its_first_request_in_t
     with pytest.raises(plugin.ServingGuardError, match="the target's capture is not wired"):
         Scheduler.init_all_cuda_graphs(sched)
     assert calls == []
+
+
+def test_an_sglang_without_package_metadata_is_named_by_its_own_version(monkeypatch):
+    """SGLang run from a source tree has no dist-info: the version read as None stopped every launch with "set
+    EAGLE_IO_ALLOW_SGLANG_VERSION=None", a setting that could never match; its own ``__version__`` names it."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def no_sglang(name):
+        if name == "sglang":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", no_sglang)
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.0.0.dev0"))
+    assert compat.sglang_version() == "0.0.0.dev0"
+    problem = plugin._version_problem()
+    assert problem is not None and "set EAGLE_IO_ALLOW_SGLANG_VERSION=0.0.0.dev0" in str(problem)
+    monkeypatch.setenv(plugin.ENV_ALLOW_SGLANG, "0.0.0.dev0")
+    assert plugin._version_problem() is None
+    monkeypatch.delitem(sys.modules, "sglang")
+    assert compat.sglang_version() is None

@@ -158,3 +158,16 @@ def test_an_attention_dp_capture_merges_to_each_sample_once(tmp_path, monkeypatc
     ds = eagle_io.Dataset(tmp_path)
     assert sorted(ds.entry(i).sample_id for i in range(len(ds))) == list(range(10))
     assert (ds.metadata["dp_size"], ds.metadata["attn_dp_size"]) == (1, 2)
+
+
+def test_pipeline_parallelism_is_refused_before_stages_write_as_one_writer():
+    """``--pp-size 2``: both stages' schedulers have attention-TP rank 0, so both wrote as writer 0 of 1, and the
+    stage before the last captures nothing (its setter returns early): the launch failed, if at all, saying
+    "launch SGLang in capture-only mode", which it was. Refused by name, at the client and in each scheduler."""
+    stages = [SimpleNamespace(dp_size=1, attn_dp_size=1, attn_tp_rank=0, pp_size=2, pp_rank=r) for r in range(2)]
+    for stage in stages:
+        with pytest.raises(eagle_io.InvalidArgumentError, match="pp_size=2: under pipeline parallelism"):
+            capture_ranks(stage)
+    with pytest.raises(eagle_io.InvalidArgumentError, match="capture with pp_size=1"):
+        writers_of({"tp_size": 1, "pp_size": 2})
+    assert writers_of({"pp_size": 1, "dp_size": 2}) == 2

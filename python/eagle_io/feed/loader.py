@@ -26,9 +26,10 @@ from .collate import PaddingCollator, _Collator
 from .dataset import ShardDataset
 from .follow import FollowingShardDataset
 from .ring import Ring, Slot, lease, tensors
-from .samplers import RankSampler
+from .samplers import RankSampler, _Resumable
 
 _END = object()
+"""The last work a source yields, with the loader state once every batch was taken (:meth:`Loader._source`)."""
 _STATE_KEYS = ("batches", "finished", "sampler", "follow")
 
 
@@ -37,6 +38,14 @@ class _Failed:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+class _Ended:
+    """The end of a pass, handed to the consumer with the loader state it leaves (``finished``), or None when the
+    pass was stopped before its end (the state after the last batch taken stands)."""
+
+    def __init__(self, state: dict[str, Any] | None) -> None:
+        self.state = state
 
 
 class Loader:
@@ -209,6 +218,10 @@ class Loader:
                     if state["finished"]:
                         self._stateful.set_epoch(self._epochs)
                         self._epochs += 1
+                elif state["finished"] and isinstance(self._stateful, _Resumable) and len(self._stateful) == 0:
+                    # Left at the end of the finished epoch (no set_epoch moved it past): the next pass runs that
+                    # epoch again from step 0, as the uninterrupted loader's next pass would.
+                    self._stateful.set_epoch(self._stateful.epoch)
             elif not state["finished"] and not self._follow:
                 skip = state["batches"]
             taken = 0 if state["finished"] else state["batches"]
@@ -225,8 +238,8 @@ class Loader:
 
     def _source(self, skip: int, taken: int, follow: list[int] | None, stopped: threading.Event):
         """A generator (run by the producer thread) of ``(work, state after it)`` per batch: the item indices
-        (map-style) or items (followed) of the batch, and the loader state once it is taken. ``stopped`` ends a
-        followed dataset's waiting for its captures."""
+        (map-style) or items (followed) of the batch, and the loader state once it is taken; then ``(_END, the
+        finished state)``, or ``(_END, None)`` when ``stopped`` ended a followed dataset's waiting for its captures."""
         if self._follow:
             return self._follow_source(taken, follow, stopped)
         return self._map_source(skip, taken)
@@ -239,6 +252,10 @@ class Loader:
             taken += 1
             sampler = None if stateful is None else stateful.state_dict()
             yield list(indices), {"batches": taken, "finished": False, "sampler": sampler, "follow": None}
+        # The sampler's state once the batch sampler drained it: with drop_last, past the items of a dropped last
+        # batch too, so that it reads as the end of its epoch (the state after the last batch does not).
+        sampler = None if stateful is None else stateful.state_dict()
+        yield _END, {"batches": taken, "finished": True, "sampler": sampler, "follow": None}
 
     def _follow_source(self, taken: int, start: list[int] | None, stopped: threading.Event):
         nexts = list(start) if start is not None else [0] * len(self.dataset.manifests)
@@ -250,8 +267,13 @@ class Loader:
                 taken += 1
                 yield items, {"batches": taken, "finished": False, "sampler": None, "follow": list(nexts)}
                 items = []
+        if stopped.is_set():  # closed while waiting for the captures: not their end, the state stays
+            yield _END, None
+            return
         if items and not self.drop_last:
-            yield items, {"batches": taken + 1, "finished": False, "sampler": None, "follow": list(nexts)}
+            taken += 1
+            yield items, {"batches": taken, "finished": False, "sampler": None, "follow": list(nexts)}
+        yield _END, {"batches": taken, "finished": True, "sampler": None, "follow": list(nexts)}
 
     def _build(self, work: Any, slot: Slot, k: int) -> Any:
         """Batch ``k`` from ``work`` (see :meth:`_source`), its tensors in ``slot``'s buffers."""
@@ -297,7 +319,13 @@ def _check_device(device: Any) -> torch.device | None:
     if dev.type != "cuda" or not torch.cuda.is_available():
         cuda = "available" if torch.cuda.is_available() else "not available"
         raise InvalidArgumentError(f"device {device!r}: the Loader copies to CUDA devices only (CUDA is {cuda})")
-    return torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if not 0 <= index < torch.cuda.device_count():
+        raise InvalidArgumentError(
+            f"device {device!r}: this process sees {torch.cuda.device_count()} CUDA device(s) (0 .. "
+            f"{torch.cuda.device_count() - 1}; CUDA_VISIBLE_DEVICES renumbers them)"
+        )
+    return torch.device("cuda", index)
 
 
 def _start(loader: Loader, source, stopped: threading.Event) -> tuple[Iterator[Any], _Stop]:
@@ -322,8 +350,9 @@ def _consume(loader: Loader, ring: Ring, out: queue.SimpleQueue, stream: Any, st
             while len(held) >= loader.keep:
                 ring.release(held.popleft(), _release_event(loader, stream))
             got = out.get()  # Ctrl-C here leaves through the finally below: the producer stops at once
-            if got is _END:
-                loader._state = {**loader._state, "finished": True}
+            if isinstance(got, _Ended):
+                if got.state is not None:
+                    loader._state = got.state
                 return
             if isinstance(got, _Failed):
                 raise got.error
@@ -370,6 +399,9 @@ def _produce(loader: Loader, source, ring: Ring, out: queue.SimpleQueue, stream:
     optionally copied to the device, then handed to the consumer."""
     try:
         for k, (work, state) in enumerate(source):
+            if work is _END:
+                out.put(_Ended(state))
+                return
             slot = ring.acquire(k)
             if slot is None:
                 return  # stopped
@@ -383,7 +415,6 @@ def _produce(loader: Loader, source, ring: Ring, out: queue.SimpleQueue, stream:
                 ring.release(slot, event)  # the device copy owns the data; the slot is reused once it is done
                 slot = None
             out.put((slot, batch, state, event))
-        out.put(_END)
     except BaseException as e:  # every failure is raised again in the consumer's thread
         out.put(_Failed(e))
 

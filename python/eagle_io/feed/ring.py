@@ -158,16 +158,17 @@ def tensors(obj: Any) -> Iterable[torch.Tensor]:
 
 
 def _relabel(out: Any, lease: tuple | None) -> Any:
-    """Results that view the slot's memory keep the lease; the others become plain tensors."""
+    """Results that view the slot's memory keep the lease (by storage, not ``_base``: ``detach()`` aliases the
+    memory without being a view); the others become plain tensors."""
     if isinstance(out, (list, tuple)):
         return type(out)([_relabel(o, lease) for o in out])
     if not isinstance(out, torch.Tensor):
         return out
     plain = out.as_subclass(torch.Tensor) if isinstance(out, LeasedTensor) else out
-    if lease is None or plain.device.type != "cpu" or plain._base is None:
+    if lease is None or plain.device.type != "cpu":
         return plain
     ptr = plain.untyped_storage().data_ptr()
-    if not any(ptr == a.untyped_storage().data_ptr() for a in lease[0].arenas.values()):
+    if not ptr or not any(ptr == a.untyped_storage().data_ptr() for a in lease[0].arenas.values()):
         return plain
     kept = plain.as_subclass(LeasedTensor)
     kept._lease = lease

@@ -127,7 +127,8 @@ class _Resumable(abc.ABC):
         """This rank's steps (batches or items) of ``epoch``, from step 0."""
 
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
-        """Selects the epoch (its order) and the step to start at; both hold until the next ``set_epoch``."""
+        """Selects the epoch (its order) and the step to start at; the epoch holds until the next ``set_epoch``,
+        the start step until a pass runs to the epoch's end (later passes start at step 0)."""
         if epoch < 0 or start_step < 0:
             raise InvalidArgumentError(f"epoch and start_step must be >= 0, got {epoch}, {start_step}")
         self.epoch, self.start, self.position = epoch, start_step, start_step
@@ -137,6 +138,7 @@ class _Resumable(abc.ABC):
         for i in range(self.start, len(steps)):
             self.position = i + 1  # counted before the hand-out: a state taken right after it includes it
             yield steps[i]
+        self.start = 0  # a resumed pass ran to its end: the next pass over this epoch runs whole, as it would have
 
     def __len__(self) -> int:
         return max(0, len(self._steps(self.epoch)) - self.start)

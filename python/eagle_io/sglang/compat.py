@@ -45,13 +45,17 @@ _MIN, _MAX_EXCL = (0, 5, 14), (0, 6, 0)
 
 
 def sglang_version() -> str | None:
-    """The installed SGLang's version (from package metadata, without importing it), or None."""
+    """The installed SGLang's version: from package metadata, without importing it; else, for an SGLang without
+    metadata (run from a source tree) that this process has imported, ``sglang.__version__`` (``sglang/version.py``:
+    setuptools-scm's version of the tree, or ``0.0.0.dev0``); else None."""
+    import sys
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("sglang")
     except PackageNotFoundError:
-        return None
+        v = getattr(sys.modules.get("sglang"), "__version__", None)
+        return str(v) if v else None
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:

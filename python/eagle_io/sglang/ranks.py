@@ -45,7 +45,14 @@ class CaptureRanks:
     writes: bool
 
 
-def _layout(dp_size: int, attn_dp_size: int, attn_cp_size: int = 1) -> None:
+def _layout(dp_size: int, attn_dp_size: int, attn_cp_size: int = 1, pp_size: int = 1) -> None:
+    if pp_size > 1:
+        raise InvalidArgumentError(
+            f"pp_size={pp_size}: under pipeline parallelism each stage runs its own layers, so no scheduler holds "
+            "every aux state (SGLang's set_eagle3_layers_to_capture captures nothing on the stages before the last, "
+            "and the last runs only its own layers), and every stage's attention-TP rank 0 would write as the same "
+            "shard writer; eagle-io's SGLang capture does not reassemble stages: capture with pp_size=1"
+        )
     if dp_size > 1 and attn_dp_size > 1:
         raise InvalidArgumentError(
             f"dp_size={dp_size} with attn_dp_size={attn_dp_size}: SGLang runs attention DP inside one replica only "
@@ -61,10 +68,11 @@ def _layout(dp_size: int, attn_dp_size: int, attn_cp_size: int = 1) -> None:
 def capture_ranks(parallel: Any) -> CaptureRanks:
     """The :class:`CaptureRanks` of this scheduler, from SGLang's published parallel context
     (``sglang.srt.runtime_context.get_parallel()``: ``dp_size``, ``dp_rank``, ``attn_dp_size``, ``attn_dp_rank``,
-    ``attn_tp_rank``, ``attn_cp_size``; a width that cannot be read counts as 1, a rank as 0).
+    ``attn_tp_rank``, ``attn_cp_size``, ``pp_size``; a width that cannot be read counts as 1, a rank as 0).
 
     Raises:
-        InvalidArgumentError: replicas and attention DP at once, or attention context parallelism.
+        InvalidArgumentError: replicas and attention DP at once, attention context parallelism, or pipeline
+            parallelism.
     """
 
     def read(name: str, default: int) -> int:
@@ -75,7 +83,7 @@ def capture_ranks(parallel: Any) -> CaptureRanks:
         return int(v) if v is not None else default
 
     dp_size, attn_dp_size = read("dp_size", 1), read("attn_dp_size", 1)
-    _layout(dp_size, attn_dp_size, read("attn_cp_size", 1))
+    _layout(dp_size, attn_dp_size, read("attn_cp_size", 1), read("pp_size", 1))
     replica = read("dp_rank", 0) if dp_size > 1 else 0
     group = read("attn_dp_rank", 0) if attn_dp_size > 1 else 0
     return CaptureRanks(replica * attn_dp_size + group, dp_size * attn_dp_size, read("attn_tp_rank", 0) == 0)
@@ -90,11 +98,12 @@ def writers_of(server_args: Any) -> int:
     ``dp_size`` to ``attn_dp_size``).
 
     Raises:
-        InvalidArgumentError: replicas and attention DP at once, or attention context parallelism.
+        InvalidArgumentError: replicas and attention DP at once, attention context parallelism, or pipeline
+            parallelism.
     """
     get = reader(server_args)
     dp, attn_dp = int(get("dp_size", 1) or 1), int(get("attn_dp_size", 1) or 1)
     if get("enable_dp_attention", False) and attn_dp == 1:
         dp, attn_dp = 1, dp
-    _layout(dp, attn_dp, int(get("attn_cp_size", 1) or 1))
+    _layout(dp, attn_dp, int(get("attn_cp_size", 1) or 1), int(get("pp_size", 1) or 1))
     return dp * attn_dp
