@@ -383,3 +383,28 @@ def test_passes_after_a_mid_epoch_resume_run_whole(feed_dataset):
     resumed.load_state_dict(state)
     assert head + [b["sample_ids"] for b in resumed] == whole
     assert [b["sample_ids"] for b in resumed] == whole and len(resumed) == len(whole) == 14
+
+
+def test_items_truncated_to_no_supervision_are_left_out_of_ring_batches_as_of_dataloader_ones(tmp_path):
+    """Items ``max_length`` cuts to no supervised token are left out and the batch rebuilt from the kept rows; in a
+    Loader the rebuilt batch comes from the same ring slot as the first one, so the kept rows must be copied out
+    before it is allocated (they were copied from the slot into itself, overlapping: wrong values)."""
+    g = torch.Generator().manual_seed(5)
+    schema = eagle_io.eagle3_schema(H)
+    with eagle_io.ShardWriter(tmp_path, schema, {}, threads=1) as w:
+        for i in range(12):
+            n = 20 + i
+            mask = torch.zeros(n, dtype=torch.uint8)
+            mask[18 if i % 3 == 0 else 2 :] = 1  # every third item supervised only past token 16
+            hid = torch.randn(n, H, generator=g).bfloat16()
+            aux = torch.randn(n, 3 * H, generator=g).bfloat16()
+            w.write(
+                i, {"input_ids": torch.arange(n), "loss_mask": mask, "aux_hidden_states": aux, "hidden_states": hid}
+            )
+    ds = ShardDataset(tmp_path, max_length=16)
+    expected = list(torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=PaddingCollator()))
+    got = [cloned(b) for b in Loader(ds, batch_size=4, collate_fn=PaddingCollator(), prefetch=1)]
+    assert [len(b["unsupervised"]) for b in got] == [2, 1, 1] == [len(b["unsupervised"]) for b in expected]
+    for a, b in zip(got, expected, strict=True):
+        assert_same(a, b)
+    assert sorted(sid for b in got for sid in b["sample_ids"]) == [i for i in range(12) if i % 3]

@@ -15,6 +15,7 @@ from test_specforge import write_like_specforge
 
 import eagle_io
 from conftest import make_sample
+from eagle_io.capturing.options import CaptureOptions
 from eagle_io.capturing.sglang.launch import capture_layer_args
 from eagle_io.cli import main
 from eagle_io.interop.specforge import import_specforge
@@ -86,8 +87,8 @@ def test_generate_sglang_checks_ids_before_launching(tiny, tmp_path, capsys):
 
 
 def test_capture_layer_args_follow_the_targets_setter(tiny, tmp_path):
-    assert capture_layer_args(tiny, {}, {}) == {}
-    assert capture_layer_args(tiny, {"aux_layer_ids": [2, 4, 5]}, {}) == {
+    assert capture_layer_args(tiny, CaptureOptions(), {}) == {}
+    assert capture_layer_args(tiny, CaptureOptions(aux_layer_ids=[2, 4, 5]), {}) == {
         "return_aux_hidden_state_layer_ids": [1, 3, 4]
     }
     gpt = tmp_path / "gpt"
@@ -96,9 +97,13 @@ def test_capture_layer_args_follow_the_targets_setter(tiny, tmp_path):
     (gpt / "config.json").write_text(json.dumps({**cfg, "architectures": ["GptOssForCausalLM"]}))
     # gpt-oss captures the final boundary; [1, 4, 7] passes SGLang's id < num_layers check and its setter (+1 when
     # the largest id is not N) turns it into [2, 5, 8]
-    assert capture_layer_args(gpt, {"aux_layer_ids": [2, 5, 8]}, {}) == {"return_aux_hidden_state_layer_ids": [1, 4, 7]}
+    assert capture_layer_args(gpt, CaptureOptions(aux_layer_ids=[2, 5, 8]), {}) == {
+        "return_aux_hidden_state_layer_ids": [1, 4, 7]
+    }
     with pytest.raises(eagle_io.InvalidArgumentError, match="contradicts aux_layer_ids"):
-        capture_layer_args(tiny, {"aux_layer_ids": [2, 4, 5]}, {"return_aux_hidden_state_layer_ids": [2, 4, 5]})
+        capture_layer_args(
+            tiny, CaptureOptions(aux_layer_ids=[2, 4, 5]), {"return_aux_hidden_state_layer_ids": [2, 4, 5]}
+        )
 
 
 def _sf(tmp_path, k=3, n=3):

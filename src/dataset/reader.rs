@@ -370,39 +370,13 @@ impl Dataset {
     /// ranged GET, several GETs in flight). Every item is attempted; on failure the error of the
     /// first failing item in `items` order is returned.
     pub fn read_batch(&self, items: &mut [(u64, Vec<&mut [u8]>)]) -> Result<()> {
-        let pool = pool::shared(self.threads);
-        let results: Vec<Mutex<Result<()>>> = items.iter().map(|_| Mutex::new(Ok(()))).collect();
-        let (requests, remote): (Vec<_>, Vec<usize>) = items
-            .iter()
-            .enumerate()
-            .filter_map(|(k, (pos, _))| {
-                let e = self.entry(*pos).ok()?;
-                let shard = &self.shards[e.shard];
-                let ie = &shard.entries[e.record];
-                Some(((shard.remote()?, ie.offset, ie.length), k))
-            })
-            .unzip();
-        let mut slots: Vec<Option<&mut BatchItem<'_>>> = items.iter_mut().map(Some).collect();
-        // The calling thread fetches (blocked outside the pool) while the pool decodes what is in.
-        pool.in_place_scope(|scope| {
-            let is_remote: std::collections::HashSet<usize> = remote.iter().copied().collect();
-            for (k, slot) in slots.iter_mut().enumerate() {
-                if !is_remote.contains(&k) {
-                    let (item, result) = (slot.take().expect("each item once"), &results[k]);
-                    scope.spawn(move |_| *lock(result) = self.read_into(item.0, &mut item.1));
-                }
-            }
-            self.fetcher.fetch_each(&requests, |j, rec| {
-                let k = remote[j];
-                let (item, result) = (slots[k].take().expect("each item once"), &results[k]);
-                scope.spawn(move |_| {
-                    *lock(result) = rec.and_then(|rec| self.read_into_with(item.0, &mut item.1, Some(&rec)))
-                });
-            });
-        });
-        results
-            .into_iter()
-            .try_for_each(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
+        self.each_record(
+            items,
+            |item: &mut BatchItem<'_>| item.0,
+            |item, rec| self.read_into_with(item.0, &mut item.1, rec),
+        )
+        .into_iter()
+        .collect()
     }
 
     /// Reads, checksums and decodes one tensor, `name`, of several records: `items` pairs a
@@ -418,39 +392,57 @@ impl Dataset {
             let names: Vec<&str> = schema.tensors.iter().map(|s| s.name.as_str()).collect();
             Error::InvalidArgument(format!("the schema has no tensor {name:?} (it has {names:?})"))
         })?;
+        Ok(self.each_record(
+            items,
+            |item: &mut (u64, &mut [u8])| item.0,
+            |item, rec| self.read_tensor_into(item.0, t, item.1, rec),
+        ))
+    }
+
+    /// The one batch scheduler of `read_batch` and `read_tensor_batch`: runs `read(item, record)`
+    /// for every item on the decode pool, one result each in `items` order. Items whose record
+    /// lies in a local file get `None` (`read` reads it itself, on the pool); the records of the
+    /// others are fetched from object storage by the calling thread, all together ([`Fetcher`]:
+    /// adjacent records coalesced, several GETs in flight), and each is decoded as it arrives.
+    fn each_record<I: Send>(
+        &self,
+        items: &mut [I],
+        pos: impl Fn(&mut I) -> u64,
+        read: impl Fn(&mut I, Option<&[u8]>) -> Result<()> + Sync,
+    ) -> Vec<Result<()>> {
         let pool = pool::shared(self.threads);
         let results: Vec<Mutex<Result<()>>> = items.iter().map(|_| Mutex::new(Ok(()))).collect();
         let (requests, remote): (Vec<_>, Vec<usize>) = items
-            .iter()
+            .iter_mut()
             .enumerate()
-            .filter_map(|(k, (pos, _))| {
-                let e = self.entry(*pos).ok()?;
+            .filter_map(|(k, item)| {
+                let e = self.entry(pos(item)).ok()?;
                 let shard = &self.shards[e.shard];
                 let ie = &shard.entries[e.record];
                 Some(((shard.remote()?, ie.offset, ie.length), k))
             })
             .unzip();
-        let mut slots: Vec<Option<&mut (u64, &mut [u8])>> = items.iter_mut().map(Some).collect();
+        let mut slots: Vec<Option<&mut I>> = items.iter_mut().map(Some).collect();
+        let read = &read;
+        // The calling thread fetches (blocked outside the pool) while the pool decodes what is in.
         pool.in_place_scope(|scope| {
             let is_remote: std::collections::HashSet<usize> = remote.iter().copied().collect();
             for (k, slot) in slots.iter_mut().enumerate() {
                 if !is_remote.contains(&k) {
                     let (item, result) = (slot.take().expect("each item once"), &results[k]);
-                    scope.spawn(move |_| *lock(result) = self.read_tensor_into(item.0, t, item.1, None));
+                    scope.spawn(move |_| *lock(result) = read(item, None));
                 }
             }
             self.fetcher.fetch_each(&requests, |j, rec| {
                 let k = remote[j];
                 let (item, result) = (slots[k].take().expect("each item once"), &results[k]);
-                scope.spawn(move |_| {
-                    *lock(result) = rec.and_then(|rec| self.read_tensor_into(item.0, t, item.1, Some(&rec)))
-                });
+                scope.spawn(move |_| *lock(result) = rec.and_then(|rec| read(item, Some(&rec))));
             });
         });
-        Ok(results
+        results
             .into_iter()
             .map(|r| r.into_inner().unwrap_or_else(|p| p.into_inner()))
-            .collect())
+            .collect()
     }
 
     /// Tensor `t` of the sample at `pos` into `out` (`read_tensor_batch`), from the record's bytes

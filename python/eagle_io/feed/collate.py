@@ -145,12 +145,16 @@ class _Collator(abc.ABC):
         if unsupervised:  # rebuilt from the kept items' decoded rows (copied, not decoded again)
             left = {k for k, _ in unsupervised}
             keep = [k for k in range(len(todo)) if k not in left]
-            old, old_slots = batch, slots
-            batch, slots = self._allocate([lengths[k] for k in keep], states)
-            for (row, start), k in zip(slots, keep, strict=True):
-                (r, s), n = old_slots[k], lengths[k]
+            # Cloned first: ``empty`` may hand the new batch the old one's memory (a Loader slot's arena).
+            kept = [
+                {name: batch[name][r, s : s + lengths[k]].clone() for name in _ROWS}
+                for k in keep
+                for r, s in [slots[k]]
+            ]
+            batch, slots = self._allocate([lengths[k] for k in keep], states, empty)
+            for (row, start), k, rows in zip(slots, keep, kept, strict=True):
                 for name in _ROWS:
-                    batch[name][row, start : start + n] = old[name][r, s : s + n]
+                    batch[name][row, start : start + lengths[k]] = rows[name]
             done = [done[k] for k in keep]
         batch["sample_ids"], batch["dataset_index"] = [sid for sid, _ in done], [d for _, d in done]
         batch["skipped"] = skipped
