@@ -186,7 +186,12 @@ def save_draft(
 
 
 def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
-    """Reads back a :func:`save_draft` directory into a float32 :class:`Eagle3Draft` (for tests and evaluation)."""
+    """Reads back a :func:`save_draft` directory (or another SGLang-format EAGLE-3 draft of this layout) into a
+    float32 :class:`Eagle3Draft` (for tests and evaluation). A draft whose vocabulary is the target's may lack
+    ``d2t``/``t2d``: SGLang then maps draft index ``i`` to token ``i`` (``hot_token_id`` None), and so does the
+    identity map installed here. A checkpoint without ``embed_tokens.weight`` (SpecForge drops the frozen embedding)
+    keeps an uninitialised one: SGLang gives the draft the target's (:func:`eagle_io.spec.load_served_draft` does).
+    """
     from safetensors.torch import load_file
 
     with open(os.path.join(os.fspath(out_dir), "config.json")) as f:
@@ -207,5 +212,10 @@ def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
     )
     model = Eagle3Draft(cfg)
     state = load_file(os.path.join(os.fspath(out_dir), "model.safetensors"))
+    if "d2t" not in state and cfg.draft_vocab_size == cfg.vocab_size:
+        state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
+        state["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
+    if "embed_tokens.weight" not in state:  # SpecForge leaves the frozen embedding out; SGLang uses the target's
+        state["embed_tokens.weight"] = model.embed_tokens.weight.detach().clone()
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     return model
