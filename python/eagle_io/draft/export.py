@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -187,7 +188,10 @@ def save_draft(
 
 def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
     """Reads back a :func:`save_draft` directory (or another SGLang-format EAGLE-3 draft of this layout) into a
-    float32 :class:`Eagle3Draft` (for tests and evaluation). A draft whose vocabulary is the target's may lack
+    float32 :class:`Eagle3Draft` (for tests and evaluation).
+
+    Tensors come from every ``*.safetensors`` file of the directory, as SGLang's loader reads them (``train-draft``'s
+    ``vocab_map.safetensors`` holds ``d2t``/``t2d`` too). A draft whose vocabulary is the target's may lack
     ``d2t``/``t2d``: SGLang then maps draft index ``i`` to token ``i`` (``hot_token_id`` None), and so does the
     identity map installed here. A checkpoint without ``embed_tokens.weight`` (SpecForge drops the frozen embedding)
     keeps an uninitialised one: SGLang gives the draft the target's (:func:`eagle_io.spec.load_served_draft` does).
@@ -211,7 +215,9 @@ def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
         max_position_embeddings=c["max_position_embeddings"],
     )
     model = Eagle3Draft(cfg)
-    state = load_file(os.path.join(os.fspath(out_dir), "model.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    for path in sorted(Path(out_dir).glob("*.safetensors"), key=lambda p: p.name == "model.safetensors"):
+        state.update(load_file(path))  # SGLang loads every *.safetensors of the directory; model.safetensors wins
     if "d2t" not in state and cfg.draft_vocab_size == cfg.vocab_size:
         state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
         state["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
