@@ -171,6 +171,7 @@ class LaunchArgs:
     algorithm: str | None = None
     resolved_algorithm: str | None = None
     context_length: int | None = None
+    num_steps: int | None = None  # --speculative-num-steps (resolved: SGLang picks one when it is not given)
 
 
 def _launch_parser() -> argparse.ArgumentParser:
@@ -180,6 +181,7 @@ def _launch_parser() -> argparse.ArgumentParser:
     p.add_argument("--speculative-draft-model-path", "--speculative-draft-model", dest="draft_path")
     p.add_argument("--speculative-algorithm", dest="algorithm")
     p.add_argument("--context-length", dest="context_length", type=int)
+    p.add_argument("--speculative-num-steps", dest="num_steps", type=int)
     return p
 
 
@@ -196,7 +198,7 @@ def launch_args(server_args: Any) -> LaunchArgs:
     if isinstance(server_args, (list, tuple)):
         ns, _ = _launch_parser().parse_known_args([str(a) for a in server_args])
         return LaunchArgs(
-            ns.model_path, ns.draft_path, ns.algorithm, resolve_algorithm(ns.algorithm), ns.context_length
+            ns.model_path, ns.draft_path, ns.algorithm, resolve_algorithm(ns.algorithm), ns.context_length, ns.num_steps
         )
     if isinstance(server_args, Mapping):
         get = server_args.get
@@ -214,13 +216,14 @@ def launch_args(server_args: Any) -> LaunchArgs:
             return getattr(view, key, default)
 
     algo = get("speculative_algorithm")
-    ctx = get("context_length")
+    ctx, steps = get("context_length"), get("speculative_num_steps")
     return LaunchArgs(
         model_path=get("model_path"),
         draft_path=get("speculative_draft_model_path"),
         algorithm=algo,
         resolved_algorithm=resolve_algorithm(algo),
         context_length=int(ctx) if isinstance(ctx, int) else None,
+        num_steps=int(steps) if isinstance(steps, int) and not isinstance(steps, bool) else None,
     )
 
 
