@@ -211,7 +211,7 @@ def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
         head_dim=c["head_dim"],
         intermediate_size=c["intermediate_size"],
         rms_norm_eps=c["rms_norm_eps"],
-        rope_theta=c["rope_theta"],
+        rope_theta=c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0),
         max_position_embeddings=c["max_position_embeddings"],
     )
     model = Eagle3Draft(cfg)
