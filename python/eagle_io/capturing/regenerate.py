@@ -10,8 +10,10 @@ capture, so no second tool and no intermediate file are needed.
 Per conversation (turns cleaned first, :func:`eagle_io.data.turns.prepare_turns`): for each assistant turn, the
 messages before it (system/user as in the source, assistant turns as regenerated) are rendered with the chat
 template and the run's template kwargs, ``add_generation_prompt=True``, and the target generates up to
-``max_new_tokens`` tokens (greedy, or sampled at ``temperature`` with a per-conversation seed) until its end of turn;
-the decoded text (special tokens dropped) replaces the turn. Once the prompt alone reaches ``max_length`` tokens the
+``max_new_tokens`` tokens (and no more than ``max_length`` leaves room for; greedy, or sampled at ``temperature``,
+seeded per batch) until its end of turn; the decoded text (special tokens dropped) replaces the turn. Conversations
+are regenerated 8 at a time, each batch's next assistant turns generated together (left-padded: greedy tokens can
+differ from a batch-of-one decoding where padding changes a near-tied argmax). Once the prompt alone reaches ``max_length`` tokens the
 remaining turns are dropped: the capture would truncate them away anyway. Each conversation's original and
 regenerated turns go to ``regenerated_turns.jsonl`` in the dataset directory (one JSON line per source record,
 appended as it is regenerated; on ``--resume`` a record regenerated again appends a new line: the last one counts).
@@ -23,6 +25,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import torch
@@ -69,11 +72,15 @@ class RegenerateOptions:
 
 
 class Regenerator:
-    """Regenerates conversations with ``model`` (a Hugging Face causal LM) and its ``tokenizer``, writing each
-    record's turns to ``path`` (:func:`turns_path`)."""
+    """Regenerates conversations with ``model`` (a Hugging Face causal LM) and its ``tokenizer``, ``batch``
+    conversations at a time (their next assistant turns generated together, left-padded: decoding one token per
+    forward is latency-bound on a CPU, so a batch of 8 costs little more than one), writing each record's turns to
+    ``path`` (:func:`turns_path`). Sampled batches are seeded with ``seed`` + the first record index of the batch."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, options: RegenerateOptions, path: str) -> None:
-        self.model, self.tokenizer, self.options, self.path = model, tokenizer, options, path
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any, options: RegenerateOptions, path: str, batch: int = 8
+    ) -> None:
+        self.model, self.tokenizer, self.options, self.path, self.batch = model, tokenizer, options, path, batch
         self.turns = self.tokens = 0
         eos = getattr(model.generation_config, "eos_token_id", None)
         eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -82,61 +89,100 @@ class Regenerator:
         self.eos = eos
 
     @torch.no_grad()
-    def _reply(self, prompt: list[int], budget: int, index: int) -> tuple[list[int], bool]:
+    def _replies(self, prompts: list[list[int]], rooms: list[int], seed: int) -> list[tuple[list[int], bool]]:
+        """Greedy (or sampled) continuations of ``prompts``, left-padded into one batch, ``rooms[i]`` tokens at most
+        for prompt ``i`` (the batch runs to the largest; each row is cut to its own)."""
         o = self.options
-        kw: dict[str, Any] = {"max_new_tokens": budget, "eos_token_id": self.eos, "pad_token_id": self.eos[0]}
+        pad = self.eos[0]
+        width = max(len(p) for p in prompts)
+        x = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.model.device)
+        kw: dict[str, Any] = {"max_new_tokens": max(rooms), "eos_token_id": self.eos, "pad_token_id": pad}
         if o.temperature > 0:
-            torch.manual_seed(o.seed + index)
+            torch.manual_seed(seed)
             kw |= {"do_sample": True, "temperature": o.temperature, "top_k": 0, "top_p": 1.0}
         else:
             kw |= {"do_sample": False}
-        x = torch.tensor([prompt], device=self.model.device)
-        out = self.model.generate(input_ids=x, attention_mask=torch.ones_like(x), **kw)[0, len(prompt) :].tolist()
-        finished = bool(out) and out[-1] in self.eos
-        return out, finished
+        out = self.model.generate(input_ids=x, attention_mask=mask, **kw)[:, width:].tolist()
+        replies = []
+        for row, room in zip(out, rooms, strict=True):
+            row = row[:room]
+            end = next((i for i, t in enumerate(row) if t in self.eos), None)
+            replies.append((row[: end + 1], True) if end is not None else (row, False))
+        return replies
 
-    def regenerate(self, conversation: Conversation) -> tuple[Conversation, dict[str, Any]]:
-        """The conversation with its assistant turns regenerated, and its record (``sample_id``, ``turns``: each
-        assistant turn's ``original`` and ``regenerated`` text, ``new_tokens``, ``finished`` (ended at an end of
-        turn, not at ``max_new_tokens``), ``dropped_turns``)."""
-        o = self.options
-        messages, _ = prepare_turns(conversation.messages)
-        out: list[dict[str, str]] = []
-        turns: list[dict[str, Any]] = []
-        dropped = 0
-        for i, m in enumerate(messages):
-            if m["role"] != "assistant":
-                out.append(dict(m))
-                continue
-            prompt = self.tokenizer.apply_chat_template(
-                out, add_generation_prompt=True, tokenize=True, return_dict=False, **o.template_kwargs
+    def _prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        return list(
+            self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False, **self.options.template_kwargs
             )
-            room = o.max_new_tokens if o.max_length is None else min(o.max_new_tokens, o.max_length - len(prompt))
-            if room < 1:
-                dropped = sum(x["role"] == "assistant" for x in messages[i:])
+        )
+
+    def regenerate_batch(self, conversations: list[Conversation]) -> list[tuple[Conversation, dict[str, Any]]]:
+        """Each conversation with its assistant turns regenerated, and its record (``sample_id``, ``turns``: each
+        assistant turn's ``original`` and ``regenerated`` text, ``new_tokens``, ``finished`` (ended at an end of
+        turn, not at the token budget), ``dropped_turns``: turns past ``max_length``, not generated)."""
+        o = self.options
+        todo = [prepare_turns(c.messages)[0] for c in conversations]
+        outs: list[list[dict[str, str]]] = [[] for _ in conversations]
+        turns: list[list[dict[str, Any]]] = [[] for _ in conversations]
+        dropped = [0] * len(conversations)
+        at = [0] * len(conversations)
+        while True:
+            waiting = []  # (conversation, prompt, original text)
+            for k, msgs in enumerate(todo):
+                while at[k] < len(msgs) and msgs[at[k]]["role"] != "assistant":
+                    outs[k].append(dict(msgs[at[k]]))
+                    at[k] += 1
+                if at[k] == len(msgs):
+                    continue
+                prompt = self._prompt(outs[k])
+                if o.max_length is not None and len(prompt) >= o.max_length:
+                    dropped[k] = sum(m["role"] == "assistant" for m in msgs[at[k] :])
+                    at[k] = len(msgs)
+                    continue
+                waiting.append((k, prompt, msgs[at[k]]["content"]))
+            if not waiting:
                 break
-            ids, finished = self._reply(list(prompt), room, conversation.index)
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            out.append({"role": "assistant", "content": text})
-            turns.append({"original": m["content"], "regenerated": text, "new_tokens": len(ids), "finished": finished})
-            self.turns += 1
-            self.tokens += len(ids)
-        record = {"sample_id": conversation.index, "turns": turns, "dropped_turns": dropped}
-        return Conversation(conversation.index, conversation.id, out, conversation.byte_offset), record
+            rooms = [
+                o.max_new_tokens if o.max_length is None else min(o.max_new_tokens, o.max_length - len(p))
+                for _, p, _ in waiting
+            ]
+            replies = self._replies([p for _, p, _ in waiting], rooms, o.seed + conversations[0].index)
+            for (k, _, original), (ids, finished) in zip(waiting, replies, strict=True):
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                outs[k].append({"role": "assistant", "content": text})
+                turns[k].append(
+                    {"original": original, "regenerated": text, "new_tokens": len(ids), "finished": finished}
+                )
+                at[k] += 1
+                self.turns += 1
+                self.tokens += len(ids)
+        return [
+            (
+                Conversation(c.index, c.id, outs[k], c.byte_offset),
+                {"sample_id": c.index, "turns": turns[k], "dropped_turns": dropped[k]},
+            )
+            for k, c in enumerate(conversations)
+        ]
 
     def map(self, conversations: Iterable[Conversation]) -> Iterator[Conversation]:
-        """Regenerates each conversation, appending its record to :attr:`path` before yielding it.
+        """Regenerates the conversations ``batch`` at a time, appending each record to :attr:`path` before yielding
+        it.
 
         Raises:
             StorageError: the turns file cannot be written.
         """
-        for c in conversations:
-            new, record = self.regenerate(c)
+        it = iter(conversations)
+        while chunk := list(islice(it, self.batch)):
+            done = self.regenerate_batch(chunk)
             try:
                 with open(self.path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    for _, record in done:
+                        f.write(json.dumps(record, ensure_ascii=False) + "\n")
             except OSError as e:
                 err = StorageError(f"regenerated turns {self.path}: {e.strerror or e}")
                 err.path, err.errno = self.path, e.errno
                 raise err from e
-            yield new
+            for new, _ in done:
+                yield new
