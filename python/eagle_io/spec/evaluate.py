@@ -23,7 +23,7 @@ from ..draft.acceptance import mean_of_request_means, offline_accept
 from .decoder import SpeculativeDecoder, greedy_decode
 from .loading import ServedDraft
 
-__all__ = ["evaluate_draft", "held_out_positions", "prompt_of"]
+__all__ = ["evaluate_draft", "held_out_positions", "live_prompts", "prompt_of"]
 
 
 def held_out_positions(dataset: Any, training: Mapping[str, Any] | None) -> tuple[list[int], dict[str, Any]]:
@@ -46,6 +46,20 @@ def prompt_of(input_ids: torch.Tensor, loss_mask: torch.Tensor) -> list[int]:
     return input_ids[: int(on[0])].tolist() if len(on) else []
 
 
+def live_prompts(dataset: Any, positions: Sequence[int], n: int) -> tuple[list[list[int]], list[int]]:
+    """The prompts (:func:`prompt_of`) of the first ``n`` samples at ``positions`` that have one, and their ids."""
+    picked, ids = [], []
+    for p in positions:
+        if len(picked) >= n:
+            break
+        item = dataset[p]
+        prompt = prompt_of(item["input_ids"], item["loss_mask"])
+        if prompt:
+            picked.append(prompt)
+            ids.append(int(item["sample_id"]))
+    return picked, ids
+
+
 def evaluate_draft(
     served: ServedDraft,
     dataset: Any,
@@ -58,6 +72,7 @@ def evaluate_draft(
     eos_token_ids: Sequence[int] = (),
     offline: bool = True,
     batch_size: int = 4,
+    reference: tuple[list[list[int]], float] | None = None,
 ) -> dict[str, Any]:
     """Live on the first ``prompts`` of ``positions`` (samples with a prompt), offline on all of ``positions``.
 
@@ -69,23 +84,18 @@ def evaluate_draft(
         ``accept_length_product_of_marginals``, ``per_position_conditional``, ``per_position_accept_rate``,
         ``per_position_marginal``, ``positions``, ``samples``; None under ``as_algorithm="EAGLE"``: the stored aux
         states are what an EAGLE3 launch feeds).
+
+    ``reference``: the target's greedy decoding of these prompts and its seconds (:func:`greedy_decode`), when
+    already computed (several drafts on the same prompts).
     """
     out: dict[str, Any] = {"num_steps": num_steps, "as_algorithm": as_algorithm, "live": None, "offline": None}
-    picked, ids = [], []
-    for p in positions:
-        if len(picked) >= prompts:
-            break
-        item = dataset[p]
-        prompt = prompt_of(item["input_ids"], item["loss_mask"])
-        if prompt:
-            picked.append(prompt)
-            ids.append(int(item["sample_id"]))
+    picked, ids = live_prompts(dataset, positions, prompts)
     if picked:
         decoder = SpeculativeDecoder(
             served.target, served.draft, num_steps=num_steps, as_algorithm=as_algorithm, eos_token_ids=eos_token_ids
         )
         spec = decoder.generate(picked, max_new_tokens)
-        ref, ref_s = greedy_decode(served.target, picked, max_new_tokens, eos_token_ids)
+        ref, ref_s = reference or greedy_decode(served.target, picked, max_new_tokens, eos_token_ids)
         bad = [sid for sid, a, b in zip(ids, spec.tokens, ref, strict=True) if a != b]
         h = spec.histogram
         out["live"] = {
