@@ -77,6 +77,22 @@ def run(tmp_path_factory):
     return root, target, ds, draft
 
 
+def one_sample_dataset(root, *, hidden: int, vocab: int):
+    """A one-sample EAGLE-3 dataset of an 8-layer target of this hidden size and vocabulary (zero states)."""
+    meta = {"hidden_size": hidden, "vocab_size": vocab, "num_layers": 8, "aux_layer_ids": [2, 4, 5]}
+    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(hidden), meta, threads=1) as w:
+        w.write(
+            0,
+            {
+                "input_ids": torch.arange(4),
+                "loss_mask": torch.ones(4, dtype=torch.uint8),
+                "aux_hidden_states": torch.zeros(4, 3 * hidden, dtype=torch.bfloat16),
+                "hidden_states": torch.zeros(4, hidden, dtype=torch.bfloat16),
+            },
+        )
+    return root
+
+
 def eval_json(capsys, *args: str) -> dict:
     capsys.readouterr()
     assert main(["eval-draft", *args, "--threads", "1", "--json"]) == 0
@@ -163,33 +179,11 @@ def test_bad_inputs_name_what_differs(run, capsys, tmp_path):
     assert "DraftMismatchError" in err and "draft-for-another-target" in err and "'tiny'" in err
     assert "'other-target'" in err and "--allow-other-target" in err
     # ... and a dataset captured from another target (hidden size 16).
-    small = tmp_path / "small"
-    meta = {"hidden_size": 16, "vocab_size": 2000, "num_layers": 8, "aux_layer_ids": [2, 4, 5]}
-    with eagle_io.ShardWriter(small, eagle_io.eagle3_schema(16), meta, threads=1) as w:
-        w.write(
-            0,
-            {
-                "input_ids": torch.arange(4),
-                "loss_mask": torch.ones(4, dtype=torch.uint8),
-                "aux_hidden_states": torch.zeros(4, 48, dtype=torch.bfloat16),
-                "hidden_states": torch.zeros(4, 16, dtype=torch.bfloat16),
-            },
-        )
+    small = one_sample_dataset(tmp_path / "small", hidden=16, vocab=2000)
     err = refused("--draft", str(draft), "--target", str(target), "--dataset", str(small))
     assert "dataset-hidden-size" in err and "hidden_size 16" in err
     # Dataset metadata that does not match the draft (its vocabulary).
-    odd = tmp_path / "odd"
-    meta = {"hidden_size": 32, "vocab_size": 999, "num_layers": 8, "aux_layer_ids": [2, 4, 5]}
-    with eagle_io.ShardWriter(odd, eagle_io.eagle3_schema(32), meta, threads=1) as w:
-        w.write(
-            0,
-            {
-                "input_ids": torch.arange(4),
-                "loss_mask": torch.ones(4, dtype=torch.uint8),
-                "aux_hidden_states": torch.zeros(4, 96, dtype=torch.bfloat16),
-                "hidden_states": torch.zeros(4, 32, dtype=torch.bfloat16),
-            },
-        )
+    odd = one_sample_dataset(tmp_path / "odd", hidden=32, vocab=999)
     err = refused("--draft", str(draft), "--target", str(target), "--dataset", str(odd))
     assert "does not match the draft" in err and "vocab_size 999 (draft config: 2000)" in err and str(odd) in err
     # A draft without d2t (its 256-token vocabulary would be read as target ids 0..255).

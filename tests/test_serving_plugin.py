@@ -133,19 +133,30 @@ def test_acceptance_watchdog_expected_value_rule():
     assert off.low_warnings == 0 and len(logged) == 2
 
 
-def test_expected_accept_length_from_the_drafts_profile(tmp_path, caplog):
+def write_profile(draft_dir, source: str, rates: list[float], *, samples: int) -> None:
+    """A speculation profile of ``source`` ("live" / "offline") with these joint per-position rates."""
     from eagle_io.interop.speculation_profile import PROFILE_NAME, build_profile, write_json
 
-    live = {
-        "accept_length": 2.1,
-        "per_position_accept_rate": [0.6, 0.3, 0.2],
-        "per_position_conditional": [0.6, 0.5, 0.67],
-        "correct_drafts_histogram": [4, 3, 1, 2],
+    fig = {
+        "accept_length": 1 + sum(rates),
+        "per_position_accept_rate": rates,
+        "per_position_conditional": [None] * len(rates),
+        "correct_drafts_histogram": [0] * (len(rates) + 1),
     }
-    write_json(
-        tmp_path / PROFILE_NAME,
-        build_profile(num_steps=3, live=live, offline=None, data={"samples": 10}, target={"model_id": "m"}),
+    prof = build_profile(
+        num_steps=len(rates),
+        live=fig if source == "live" else None,
+        offline=fig if source == "offline" else None,
+        data={"samples": samples},
+        target={"model_id": "m"},
     )
+    write_json(os.path.join(draft_dir, PROFILE_NAME), prof)
+
+
+def test_expected_accept_length_from_the_drafts_profile(tmp_path, caplog):
+    from eagle_io.interop.speculation_profile import PROFILE_NAME
+
+    write_profile(tmp_path, "live", [0.6, 0.3, 0.2], samples=10)
     value, why = plugin.expected_from_profile(str(tmp_path), 2)
     assert value == pytest.approx(1.9) and "1.90 at 2 steps, live on 10 samples" in why
     value, why = plugin.expected_from_profile(str(tmp_path), None)
@@ -391,20 +402,9 @@ def test_watchdog_expects_what_the_served_drafts_profile_says(tmp_path, hooks, m
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    from eagle_io.interop.speculation_profile import PROFILE_NAME, build_profile, write_json
-
     monkeypatch.setenv(plugin.ENV_ACCEPT_WINDOW, "8")
     t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
-    off = {
-        "accept_length": 3.4,
-        "per_position_accept_rate": [0.9, 0.8, 0.7],
-        "per_position_conditional": [0.9, 0.89, 0.88],
-        "correct_drafts_histogram": [1, 1, 1, 7],
-    }
-    write_json(
-        d / PROFILE_NAME,
-        build_profile(num_steps=3, live=None, offline=off, data={"samples": 40}, target={"model_id": "t"}),
-    )
+    write_profile(d, "offline", [0.9, 0.8, 0.7], samples=40)
     sched, _ = real_scheduler(t, d, "EAGLE3", num_steps=2)
     Scheduler.init_all_cuda_graphs(sched)
     wd = plugin._RUNTIME.watchdog
