@@ -13,8 +13,9 @@ template and the run's template kwargs, ``add_generation_prompt=True``, and the 
 ``max_new_tokens`` tokens (and no more than ``max_length`` leaves room for; greedy, or sampled at ``temperature``,
 seeded per batch) until its end of turn; the decoded text (special tokens dropped) replaces the turn. Conversations
 are regenerated 8 at a time, each batch's next assistant turns generated together (left-padded: greedy tokens can
-differ from a batch-of-one decoding where padding changes a near-tied argmax). Once the prompt alone reaches ``max_length`` tokens the
-remaining turns are dropped: the capture would truncate them away anyway. Each conversation's original and
+differ from a batch-of-one decoding where padding changes a near-tied argmax). Once the prompt alone reaches
+``max_length`` tokens the remaining turns are dropped: the capture would truncate them away anyway. Each
+conversation's original and
 regenerated turns go to ``regenerated_turns.jsonl`` in the dataset directory (one JSON line per source record,
 appended as it is regenerated; on ``--resume`` a record regenerated again appends a new line: the last one counts).
 """
