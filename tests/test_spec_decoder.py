@@ -61,7 +61,7 @@ def random_draft():
 @pytest.fixture(scope="module")
 def counting(tmp_path_factory):
     """The counting target, drafts trained on its greedy continuations with TTT 1 and TTT 3 (same seed, data and
-    steps), and a held-out float32 dataset of 6 more prompts. Returns a dict."""
+    60 steps), and a held-out float32 dataset of 6 more prompts. Returns a dict."""
     model = tiny_target(0, counting=True)
     root = tmp_path_factory.mktemp("counting")
     train_prompts = prompts_for(32)
@@ -73,7 +73,15 @@ def counting(tmp_path_factory):
     drafts = {}
     for ttt in (1, 3):
         cfg = TrainConfig(
-            steps=60, batch_size=4, lr=3e-3, warmup_steps=5, eval_samples=4, threads=1, log_every=0, ttt_length=ttt
+            steps=60,
+            batch_size=4,
+            lr=3e-3,
+            warmup_steps=5,
+            eval_samples=4,
+            threads=1,
+            log_every=0,
+            ttt_length=ttt,
+            accept_steps=0,
         )
         drafts[ttt] = train_draft(root / "train", head, mapping, cfg, log=None).model.eval()
     return {"model": model, "drafts": drafts, "held": root / "held", "held_prompts": held, "head": head}
@@ -155,7 +163,7 @@ def test_ttt_drafts_past_the_first_token_and_eagle_mode_collapses(counting):
     assert greedy == [count_up(p, 16) for p in prompts]
     res = {}
     for ttt, draft in counting["drafts"].items():
-        for algo in ("EAGLE3", "EAGLE"):
+        for algo in ("EAGLE3", "EAGLE") if ttt == 3 else ("EAGLE3",):
             out = SpeculativeDecoder(target, draft, num_steps=3, as_algorithm=algo).generate(prompts, 16)
             assert out.tokens == greedy, (ttt, algo)
             res[ttt, algo] = out.histogram.accept_length
@@ -164,7 +172,7 @@ def test_ttt_drafts_past_the_first_token_and_eagle_mode_collapses(counting):
     assert res[3, "EAGLE3"] > res[1, "EAGLE3"] + 0.3, res
     # Served as EAGLE the draft gets the target's final state (fc skipped) and the target's head: it guesses the
     # token it was just fed, never the next one.
-    assert res[1, "EAGLE"] == res[3, "EAGLE"] == 1.0, res
+    assert res[3, "EAGLE"] == 1.0, res
 
 
 def test_offline_accept_is_the_direct_computation_and_the_live_decoder(counting):
