@@ -378,6 +378,8 @@ def install_runtime_hooks(
         expected, source = (None, "")
         if eagle3_draft and fraction > 0 and launch is not None:
             expected, source = expected_from_profile(launch.draft_path, launch.num_steps)
+            if expected is not None:
+                logger.info("eagle-io acceptance watchdog: expecting %s (warning below %g x)", source, fraction)
         _RUNTIME.watchdog = AcceptanceWatchdog(
             window=window,
             expected=expected,
