@@ -4,10 +4,11 @@ Every draft is measured on the same held-out conversations: the samples of each 
 (their ``training_samples.json``; ids are source record indexes, so they name the same conversations in the original,
 FP8 and regenerated captures of one ShareGPT slice). Live: ``eagle_io.spec.SpeculativeDecoder`` on the first
 ``--prompts`` of them (prompt = the conversation up to its first answer), ``--max-new-tokens`` each, against the
-target's own greedy decoding (lossless check, tokens/s; the greedy reference is decoded once and shared). Offline:
-``eagle_io.draft.offline_accept`` over every held-out sample of each ``--offline`` dataset. ``--eagle-mode NAME``
-also decodes that draft as SGLang runs it under ``--speculative-algorithm EAGLE``. Counts in SGLang's convention
-(bonus token counted, pooled).
+target's own greedy decoding (lossless check, tokens/s; the greedy reference is decoded once and shared); only prompts
+of at most ``--max-prompt-tokens`` (a CPU's prefill cost). Offline: ``eagle_io.draft.offline_accept`` over the first
+``--offline-samples`` held-out samples of each ``--offline`` dataset (the teacher's argmax computed once per
+dataset). ``--eagle-mode NAME`` also decodes that draft as SGLang runs it under ``--speculative-algorithm EAGLE``.
+Counts in SGLang's convention (bonus token counted, pooled).
 
     python benches/bench_accept.py --draft orig-ttt1=runs/draft-orig-ttt1 --draft orig-ttt3=runs/draft-orig-ttt3 \\
         --live runs/orig --offline orig=runs/orig --offline regen=runs/regen --eagle-mode orig-ttt3 \\
@@ -40,7 +41,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--offline", type=_named, action="append", default=[], help="NAME=DATASET for the offline figure")
     p.add_argument("--num-steps", default="3,5", help="comma-separated speculative_num_steps")
     p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--max-prompt-tokens", type=int, default=256, help="live prompts at most this long (prefill cost)")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--offline-samples", type=int, default=24, help="held-out samples per offline dataset")
     p.add_argument("--eagle-mode", action="append", default=[], help="NAME of a draft also decoded as EAGLE")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", required=True, help="JSON results file")
@@ -51,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from eagle_io.capturing.models import load_target
+    from eagle_io.draft import offline_accept
+    from eagle_io.draft.train import Teacher
     from eagle_io.feed import ShardDataset
     from eagle_io.interop.speculation_profile import read_training_samples
     from eagle_io.spec import greedy_decode, load_served_draft
@@ -73,11 +78,18 @@ def main(argv: list[str] | None = None) -> int:
         return [p for p in range(len(ds)) if ds.entry(p).sample_id not in trained]
 
     live_ds = ShardDataset(args.live)
-    live_pos = held(live_ds)
+
+    def short(p: int) -> bool:
+        found, _ = live_prompts(live_ds, [p], 1)
+        return bool(found) and len(found[0]) <= args.max_prompt_tokens
+
+    live_pos = [p for p in held(live_ds) if short(p)][: args.prompts]
     prompts, prompt_ids = live_prompts(live_ds, live_pos, args.prompts)
     reference = greedy_decode(drafts[args.draft[0][0]].target, prompts, args.max_new_tokens, eos)
     print(f"live      {len(prompts)} held-out prompts {prompt_ids}; greedy {reference[1]:.1f} s", file=sys.stderr)
     offline = {name: ShardDataset(path) for name, path in args.offline}
+    head_w = model.get_output_embeddings().weight.detach().float()
+    teachers = {name: Teacher(head_w) for name in offline}  # the teacher's argmax, computed once per dataset
     rows = []
     for name, served in drafts.items():
         for s in steps:
@@ -98,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"draft": name, "num_steps": s, "as_algorithm": algo, "live": res["live"], "offline": {}}
                 if algo == "EAGLE3":
                     for oname, ds in offline.items():
-                        off = evaluate_draft(served, ds, held(ds), num_steps=s, prompts=0)["offline"]
-                        row["offline"][oname] = off
+                        pos = held(ds)[: args.offline_samples]
+                        off = offline_accept(served.draft, ds, pos, head_w, s, teacher=teachers[oname])
+                        row["offline"][oname] = off.to_dict()
                 row["seconds"] = time.perf_counter() - t0
                 rows.append(row)
                 live = res["live"]
@@ -117,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_new_tokens": args.max_new_tokens,
         "drafts": dict(args.draft),
         "offline_datasets": dict(args.offline),
-        "held_out_samples": {k: len(held(ds)) for k, ds in offline.items()},
+        "offline_samples": {k: len(held(ds)[: args.offline_samples]) for k, ds in offline.items()},
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

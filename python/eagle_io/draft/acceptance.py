@@ -244,14 +244,15 @@ def offline_accept(
         dataset: an :class:`eagle_io.feed.ShardDataset` (batches through :func:`eagle_io.draft.make_batch`: the
             shift contract, ``max_length`` truncation).
         num_steps: drafts per verify step (SGLang's ``--speculative-num-steps``).
-        teacher: a cache of the teacher's argmax per position (the trainer's ``_Teacher``); built when None.
+        teacher: the teacher's argmax per position (:class:`eagle_io.draft.train.Teacher`; share one between calls
+            on the same dataset object); built when None.
 
     Raises:
         NonFiniteTrainingError: states holding NaN/Inf (:func:`eagle_io.draft.train.check_finite_batch`).
     """
-    from .train import _Teacher, check_finite_batch, make_batch
+    from .train import Teacher, check_finite_batch, make_batch
 
-    teacher = teacher or _Teacher(head_w.float())
+    teacher = teacher or Teacher(head_w.float())
     out = OfflineAccept(AcceptHistogram(num_steps), [0] * num_steps, [0] * num_steps)
     was_training = model.training
     model.eval()

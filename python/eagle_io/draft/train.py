@@ -48,6 +48,7 @@ from .model import Eagle3Draft, Eagle3DraftConfig
 
 __all__ = [
     "TargetHead",
+    "Teacher",
     "TrainConfig",
     "TrainResult",
     "build_draft",
@@ -251,9 +252,10 @@ def _teacher_ids(head_w: torch.Tensor, target_hidden: torch.Tensor, chunk: int =
     return out
 
 
-class _Teacher:
-    """The teacher's full-vocabulary argmax per dataset position, computed on first use and cached (the target
-    head is frozen); ``seconds`` accumulates that cost."""
+class Teacher:
+    """The teacher's full-vocabulary argmax per dataset position (``hidden_states @ head_w.T``, ``head_w [vocab, H]``
+    float32), computed on first use and cached (the target head is frozen); ``seconds`` accumulates that cost. Share
+    one between calls over the same dataset object (its positions are the keys)."""
 
     def __init__(self, head_w: torch.Tensor) -> None:
         self.head_w = head_w
@@ -355,7 +357,7 @@ def evaluate(
     model: Eagle3Draft,
     dataset: Any,
     positions: Sequence[int],
-    teacher: _Teacher,
+    teacher: Teacher,
     head_draft: torch.Tensor,
     batch_size: int = 4,
     accept_steps: int = 0,
@@ -526,7 +528,7 @@ def train_draft(
 
     train_pos, eval_pos = split_positions(len(ds), cfg.eval_fraction, cfg.eval_samples, cfg.seed)
     t0 = time.perf_counter()
-    teacher = _Teacher(head_w)
+    teacher = Teacher(head_w)
     say(f"data      {len(train_pos)} train + {len(eval_pos)} held-out samples, draft vocab {mapping.draft_vocab_size}")
 
     initial = evaluate(model, ds, eval_pos, teacher, head_draft, cfg.batch_size, cfg.accept_steps)
