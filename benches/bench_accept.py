@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-steps", default="3,5", help="comma-separated speculative_num_steps")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--max-prompt-tokens", type=int, default=256, help="live prompts at most this long (prefill cost)")
+    p.add_argument("--live-ids", help="comma-separated sample ids decoded live (another run's, to compare runs)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--offline-samples", type=int, default=24, help="held-out samples per offline dataset")
     p.add_argument("--eagle-mode", action="append", default=[], help="NAME of a draft also decoded as EAGLE")
@@ -83,7 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         found, _ = live_prompts(live_ds, [p], 1)
         return bool(found) and len(found[0]) <= args.max_prompt_tokens
 
-    live_pos = [p for p in held(live_ds) if short(p)][: args.prompts]
+    if args.live_ids:
+        want = [int(i) for i in args.live_ids.split(",")]
+        if trained & set(want):
+            raise SystemExit(f"--live-ids {sorted(trained & set(want))} were trained on")
+        where = {live_ds.entry(p).sample_id: p for p in range(len(live_ds))}
+        live_pos = [where[i] for i in want]
+    else:
+        live_pos = [p for p in held(live_ds) if short(p)][: args.prompts]
     prompts, prompt_ids = live_prompts(live_ds, live_pos, args.prompts)
     reference = greedy_decode(drafts[args.draft[0][0]].target, prompts, args.max_new_tokens, eos)
     print(f"live      {len(prompts)} held-out prompts {prompt_ids}; greedy {reference[1]:.1f} s", file=sys.stderr)
