@@ -31,6 +31,7 @@ FLOORS: dict[str, float] = {
     "interop": 5,
     "serving": 6,
     "draft": 6,
+    "spec": 6.5,  # the reference speculative decoder: a draft (draft) loaded as SGLang would serve it (serving)
     "cli": 7,
     "__init__": 8,  # the package's face: re-exports, imported by nothing inside the package
 }

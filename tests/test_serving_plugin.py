@@ -115,6 +115,63 @@ def test_acceptance_watchdog_window():
     assert wd.mean_accept_length == 2.5
 
 
+def test_acceptance_watchdog_expected_value_rule():
+    logged: list[str] = []
+    wd = plugin.AcceptanceWatchdog(
+        window=8, context="(ctx)", expected=3.0, fraction=0.5, expected_from="profile.json", log=logged.append
+    )
+    wd.observe([0] * 7 + [1])  # mean 1.125 < 0.5 x 3.0
+    assert wd.low_warnings == 1 and wd.warnings == 0
+    assert "mean accept length 1.12 over the last 8 request steps" in logged[0]
+    assert "below 0.5 x the 3.00 this draft is expected to reach (profile.json)" in logged[0]
+    assert "aux layer ids" in logged[0] and "chat template" in logged[0] and "d2t" in logged[0]
+    wd.observe([1] * 4 + [0] * 4)  # pooled 1.5: not below 1.5
+    wd.observe([2] * 8)
+    assert wd.low_warnings == 1 and len(logged) == 1
+    wd.observe([0] * 8)  # exactly 1.00: the first rule's message, once
+    assert wd.warnings == 1 and wd.low_warnings == 1 and "not produced a single accepted token" in logged[-1]
+    off = plugin.AcceptanceWatchdog(window=4, expected=3.0, fraction=0.0, log=logged.append)
+    off.observe([0, 0, 0, 1])
+    assert off.low_warnings == 0 and len(logged) == 2
+
+
+def write_profile(draft_dir, source: str, rates: list[float], *, samples: int) -> None:
+    """A speculation profile of ``source`` ("live" / "offline") with these joint per-position rates."""
+    from eagle_io.interop.speculation_profile import PROFILE_NAME, build_profile, write_json
+
+    fig = {
+        "accept_length": 1 + sum(rates),
+        "per_position_accept_rate": rates,
+        "per_position_conditional": [None] * len(rates),
+        "correct_drafts_histogram": [0] * (len(rates) + 1),
+    }
+    prof = build_profile(
+        num_steps=len(rates),
+        live=fig if source == "live" else None,
+        offline=fig if source == "offline" else None,
+        data={"samples": samples},
+        target={"model_id": "m"},
+    )
+    write_json(os.path.join(draft_dir, PROFILE_NAME), prof)
+
+
+def test_expected_accept_length_from_the_drafts_profile(tmp_path, caplog):
+    from eagle_io.interop.speculation_profile import PROFILE_NAME
+
+    write_profile(tmp_path, "live", [0.6, 0.3, 0.2], samples=10)
+    value, why = plugin.expected_from_profile(str(tmp_path), 2)
+    assert value == pytest.approx(1.9) and "1.90 at 2 steps, live on 10 samples" in why
+    value, why = plugin.expected_from_profile(str(tmp_path), None)
+    assert value == pytest.approx(2.1)
+    value, why = plugin.expected_from_profile(str(tmp_path), 5)
+    assert value == pytest.approx(2.1) and "a lower bound at 5" in why
+    assert plugin.expected_from_profile(str(tmp_path / "none"), 3)[0] is None
+    (tmp_path / PROFILE_NAME).write_text('{"format": "something else"}')
+    with caplog.at_level(logging.WARNING, logger="eagle_io.serving"):
+        assert plugin.expected_from_profile(str(tmp_path), 3)[0] is None
+    assert "ignoring the draft's speculation_profile.json" in caplog.text
+
+
 def test_version_range():
     assert compat.version_supported("0.5.23") and compat.version_supported("0.5.14")
     assert compat.version_supported("0.5.23.post1") and compat.version_supported("0.5.30rc1")
@@ -174,10 +231,17 @@ class _DraftStandIn(torch.nn.Module):
 
 
 def real_scheduler(
-    target: Path, draft: Path, algorithm: str, *, wrapper_delegates: bool = True, workers: tuple | None = None
+    target: Path,
+    draft: Path,
+    algorithm: str,
+    *,
+    wrapper_delegates: bool = True,
+    workers: tuple | None = None,
+    num_steps: int | None = None,
 ):
     """A scheduler-shaped object whose config objects are SGLang's real ones, resolved as SGLang resolves them
-    (see the module docstring for what is a stand-in)."""
+    (see the module docstring for what is a stand-in); ``server_args`` is the resolved ``ServerArgs``
+    (``Scheduler.server_args``), with a chain of ``num_steps`` drafts (top-k 1) when given."""
     from sglang.srt.arg_groups.overrides import resolved_view
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
@@ -197,6 +261,15 @@ def real_scheduler(
         device="cpu",
         attention_backend="torch_native",
         disable_cuda_graph=True,
+        **(
+            {}
+            if num_steps is None
+            else {
+                "speculative_num_steps": num_steps,
+                "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": num_steps + 1,
+            }
+        ),
     )
     sa.resolve_once()
     publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=0, gpu_id=0))
@@ -242,7 +315,10 @@ def real_scheduler(
     calls: list[str] = []
     tp_worker = SimpleNamespace(model_runner=runner, init_cuda_graphs=lambda: calls.append("target graphs"))
     draft_worker = worker_stand_in(workers, draft_runner, lambda: calls.append("draft"))
-    return SimpleNamespace(spec_algorithm=spec_algorithm, tp_worker=tp_worker, draft_worker=draft_worker), calls
+    sched = SimpleNamespace(
+        spec_algorithm=spec_algorithm, tp_worker=tp_worker, draft_worker=draft_worker, server_args=sa
+    )
+    return sched, calls
 
 
 def worker_stand_in(classes: tuple[type, type] | None, draft_runner, init_cuda_graphs):
@@ -348,6 +424,29 @@ def test_guard_passes_eagle3_and_installs_runtime_checks(tmp_path, hooks, monkey
         EAGLEWorkerV2.on_verify_complete_cpu(worker, [0, 0, 0, 0], batch_size=4)
     assert "mean accept length 1.00 over the last 8 request steps" in caplog.text
     assert "algorithm EAGLE3" in caplog.text
+
+
+@needs_sglang
+def test_watchdog_expects_what_the_served_drafts_profile_says(tmp_path, hooks, monkeypatch, caplog):
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    monkeypatch.setenv(plugin.ENV_ACCEPT_WINDOW, "8")
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    write_profile(d, "offline", [0.9, 0.8, 0.7], samples=40)
+    sched, _ = real_scheduler(t, d, "EAGLE3", num_steps=2)
+    Scheduler.init_all_cuda_graphs(sched)
+    wd = plugin._RUNTIME.watchdog
+    assert wd.expected == pytest.approx(2.7) and "2.70 at 2 steps, offline on 40 samples" in wd.expected_from
+    worker = SimpleNamespace(adaptive_controller=None)
+    with caplog.at_level(logging.WARNING, logger="eagle_io.serving"):
+        EAGLEWorkerV2.on_verify_complete_cpu(worker, [2, 2, 2, 2], batch_size=4)  # 3.0: as expected
+        EAGLEWorkerV2.on_verify_complete_cpu(worker, [1, 2, 2, 2], batch_size=4)
+        assert wd.windows == 1 and wd.low_warnings == 0
+        EAGLEWorkerV2.on_verify_complete_cpu(worker, [0, 0, 1, 0], batch_size=4)  # half the window at 1.06
+        EAGLEWorkerV2.on_verify_complete_cpu(worker, [0, 0, 0, 0], batch_size=4)
+    assert wd.windows == 2 and wd.low_warnings == 1
+    assert "mean accept length 1.12 over the last 8 request steps" in caplog.text and "the 2.70" in caplog.text
 
 
 @needs_sglang

@@ -16,7 +16,8 @@ every ``raise`` in the package raises one of these.
     ├── FormatVersionError                       a newer format version: path, found, supported
     ├── SchemaError (ValueError)                 a sample that does not fit the schema: sample_id
     ├── IncompatibleDatasetError (ValueError)    datasets / resume / mapping that disagree
-    │   └── VocabMappingMismatchError
+    │   ├── VocabMappingMismatchError
+    │   └── DraftMismatchError                   a draft evaluated with another target or another dataset
     ├── SampleNotFoundError (IndexError)         a position or sample id the dataset does not hold
     ├── InvalidArgumentError (ValueError)        a caller mistake in arguments or call order
     │   ├── ArgumentTypeError (TypeError)        an argument of the wrong type
@@ -113,6 +114,11 @@ class IncompatibleDatasetError(EagleIOError, ValueError):
 
 class VocabMappingMismatchError(IncompatibleDatasetError):
     """A stored vocabulary mapping was built for another dataset or other vocabulary sizes."""
+
+
+class DraftMismatchError(IncompatibleDatasetError):
+    """A draft that does not fit the target or the dataset it is evaluated with (``eagle-io eval-draft``,
+    :mod:`eagle_io.spec`): the message names every difference and its fix."""
 
 
 class SampleNotFoundError(EagleIOError, IndexError):
@@ -295,6 +301,7 @@ __all__ = [
     "CheckpointError",
     "CorruptRecordError",
     "DatasetFormatError",
+    "DraftMismatchError",
     "DraftWidthError",
     "EagleIOError",
     "FormatVersionError",

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from ..errors import EagleIOError
 from . import (
     check_serving_cmd,
+    eval_draft_cmd,
     generate_cmd,
     inspect_cmd,
     merge_cmd,
@@ -36,6 +37,7 @@ COMMANDS = {
     "export-speculators": export_speculators_cmd,
     "vocab-map": vocab_cmd,
     "train-draft": train_draft_cmd,
+    "eval-draft": eval_draft_cmd,
     "transcode": transcode_cmd,
 }
 

@@ -92,6 +92,15 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         help="thinking-model chat templates (Qwen3...): render samples as the serving engine will be asked to "
         "(chat_template_kwargs enable_thinking); required when the template has the switch, recorded in the metadata",
     )
+    rg = p.add_argument_group("--regenerate (the target writes the answers it is trained on)")
+    rg.add_argument(
+        "--regenerate",
+        action="store_true",
+        help="replace every assistant turn by the target's own reply before capturing (SpecForge's "
+        "regenerate_train_data.py in the same run); original and regenerated turns go to regenerated_turns.jsonl",
+    )
+    rg.add_argument("--max-new-tokens", type=int, default=512, help="--regenerate: tokens per regenerated turn at most")
+    rg.add_argument("--temperature", type=float, default=0.0, help="--regenerate: 0 = greedy, else sampled (seeded)")
     p.add_argument("--no-disk-check", action="store_true", help="skip the free-disk check")
     p.add_argument("--summary-json", help="also write the final summary here")
     sg = p.add_argument_group("--backend sglang")
@@ -249,13 +258,26 @@ def _hf_session(args, dataset: str, layer_ids):
 
     model, tokenizer, info = load_target(args.model, dtype=getattr(torch, args.dtype))
     print(f"target    {info['model_id']}: {info['num_layers']} layers, hidden {info['hidden_size']}, {args.dtype}")
+    regenerated = {}
+    if args.regenerate:
+        from ..capturing.regenerate import RegenerateOptions, Regenerator, turns_path
+
+        regen = RegenerateOptions(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            max_length=args.max_length,
+            template_kwargs=_template_kwargs(args, tokenizer) or {},
+        )
+        regenerated["regenerated"] = regen.metadata(info["model_id"])
+        args.regenerator = Regenerator(model, tokenizer, regen, turns_path(args.out, args.rank, args.world_size))
+        print(f"regenerate every assistant turn: up to {args.max_new_tokens} tokens, temperature {args.temperature}")
     options = _capture_options(
         args,
         dataset,
         layer_ids,
         info,
         tokenizer,
-        metadata={"world_size": args.world_size},
+        metadata={"world_size": args.world_size, **regenerated},
         writer_options={"rank": args.rank, "world_size": args.world_size},
     )
     return CaptureSession(model, args.remote or args.out, options), tokenizer, info, lambda: None
@@ -268,6 +290,11 @@ def _sglang_session(args, dataset: str, layer_ids):
 
     if args.world_size != 1:
         raise InvalidArgumentError("--backend sglang runs one engine: use --dp-size / --tp-size, not --world-size")
+    if args.regenerate:
+        raise InvalidArgumentError(
+            "--regenerate runs on --backend hf only so far (the SGLang capture engine would capture its own "
+            "generation forwards too); regenerate with --backend hf"
+        )
     held = layout.dataset_manifests(args.out)
     where = args.remote or args.out
     if not args.resume and held:
@@ -326,6 +353,11 @@ def run(args: argparse.Namespace) -> int:
         args.remote_manifests = stage_remote_manifests(remote, args.out, mine, resume=args.resume)
     elif args.staging:
         raise InvalidArgumentError(f"--staging is for an object-storage --out (s3://...), not {args.out}")
+    if args.regenerate and remote is not None:
+        raise InvalidArgumentError(
+            f"--regenerate with --out {remote}: regenerated_turns.jsonl is written locally and not uploaded; "
+            "capture to a local directory"
+        )
     if args.backend == "hf":
         check_out_dir(args, dataset)  # before the target loads: a dataset there that this run cannot continue
     opener = _sglang_session if args.backend == "sglang" else _hf_session
@@ -406,6 +438,9 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
                 yield s
 
         todo = filter(not_done, _mine(records, args.rank, args.world_size))
+        regenerator = getattr(args, "regenerator", None)
+        if regenerator is not None:
+            todo = regenerator.map(todo)  # each conversation answered by the target before it is tokenized
         kwargs = getattr(args, "template_kwargs", None)
         samples = counted(
             iter_tokenized(todo, tokenizer, stats=stats, max_length=args.max_length, template_kwargs=kwargs)
@@ -468,6 +503,8 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
     summary["already_committed_skipped"] += already[0]
     summary["records_read"] = total
     summary["capture_log"] = log.path
+    if regenerator is not None:
+        summary["regenerated"] = {"turns": regenerator.turns, "tokens": regenerator.tokens, "file": regenerator.path}
     log.end(
         **final_counters,
         samples_written=summary["samples_written"],

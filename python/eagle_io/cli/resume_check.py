@@ -66,6 +66,13 @@ def differences(args: argparse.Namespace, dataset: str, manifest: dict[str, Any]
         compare("--world-size", meta["world_size"], args.world_size)
     if args.aux_layer_ids is not None and "aux_layer_ids" in meta:
         compare("--aux-layer-ids", _layer_ids(meta["aux_layer_ids"]), _layer_ids(list(args.aux_layer_ids)))
+    regen = meta.get("regenerated") if isinstance(meta.get("regenerated"), dict) else None
+    if bool(regen) != bool(getattr(args, "regenerate", False)):
+        then, now = ("--regenerate", "without it") if regen else ("no --regenerate", "--regenerate")
+        out.append(f"{then} (this run: {now})")
+    elif regen:
+        compare("--max-new-tokens", regen.get("max_new_tokens"), args.max_new_tokens)
+        compare("--temperature", regen.get("temperature"), args.temperature)
     then_p, now_p = _stored_precision(manifest), precision_name(args.precision)
     if then_p != now_p:
         out.append(f"--precision {'fp8' if then_p else 'bf16'} (this run: {'fp8' if now_p else 'bf16'})")

@@ -1,4 +1,5 @@
-"""Train the reference EAGLE-3 draft on shards (CPU) and export it for SGLang (safetensors + config.json)."""
+"""Train the reference EAGLE-3 draft on shards (CPU) and export it for SGLang (safetensors + config.json), with its
+held-out offline accept length (speculation_profile.json) and the sample ids it trained on (training_samples.json)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,18 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-samples", type=int, help="held-out samples (default 10%% of the dataset)")
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every N steps (0: only at the end)")
     p.add_argument("--intermediate-size", type=int, help="draft MLP width (default: the target's)")
+    p.add_argument(
+        "--ttt-length",
+        type=int,
+        default=1,
+        help="test-time-training unroll steps (SpecForge --ttt-length; its loss weights 0.8**k)",
+    )
+    p.add_argument(
+        "--accept-steps",
+        type=int,
+        default=3,
+        help="draft steps of the held-out offline accept length logged and written to speculation_profile.json",
+    )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the draft's initial weights, the split and the batch order"
@@ -45,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from ..draft import TrainConfig, load_target_head, save_draft, train_draft
     from ..draft.export import eagle_config_ids
     from ..feed import ShardDataset
+    from ..interop.speculation_profile import PROFILE_NAME, TRAINING_SAMPLES_NAME, build_profile, write_json
     from ..interop.vocab import build_vocab_mapping, dataset_fingerprint, load_vocab_mapping
     from ..store.eagle3 import check_eagle3_dataset
     from ..store.reader import Dataset
@@ -92,13 +106,18 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         threads=args.threads,
         intermediate_size=args.intermediate_size,
+        ttt_length=args.ttt_length,
+        accept_steps=args.accept_steps,
     )
     data = ShardDataset(args.path, max_length=args.max_length, on_corrupt=args.on_corrupt)
     result = train_draft(data, head, mapping, cfg)
+    fingerprint = dataset_fingerprint(args.path)
     provenance = {
-        "dataset_sha256": dataset_fingerprint(args.path),
+        "dataset_sha256": fingerprint,
         "target_model": head.config.get("model_id"),
         "vocab_map": dict(mapping.key),
+        "ttt_length": args.ttt_length,
+        "training_samples": TRAINING_SAMPLES_NAME,
     }
     paths = save_draft(
         result.model,
@@ -109,6 +128,24 @@ def run(args: argparse.Namespace) -> int:
         provenance=provenance,
         target=target,
     )
+    source = meta.get("source_dataset")
+    paths["training_samples"] = write_json(
+        os.path.join(args.out, TRAINING_SAMPLES_NAME),
+        {
+            "dataset_sha256": fingerprint,
+            "source_dataset": source,
+            "train_sample_ids": result.train_sample_ids,
+            "held_out_sample_ids": result.eval_sample_ids,
+        },
+    )
+    off = result.final.get("offline")
+    if off is not None:
+        n = len(result.eval_sample_ids)
+        data = {"dataset_sha256": fingerprint, "source_dataset": source, "samples": n, "held_out": "recorded"}
+        profile = build_profile(
+            num_steps=args.accept_steps, live=None, offline=off, data=data, target={"model_id": head.config["model_id"]}
+        )
+        paths["speculation_profile"] = write_json(os.path.join(args.out, PROFILE_NAME), profile)
     summary = {**result.summary(), **paths, "history": result.history}
     with open(os.path.join(args.out, "train_summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

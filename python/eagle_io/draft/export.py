@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -186,7 +187,15 @@ def save_draft(
 
 
 def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
-    """Reads back a :func:`save_draft` directory into a float32 :class:`Eagle3Draft` (for tests and evaluation)."""
+    """Reads back a :func:`save_draft` directory (or another SGLang-format EAGLE-3 draft of this layout) into a
+    float32 :class:`Eagle3Draft` (for tests and evaluation).
+
+    Tensors come from every ``*.safetensors`` file of the directory, as SGLang's loader reads them (``train-draft``'s
+    ``vocab_map.safetensors`` holds ``d2t``/``t2d`` too). A draft whose vocabulary is the target's may lack
+    ``d2t``/``t2d``: SGLang then maps draft index ``i`` to token ``i`` (``hot_token_id`` None), and so does the
+    identity map installed here. A checkpoint without ``embed_tokens.weight`` (SpecForge drops the frozen embedding)
+    keeps an uninitialised one: SGLang gives the draft the target's (:func:`eagle_io.spec.load_served_draft` does).
+    """
     from safetensors.torch import load_file
 
     with open(os.path.join(os.fspath(out_dir), "config.json")) as f:
@@ -202,10 +211,17 @@ def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
         head_dim=c["head_dim"],
         intermediate_size=c["intermediate_size"],
         rms_norm_eps=c["rms_norm_eps"],
-        rope_theta=c["rope_theta"],
+        rope_theta=c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0),
         max_position_embeddings=c["max_position_embeddings"],
     )
     model = Eagle3Draft(cfg)
-    state = load_file(os.path.join(os.fspath(out_dir), "model.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    for path in sorted(Path(out_dir).glob("*.safetensors"), key=lambda p: p.name == "model.safetensors"):
+        state.update(load_file(path))  # SGLang loads every *.safetensors of the directory; model.safetensors wins
+    if "d2t" not in state and cfg.draft_vocab_size == cfg.vocab_size:
+        state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
+        state["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
+    if "embed_tokens.weight" not in state:  # SpecForge leaves the frozen embedding out; SGLang uses the target's
+        state["embed_tokens.weight"] = model.embed_tokens.weight.detach().clone()
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     return model

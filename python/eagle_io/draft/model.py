@@ -29,8 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InvalidArgumentError
+from .caches import DraftKVCache, TTTCache, repeat_kv
 
-__all__ = ["Eagle3Draft", "Eagle3DraftConfig", "packed_attention_mask"]
+__all__ = ["DraftKVCache", "Eagle3Draft", "Eagle3DraftConfig", "TTTCache", "packed_attention_mask"]
 
 
 @dataclass
@@ -95,7 +96,13 @@ class Attention(nn.Module):
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", inv, persistent=False)
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: DraftKVCache | TTTCache | None = None,
+    ) -> torch.Tensor:
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -104,12 +111,12 @@ class Attention(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, L, D]
         cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        if self.kv_heads != self.heads:
-            rep = self.heads // self.kv_heads
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if cache is not None:  # incremental decoding or a TTT unroll step (eagle_io.draft.caches)
+            return self.o_proj(cache.attend(q, k, v, scale).transpose(1, 2).reshape(b, n, -1))
+        k, v = repeat_kv(k, self.heads // self.kv_heads), repeat_kv(v, self.heads // self.kv_heads)
         # Right-padded batches need only the causal mask: a real query never sees a later (padded) key. Packed rows
         # get the block-diagonal causal ``mask`` (:func:`packed_attention_mask`).
-        scale = 1.0 / math.sqrt(self.head_dim)
         if mask is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         else:
@@ -140,10 +147,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(
-        self, emb: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None = None
+        self,
+        emb: torch.Tensor,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: DraftKVCache | TTTCache | None = None,
     ) -> torch.Tensor:
         x = torch.cat((self.input_layernorm(emb), self.hidden_norm(hidden)), dim=-1)
-        hidden = hidden + self.self_attn(x, position_ids, mask)
+        hidden = hidden + self.self_attn(x, position_ids, mask, cache)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -171,6 +183,10 @@ class Eagle3Draft(nn.Module):
     ``forward(aux [B, L, k*H_t], next_ids [B, L] int64, position_ids [B, L] | None)`` returns draft logits
     ``[B, L, draft_vocab]`` (float32 compute). Position ``t`` sees ``aux[t]`` and the embedding of the token
     that follows position t (the shift contract, :func:`eagle_io.feed.shift_targets`).
+
+    Besides the training forward: :meth:`ttt_forward` (SpecForge's test-time-training unroll) and :meth:`extend` +
+    :meth:`logits` (incremental decoding over a :class:`eagle_io.draft.caches.DraftKVCache`, as SGLang runs the
+    draft). Both give the training forward's values where they compute the same thing (tested).
 
     Batches: right-padded rows (``PaddingCollator``; ``position_ids`` None or ``0 .. L-1``), or packed rows
     (``PackingCollator``): pass its ``position_ids`` (restarting at 0 per sample) and attention is block-diagonal
@@ -228,3 +244,72 @@ class Eagle3Draft(nn.Module):
         emb = self.embed_tokens(next_ids).to(dtype)
         hidden = self.midlayer(emb, hidden, position_ids, mask)
         return self.lm_head(self.norm(hidden)).float()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits ``lm_head(norm(hidden))`` (float32) of a pre-norm ``hidden [.., H]``."""
+        return self.lm_head(self.norm(hidden)).float()
+
+    def ttt_forward(self, aux: torch.Tensor, next_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """SpecForge's test-time-training unroll (``specforge/algorithms/eagle3/model.py``,
+        ``OnlineEagle3Model.forward``, sdpa backend) over right-padded rows: ``steps`` logits ``[B, L, draft_vocab]``
+        (float32), one per step.
+
+        Step 0 is :meth:`forward` (the same values). Step ``k`` feeds position ``t`` the token ``next_ids[t + k]`` (the
+        ids shifted left ``k`` times, 0 past the end: SpecForge's ``padding(input_ids, left=False)``), the pre-norm
+        hidden state step ``k - 1`` produced at ``t`` (SGLang's draft steps feed their own hidden state the same way,
+        ``fc`` skipped), RoPE position ``t + k`` (SpecForge's ``position_ids + lck``), and attends as
+        :class:`eagle_io.draft.caches.TTTCache` says. Its logits are the draft's guess of token ``t + 2 + k``.
+        """
+        b, n, width = aux.shape
+        if width != self.fc.in_features:
+            raise InvalidArgumentError(
+                f"aux width {width} != fc input {self.fc.in_features} "
+                f"({self.config.num_aux_layers} x target_hidden_size {self.config.target_hidden_size})"
+            )
+        if steps < 1:
+            raise InvalidArgumentError(f"TTT steps must be >= 1, got {steps}")
+        dtype = self.fc.weight.dtype
+        position_ids = torch.arange(n, device=aux.device).expand(b, n)
+        hidden = self.fc(aux.to(dtype))
+        cache = TTTCache()
+        ids = next_ids
+        out = []
+        for k in range(steps):
+            if k:
+                ids = torch.cat((ids[:, 1:], torch.zeros_like(ids[:, :1])), dim=1)
+            hidden = self.midlayer(self.embed_tokens(ids).to(dtype), hidden, position_ids + k, cache=cache)
+            out.append(self.logits(hidden))
+        return out
+
+    def extend(
+        self, states: torch.Tensor, next_ids: torch.Tensor, position_ids: torch.Tensor, cache: DraftKVCache
+    ) -> torch.Tensor:
+        """One incremental draft forward over ``n`` new positions, as SGLang runs the draft (``srt/models/
+        llama_eagle3.py``, ``LlamaModel.forward``): a draft extend over target states, or a draft decode step.
+
+        Args:
+            states: ``[B, n, width]``. ``fc`` runs only when ``width`` differs from the draft's hidden size (SGLang's
+                ``if hidden_states.shape[-1] != embeds.shape[-1]``): the target's ``k * H_t`` aux states are projected;
+                an ``H``-wide state passes unprojected (the draft's own hidden state in later draft steps, or the
+                target's final state when an EAGLE-3 draft is served as ``EAGLE``).
+            next_ids: ``[B, n]`` int64, the token that follows each position.
+            position_ids: ``[B, n]`` int64 RoPE positions, continuing ``cache`` (``len(cache) ..``).
+            cache: :class:`eagle_io.draft.caches.DraftKVCache`, extended in place.
+
+        Returns:
+            The pre-norm hidden state ``[B, n, H]`` (what SGLang hands the next draft step, ``norm_output`` off);
+            :meth:`logits` gives the draft-vocabulary logits.
+
+        Raises:
+            InvalidArgumentError: a width to project that is not ``fc``'s input width.
+        """
+        dtype = self.fc.weight.dtype
+        x = states.to(dtype)
+        if x.shape[-1] != self.config.hidden_size:
+            if x.shape[-1] != self.fc.in_features:
+                raise InvalidArgumentError(
+                    f"states {x.shape[-1]} wide: neither the draft hidden size {self.config.hidden_size} nor fc's "
+                    f"input width {self.fc.in_features}"
+                )
+            x = self.fc(x)
+        return self.midlayer(self.embed_tokens(next_ids).to(dtype), x, position_ids, cache=cache)

@@ -15,11 +15,19 @@ Recipe (SpecForge's offline EAGLE-3 path with a TTT length of 1; sources cited p
    computed once per sample and cached (the head is frozen); the draft-vocabulary slice per step.
 3. **Loss** (SpecForge ``LogSoftmaxLoss``): soft cross-entropy ``-sum(target_p * log_softmax(draft_logits))`` over
    masked positions, here averaged over masked positions (SpecForge averages over all positions).
-4. **Metric**: top-1 agreement = draft argmax mapped through ``d2t`` equals the target's full-vocabulary argmax,
+4. **Test-time training** (``ttt_length = K``; SpecForge ``OnlineEagle3Model.forward``, ``--ttt-length``, default
+   7 there, 1 here): the draft is unrolled ``K`` steps (:meth:`eagle_io.draft.Eagle3Draft.ttt_forward`), step ``k``
+   fed its own step-``k-1`` hidden state and the ids, targets and loss mask shifted left ``k`` positions; the loss is
+   ``sum_k 0.8**k * loss_k`` (SpecForge ``Eagle3Strategy``, ``ploss_decay = 0.8``,
+   ``specforge/training/strategies/base.py``), each ``loss_k`` averaged over step ``k``'s masked positions. ``K = 1``
+   runs the plain forward: the same computation as before TTT existed.
+5. **Metrics**: top-1 agreement = draft argmax mapped through ``d2t`` equals the target's full-vocabulary argmax,
    over held-out masked positions (``agreement``), and over those whose target token is in the draft vocabulary
-   (``agreement_in_vocab``, SpecForge's ``acc``).
+   (``agreement_in_vocab``, SpecForge's ``acc``); with ``accept_steps`` the held-out offline accept length at that
+   many draft steps (:func:`eagle_io.draft.acceptance.offline_accept`: joint, bonus token counted, with the
+   product-of-marginals figure beside it).
 
-Not implemented: test-time-training unrolling (SpecForge ``--ttt-length 7``), multi-process/GPU training.
+Not implemented: multi-process/GPU training.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from .model import Eagle3Draft, Eagle3DraftConfig
 
 __all__ = [
     "TargetHead",
+    "Teacher",
     "TrainConfig",
     "TrainResult",
     "build_draft",
@@ -175,7 +184,8 @@ def check_finite_batch(batch: dict[str, Any], where: str) -> None:
 @dataclass
 class TrainConfig:
     """Training settings. Lengths are tokens; ``lr`` is AdamW's peak learning rate (linear warm-up over
-    ``warmup_steps``, cosine decay to 10% at ``steps``)."""
+    ``warmup_steps``, cosine decay to 10% at ``steps``). ``ttt_length``: TTT unroll steps (module docstring);
+    ``accept_steps``: draft steps of the held-out offline accept length (0: not measured)."""
 
     steps: int = 300
     batch_size: int = 4
@@ -191,6 +201,8 @@ class TrainConfig:
     threads: int | None = None
     intermediate_size: int | None = None
     log_every: int = 10
+    ttt_length: int = 1
+    accept_steps: int = 3
 
 
 @dataclass
@@ -210,6 +222,9 @@ class TrainResult:
     skipped_records: int = 0
     empty_steps: int = 0
     unsupervised_samples: int = 0
+    train_sample_ids: list[int] = field(default_factory=list)
+    eval_sample_ids: list[int] = field(default_factory=list)
+    ttt_length: int = 1
 
     def summary(self) -> dict[str, Any]:
         first = [h["loss"] for h in self.history[:10]]
@@ -228,6 +243,7 @@ class TrainResult:
             "skipped_corrupt_records": self.skipped_records,
             "steps_without_samples": self.empty_steps,
             "unsupervised_samples_skipped": self.unsupervised_samples,
+            "ttt_length": self.ttt_length,
         }
 
 
@@ -239,9 +255,10 @@ def _teacher_ids(head_w: torch.Tensor, target_hidden: torch.Tensor, chunk: int =
     return out
 
 
-class _Teacher:
-    """The teacher's full-vocabulary argmax per dataset position, computed on first use and cached (the target
-    head is frozen); ``seconds`` accumulates that cost."""
+class Teacher:
+    """The teacher's full-vocabulary argmax per dataset position (``hidden_states @ head_w.T``, ``head_w [vocab, H]``
+    float32), computed on first use and cached (the target head is frozen); ``seconds`` accumulates that cost. Share
+    one between calls over the same dataset object (its positions are the keys)."""
 
     def __init__(self, head_w: torch.Tensor) -> None:
         self.head_w = head_w
@@ -263,10 +280,58 @@ class _Teacher:
         return batch
 
 
+TTT_LOSS_DECAY = 0.8
+"""SpecForge's per-step TTT loss weight ``0.8**k`` (``Eagle3Strategy(ploss_decay=0.8)``)."""
+
+
+def _shift(x: torch.Tensor, k: int) -> torch.Tensor:
+    """``x`` shifted left ``k`` positions along dim 1, zeros past the end (SpecForge's ``padding(.., left=False)``)."""
+    if k == 0:
+        return x
+    return torch.cat((x[:, k:], torch.zeros_like(x[:, :k])), dim=1)
+
+
+def _ttt_losses(
+    model: Eagle3Draft, batch: dict[str, torch.Tensor], head_draft: torch.Tensor, steps: int
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """:func:`_losses` unrolled ``steps`` TTT steps (module docstring, 4): the weighted loss, step 0's counts under
+    the usual keys and every step's under ``step_*`` lists."""
+    all_logits = model.ttt_forward(batch["aux"], batch["next_ids"], steps)
+    with torch.no_grad():
+        target_p = torch.softmax(batch["target_hidden"].float() @ head_draft.T, dim=-1)
+    draft_ids = model.draft_token_ids()
+    loss = torch.zeros((), dtype=torch.float32)
+    stats: dict[str, Any] = {"step_loss": [], "step_agree": [], "step_mask": []}
+    for k, logits in enumerate(all_logits):
+        target_ids, mask = _shift(batch["target_ids"], k), _shift(batch["mask"], k)
+        in_vocab = model.t2d[target_ids]
+        train_mask = mask & in_vocab
+        per_pos = -(_shift(target_p, k) * torch.log_softmax(logits, dim=-1)).sum(-1)
+        n_train = int(train_mask.sum())
+        step_loss = (per_pos * train_mask).sum() / max(n_train, 1)
+        loss = loss + TTT_LOSS_DECAY**k * step_loss
+        with torch.no_grad():
+            agree = (draft_ids[logits.argmax(-1)] == target_ids) & mask
+            if k == 0:
+                stats.update(
+                    loss_sum=float((per_pos * train_mask).sum()),
+                    n_train=float(n_train),
+                    n_mask=float(mask.sum()),
+                    n_agree=float(agree.sum()),
+                    n_agree_in_vocab=float((agree & in_vocab).sum()),
+                )
+            stats["step_loss"].append(float(step_loss))
+            stats["step_agree"].append(float(agree.sum()))
+            stats["step_mask"].append(float(mask.sum()))
+    return loss, stats
+
+
 def _losses(
-    model: Eagle3Draft, batch: dict[str, torch.Tensor], head_draft: torch.Tensor
+    model: Eagle3Draft, batch: dict[str, torch.Tensor], head_draft: torch.Tensor, ttt_length: int = 1
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss and counts for one collated batch. ``head_draft = lm_head[t2d]`` (``[draft_vocab, H]``)."""
+    if ttt_length > 1:
+        return _ttt_losses(model, batch, head_draft, ttt_length)
     logits = model(batch["aux"], batch["next_ids"])  # [B, L, Vd] float32
     in_vocab = model.t2d[batch["target_ids"]]
     mask = batch["mask"]
@@ -295,17 +360,20 @@ def evaluate(
     model: Eagle3Draft,
     dataset: Any,
     positions: Sequence[int],
-    teacher: _Teacher,
+    teacher: Teacher,
     head_draft: torch.Tensor,
     batch_size: int = 4,
-) -> dict[str, float]:
+    accept_steps: int = 0,
+) -> dict[str, Any]:
     """Loss and top-1 agreement with the target over ``dataset``'s items at ``positions`` (an
     :class:`eagle_io.feed.ShardDataset`; see the module docstring for the definitions).
 
     Returns:
         ``loss`` (nats per in-vocab masked position), ``agreement`` (over all masked positions),
         ``agreement_in_vocab`` (over masked positions whose target token is in the draft vocabulary),
-        ``positions`` (masked positions), ``in_vocab_share``.
+        ``positions`` (masked positions), ``in_vocab_share``; with ``accept_steps`` also ``accept_length``,
+        ``accept_length_product_of_marginals`` and ``per_position_conditional`` at that many draft steps, and
+        ``offline`` (:meth:`eagle_io.draft.acceptance.OfflineAccept.to_dict`).
 
     Raises:
         NonFiniteTrainingError: held-out states or the held-out loss hold NaN/Inf (never a metric computed from them).
@@ -325,14 +393,37 @@ def evaluate(
             )
         for k in tot:
             tot[k] += st[k]
-    model.train()
-    return {
+    out: dict[str, Any] = {
         "loss": tot["loss_sum"] / max(tot["n_train"], 1.0),
         "agreement": tot["n_agree"] / max(tot["n_mask"], 1.0),
         "agreement_in_vocab": tot["n_agree_in_vocab"] / max(tot["n_train"], 1.0),
         "positions": tot["n_mask"],
         "in_vocab_share": tot["n_train"] / max(tot["n_mask"], 1.0),
     }
+    if accept_steps:
+        from .acceptance import offline_accept
+
+        off = offline_accept(
+            model, dataset, positions, teacher.head_w, accept_steps, batch_size=batch_size, teacher=teacher
+        )
+        out.update(
+            accept_length=off.accept_length,
+            accept_length_product_of_marginals=off.accept_length_product_of_marginals,
+            per_position_conditional=off.histogram.per_position_conditional,
+            offline=off.to_dict(),
+        )
+    model.train()
+    return out
+
+
+def _accept_note(ev: dict[str, Any]) -> str:
+    if ev.get("accept_length") is None:
+        return ""
+    steps = ev["offline"]["num_steps"]
+    return (
+        f", offline accept length {ev['accept_length']:.3f} at {steps} steps "
+        f"(product of marginals {ev['accept_length_product_of_marginals']:.3f})"
+    )
 
 
 def build_draft(
@@ -430,6 +521,10 @@ def train_draft(
     from ..feed import ShardDataset
 
     cfg = config or TrainConfig()
+    if cfg.ttt_length < 1 or cfg.accept_steps < 0:
+        raise InvalidArgumentError(
+            f"ttt_length must be >= 1 and accept_steps >= 0 (got {cfg.ttt_length}, {cfg.accept_steps})"
+        )
     say = log or (lambda _m: None)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -447,11 +542,11 @@ def train_draft(
     train_pos, eval_pos = split_positions(len(ds), cfg.eval_fraction, cfg.eval_samples, cfg.seed)
     ds.require_supervision(train_pos, option="max_length (train-draft --max-length)")
     t0 = time.perf_counter()
-    teacher = _Teacher(head_w)
+    teacher = Teacher(head_w)
     say(f"data      {len(train_pos)} train + {len(eval_pos)} held-out samples, draft vocab {mapping.draft_vocab_size}")
 
-    initial = evaluate(model, ds, eval_pos, teacher, head_draft, cfg.batch_size)
-    say(f"initial   held-out loss {initial['loss']:.3f}, agreement {initial['agreement']:.4f}")
+    initial = evaluate(model, ds, eval_pos, teacher, head_draft, cfg.batch_size, cfg.accept_steps)
+    say(f"initial   held-out loss {initial['loss']:.3f}, agreement {initial['agreement']:.4f}{_accept_note(initial)}")
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
 
@@ -481,7 +576,7 @@ def train_draft(
         batch = teacher.add_target_ids(batch)
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        loss, st = _losses(model, batch, head_draft)
+        loss, st = _losses(model, batch, head_draft, cfg.ttt_length)
         if not math.isfinite(loss.item()):
             raise NonFiniteTrainingError(
                 f"step {step + 1}: the training loss is {loss.item()} on sample id(s) {batch['sample_ids']} (the "
@@ -493,10 +588,20 @@ def train_draft(
         opt.step()
         tokens += int(st["n_mask"])
         rec = {"step": step + 1, "loss": loss.item(), "train_agreement": st["n_agree"] / max(st["n_mask"], 1.0)}
+        if "step_agree" in st:  # TTT: every unroll step's loss and agreement
+            rec["ttt_step_loss"] = st["step_loss"]
+            rec["ttt_step_agreement"] = [
+                a / max(m, 1.0) for a, m in zip(st["step_agree"], st["step_mask"], strict=True)
+            ]
         if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-            ev = evaluate(model, ds, eval_pos, teacher, head_draft, cfg.batch_size)
+            ev = evaluate(model, ds, eval_pos, teacher, head_draft, cfg.batch_size, cfg.accept_steps)
             rec.update({"eval_loss": ev["loss"], "eval_agreement": ev["agreement"]})
-            say(f"eval      step {step + 1}: held-out loss {ev['loss']:.3f}, agreement {ev['agreement']:.4f}")
+            if ev.get("accept_length") is not None:
+                rec["eval_accept_length"] = ev["accept_length"]
+            say(
+                f"eval      step {step + 1}: held-out loss {ev['loss']:.3f}, agreement {ev['agreement']:.4f}"
+                f"{_accept_note(ev)}"
+            )
         history.append(rec)
         if cfg.log_every and ((step + 1) % cfg.log_every == 0 or step == 0):
             el = time.perf_counter() - t_train
@@ -504,9 +609,12 @@ def train_draft(
                 f"step {step + 1:5d}  loss {rec['loss']:.3f}  agree {rec['train_agreement']:.3f}  "
                 f"lr {lr_at(step):.2e}  {el / (step + 1):.2f} s/step"
             )
-    final = evaluate(model, ds, eval_pos, teacher, head_draft, cfg.batch_size)
+    final = evaluate(model, ds, eval_pos, teacher, head_draft, cfg.batch_size, cfg.accept_steps)
     seconds = time.perf_counter() - t0
-    say(f"final     held-out loss {final['loss']:.3f}, agreement {final['agreement']:.4f} ({seconds:.0f} s)")
+    say(
+        f"final     held-out loss {final['loss']:.3f}, agreement {final['agreement']:.4f}{_accept_note(final)} "
+        f"({seconds:.0f} s)"
+    )
     return TrainResult(
         model=model,
         initial=initial,
@@ -521,6 +629,9 @@ def train_draft(
         skipped_records=len({s.sample_id for s in ds.skipped}),
         empty_steps=empty_steps,
         unsupervised_samples=len({s.sample_id for s in ds.unsupervised}),
+        train_sample_ids=sorted(ds.entry(p).sample_id for p in train_pos),
+        eval_sample_ids=sorted(ds.entry(p).sample_id for p in eval_pos),
+        ttt_length=cfg.ttt_length,
     )
 
 

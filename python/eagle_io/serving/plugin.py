@@ -23,7 +23,9 @@ detokenizer), through the entry point::
   ``Tensor.shape`` only: no device sync.
 * **Acceptance watchdog** (AFTER ``on_verify_complete_cpu`` where the live worker's class defines it, whose counts
   are already on the CPU): a loud warning when the mean accept length stays exactly 1.0 over a window of request
-  steps.
+  steps, and, when the served draft directory holds a ``speculation_profile.json`` (``eagle-io eval-draft`` /
+  ``train-draft``), when a window's pooled mean accept length (bonus token counted) falls below
+  ``EAGLE_IO_ACCEPT_FRACTION`` of the accept length the profile expects at the served ``--speculative-num-steps``.
 
 Every target is resolved before it is registered and checked in place after SGLang applied it
 (:mod:`eagle_io.sglang.hooks`); a target that cannot be placed, or an SGLang outside the supported range, stops
@@ -31,22 +33,7 @@ the launch with :class:`~eagle_io.errors.SGLangCompatError` naming the switch th
 
 Environment switches (read when the plugin loads and at startup):
 
-=================================  ===========  ===============================================================
-``EAGLE_IO_SGLANG_PLUGIN``         ``1``        ``0``: the plugin registers nothing at all.
-``EAGLE_IO_STARTUP_GUARD``         ``1``        ``0``: no startup check (runtime hooks are still installed).
-``EAGLE_IO_DRAFT_WIDTH_CHECK``     ``raise``    ``warn``: log instead of raising; ``0``: not installed.
-``EAGLE_IO_ACCEPT_WATCHDOG``       ``1``        ``0``: not installed.
-``EAGLE_IO_ACCEPT_WINDOW``         ``256``      request steps per watchdog window.
-``EAGLE_IO_SGLANG_CAPTURE``        ``1``        ``0``: no capture hook / RPC method (``capturing.sglang.scheduler``).
-``EAGLE_IO_CAPTURE_DIR``           unset        a directory, or an ``s3://`` prefix (staged locally, each shard
-                                                uploaded as it commits: docs/STORAGE.md): each scheduler starts
-                                                capturing into it at startup.
-``EAGLE_IO_CAPTURE_OPTIONS``       ``{}``       JSON options of that capture (``CaptureOptions.to_json``).
-``EAGLE_IO_ALLOW_SGLANG_VERSION``  unset        an SGLang version outside the supported range, run on knowingly.
-``EAGLE_IO_GUARD_REPORT``          unset        a file path: each scheduler process appends one JSON line with
-                                                the startup guard's facts and verdict (for health checks).
-=================================  ===========  ===============================================================
-
+=================================  ===========  ========================================================
 SGLang versions: :data:`eagle_io.sglang.compat.SUPPORTED_SGLANG`; every SGLang name used is in :mod:`eagle_io.sglang`.
 """
 
@@ -64,9 +51,11 @@ from typing import Any
 from ..errors import DraftWidthError, ServingGuardError, SGLangCompatError
 from ..sglang import compat, hooks, probe
 from ..sglang.draft_build import EAGLE3_CLASS_FIX, eagle3_class_problem, fc_skip_problem
+from ..sglang.launch_args import LaunchArgs, launch_args
 from ..sglang.setters import capturable_range, captured_ids, setter_rule, short_capture
 
 __all__ = [
+    "ENV_ACCEPT_FRACTION",
     "ENV_ACCEPT_WATCHDOG",
     "ENV_ACCEPT_WINDOW",
     "ENV_ALLOW_SGLANG",
@@ -90,6 +79,7 @@ ENV_STARTUP_GUARD = "EAGLE_IO_STARTUP_GUARD"
 ENV_DRAFT_WIDTH_CHECK = "EAGLE_IO_DRAFT_WIDTH_CHECK"
 ENV_ACCEPT_WATCHDOG = "EAGLE_IO_ACCEPT_WATCHDOG"
 ENV_ACCEPT_WINDOW = "EAGLE_IO_ACCEPT_WINDOW"
+ENV_ACCEPT_FRACTION = "EAGLE_IO_ACCEPT_FRACTION"
 ENV_GUARD_REPORT = "EAGLE_IO_GUARD_REPORT"
 ENV_CAPTURE = "EAGLE_IO_SGLANG_CAPTURE"
 ENV_ALLOW_SGLANG = "EAGLE_IO_ALLOW_SGLANG_VERSION"
@@ -212,18 +202,26 @@ def startup_decision(facts: probe.StartupFacts) -> str | None:
 
 @dataclass
 class AcceptanceWatchdog:
-    """Counts request steps and correct drafts; warns when a full window accepted no draft token at all.
+    """Counts request steps and correct drafts; warns when a full window accepted no draft token at all, and when
+    its mean accept length is below ``fraction`` of ``expected``.
 
     Accept length of one request step = correct drafts + 1 (the bonus token), so a window mean of exactly 1.0
-    means zero correct drafts in ``window`` request steps.
+    means zero correct drafts in ``window`` request steps. The window mean is pooled (total accept lengths / request
+    steps, SGLang's ``spec_accept_length``). ``expected``: what the draft's speculation profile predicts at the
+    served number of steps (:func:`eagle_io.interop.speculation_profile.expected_accept_length`), None without one;
+    ``expected_from`` says where it came from.
     """
 
     window: int = 256
     context: str = ""
+    expected: float | None = None
+    fraction: float = 0.5
+    expected_from: str = ""
     steps: int = 0
     correct: int = 0
     windows: int = 0
     warnings: int = 0
+    low_warnings: int = 0
     log: Callable[[str], None] = field(default=logger.warning)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -246,6 +244,20 @@ class AcceptanceWatchdog:
                 f"time. Typical cause: an EAGLE-3 draft served without aux states (--speculative-algorithm EAGLE or "
                 f"NEXTN instead of EAGLE3), wrong aux layer ids, or a draft trained for another target. "
                 f"{self.context}\nRun `eagle-io check-serving --target ... --draft ... -- <launch args>`.\n{bar}"
+            )
+            return
+        mean = 1.0 + correct / steps
+        if self.expected is not None and self.fraction > 0 and mean < self.fraction * self.expected:
+            self.low_warnings += 1
+            bar = "!" * 100
+            self.log(
+                f"\n{bar}\neagle-io acceptance watchdog: mean accept length {mean:.2f} over the last {steps} request "
+                f"steps (bonus token counted), below {self.fraction:g} x the {self.expected:.2f} this draft is "
+                f"expected to reach ({self.expected_from}). Likely causes: aux layer ids other than the draft was "
+                "trained on, another chat template than the training data's (or a thinking switch), a wrong or "
+                "missing d2t vocab map, the wrong --speculative-algorithm (EAGLE instead of EAGLE3), or traffic "
+                f"unlike the profiled data. {self.context}\nRun `eagle-io check-serving` on the launch and "
+                f"`eagle-io eval-draft` on a sample of this traffic.\n{bar}"
             )
 
     @property
@@ -323,12 +335,39 @@ def _place(worker: Any, method: str, fn: Callable[..., Any], hook_type: str, swi
     return target
 
 
-def install_runtime_hooks(scheduler: Any, facts: probe.StartupFacts, *, eagle3_draft: bool) -> list[str]:
+def expected_from_profile(draft_path: str | None, num_steps: int | None) -> tuple[float | None, str]:
+    """``(expected accept length, where from)`` from the served draft's ``speculation_profile.json`` at the served
+    ``num_steps`` (the profile's own when unknown); ``(None, why)`` without a usable profile. Never raises: an
+    unreadable profile is logged and ignored (the exactly-1.00 rule still runs)."""
+    from ..errors import CheckpointError
+    from ..interop.speculation_profile import PROFILE_NAME, expected_accept_length, read_profile
+
+    if not draft_path:
+        return None, "no draft path"
+    try:
+        prof = read_profile(draft_path)
+    except CheckpointError as e:
+        logger.warning("eagle-io acceptance watchdog: ignoring the draft's %s: %s", PROFILE_NAME, e)
+        return None, str(e)
+    if prof is None:
+        return None, f"no {PROFILE_NAME} in {draft_path}"
+    steps = num_steps if num_steps is not None else prof["num_steps"]
+    value = expected_accept_length(prof, steps)
+    measured = f"{prof['source']} on {prof.get('data', {}).get('samples', '?')} samples"
+    if steps > prof["num_steps"]:
+        measured += f"; profiled at {prof['num_steps']} steps, a lower bound at {steps}"
+    return value, f"{draft_path}/{PROFILE_NAME}: {value:.2f} at {steps} steps, {measured}"
+
+
+def install_runtime_hooks(
+    scheduler: Any, facts: probe.StartupFacts, *, eagle3_draft: bool, launch: LaunchArgs | None = None
+) -> list[str]:
     """Registers the runtime hooks through ``HookRegistry`` on the methods the scheduler's live draft workers run
     (``EagleDraftWorker`` for EAGLE / EAGLE3, ``MultiLayerEagleDraftWorker`` under ``--enable-multi-layer-eagle``;
     the accept hook where the outer worker's class defines ``on_verify_complete_cpu``), applies them
     (``HookRegistry.apply_hooks`` skips targets already patched) and checks each is in place. Returns the targets
-    newly registered here.
+    newly registered here. ``launch``: the served draft path and number of steps, for the watchdog's expected value
+    (:func:`expected_from_profile`).
 
     Raises:
         SGLangCompatError: a target is not defined on the live worker or not in place after applying (naming the
@@ -347,8 +386,17 @@ def install_runtime_hooks(scheduler: Any, facts: probe.StartupFacts, *, eagle3_d
         _place(inner, hooks.DECODE_METHOD, _decode_width_hook, "BEFORE", switch)
     if _enabled(ENV_ACCEPT_WATCHDOG):
         window = int(os.environ.get(ENV_ACCEPT_WINDOW, "256"))
+        fraction = float(os.environ.get(ENV_ACCEPT_FRACTION, "0.5"))
+        expected, source = (None, "")
+        if eagle3_draft and fraction > 0 and launch is not None:
+            expected, source = expected_from_profile(launch.draft_path, launch.num_steps)
+            if expected is not None:
+                logger.info("eagle-io acceptance watchdog: expecting %s (warning below %g x)", source, fraction)
         _RUNTIME.watchdog = AcceptanceWatchdog(
             window=window,
+            expected=expected,
+            fraction=fraction,
+            expected_from=source,
             context=(
                 f"(algorithm {facts.algorithm}, draft {facts.draft_architecture}, fc input width "
                 f"{facts.fc_in_width}, target capture {list(facts.layers_to_capture)} x {facts.target_hidden_size})"
@@ -411,7 +459,8 @@ def _startup_guard(scheduler: Any, *args: Any, **kwargs: Any) -> None:
                 facts.fc_in_width,
             )
     if facts.draft_present:
-        install_runtime_hooks(scheduler, facts, eagle3_draft=bool(signals))
+        launch = launch_args(getattr(scheduler, "server_args", None))
+        install_runtime_hooks(scheduler, facts, eagle3_draft=bool(signals), launch=launch)
     _report({**entry, "verdict": None})
     return None
 

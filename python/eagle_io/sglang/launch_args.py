@@ -39,6 +39,7 @@ class LaunchArgs:
     algorithm: str | None = None
     resolved_algorithm: str | None = None
     context_length: int | None = None
+    num_steps: int | None = None  # --speculative-num-steps; None when not given (SGLang then picks one)
     use_ray: bool = False
     parser: str | None = None
 
@@ -77,7 +78,9 @@ _FALLBACK = {
     "speculative_draft_model_path": ("--speculative-draft-model-path", "--speculative-draft-model"),
     "speculative_algorithm": ("--speculative-algorithm",),
     "context_length": ("--context-length",),
+    "speculative_num_steps": ("--speculative-num-steps",),
 }
+_INT_FLAGS = {"context_length", "speculative_num_steps"}
 
 
 def _fallback_parse(argv: list[str]) -> argparse.Namespace:
@@ -99,7 +102,7 @@ def _fallback_parse(argv: list[str]) -> argparse.Namespace:
             )
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for dest, flags in _FALLBACK.items():
-        p.add_argument(*flags, dest=dest, type=int if dest == "context_length" else str)
+        p.add_argument(*flags, dest=dest, type=int if dest in _INT_FLAGS else str)
     p.add_argument("--use-ray", dest="use_ray", action="store_true")
     ns, _ = p.parse_known_args(argv)
     return ns
@@ -147,13 +150,14 @@ def launch_args(server_args: Any) -> LaunchArgs:
         server_args = vars(ns)
     get = reader(server_args)
     algo = get("speculative_algorithm")
-    ctx = get("context_length")
+    ctx, steps = get("context_length"), get("speculative_num_steps")
     return LaunchArgs(
         model_path=get("model_path"),
         draft_path=get("speculative_draft_model_path"),
         algorithm=algo,
         resolved_algorithm=resolve_algorithm(algo),
         context_length=int(ctx) if isinstance(ctx, int) else None,
+        num_steps=int(steps) if isinstance(steps, int) and not isinstance(steps, bool) else None,
         use_ray=bool(get("use_ray", False)),
         parser=parser,
     )

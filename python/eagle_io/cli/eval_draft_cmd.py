@@ -1,0 +1,117 @@
+"""Measure an EAGLE-3 draft's accept length: live (speculative decoding against the target's own greedy decoding, on
+held-out conversations of the dataset) and offline (from the dataset's stored aux states, no target forward), in
+SGLang's convention (bonus token counted, counts pooled); writes speculation_profile.json next to the draft."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from ..errors import InvalidArgumentError
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", required=True, help="SGLang-format EAGLE-3 draft directory (e.g. from train-draft)")
+    p.add_argument("--target", help="HF directory or .gguf of the target (default: embedded SmolLM2)")
+    p.add_argument("--dataset", required=True, help="eagle-io dataset (EAGLE-3 schema) of that target")
+    p.add_argument("--prompts", type=int, default=8, help="held-out conversations decoded live (0: offline only)")
+    p.add_argument("--num-steps", type=int, default=3, help="drafts per verify step (SGLang --speculative-num-steps)")
+    p.add_argument(
+        "--as-algorithm",
+        default="EAGLE3",
+        choices=["EAGLE3", "EAGLE"],
+        help="EAGLE: feed the draft what SGLang feeds an EAGLE-3 draft under --speculative-algorithm EAGLE",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per live prompt")
+    p.add_argument("--max-length", type=int, help="truncate dataset samples for the offline figure")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--allow-other-target", action="store_true", help="accept a target whose model_id differs from the draft's"
+    )
+    p.add_argument("--no-profile", action="store_true", help="do not write speculation_profile.json")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
+
+
+def _report(res: dict) -> str:
+    lines = [f"eval-draft  num_steps {res['num_steps']}, {res['as_algorithm']}, held out: {res['held_out']}"]
+    live, off = res["live"], res["offline"]
+    if live:
+        lines.append(
+            f"live        accept length {live['accept_length']:.3f} over {live['verify_steps']} verify steps of "
+            f"{live['prompts']} prompts ({live['generated_tokens']} tokens; lossless: {live['lossless']}); "
+            "per position " + ", ".join(f"{r:.3f}" for r in live["per_position_accept_rate"])
+        )
+        lines.append(
+            f"            {live['tokens_per_s']:.1f} tokens/s vs {live['greedy_tokens_per_s']:.1f} plain greedy "
+            f"({live['speedup']:.2f}x); mean of per-request means {live['mean_of_request_means']:.3f} (biased)"
+        )
+    if off:
+        lines.append(
+            f"offline     accept length {off['accept_length']:.3f} (joint, bonus counted) over {off['positions']} "
+            f"positions of {off['samples']} samples; product of marginals "
+            f"{off['accept_length_product_of_marginals']:.3f}"
+            " (SpecForge simulated_acc_len = that - 1); conditional per position "
+            + ", ".join("-" if r is None else f"{r:.3f}" for r in off["per_position_conditional"])
+        )
+    if res.get("profile"):
+        lines.append(f"profile     {res['profile']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..capturing.models import load_target
+    from ..feed import ShardDataset
+    from ..interop.speculation_profile import PROFILE_NAME, build_profile, read_training_samples, write_json
+    from ..interop.vocab import dataset_fingerprint
+    from ..spec import check_dataset_fits, load_served_draft
+    from ..spec.evaluate import evaluate_draft, held_out_positions
+
+    if args.num_steps < 1 or args.prompts < 0 or args.max_new_tokens < 1:
+        raise InvalidArgumentError("--num-steps and --max-new-tokens must be >= 1, --prompts >= 0")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ds = ShardDataset(args.dataset, max_length=args.max_length)  # refuses a non-EAGLE-3 dataset first
+    model, tokenizer, info = load_target(args.target, dtype=torch.float32)
+    served = load_served_draft(
+        args.draft, model, info, dataset=args.dataset, allow_other_target=args.allow_other_target
+    )
+    check_dataset_fits(served, ds.metadata, args.dataset)
+    for w in served.warnings:
+        if w.severity == "warning":
+            print(f"eval-draft: warning [{w.code}] {w.message}")
+    training = read_training_samples(args.draft)
+    positions, held = held_out_positions(ds, training)
+    eos = {e for e in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)) if e is not None}
+    eos = {int(x) for e in eos for x in (e if isinstance(e, list) else [e])}
+    res = evaluate_draft(
+        served,
+        ds,
+        positions,
+        num_steps=args.num_steps,
+        as_algorithm=args.as_algorithm,
+        prompts=args.prompts,
+        max_new_tokens=args.max_new_tokens,
+        eos_token_ids=sorted(eos),
+    )
+    res.update(held)
+    res["dataset"], res["draft"], res["target"] = args.dataset, args.draft, info["model_id"]
+    if not args.no_profile and args.as_algorithm == "EAGLE3" and (res["live"] or res["offline"]):
+        profile = build_profile(
+            num_steps=args.num_steps,
+            live=res["live"],
+            offline=res["offline"],
+            data={
+                "dataset_sha256": dataset_fingerprint(args.dataset),
+                "source_dataset": ds.metadata.get("source_dataset"),
+                "samples": len(positions),
+                "held_out": held["held_out"],
+                "live_sample_ids": (res["live"] or {}).get("sample_ids", []),
+            },
+            target={"model_id": info["model_id"]},
+        )
+        res["profile"] = write_json(os.path.join(args.draft, PROFILE_NAME), profile)
+    print(json.dumps(res, indent=2) if args.json else _report(res))
+    return 0

@@ -1,0 +1,153 @@
+"""``speculation_profile.json``: what a draft is expected to achieve, kept next to its checkpoint, and
+``training_samples.json``: which samples it was trained on.
+
+The profile follows the shape NVIDIA ModelOpt's open proposal attaches to exported drafts (per-position conditional
+and joint accept rates, the histogram, the mean accept length), in SGLang's convention (bonus token counted, counts
+pooled: :mod:`eagle_io.draft.acceptance`). ``eagle-io eval-draft`` writes it from a live and an offline measurement,
+``eagle-io train-draft`` from the held-out offline one; the SGLang plugin's acceptance watchdog reads it
+(:func:`expected_accept_length`) to know what to expect from the served draft. Keys (version 1):
+
+* ``format``: ``"eagle-io speculation profile"``, ``version``: 1, ``eagle_io_version``.
+* ``num_steps``, ``topk`` (1), ``algorithm`` (``"EAGLE3"``): the launch the figures are for.
+* ``accept_length``, ``per_position_accept_rate`` (joint), ``per_position_conditional``, ``correct_drafts_histogram``:
+  from ``source`` (``"live"`` when a live measurement was made, else ``"offline"``).
+* ``live`` / ``offline``: each measurement's own figures, or null.
+* ``data``: ``dataset_sha256`` (:func:`eagle_io.interop.vocab.dataset_fingerprint`), ``source_dataset``,
+  ``samples``, ``sample_ids`` measured on; ``target``: the target's ``model_id``.
+* ``definition``: the definition in words.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError
+from ..store import layout
+
+__all__ = [
+    "PROFILE_NAME",
+    "PROFILE_VERSION",
+    "TRAINING_SAMPLES_NAME",
+    "build_profile",
+    "expected_accept_length",
+    "read_profile",
+    "read_training_samples",
+    "write_json",
+]
+
+PROFILE_NAME = "speculation_profile.json"
+PROFILE_VERSION = 1
+TRAINING_SAMPLES_NAME = "training_samples.json"
+_FORMAT = "eagle-io speculation profile"
+DEFINITION = (
+    "accept length per verify step = accepted drafts + 1 (the bonus token), pooled over all verify steps "
+    "(SGLang's accept_* metrics); per_position_accept_rate[k-1] = share of steps whose first k drafts were all "
+    "accepted, so accept_length = 1 + sum(per_position_accept_rate); per_position_conditional[k-1] = the same among "
+    "steps that accepted drafts 1..k-1"
+)
+
+
+def build_profile(
+    *,
+    num_steps: int,
+    live: Mapping[str, Any] | None,
+    offline: Mapping[str, Any] | None,
+    data: Mapping[str, Any],
+    target: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The profile dict. ``live`` / ``offline``: :meth:`eagle_io.draft.AcceptHistogram.to_dict`-shaped figures
+    (``accept_length``, ``per_position_accept_rate``, ``per_position_conditional``, ``correct_drafts_histogram``)."""
+    from .._native import __version__
+
+    main, source = (live, "live") if live else (offline, "offline")
+    if not main or main.get("accept_length") is None:
+        raise CheckpointError("a speculation profile needs a live or an offline measurement with an accept length")
+    return {
+        "format": _FORMAT,
+        "version": PROFILE_VERSION,
+        "eagle_io_version": __version__,
+        "num_steps": int(num_steps),
+        "topk": 1,
+        "algorithm": "EAGLE3",
+        "source": source,
+        "accept_length": main["accept_length"],
+        "per_position_accept_rate": list(main["per_position_accept_rate"]),
+        "per_position_conditional": list(main["per_position_conditional"]),
+        "correct_drafts_histogram": list(main["correct_drafts_histogram"]),
+        "live": dict(live) if live else None,
+        "offline": dict(offline) if offline else None,
+        "data": dict(data),
+        "target": dict(target),
+        "definition": DEFINITION,
+    }
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> str:
+    """Writes ``obj`` as indented JSON atomically (:func:`eagle_io.store.layout.write_atomic`); returns the path."""
+    layout.write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
+    return os.fspath(path)
+
+
+def _read(path: Path, what: str) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: cannot read the {what}: {e}", path) from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: the {what} is not a JSON object", path)
+    return data
+
+
+def read_profile(draft_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``draft_dir``'s profile, or None when it has none.
+
+    Raises:
+        CheckpointError: an unreadable file, another format, a newer version, or ``per_position_accept_rate`` that
+            is not ``num_steps`` numbers in [0, 1] (naming the file).
+    """
+    path = Path(draft_dir) / PROFILE_NAME
+    prof = _read(path, "speculation profile")
+    if prof is None:
+        return None
+    if prof.get("format") != _FORMAT or not isinstance(prof.get("version"), int) or prof["version"] > PROFILE_VERSION:
+        raise CheckpointError(
+            f"{path}: not an eagle-io speculation profile of version <= {PROFILE_VERSION} "
+            f"(format {prof.get('format')!r}, version {prof.get('version')!r})",
+            path,
+        )
+    rates, steps = prof.get("per_position_accept_rate"), prof.get("num_steps")
+    ok = isinstance(rates, list) and isinstance(steps, int) and len(rates) == steps >= 1
+    if not ok or not all(isinstance(r, (int, float)) and 0.0 <= r <= 1.0 for r in rates):
+        raise CheckpointError(f"{path}: per_position_accept_rate must be num_steps rates in [0, 1]", path)
+    return prof
+
+
+def expected_accept_length(profile: Mapping[str, Any], num_steps: int) -> float:
+    """The accept length the profile predicts at ``num_steps`` drafts per verify: ``1 + sum`` of its first
+    ``num_steps`` joint per-position rates (exact for fewer steps than profiled: a chain accepting ``j`` of ``S``
+    accepts ``min(j, s)`` of ``s``). More steps than profiled: the profiled value, a lower bound."""
+    rates: Sequence[float] = profile["per_position_accept_rate"]
+    return 1.0 + float(sum(rates[: max(0, int(num_steps))]))
+
+
+def read_training_samples(draft_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``draft_dir``'s ``training_samples.json`` (``train_sample_ids``, ``held_out_sample_ids``,
+    ``dataset_sha256``, ``source_dataset``), or None when absent.
+
+    Raises:
+        CheckpointError: unreadable, or ``train_sample_ids`` not a list of integers.
+    """
+    path = Path(draft_dir) / TRAINING_SAMPLES_NAME
+    rec = _read(path, "training sample record")
+    if rec is None:
+        return None
+    ids = rec.get("train_sample_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise CheckpointError(f"{path}: train_sample_ids must be a list of integers", path)
+    return rec

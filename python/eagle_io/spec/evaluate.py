@@ -1,0 +1,120 @@
+"""A draft measured on a dataset: live (the speculative decoder against the target's own greedy decoding, on held-out
+conversations) and offline (:func:`eagle_io.draft.acceptance.offline_accept` over the stored aux states): what
+``eagle-io eval-draft`` prints and the benchmarks tabulate.
+
+Held out: a sample is held out when the draft's ``training_samples.json`` does not list its id. Ids are the
+capture's source record indexes, so they name the same conversations in every capture of the same source file
+(``metadata["source_dataset"]``: another precision, a regenerated capture); a dataset of another source is held out
+whole. A draft without that record (exported by another tool) cannot tell: every sample is used and the result says
+``"held_out": "unknown"``.
+
+A live prompt is a sample's tokens before its first loss-masked token: the conversation up to the first assistant
+answer, generation prompt included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..draft.acceptance import mean_of_request_means, offline_accept
+from .decoder import SpeculativeDecoder, greedy_decode
+from .loading import ServedDraft
+
+__all__ = ["evaluate_draft", "held_out_positions", "live_prompts", "prompt_of"]
+
+
+def held_out_positions(dataset: Any, training: Mapping[str, Any] | None) -> tuple[list[int], dict[str, Any]]:
+    """Dataset positions not trained on, and how that was decided (``held_out``: ``"recorded"``,
+    ``"other source"`` or ``"unknown"``; ``excluded``: samples left out)."""
+    positions = list(range(len(dataset)))
+    if training is None:
+        return positions, {"held_out": "unknown", "excluded": 0}
+    source = dataset.metadata.get("source_dataset")
+    if training.get("source_dataset") != source:
+        return positions, {"held_out": "other source", "excluded": 0, "source_dataset": source}
+    trained = {int(i) for i in training["train_sample_ids"]}
+    kept = [p for p in positions if dataset.entry(p).sample_id not in trained]
+    return kept, {"held_out": "recorded", "excluded": len(positions) - len(kept), "source_dataset": source}
+
+
+def prompt_of(input_ids: torch.Tensor, loss_mask: torch.Tensor) -> list[int]:
+    """The tokens before the first loss-masked one (empty when the first token is masked or none is)."""
+    on = torch.nonzero(loss_mask).flatten()
+    return input_ids[: int(on[0])].tolist() if len(on) else []
+
+
+def live_prompts(dataset: Any, positions: Sequence[int], n: int) -> tuple[list[list[int]], list[int]]:
+    """The prompts (:func:`prompt_of`) of the first ``n`` samples at ``positions`` that have one, and their ids."""
+    picked, ids = [], []
+    for p in positions:
+        if len(picked) >= n:
+            break
+        item = dataset[p]
+        prompt = prompt_of(item["input_ids"], item["loss_mask"])
+        if prompt:
+            picked.append(prompt)
+            ids.append(int(item["sample_id"]))
+    return picked, ids
+
+
+def evaluate_draft(
+    served: ServedDraft,
+    dataset: Any,
+    positions: Sequence[int],
+    *,
+    num_steps: int = 3,
+    as_algorithm: str = "EAGLE3",
+    prompts: int = 8,
+    max_new_tokens: int = 64,
+    eos_token_ids: Sequence[int] = (),
+    offline: bool = True,
+    batch_size: int = 4,
+    reference: tuple[list[list[int]], float] | None = None,
+) -> dict[str, Any]:
+    """Live on the first ``prompts`` of ``positions`` (samples with a prompt), offline on all of ``positions``.
+
+    Returns:
+        ``num_steps``, ``as_algorithm``, ``live`` (``accept_length``, ``per_position_accept_rate``,
+        ``per_position_conditional``, ``accept_rate``, ``verify_steps``, ``generated_tokens``, ``lossless``,
+        ``mismatched_prompts``, ``mean_of_request_means`` (the biased figure, for comparison), ``tokens_per_s``,
+        ``greedy_tokens_per_s``, ``speedup``, ``sample_ids``), ``offline`` (``accept_length``,
+        ``accept_length_product_of_marginals``, ``per_position_conditional``, ``per_position_accept_rate``,
+        ``per_position_marginal``, ``positions``, ``samples``; None under ``as_algorithm="EAGLE"``: the stored aux
+        states are what an EAGLE3 launch feeds).
+
+    ``reference``: the target's greedy decoding of these prompts and its seconds (:func:`greedy_decode`), when
+    already computed (several drafts on the same prompts).
+    """
+    out: dict[str, Any] = {"num_steps": num_steps, "as_algorithm": as_algorithm, "live": None, "offline": None}
+    picked, ids = live_prompts(dataset, positions, prompts)
+    if picked:
+        decoder = SpeculativeDecoder(
+            served.target, served.draft, num_steps=num_steps, as_algorithm=as_algorithm, eos_token_ids=eos_token_ids
+        )
+        spec = decoder.generate(picked, max_new_tokens)
+        ref, ref_s = reference or greedy_decode(served.target, picked, max_new_tokens, eos_token_ids)
+        bad = [sid for sid, a, b in zip(ids, spec.tokens, ref, strict=True) if a != b]
+        h = spec.histogram
+        out["live"] = {
+            **h.to_dict(),
+            "generated_tokens": spec.generated_tokens,
+            "lossless": not bad,
+            "mismatched_prompts": bad,
+            "mean_of_request_means": mean_of_request_means(spec.per_request),
+            "prompts": len(picked),
+            "prompt_tokens": sum(len(p) for p in picked),
+            "tokens_per_s": spec.generated_tokens / spec.seconds if spec.seconds else None,
+            "greedy_tokens_per_s": sum(len(t) for t in ref) / ref_s if ref_s else None,
+            "speedup": ref_s / spec.seconds if spec.seconds else None,
+            "seconds": spec.seconds,
+            "greedy_seconds": ref_s,
+            "sample_ids": ids,
+        }
+    if offline and as_algorithm == "EAGLE3" and positions:
+        head_w = served.target.lm_head.weight.detach().float()
+        res = offline_accept(served.draft, dataset, list(positions), head_w, num_steps, batch_size=batch_size)
+        out["offline"] = res.to_dict()
+    return out

@@ -1,0 +1,152 @@
+"""Load an SGLang-format EAGLE-3 draft for a loaded target as SGLang would, refusing what SGLang would refuse (or
+silently serve wrong), with ``check-serving``'s own findings.
+
+What SGLang does with the draft (``srt/models/llama_eagle3.py``, ``srt/speculative/eagle_worker_v2.py``):
+``LlamaForCausalLMEagle3`` from ``config.json``; weights ``fc``, ``midlayer.*``, ``norm``, ``lm_head``, ``d2t`` (read
+as ``hot_token_id = d2t + arange``; ``t2d`` skipped); ``EagleDraftWorker.init_lm_head`` -> ``set_embed`` replaces the
+draft's embedding with the target's; the target captures the layers its setter makes of
+``eagle_config.eagle_aux_hidden_state_layer_ids`` (:func:`eagle_io.sglang.setters.served_aux_layer_ids`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..draft.export import load_draft
+from ..draft.model import Eagle3Draft
+from ..errors import DraftMismatchError
+from ..serving.findings import ERROR, Finding
+from ..serving.preflight import check_serving
+from ..sglang.setters import captured_ids, served_aux_layer_ids
+from .target import Target
+
+__all__ = ["ServedDraft", "check_dataset_fits", "load_served_draft"]
+
+_UNSUPPORTED_SWITCHES = ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output")
+
+
+@dataclass
+class ServedDraft:
+    """A draft loaded for a target: the model (float32, eval mode, the target's embedding), the
+    :class:`eagle_io.spec.target.Target` capturing the layers SGLang would capture for it, the draft's
+    ``config.json``, and the non-error findings of ``check-serving`` (warnings worth printing)."""
+
+    draft: Eagle3Draft
+    target: Target
+    config: dict[str, Any]
+    warnings: list[Finding] = field(default_factory=list)
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The draft's ``eagle_io`` record (``{}`` for a draft another tool exported)."""
+        rec = self.config.get("eagle_io")
+        return rec if isinstance(rec, dict) else {}
+
+
+def _target_config(model: torch.nn.Module, info: Mapping[str, Any]) -> dict[str, Any]:
+    cfg = model.config.to_dict()
+    cfg["architectures"] = [str(info.get("architecture") or type(model).__name__)]
+    return json.loads(json.dumps(cfg, default=str))
+
+
+def _refuse(what: str, errors: list[Finding]) -> DraftMismatchError:
+    lines = "\n  - ".join(f"[{f.code}] {f.message} (fix: {f.fix})" for f in errors)
+    return DraftMismatchError(f"{what}:\n  - {lines}")
+
+
+def load_served_draft(
+    draft_dir: str | os.PathLike[str],
+    model: torch.nn.Module,
+    info: Mapping[str, Any],
+    *,
+    dataset: str | os.PathLike[str] | None = None,
+    allow_other_target: bool = False,
+) -> ServedDraft:
+    """Loads ``draft_dir`` for the target ``model`` (:func:`eagle_io.capturing.models.load_target`'s model and info).
+
+    Checks, before any weight is read: ``check-serving``'s findings for an ``EAGLE3`` launch of this draft on this
+    target (the target's ``config.json`` is its loaded config), with ``dataset`` as the training data when given;
+    the draft's ``eagle_io`` record of its target (``model_id``, ``architecture``, ``num_layers``, ``hidden_size``)
+    against ``info`` (``allow_other_target`` lets a differing ``model_id`` through, e.g. a renamed file); config
+    switches this reference draft does not model (``norm_before_fc``, ``fc_norm``, ``use_aux_norm``,
+    ``norm_output``).
+
+    Raises:
+        DraftMismatchError: any of those, every problem named with its fix.
+        CheckpointError: an unreadable draft directory.
+    """
+    draft_dir = Path(draft_dir)
+    with tempfile.TemporaryDirectory(prefix="eagle-io-target-") as tmp:
+        Path(tmp, "config.json").write_text(json.dumps(_target_config(model, info)))
+        findings = check_serving(tmp, draft_dir, algorithm="EAGLE3", dataset_manifest=dataset)
+    errors = [f for f in findings if f.severity == ERROR]
+    with open(draft_dir / "config.json", encoding="utf-8") as f:
+        cfg = json.load(f)
+    rec = cfg.get("eagle_io") if isinstance(cfg.get("eagle_io"), dict) else {}
+    rec_target = rec.get("target") if isinstance(rec.get("target"), dict) else {}
+    for key in ("architecture", "num_layers", "hidden_size", "model_id"):
+        want, got = rec_target.get(key), info.get(key)
+        if want is None or got is None or want == got or (key == "model_id" and allow_other_target):
+            continue
+        errors.append(
+            Finding(
+                ERROR,
+                "draft-for-another-target",
+                f"the draft was trained for target {key} {want!r} (its config.json eagle_io.target) but the target "
+                f"loaded has {key} {got!r}",
+                "evaluate the draft with the target it was trained for"
+                + (" (or pass --allow-other-target if only the file name differs)" if key == "model_id" else ""),
+            )
+        )
+    switched = [k for k in _UNSUPPORTED_SWITCHES if cfg.get(k) or (cfg.get("eagle_config") or {}).get(k)]
+    if switched:
+        errors.append(
+            Finding(
+                ERROR,
+                "draft-switch-unsupported",
+                f"the draft config sets {', '.join(switched)}: SGLang builds extra norms for it that eagle-io's "
+                "reference draft does not model",
+                "evaluate this draft in SGLang itself",
+            )
+        )
+    if errors:
+        raise _refuse(f"cannot evaluate the draft {draft_dir} on target {info.get('model_id')}", errors)
+    draft = load_draft(draft_dir).eval()
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(model.get_input_embeddings().weight.float())  # set_embed
+    arch = str(info.get("architecture") or type(model).__name__)
+    n = int(model.config.num_hidden_layers)
+    explicit = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ids = captured_ids(arch, n, served_aux_layer_ids(arch, n, explicit))
+    return ServedDraft(draft=draft, target=Target(model, ids), config=cfg, warnings=list(findings))
+
+
+def check_dataset_fits(served: ServedDraft, metadata: Mapping[str, Any], where: str) -> None:
+    """Refuses a dataset whose metadata does not match the served draft and target (what ``check-serving``'s
+    dataset findings leave out): ``vocab_size`` against the draft's, ``target_model.model_id`` against the draft's
+    record, ``aux_layer_ids`` against the layers served.
+
+    Raises:
+        DraftMismatchError: naming each key, both values and ``where`` (the dataset's path).
+    """
+    problems = []
+    cfg = served.config
+    if metadata.get("vocab_size") not in (None, cfg.get("vocab_size")):
+        problems.append(f"vocab_size {metadata['vocab_size']} (draft config: {cfg.get('vocab_size')})")
+    tm = metadata.get("target_model") if isinstance(metadata.get("target_model"), dict) else {}
+    rec_model = (served.record.get("target") or {}).get("model_id")
+    if tm.get("model_id") and rec_model and tm["model_id"] != rec_model:
+        problems.append(f"target_model.model_id {tm['model_id']!r} (the draft was trained for {rec_model!r})")
+    ids = metadata.get("aux_layer_ids")
+    if isinstance(ids, list) and [int(i) for i in ids] != served.target.aux_layer_ids:
+        problems.append(f"aux_layer_ids {ids} (the target serves this draft layers {served.target.aux_layer_ids})")
+    if problems:
+        raise DraftMismatchError(f"{where}: the dataset metadata does not match the draft: " + "; ".join(problems))

@@ -1,0 +1,195 @@
+"""``eagle-io eval-draft`` end to end on a tiny HF target (tests/helpers/tiny_model.py): `eagle-io generate` on the
+ShareGPT fixture slice, `train-draft --ttt-length 2` (which records its training sample ids and writes a
+speculation profile), then eval-draft live on held-out conversations and offline, ``--json`` keys, the profile next
+to the draft; bad inputs (a draft for another target, dataset metadata that does not match the draft, a draft
+without ``d2t``) are errors naming what differs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from helpers.tiny_model import FIXTURE, build_tiny_model_dir
+from safetensors.torch import load_file, save_file
+
+import eagle_io
+from eagle_io.cli import main
+from eagle_io.interop.speculation_profile import expected_accept_length, read_profile, read_training_samples
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(root, target dir, dataset, draft): 12 samples of <= 96 tokens, a draft trained 20 steps on 8 of them."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("eval")
+    target = build_tiny_model_dir(root / "tiny")
+    ds, draft = root / "ds", root / "draft"
+    common = ["--threads", "1"]
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(target),
+                "--dataset",
+                str(FIXTURE),
+                "--out",
+                str(ds),
+                "--max-length",
+                "96",
+                "--no-disk-check",
+                "--skip-bad-records",
+                *common,
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "train-draft",
+                str(ds),
+                "--out",
+                str(draft),
+                "--target-model",
+                str(target),
+                "--steps",
+                "20",
+                "--max-length",
+                "96",
+                "--eval-samples",
+                "4",
+                "--draft-vocab-size",
+                "256",
+                "--ttt-length",
+                "2",
+                "--lr",
+                "3e-3",
+                "--warmup-steps",
+                "3",
+                *common,
+            ]
+        )
+        == 0
+    )
+    return root, target, ds, draft
+
+
+def one_sample_dataset(root, *, hidden: int, vocab: int):
+    """A one-sample EAGLE-3 dataset of an 8-layer target of this hidden size and vocabulary (zero states)."""
+    meta = {"hidden_size": hidden, "vocab_size": vocab, "num_layers": 8, "aux_layer_ids": [2, 4, 5]}
+    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(hidden), meta, threads=1) as w:
+        w.write(
+            0,
+            {
+                "input_ids": torch.arange(4),
+                "loss_mask": torch.ones(4, dtype=torch.uint8),
+                "aux_hidden_states": torch.zeros(4, 3 * hidden, dtype=torch.bfloat16),
+                "hidden_states": torch.zeros(4, hidden, dtype=torch.bfloat16),
+            },
+        )
+    return root
+
+
+def eval_json(capsys, *args: str) -> dict:
+    capsys.readouterr()
+    assert main(["eval-draft", *args, "--threads", "1", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_train_draft_records_its_samples_and_a_profile(run):
+    _, _, ds, draft = run
+    rec = read_training_samples(draft)
+    ids = sorted(eagle_io.Dataset(ds).entry(p).sample_id for p in range(len(eagle_io.Dataset(ds))))
+    assert sorted(rec["train_sample_ids"] + rec["held_out_sample_ids"]) == ids and len(rec["held_out_sample_ids"]) == 4
+    assert rec["source_dataset"] == FIXTURE.name
+    prof = read_profile(draft)
+    assert prof["source"] == "offline" and prof["num_steps"] == 3 and prof["live"] is None
+    assert prof["accept_length"] == prof["offline"]["accept_length"] >= 1.0
+    cfg = json.loads((draft / "config.json").read_text())
+    assert cfg["eagle_io"]["ttt_length"] == 2 and cfg["eagle_io"]["training_samples"] == "training_samples.json"
+    summary = json.loads((draft / "train_summary.json").read_text())
+    assert len(summary["history"][0]["ttt_step_loss"]) == 2 and "accept_length" in summary["final"]
+
+
+def test_eval_draft_json_live_and_offline_on_held_out_samples(run, capsys):
+    _, target, ds, draft = run
+    res = eval_json(
+        capsys,
+        "--draft",
+        str(draft),
+        "--target",
+        str(target),
+        "--dataset",
+        str(ds),
+        "--prompts",
+        "3",
+        "--max-new-tokens",
+        "12",
+    )
+    live, off = res["live"], res["offline"]
+    for key in ("accept_length", "per_position_accept_rate", "verify_steps", "generated_tokens", "lossless"):
+        assert key in live
+    for key in ("accept_length", "accept_length_product_of_marginals", "per_position_conditional", "positions"):
+        assert key in off
+    assert res["num_steps"] == 3 and res["as_algorithm"] == "EAGLE3" and live["lossless"] is True
+    assert live["accept_length"] == pytest.approx(1 + sum(live["per_position_accept_rate"]))
+    assert 1 <= live["generated_tokens"] <= 36 and live["verify_steps"] >= live["generated_tokens"] // 4 - 3
+    held = read_training_samples(draft)["held_out_sample_ids"]
+    assert res["held_out"] == "recorded" and res["excluded"] == 8
+    assert set(live["sample_ids"]) <= set(held) and off["samples"] == len(held)
+    prof = read_profile(draft)  # rewritten from this run: the live figure
+    assert prof["source"] == "live" and prof["accept_length"] == live["accept_length"]
+    assert prof["data"]["live_sample_ids"] == live["sample_ids"] and prof["target"]["model_id"] == "tiny"
+    assert expected_accept_length(prof, 3) == pytest.approx(live["accept_length"])
+    eagle = eval_json(
+        capsys,
+        "--draft",
+        str(draft),
+        "--target",
+        str(target),
+        "--dataset",
+        str(ds),
+        "--prompts",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--as-algorithm",
+        "EAGLE",
+        "--num-steps",
+        "2",
+    )
+    assert eagle["as_algorithm"] == "EAGLE" and eagle["offline"] is None and eagle["live"]["lossless"] is True
+    assert read_profile(draft)["source"] == "live" and read_profile(draft)["num_steps"] == 3, "EAGLE mode writes none"
+
+
+def test_bad_inputs_name_what_differs(run, capsys, tmp_path):
+    _, target, ds, draft = run
+
+    def refused(*args: str) -> str:
+        capsys.readouterr()
+        assert main(["eval-draft", *args, "--prompts", "0", "--no-profile", "--threads", "1"]) == 2
+        return capsys.readouterr().err
+
+    # A draft for another target: the same weights under another name (model_id) ...
+    other = shutil.copytree(target, tmp_path / "other-target")
+    err = refused("--draft", str(draft), "--target", str(other), "--dataset", str(ds))
+    assert "DraftMismatchError" in err and "draft-for-another-target" in err and "'tiny'" in err
+    assert "'other-target'" in err and "--allow-other-target" in err
+    # ... and a dataset captured from another target (hidden size 16).
+    small = one_sample_dataset(tmp_path / "small", hidden=16, vocab=2000)
+    err = refused("--draft", str(draft), "--target", str(target), "--dataset", str(small))
+    assert "dataset-hidden-size" in err and "hidden_size 16" in err
+    # Dataset metadata that does not match the draft (its vocabulary).
+    odd = one_sample_dataset(tmp_path / "odd", hidden=32, vocab=999)
+    err = refused("--draft", str(draft), "--target", str(target), "--dataset", str(odd))
+    assert "does not match the draft" in err and "vocab_size 999 (draft config: 2000)" in err and str(odd) in err
+    # A draft without d2t (its 256-token vocabulary would be read as target ids 0..255).
+    no_map = shutil.copytree(draft, tmp_path / "no-d2t")
+    state = load_file(no_map / "model.safetensors")
+    save_file({k: v for k, v in state.items() if k not in ("d2t", "t2d")}, no_map / "model.safetensors")
+    (no_map / "vocab_map.safetensors").unlink()  # SGLang would read d2t from any *.safetensors of the directory
+    err = refused("--draft", str(no_map), "--target", str(target), "--dataset", str(ds))
+    assert "d2t-missing" in err and "no d2t tensor" in err
