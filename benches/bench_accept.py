@@ -4,8 +4,9 @@ Every draft is measured on the same held-out conversations: the samples of each 
 (their ``training_samples.json``; ids are source record indexes, so they name the same conversations in the original,
 FP8 and regenerated captures of one ShareGPT slice). Live: ``eagle_io.spec.SpeculativeDecoder`` on the first
 ``--prompts`` of them (prompt = the conversation up to its first answer), ``--max-new-tokens`` each, against the
-target's own greedy decoding (lossless check, tokens/s; the greedy reference is decoded once and shared); only prompts
-of at most ``--max-prompt-tokens`` (a CPU's prefill cost). Offline: ``eagle_io.draft.offline_accept`` over the first
+target's own greedy decoding (lossless check; tokens/s with each prompt's greedy and speculative decodings back to
+back, so both see the same load of a shared machine); only prompts of at most ``--max-prompt-tokens`` (a CPU's
+prefill cost). Offline: ``eagle_io.draft.offline_accept`` over the first
 ``--offline-samples`` held-out samples of each ``--offline`` dataset (the teacher's argmax computed once per
 dataset). ``--eagle-mode NAME`` also decodes that draft as SGLang runs it under ``--speculative-algorithm EAGLE``.
 Counts in SGLang's convention (bonus token counted, pooled).
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from eagle_io.draft.train import Teacher
     from eagle_io.feed import ShardDataset
     from eagle_io.interop.speculation_profile import read_training_samples
-    from eagle_io.spec import greedy_decode, load_served_draft
+    from eagle_io.spec import load_served_draft
     from eagle_io.spec.evaluate import evaluate_draft, live_prompts
 
     args = parse_args(argv)
@@ -93,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         live_pos = [p for p in held(live_ds) if short(p)][: args.prompts]
     prompts, prompt_ids = live_prompts(live_ds, live_pos, args.prompts)
-    reference = greedy_decode(drafts[args.draft[0][0]].target, prompts, args.max_new_tokens, eos)
-    print(f"live      {len(prompts)} held-out prompts {prompt_ids}; greedy {reference[1]:.1f} s", file=sys.stderr)
+    print(f"live      {len(prompts)} held-out prompts {prompt_ids}", file=sys.stderr)
     offline = {name: ShardDataset(path) for name, path in args.offline}
     head_w = model.get_output_embeddings().weight.detach().float()
     teachers = {name: Teacher(head_w) for name in offline}  # the teacher's argmax, computed once per dataset
@@ -113,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
                     max_new_tokens=args.max_new_tokens,
                     eos_token_ids=eos,
                     offline=False,
-                    reference=reference,
                 )
                 row = {"draft": name, "num_steps": s, "as_algorithm": algo, "live": res["live"], "offline": {}}
                 if algo == "EAGLE3":
