@@ -1,7 +1,8 @@
 """``eagle-io generate --regenerate``: every assistant turn replaced by the target's own reply before the capture, in
 the same run (tiny HF target of tests/helpers/tiny_model.py over the ShareGPT fixture slice): the stored sample's
 supervised tokens are the target's greedy reply, the original and regenerated turns are recorded per sample, the
-metadata says how, and a resume with other regeneration options is refused."""
+metadata says how, and a resume with other regeneration options is refused. Through SGLang's capture engine:
+tests/test_sglang_generate.py."""
 
 from __future__ import annotations
 
@@ -89,5 +90,3 @@ def test_resume_with_other_regeneration_options_is_refused(regenerated, capsys):
     assert "--max-new-tokens 10 (this run: 20)" in err
     plain = [a for a in args if a not in ("--regenerate", "--max-new-tokens", "10")] + ["--resume"]
     assert main(plain) == 2 and "--regenerate (this run: without it)" in capsys.readouterr().err
-    assert main([*args[:-3], "--backend", "sglang", "--regenerate"]) == 2
-    assert "--regenerate runs on --backend hf only" in capsys.readouterr().err

@@ -6,7 +6,8 @@ tests/fixtures/serving/stand_ins is on ``PYTHONPATH`` (its functions raise if ca
 resume (only the missing samples are captured), two DP ranks writing their own shards merged into one dataset
 bit-identical to the single-rank run, the same two ranks writing to ``s3://`` on a real S3 server (each shard
 uploaded as it commits, resumed from the remote manifests alone), agreement with the HF reference path, and a server
-started with ``EAGLE_IO_CAPTURE_DIR`` fed over HTTP (``custom_params``) and stopped through the stop file.
+started with ``EAGLE_IO_CAPTURE_DIR`` fed over HTTP (``custom_params``) and stopped through the stop file, and
+``--regenerate`` answered by the capture engine itself.
 """
 
 from __future__ import annotations
@@ -210,6 +211,38 @@ def test_the_embedded_real_model_through_sglang_matches_the_hf_backend(tmp_path)
             a, b = x[name].float(), y[name].float()
             assert float((a - b).abs().max() / b.abs().max()) <= tol, (sid, name)
             assert float(torch.nn.functional.cosine_similarity(a, b, dim=-1).min()) >= 0.99, (sid, name)
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_generate_regenerate_through_the_sglang_engine_captures_its_own_answers(runs):
+    """``--regenerate --backend sglang``: the capture engine writes the answers (its generation requests carry no
+    sample parameter, so only the capture prefills are written); each stored sample's first supervised span is the
+    regenerated turn recorded beside the original in regenerated_turns.jsonl, and the metadata says how."""
+    from eagle_io.data import load_default_tokenizer
+
+    tmp, *_ = runs
+    out = tmp / "regen"
+    summary = generate(tmp, out, "--limit", "4", "--regenerate", "--max-new-tokens", "8")
+    ds = eagle_io.Dataset(out)
+    assert eagle_io.Dataset.verify(out) == [] and len(ds) == summary["samples_written"] >= 2
+    assert ds.metadata["regenerated"]["by"] == "tiny" and ds.metadata["regenerated"]["max_new_tokens"] == 8
+    assert ds.metadata["capture_backend"].startswith("sglang ")
+    records = {r["sample_id"]: r for r in map(json.loads, (out / "regenerated_turns.jsonl").read_text().splitlines())}
+    assert summary["regenerated"]["turns"] == sum(len(r["turns"]) for r in records.values()) > 0
+    tok = load_default_tokenizer()
+    source = json.loads(FIXTURE.read_text())
+    for pos in range(len(ds)):
+        sample = ds[pos]
+        first = records[sample["sample_id"]]["turns"][0]
+        originals = [t["value"] for t in source[sample["sample_id"]]["conversations"] if t["from"] == "gpt"]
+        assert first["original"] in originals and 1 <= first["new_tokens"] <= 8
+        assert first["regenerated"].strip() not in {o.strip() for o in originals}
+        mask = sample["loss_mask"].bool()
+        start = int(torch.nonzero(mask)[0])
+        end = start + int(mask[start:].int().cumprod(0).sum())
+        stored = tok.decode(sample["input_ids"][start:end], skip_special_tokens=True)
+        assert stored.strip() == first["regenerated"].strip(), sample["sample_id"]
 
 
 def test_generate_refuses_an_existing_capture_without_resume_or_with_another_dp_size(tmp_path, capsys):

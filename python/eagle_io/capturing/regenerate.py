@@ -18,13 +18,18 @@ differ from a batch-of-one decoding where padding changes a near-tied argmax). O
 conversation's original and
 regenerated turns go to ``regenerated_turns.jsonl`` in the dataset directory (one JSON line per source record,
 appended as it is regenerated; on ``--resume`` a record regenerated again appends a new line: the last one counts).
+
+Both backends generate: the Hugging Face model itself (:func:`hf_replies`), or the SGLang capture engine
+(:func:`sglang_replies`), whose generation requests carry no eagle-io sample parameter and so are never captured
+(``capturing.sglang.scheduler``: only forwards of requests with ``custom_params["eagle_io_sample"]`` are written);
+the engine batches them itself, and a sampled reply is seeded per conversation (SGLang's ``sampling_seed``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -35,7 +40,7 @@ from ..data.sources import Conversation
 from ..data.turns import prepare_turns
 from ..errors import InvalidArgumentError, StorageError
 
-__all__ = ["RegenerateOptions", "Regenerator", "turns_path"]
+__all__ = ["RegenerateOptions", "Regenerator", "Replies", "hf_replies", "sglang_replies", "turns_path"]
 
 
 def turns_path(root: str | os.PathLike[str], rank: int = 0, world_size: int = 1) -> str:
@@ -72,45 +77,83 @@ class RegenerateOptions:
         }
 
 
-class Regenerator:
-    """Regenerates conversations with ``model`` (a Hugging Face causal LM) and its ``tokenizer``, ``batch``
-    conversations at a time (their next assistant turns generated together, left-padded: decoding one token per
-    forward is latency-bound on a CPU, so a batch of 8 costs little more than one), writing each record's turns to
-    ``path`` (:func:`turns_path`). Sampled batches are seeded with ``seed`` + the first record index of the batch."""
+#: ``replies(prompts, rooms, seeds) -> [(new token ids, finished)]``: each prompt's continuation, at most ``rooms[i]``
+#: new tokens, ``finished`` when it ended at an end of turn (the ids then end with that token) rather than at the
+#: budget; ``seeds[i]`` seeds a sampled continuation.
+Replies = Callable[[list[list[int]], list[int], list[int]], list[tuple[list[int], bool]]]
 
-    def __init__(
-        self, model: torch.nn.Module, tokenizer: Any, options: RegenerateOptions, path: str, batch: int = 8
-    ) -> None:
-        self.model, self.tokenizer, self.options, self.path, self.batch = model, tokenizer, options, path, batch
-        self.turns = self.tokens = 0
-        eos = getattr(model.generation_config, "eos_token_id", None)
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
-            eos.append(tokenizer.eos_token_id)
-        self.eos = eos
+
+def _eos_ids(model: torch.nn.Module | None, tokenizer: Any) -> list[int]:
+    """The end-of-turn ids: the model's ``generation_config.eos_token_id`` (one or several) and the tokenizer's."""
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+        eos.append(tokenizer.eos_token_id)
+    return eos
+
+
+def hf_replies(model: torch.nn.Module, tokenizer: Any, options: RegenerateOptions) -> Replies:
+    """Replies by a Hugging Face causal LM: one ``model.generate`` per batch, left-padded (greedy tokens can differ
+    from a batch-of-one decoding where padding changes a near-tied argmax); a sampled batch is seeded with its first
+    seed."""
+    eos = _eos_ids(model, tokenizer)
 
     @torch.no_grad()
-    def _replies(self, prompts: list[list[int]], rooms: list[int], seed: int) -> list[tuple[list[int], bool]]:
-        """Greedy (or sampled) continuations of ``prompts``, left-padded into one batch, ``rooms[i]`` tokens at most
-        for prompt ``i`` (the batch runs to the largest; each row is cut to its own)."""
-        o = self.options
-        pad = self.eos[0]
+    def replies(prompts: list[list[int]], rooms: list[int], seeds: list[int]) -> list[tuple[list[int], bool]]:
+        pad = eos[0]
         width = max(len(p) for p in prompts)
-        x = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.model.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.model.device)
-        kw: dict[str, Any] = {"max_new_tokens": max(rooms), "eos_token_id": self.eos, "pad_token_id": pad}
-        if o.temperature > 0:
-            torch.manual_seed(seed)
-            kw |= {"do_sample": True, "temperature": o.temperature, "top_k": 0, "top_p": 1.0}
+        x = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+        kw: dict[str, Any] = {"max_new_tokens": max(rooms), "eos_token_id": eos, "pad_token_id": pad}
+        if options.temperature > 0:
+            torch.manual_seed(seeds[0])
+            kw |= {"do_sample": True, "temperature": options.temperature, "top_k": 0, "top_p": 1.0}
         else:
             kw |= {"do_sample": False}
-        out = self.model.generate(input_ids=x, attention_mask=mask, **kw)[:, width:].tolist()
-        replies = []
+        out = model.generate(input_ids=x, attention_mask=mask, **kw)[:, width:].tolist()
+        done = []
         for row, room in zip(out, rooms, strict=True):
             row = row[:room]
-            end = next((i for i, t in enumerate(row) if t in self.eos), None)
-            replies.append((row[: end + 1], True) if end is not None else (row, False))
-        return replies
+            end = next((i for i, t in enumerate(row) if t in eos), None)
+            done.append((row[: end + 1], True) if end is not None else (row, False))
+        return done
+
+    return replies
+
+
+def sglang_replies(engine: Any, options: RegenerateOptions) -> Replies:
+    """Replies by an ``sglang.Engine`` started with ``skip_tokenizer_init`` (token ids in and out, as the capture
+    engine is): one ``engine.generate`` per batch, ``max_new_tokens`` per request, ``temperature`` and, when
+    sampling, ``sampling_seed`` per conversation; ``finished`` when SGLang's ``finish_reason`` is ``"stop"`` (its
+    end-of-turn ids are the model's). No ``custom_params``: nothing of these forwards is captured."""
+
+    def replies(prompts: list[list[int]], rooms: list[int], seeds: list[int]) -> list[tuple[list[int], bool]]:
+        params = []
+        for room, seed in zip(rooms, seeds, strict=True):
+            p: dict[str, Any] = {"max_new_tokens": room, "temperature": options.temperature}
+            if options.temperature > 0:
+                p["sampling_seed"] = seed
+            params.append(p)
+        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        done = []
+        for out, room in zip(outs, rooms, strict=True):
+            reason = (out.get("meta_info") or {}).get("finish_reason") or {}
+            done.append(([int(t) for t in out["output_ids"]][:room], reason.get("type") == "stop"))
+        return done
+
+    return replies
+
+
+class Regenerator:
+    """Regenerates conversations ``batch`` at a time (their next assistant turns generated together by ``replies``:
+    :func:`hf_replies` or :func:`sglang_replies`), rendering prompts with ``tokenizer``'s chat template and writing
+    each record's turns to ``path`` (:func:`turns_path`). A sampled reply is seeded with ``options.seed`` + its
+    record index (HF: one seed per batch, that of the batch's first conversation still waiting for a turn)."""
+
+    def __init__(self, replies: Replies, tokenizer: Any, options: RegenerateOptions, path: str, batch: int = 8) -> None:
+        self.replies, self.tokenizer, self.options, self.path, self.batch = replies, tokenizer, options, path, batch
+        self.turns = self.tokens = 0
 
     def _prompt(self, messages: list[dict[str, str]]) -> list[int]:
         return list(
@@ -149,7 +192,8 @@ class Regenerator:
                 o.max_new_tokens if o.max_length is None else min(o.max_new_tokens, o.max_length - len(p))
                 for _, p, _ in waiting
             ]
-            replies = self._replies([p for _, p, _ in waiting], rooms, o.seed + conversations[0].index)
+            seeds = [o.seed + conversations[k].index for k, _, _ in waiting]
+            replies = self.replies([p for _, p, _ in waiting], rooms, seeds)
             for (k, _, original), (ids, finished) in zip(waiting, replies, strict=True):
                 text = self.tokenizer.decode(ids, skip_special_tokens=True)
                 outs[k].append({"role": "assistant", "content": text})

@@ -250,6 +250,25 @@ def _capture_options(args, dataset: str, layer_ids, info, tokenizer, **extra: An
     )
 
 
+def _regenerate_options(args, tokenizer):
+    """The run's :class:`~eagle_io.capturing.regenerate.RegenerateOptions` under ``--regenerate``, else None."""
+    if not args.regenerate:
+        return None
+    from ..capturing.regenerate import RegenerateOptions
+
+    print(f"regenerate every assistant turn: up to {args.max_new_tokens} tokens, temperature {args.temperature}")
+    return RegenerateOptions(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        max_length=args.max_length,
+        template_kwargs=_template_kwargs(args, tokenizer) or {},
+    )
+
+
+def _regenerated_metadata(regen, info) -> dict:
+    return {} if regen is None else {"regenerated": regen.metadata(info["model_id"])}
+
+
 def _hf_session(args, dataset: str, layer_ids):
     import torch
 
@@ -258,26 +277,19 @@ def _hf_session(args, dataset: str, layer_ids):
 
     model, tokenizer, info = load_target(args.model, dtype=getattr(torch, args.dtype))
     print(f"target    {info['model_id']}: {info['num_layers']} layers, hidden {info['hidden_size']}, {args.dtype}")
-    regenerated = {}
-    if args.regenerate:
-        from ..capturing.regenerate import RegenerateOptions, Regenerator, turns_path
+    regen = _regenerate_options(args, tokenizer)
+    if regen is not None:
+        from ..capturing.regenerate import Regenerator, hf_replies, turns_path
 
-        regen = RegenerateOptions(
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            max_length=args.max_length,
-            template_kwargs=_template_kwargs(args, tokenizer) or {},
-        )
-        regenerated["regenerated"] = regen.metadata(info["model_id"])
-        args.regenerator = Regenerator(model, tokenizer, regen, turns_path(args.out, args.rank, args.world_size))
-        print(f"regenerate every assistant turn: up to {args.max_new_tokens} tokens, temperature {args.temperature}")
+        path = turns_path(args.out, args.rank, args.world_size)
+        args.regenerator = Regenerator(hf_replies(model, tokenizer, regen), tokenizer, regen, path)
     options = _capture_options(
         args,
         dataset,
         layer_ids,
         info,
         tokenizer,
-        metadata={"world_size": args.world_size, **regenerated},
+        metadata={"world_size": args.world_size, **_regenerated_metadata(regen, info)},
         writer_options={"rank": args.rank, "world_size": args.world_size},
     )
     return CaptureSession(model, args.remote or args.out, options), tokenizer, info, lambda: None
@@ -290,11 +302,6 @@ def _sglang_session(args, dataset: str, layer_ids):
 
     if args.world_size != 1:
         raise InvalidArgumentError("--backend sglang runs one engine: use --dp-size / --tp-size, not --world-size")
-    if args.regenerate:
-        raise InvalidArgumentError(
-            "--regenerate runs on --backend hf only so far (the SGLang capture engine would capture its own "
-            "generation forwards too); regenerate with --backend hf"
-        )
     held = layout.dataset_manifests(args.out)
     where = args.remote or args.out
     if not args.resume and held:
@@ -313,11 +320,17 @@ def _sglang_session(args, dataset: str, layer_ids):
         f"target    {info['model_id']} through SGLang ({path}): tp {args.tp_size}, dp {args.dp_size}, "
         f"attention dp {args.attn_dp_size}: {args.writers} shard writer(s)"
     )
-    options = _capture_options(args, dataset, layer_ids, info, tokenizer)
+    regen = _regenerate_options(args, tokenizer)
+    metadata = _regenerated_metadata(regen, info)
+    options = _capture_options(args, dataset, layer_ids, info, tokenizer, metadata=metadata)
     staging = {"staging": args.out} if args.remote else {}
     engine = launch_capture_engine(path, args.remote or args.out, options, **args.engine_args)
     try:
         session = SGLangCaptureSession(engine, args.remote or args.out, started=True, **staging)
+        if regen is not None:  # the engine's own generation requests: no sample parameter, never captured
+            from ..capturing.regenerate import Regenerator, sglang_replies, turns_path
+
+            args.regenerator = Regenerator(sglang_replies(engine, regen), tokenizer, regen, turns_path(args.out))
     except BaseException:
         engine.shutdown()
         raise
