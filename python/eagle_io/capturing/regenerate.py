@@ -39,6 +39,7 @@ import torch
 from ..data.sources import Conversation
 from ..data.turns import prepare_turns
 from ..errors import InvalidArgumentError, StorageError
+from .models import end_of_turn_ids
 
 __all__ = ["RegenerateOptions", "Regenerator", "Replies", "hf_replies", "sglang_replies", "turns_path"]
 
@@ -83,21 +84,11 @@ class RegenerateOptions:
 Replies = Callable[[list[list[int]], list[int], list[int]], list[tuple[list[int], bool]]]
 
 
-def _eos_ids(model: torch.nn.Module | None, tokenizer: Any) -> list[int]:
-    """The end-of-turn ids: the model's ``generation_config.eos_token_id`` (one or several) and the tokenizer's."""
-    config = getattr(model, "generation_config", None)
-    eos = getattr(config, "eos_token_id", None)
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
-        eos.append(tokenizer.eos_token_id)
-    return eos
-
-
 def hf_replies(model: torch.nn.Module, tokenizer: Any, options: RegenerateOptions) -> Replies:
     """Replies by a Hugging Face causal LM: one ``model.generate`` per batch, left-padded (greedy tokens can differ
     from a batch-of-one decoding where padding changes a near-tied argmax); a sampled batch is seeded with its first
     seed."""
-    eos = _eos_ids(model, tokenizer)
+    eos = end_of_turn_ids(model, tokenizer)
 
     @torch.no_grad()
     def replies(prompts: list[list[int]], rooms: list[int], seeds: list[int]) -> list[tuple[list[int], bool]]:

@@ -62,7 +62,7 @@ def _report(res: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..capturing.models import load_target
+    from ..capturing.models import end_of_turn_ids, load_target
     from ..feed import ShardDataset
     from ..interop.speculation_profile import PROFILE_NAME, build_profile, read_training_samples, write_json
     from ..interop.vocab import dataset_fingerprint
@@ -84,8 +84,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"eval-draft: warning [{w.code}] {w.message}")
     training = read_training_samples(args.draft)
     positions, held = held_out_positions(ds, training)
-    eos = {e for e in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)) if e is not None}
-    eos = {int(x) for e in eos for x in (e if isinstance(e, list) else [e])}
     res = evaluate_draft(
         served,
         ds,
@@ -94,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         as_algorithm=args.as_algorithm,
         prompts=args.prompts,
         max_new_tokens=args.max_new_tokens,
-        eos_token_ids=sorted(eos),
+        eos_token_ids=end_of_turn_ids(model, tokenizer),
     )
     res.update(held)
     res["dataset"], res["draft"], res["target"] = args.dataset, args.draft, info["model_id"]
