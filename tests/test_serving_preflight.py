@@ -315,6 +315,14 @@ def test_launch_args_are_parsed_by_sglangs_own_parser(tmp_path, monkeypatch):
         launch_args(["--model-path", "/m", "--speculative-draft", "/d"])  # what SGLang itself refuses
     with pytest.raises(eagle_io.InvalidArgumentError, match="--config: SGLang's config merge refuses it"):
         launch_args(["--config", str(tmp_path / "launch.json")])
+    assert launch_args(["--config", str(cfg)]).config_ignored is None
+    for argv in (["--config=" + str(cfg)], ["--conf", str(cfg)]):  # SGLang parses these and never reads the file
+        la = launch_args(["--model-path", "/m", *argv])
+        assert (la.model_path, la.draft_path, la.config_ignored) == ("/m", None, str(cfg)), argv
+    # What SGLang's own prepare_server_args makes of it: the file's settings are not there.
+    from sglang.srt.server_args import prepare_server_args
+
+    assert prepare_server_args(["--model-path", "/m", f"--config={cfg}"]).speculative_algorithm is None
 
 
 def test_launch_args_without_sglang_refuse_what_they_cannot_read_as_sglang_does(monkeypatch):
@@ -619,7 +627,7 @@ def test_cli_reads_sglang_launch_args_after_dashdash(tmp_path, capsys):
 def test_an_abbreviated_correct_launch_is_not_refused_and_ray_is_warned(tmp_path):
     """``--speculative-algo EAGLE3`` is SGLang's ``--speculative-algorithm EAGLE3``: no false
     eagle3-draft-wrong-algorithm (the old parser, allow_abbrev=False, saw no algorithm at all); ``--use-ray`` gets the
-    warning that the plugin cannot guard that launch."""
+    warning that the plugin cannot guard that launch, ``--config=FILE`` the one that SGLang never reads that file."""
     pytest.importorskip("sglang.srt.server_args", reason="SGLang's parser needs SGLang installed")
     t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
     raw = ["--model-path", str(t), "--speculative-algo", "EAGLE3", "--speculative-draft-model-path", str(d)]
@@ -627,6 +635,11 @@ def test_an_abbreviated_correct_launch_is_not_refused_and_ray_is_warned(tmp_path
     assert issues(fs) == {}
     fs = check_serving(None, None, server_args=[*raw, "--use-ray"])
     assert issues(fs) == {"ray-no-guard": "warning"} and "never call load_plugins()" in fs[0].message
+    cfg = tmp_path / "launch.yaml"
+    cfg.write_text("speculative-num-steps: 5\n")
+    fs = check_serving(None, None, server_args=[*raw, f"--config={cfg}"])
+    assert issues(fs) == {"config-ignored": "warning"} and f"--config {cfg} (two tokens)" in fs[0].fix
+    assert issues(check_serving(None, None, server_args=[*raw, "--config", str(cfg)])) == {}
     wrong = ["--model", str(t), "--speculative-algo", "EAGLE", "--speculative-draft-model", str(d)]
     fs = check_serving(None, None, server_args=wrong)
     assert issues(fs) == {"eagle3-draft-wrong-algorithm": "error"}

@@ -125,6 +125,15 @@ def check_serving(
             "will not run in this launch (nor eagle-io's capture); this preflight is the only check it gets",
             "launch without --use-ray to keep the guard",
         )
+    if la.config_ignored is not None:
+        add(
+            WARNING,
+            "config-ignored",
+            f"SGLang parses this launch's config file {la.config_ignored!r} but never reads it: prepare_server_args "
+            "merges a config file only when the exact token --config is in argv (not --config=FILE, not an "
+            "abbreviation), so the server runs without the file's settings, speculative ones included",
+            f"write --config {la.config_ignored} (two tokens)",
+        )
     if la.parser == "eagle-io":
         add(
             INFO,

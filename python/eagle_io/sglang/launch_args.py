@@ -32,6 +32,10 @@ class LaunchArgs:
     ``sglang.srt.arg_groups.overrides.resolved_view`` when a resolved ``ServerArgs`` is given). ``use_ray``: the
     schedulers run as Ray actors (``--use-ray``). ``parser``: who read raw arguments, ``"sglang"`` (SGLang's own
     parser) or ``"eagle-io"`` (the fallback without SGLang); None for a mapping or a ``ServerArgs``.
+    ``config_ignored``: a config file SGLang parses as ``--config`` but never reads: ``prepare_server_args`` merges
+    the file only when the exact token ``--config`` is in argv (``"--config" in argv``;
+    ``ConfigArgumentMerger._extract_config_file_path`` looks for that token too), so ``--config=launch.yaml`` or an
+    abbreviation (``--conf launch.yaml``) launches without the file's settings, silently.
     """
 
     model_path: str | None = None
@@ -42,6 +46,7 @@ class LaunchArgs:
     num_steps: int | None = None  # --speculative-num-steps; None when not given (SGLang then picks one)
     use_ray: bool = False
     parser: str | None = None
+    config_ignored: str | None = None
 
 
 class _Refused(argparse.ArgumentParser):
@@ -140,13 +145,15 @@ def launch_args(server_args: Any) -> LaunchArgs:
     """
     if server_args is None:
         return LaunchArgs()
-    parser = None
+    parser = ignored = None
     if isinstance(server_args, Sequence) and not isinstance(server_args, str):
         argv = [str(a) for a in server_args]
         ns = _sglang_parse(argv)
         parser = "sglang"
         if ns is None:
             ns, parser = _fallback_parse(argv), "eagle-io"
+        elif getattr(ns, "config", None) and "--config" not in argv:
+            ignored = str(ns.config)
         server_args = vars(ns)
     get = reader(server_args)
     algo = get("speculative_algorithm")
@@ -160,4 +167,5 @@ def launch_args(server_args: Any) -> LaunchArgs:
         num_steps=int(steps) if isinstance(steps, int) and not isinstance(steps, bool) else None,
         use_ray=bool(get("use_ray", False)),
         parser=parser,
+        config_ignored=ignored,
     )
