@@ -16,6 +16,8 @@ from safetensors.torch import load_file, save_file
 
 import eagle_io
 from eagle_io.cli import main
+from eagle_io.draft.export import load_draft
+from eagle_io.errors import CheckpointError
 from eagle_io.interop.speculation_profile import expected_accept_length, read_profile, read_training_samples
 
 
@@ -193,3 +195,23 @@ def test_bad_inputs_name_what_differs(run, capsys, tmp_path):
     (no_map / "vocab_map.safetensors").unlink()  # SGLang would read d2t from any *.safetensors of the directory
     err = refused("--draft", str(no_map), "--target", str(target), "--dataset", str(ds))
     assert "d2t-missing" in err and "no d2t tensor" in err
+
+
+def test_a_draft_config_without_sglangs_defaulted_keys_loads_as_sglang_builds_it(run, capsys, tmp_path):
+    # SpecForge's draft configs name no head_dim and no target_hidden_size: SGLang's LlamaConfig gives
+    # hidden_size // heads and llama_eagle3.py hidden_size. eval-draft stopped on a KeyError traceback.
+    _, target, ds, draft = run
+    sf = shutil.copytree(draft, tmp_path / "specforge-style")
+    cfg = json.loads((sf / "config.json").read_text())
+    del cfg["head_dim"], cfg["target_hidden_size"]
+    (sf / "config.json").write_text(json.dumps(cfg))
+    assert load_draft(sf).config == load_draft(draft).config
+    args = ["--target", str(target), "--dataset", str(ds), "--prompts", "0", "--no-profile"]
+    assert (
+        eval_json(capsys, "--draft", str(sf), *args)["offline"]
+        == eval_json(capsys, "--draft", str(draft), *args)["offline"]
+    )
+    del cfg["hidden_size"]
+    (sf / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"config\.json: hidden_size is None"):
+        load_draft(sf)

@@ -39,7 +39,7 @@ from ..sglang.setters import explicit_ids_for, setter_rule
 from ..store import layout
 from .model import Eagle3Draft, Eagle3DraftConfig
 
-__all__ = ["draft_config_json", "eagle_config_ids", "load_draft", "save_draft"]
+__all__ = ["draft_config_json", "eagle_config_ids", "load_draft", "save_draft", "served_config"]
 
 
 def eagle_config_ids(aux_layer_ids: Sequence[int], target: Mapping[str, Any] | None = None) -> list[int]:
@@ -186,6 +186,49 @@ def save_draft(
     return {"weights": weights, "config": cfg_path}
 
 
+def served_config(c: Mapping[str, Any], where: str | os.PathLike[str] = "config.json") -> Eagle3DraftConfig:
+    """The shapes SGLang builds from a draft ``config.json`` dict ``c``: ``AutoConfig`` reads it as a
+    ``LlamaConfig``, whose defaults fill what the file leaves out (``head_dim`` ``hidden_size //
+    num_attention_heads``, ``num_key_value_heads`` ``num_attention_heads``, ``intermediate_size`` 11008,
+    ``rms_norm_eps`` 1e-6, ``rope_theta`` 10000, ``max_position_embeddings`` 2048), and ``llama_eagle3.py`` sizes
+    ``fc`` and ``lm_head`` as :func:`eagle_io.sglang.draft_build.draft_build` says (``target_hidden_size``, else
+    ``hidden_size``; ``num_aux_hidden_states``, else the ``eagle_config`` ids, else 3; ``draft_vocab_size``, else
+    ``vocab_size``). SpecForge's draft configs name neither ``head_dim``, ``target_hidden_size`` nor
+    ``eagle_config``.
+
+    Raises:
+        CheckpointError: ``vocab_size``, ``hidden_size`` or ``num_attention_heads`` missing or not an integer, or
+            another shape key that is not one (naming ``where`` and the key).
+    """
+    from ..errors import CheckpointError
+    from ..sglang.draft_build import draft_build
+
+    def num(key: str, default: Any = None, kind: type = int) -> Any:
+        value = c.get(key)
+        value = default if value is None else value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            raise CheckpointError(f"{where}: {key} is {c.get(key)!r}: the draft config needs a number there", where)
+        return kind(value)
+
+    hidden, heads = num("hidden_size"), num("num_attention_heads")
+    build = draft_build(c)
+    rope = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta")
+    return Eagle3DraftConfig(
+        vocab_size=num("vocab_size"),
+        draft_vocab_size=num("draft_vocab_size", build.lm_head_rows),
+        hidden_size=hidden,
+        target_hidden_size=num("target_hidden_size", build.hidden_size_in),
+        num_aux_layers=build.num_aux,
+        num_attention_heads=heads,
+        num_key_value_heads=num("num_key_value_heads", heads),
+        head_dim=num("head_dim", hidden // heads),
+        intermediate_size=num("intermediate_size", 11008),
+        rms_norm_eps=num("rms_norm_eps", 1e-6, float),
+        rope_theta=float(rope or 10000.0),
+        max_position_embeddings=num("max_position_embeddings", 2048),
+    )
+
+
 def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
     """Reads back a :func:`save_draft` directory (or another SGLang-format EAGLE-3 draft of this layout) into a
     float32 :class:`Eagle3Draft` (for tests and evaluation).
@@ -195,26 +238,17 @@ def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
     ``d2t``/``t2d``: SGLang then maps draft index ``i`` to token ``i`` (``hot_token_id`` None), and so does the
     identity map installed here. A checkpoint without ``embed_tokens.weight`` (SpecForge drops the frozen embedding)
     keeps an uninitialised one: SGLang gives the draft the target's (:func:`eagle_io.spec.load_served_draft` does).
+    Shapes the config leaves out take SGLang's defaults (:func:`served_config`).
+
+    Raises:
+        CheckpointError: a shape key the draft cannot be built without (:func:`served_config`).
     """
     from safetensors.torch import load_file
 
     with open(os.path.join(os.fspath(out_dir), "config.json")) as f:
         c = json.load(f)
-    cfg = Eagle3DraftConfig(
-        vocab_size=c["vocab_size"],
-        draft_vocab_size=c["draft_vocab_size"],
-        hidden_size=c["hidden_size"],
-        target_hidden_size=c["target_hidden_size"],
-        num_aux_layers=len(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
-        num_attention_heads=c["num_attention_heads"],
-        num_key_value_heads=c["num_key_value_heads"],
-        head_dim=c["head_dim"],
-        intermediate_size=c["intermediate_size"],
-        rms_norm_eps=c["rms_norm_eps"],
-        rope_theta=c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta", 10000.0),
-        max_position_embeddings=c["max_position_embeddings"],
-    )
-    model = Eagle3Draft(cfg)
+    model = Eagle3Draft(served_config(c, os.path.join(os.fspath(out_dir), "config.json")))
+    cfg = model.config
     state: dict[str, torch.Tensor] = {}
     for path in sorted(Path(out_dir).glob("*.safetensors"), key=lambda p: p.name == "model.safetensors"):
         state.update(load_file(path))  # SGLang loads every *.safetensors of the directory; model.safetensors wins
