@@ -215,3 +215,20 @@ def test_a_draft_config_without_sglangs_defaulted_keys_loads_as_sglang_builds_it
     (sf / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=r"config\.json: hidden_size is None"):
         load_draft(sf)
+
+
+def test_a_live_run_without_a_verify_step_reports_and_profiles_offline(run, capsys, tmp_path):
+    # --max-new-tokens 1: every prompt ends at the prefill's token, so no verify step (accept length None). The text
+    # report stopped on a TypeError formatting None, and the profile was refused although offline had a figure.
+    _, target, ds, draft = run
+    mine = shutil.copytree(draft, tmp_path / "draft")
+    capsys.readouterr()
+    argv = ["--draft", str(mine), "--target", str(target), "--dataset", str(ds), "--prompts", "2"]
+    assert main(["eval-draft", *argv, "--max-new-tokens", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "no verify step: each of the 2 prompts ended at its first token" in out and "offline     accept length" in out
+    )
+    prof = read_profile(mine)
+    assert prof["source"] == "offline" and prof["live"]["verify_steps"] == 0
+    assert prof["accept_length"] == prof["offline"]["accept_length"] is not None

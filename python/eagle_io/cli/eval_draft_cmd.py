@@ -33,26 +33,36 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
 
 
+def _num(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
 def _report(res: dict) -> str:
     lines = [f"eval-draft  num_steps {res['num_steps']}, {res['as_algorithm']}, held out: {res['held_out']}"]
     live, off = res["live"], res["offline"]
-    if live:
+    if live and not live["verify_steps"]:
+        lines.append(
+            f"live        no verify step: each of the {live['prompts']} prompts ended at its first token "
+            f"({live['generated_tokens']} tokens; lossless: {live['lossless']}): no live accept length"
+        )
+    elif live:
         lines.append(
             f"live        accept length {live['accept_length']:.3f} over {live['verify_steps']} verify steps of "
             f"{live['prompts']} prompts ({live['generated_tokens']} tokens; lossless: {live['lossless']}); "
             "per position " + ", ".join(f"{r:.3f}" for r in live["per_position_accept_rate"])
         )
         lines.append(
-            f"            {live['tokens_per_s']:.1f} tokens/s vs {live['greedy_tokens_per_s']:.1f} plain greedy "
-            f"({live['speedup']:.2f}x); mean of per-request means {live['mean_of_request_means']:.3f} (biased)"
+            f"            {_num(live['tokens_per_s'], '.1f')} tokens/s vs {_num(live['greedy_tokens_per_s'], '.1f')} "
+            f"plain greedy ({_num(live['speedup'], '.2f')}x); mean of per-request means "
+            f"{_num(live['mean_of_request_means'])} (biased)"
         )
     if off:
         lines.append(
-            f"offline     accept length {off['accept_length']:.3f} (joint, bonus counted) over {off['positions']} "
+            f"offline     accept length {_num(off['accept_length'])} (joint, bonus counted) over {off['positions']} "
             f"positions of {off['samples']} samples; product of marginals "
-            f"{off['accept_length_product_of_marginals']:.3f}"
+            f"{_num(off['accept_length_product_of_marginals'])}"
             " (SpecForge simulated_acc_len = that - 1); conditional per position "
-            + ", ".join("-" if r is None else f"{r:.3f}" for r in off["per_position_conditional"])
+            + ", ".join(_num(r) for r in off["per_position_conditional"])
         )
     if res.get("profile"):
         lines.append(f"profile     {res['profile']}")
@@ -96,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
     )
     res.update(held)
     res["dataset"], res["draft"], res["target"] = args.dataset, args.draft, info["model_id"]
-    if not args.no_profile and args.as_algorithm == "EAGLE3" and (res["live"] or res["offline"]):
+    measured = [m for m in (res["live"], res["offline"]) if m and m["accept_length"] is not None]
+    if not args.no_profile and args.as_algorithm == "EAGLE3" and measured:
         profile = build_profile(
             num_steps=args.num_steps,
             live=res["live"],

@@ -10,7 +10,7 @@ pooled: :mod:`eagle_io.draft.acceptance`). ``eagle-io eval-draft`` writes it fro
 * ``format``: ``"eagle-io speculation profile"``, ``version``: 1, ``eagle_io_version``.
 * ``num_steps``, ``topk`` (1), ``algorithm`` (``"EAGLE3"``): the launch the figures are for.
 * ``accept_length``, ``per_position_accept_rate`` (joint), ``per_position_conditional``, ``correct_drafts_histogram``:
-  from ``source`` (``"live"`` when a live measurement was made, else ``"offline"``).
+  from ``source`` (``"live"`` when a live measurement made a verify step, else ``"offline"``).
 * ``live`` / ``offline``: each measurement's own figures, or null.
 * ``data``: ``dataset_sha256`` (:func:`eagle_io.interop.vocab.dataset_fingerprint`), ``source_dataset``,
   ``samples``, ``sample_ids`` measured on; ``target``: the target's ``model_id``.
@@ -60,10 +60,16 @@ def build_profile(
     target: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The profile dict. ``live`` / ``offline``: :meth:`eagle_io.draft.AcceptHistogram.to_dict`-shaped figures
-    (``accept_length``, ``per_position_accept_rate``, ``per_position_conditional``, ``correct_drafts_histogram``)."""
+    (``accept_length``, ``per_position_accept_rate``, ``per_position_conditional``, ``correct_drafts_histogram``).
+    The profile's figures are the live ones where the live run made a verify step, else the offline ones.
+
+    Raises:
+        CheckpointError: neither measurement has an accept length.
+    """
     from .._native import __version__
 
-    main, source = (live, "live") if live else (offline, "offline")
+    has_live = bool(live) and live.get("accept_length") is not None
+    main, source = (live, "live") if has_live else (offline, "offline")
     if not main or main.get("accept_length") is None:
         raise CheckpointError("a speculation profile needs a live or an offline measurement with an accept length")
     return {
