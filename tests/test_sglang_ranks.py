@@ -16,7 +16,7 @@ import pytest
 from test_serving_plugin import needs_sglang
 
 import eagle_io
-from eagle_io.sglang.ranks import capture_ranks, writers_of
+from eagle_io.sglang.ranks import capture_ranks, data_parallel_of, writers_of
 
 
 def scheduler_contexts(tp_size: int, dp_size: int, attn_dp_size: int) -> list[SimpleNamespace]:
@@ -70,6 +70,8 @@ def test_the_deprecated_enable_dp_attention_spelling_counts_groups_not_replicas(
     (``_handle_deprecated_dp_attention``): the old rule (``dp_size`` alone) saw one writer per launch and made all 8
     schedulers write as rank 0 of 1."""
     assert writers_of({"tp_size": 8, "dp_size": 8, "enable_dp_attention": True}) == 8
+    assert data_parallel_of({"tp_size": 8, "dp_size": 8, "enable_dp_attention": True}) == (1, 8)
+    assert data_parallel_of({"tp_size": 8, "dp_size": 2}) == (2, 1)
     assert writers_of({"tp_size": 8, "dp_size": 1, "attn_dp_size": 8, "enable_dp_attention": True}) == 8
     assert writers_of({"tp_size": 2}) == 1
     with pytest.raises(eagle_io.InvalidArgumentError, match="attention DP inside one replica only"):

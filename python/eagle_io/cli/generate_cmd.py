@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import defaults
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
-from ..sglang.ranks import writers_of
+from ..sglang.ranks import data_parallel_of, writers_of
 from ..store import layout
 from ..store.schema import EXPECTED_RATIO, precision_name
 from ..store.values import IMPLAUSIBLE
@@ -316,9 +316,10 @@ def _sglang_session(args, dataset: str, layer_ids):
         )
     check_out_dir(args, dataset)  # before the checkpoint is made and the engine launched
     path, tokenizer, info = target_checkpoint(args.model)
+    dp, attn_dp = data_parallel_of(args.engine_args)  # as SGLang resolves them (--sglang-arg enable_dp_attention)
     print(
-        f"target    {info['model_id']} through SGLang ({path}): tp {args.tp_size}, dp {args.dp_size}, "
-        f"attention dp {args.attn_dp_size}: {args.writers} shard writer(s)"
+        f"target    {info['model_id']} through SGLang ({path}): tp {args.engine_args['tp_size']}, dp {dp}, "
+        f"attention dp {attn_dp}: {args.writers} shard writer(s)"
     )
     regen = _regenerate_options(args, tokenizer)
     metadata = _regenerated_metadata(regen, info)

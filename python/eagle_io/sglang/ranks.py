@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import InvalidArgumentError
 from .launch_args import reader
 
-__all__ = ["CaptureRanks", "capture_ranks", "writers_of"]
+__all__ = ["CaptureRanks", "capture_ranks", "data_parallel_of", "writers_of"]
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,8 @@ def capture_ranks(parallel: Any) -> CaptureRanks:
     return CaptureRanks(replica * attn_dp_size + group, dp_size * attn_dp_size, read("attn_tp_rank", 0) == 0)
 
 
-def writers_of(server_args: Any) -> int:
-    """How many shard writers a launch has: ``dp_size * attn_dp_size`` as SGLang resolves them.
+def data_parallel_of(server_args: Any) -> tuple[int, int]:
+    """``(dp_size, attn_dp_size)`` of a launch as SGLang resolves them.
 
     ``server_args`` is a live ``ServerArgs`` (its resolved view when resolution has run,
     ``sglang.srt.arg_groups.overrides.resolved_view``) or a mapping of ``sglang.Engine`` keyword arguments, read
@@ -106,4 +106,14 @@ def writers_of(server_args: Any) -> int:
     if get("enable_dp_attention", False) and attn_dp == 1:
         dp, attn_dp = 1, dp
     _layout(dp, attn_dp, int(get("attn_cp_size", 1) or 1), int(get("pp_size", 1) or 1))
+    return dp, attn_dp
+
+
+def writers_of(server_args: Any) -> int:
+    """How many shard writers a launch has: ``dp_size * attn_dp_size`` (:func:`data_parallel_of`).
+
+    Raises:
+        InvalidArgumentError: as :func:`data_parallel_of`.
+    """
+    dp, attn_dp = data_parallel_of(server_args)
     return dp * attn_dp
