@@ -9,7 +9,8 @@ import re
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from helpers.tiny_model import tiny_llama_config
+from transformers import LlamaForCausalLM
 
 import eagle_io
 from eagle_io.capturing.hf import HFCapture, find_decoder
@@ -23,16 +24,8 @@ PAD_TOL = 2e-5
 
 def tiny_llama(num_layers=8, attn="sdpa", dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=96,
-        hidden_size=H,
-        intermediate_size=128,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation=attn,
-        initializer_range=0.2,
+    cfg = tiny_llama_config(
+        96, H, num_layers, max_position_embeddings=64, attn_implementation=attn, initializer_range=0.2
     )
     return LlamaForCausalLM(cfg).to(dtype).eval()
 

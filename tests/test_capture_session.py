@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import checks
+from helpers.tiny_model import tiny_llama_config
 
 import eagle_io
 from eagle_io.cli import generate_cmd, main
@@ -18,18 +19,10 @@ FIXTURE = Path(__file__).parent / "fixtures" / "data" / "sharegpt_real_slice.jso
 
 
 def tiny_target(vocab: int = 512, layers: int = 8, hidden: int = 64):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
+    cfg = tiny_llama_config(vocab, hidden, layers)
     model = LlamaForCausalLM(cfg).eval()
     info = {
         "model_id": "tiny",

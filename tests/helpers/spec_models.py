@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 import eagle_io
+from helpers.tiny_model import tiny_llama_config
 
 V, H, LAYERS, AUX = 96, 64, 4, [1, 2, 3]
 
@@ -26,19 +27,10 @@ def tiny_target(seed: int = 0, *, dtype: torch.dtype = torch.float64, init: floa
     its layers' output projections zeroed and ``lm_head[j] = embed[j - 1]``, so its greedy next token after ``t`` is
     ``(t + 1) % V``: a target a small draft learns in a few steps, and whose next token is never the one an EAGLE-3
     draft served as ``EAGLE`` guesses (the target's own prediction of the token it is fed)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=V,
-        hidden_size=H,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=init,
-    )
+    cfg = tiny_llama_config(V, H, LAYERS, max_position_embeddings=256, initializer_range=init)
     model = LlamaForCausalLM(cfg).to(dtype).eval()
     if counting:
         with torch.no_grad():

@@ -21,10 +21,22 @@ CHATML = (
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
+def tiny_llama_config(vocab_size: int, hidden_size: int, num_hidden_layers: int, **overrides):
+    """The tests' tiny random Llama shape: 4 attention heads over 2 KV heads, an MLP of 128, 512 positions;
+    ``overrides``: other ``LlamaConfig`` fields (``initializer_range``, ``attn_implementation``, ...)."""
+    from transformers import LlamaConfig
+
+    shape = {"intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
+    shape["max_position_embeddings"] = 512
+    return LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers, **{**shape, **overrides}
+    )
+
+
 def build_tiny_model_dir(out: str | Path, *, hidden: int = 32, layers: int = 8, vocab: int = 2000) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -42,14 +54,6 @@ def build_tiny_model_dir(out: str | Path, *, hidden: int = 32, layers: int = 8, 
     tok.chat_template = CHATML
     tok.save_pretrained(out)
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
+    cfg = tiny_llama_config(len(tok), hidden, layers, intermediate_size=64)
     LlamaForCausalLM(cfg).eval().save_pretrained(out)
     return out
