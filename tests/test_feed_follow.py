@@ -150,6 +150,25 @@ def test_filter_arguments_and_pickling(finished, tmp_path):
         list(ShardDataset([finished, other], follow=True))
 
 
+def test_a_sample_truncated_to_no_supervision_is_left_out_and_counted(tmp_path):
+    """As the collators do for a ShardDataset batch: 30-token samples supervised from token 20 on, under max_length
+    16, are left out and listed in ``unsupervised`` (they trained on nothing, silently, before); one stored with
+    no supervised token at all, and not truncated, is the capture's to refuse and is kept."""
+    g = torch.Generator().manual_seed(0)
+    with eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(jobs.HIDDEN), jobs.METADATA, threads=1) as w:
+        for i, (n, first) in enumerate([(30, 20), (30, 3), (10, 10), (30, 20)]):
+            mask = torch.zeros(n, dtype=torch.uint8)
+            mask[first:] = 1
+            hid = torch.randn(n, jobs.HIDDEN, generator=g).bfloat16()
+            w.write(i, {"input_ids": torch.randint(0, 99, (n,), generator=g), "loss_mask": mask,
+                        "aux_hidden_states": torch.cat([hid] * 3, 1), "hidden_states": hid})  # fmt: skip
+    follower = ShardDataset(tmp_path, follow=True, max_length=16, poll_s=0.01)
+    assert [it["sample_id"] for it in follower] == [1, 2]
+    lost = [(u.item, u.sample_id, u.stored_tokens, u.max_length, u.reason) for u in follower.unsupervised]
+    assert lost == [(p, p, 30, 16, "no_supervised_token_within_max_length") for p in (0, 3)]
+    assert [it["sample_id"] for it in ShardDataset(tmp_path, follow=True, poll_s=0.01)] == [0, 1, 2, 3]
+
+
 @pytest.mark.slow
 def test_follow_eagle_io_generate_running_in_another_process(tmp_path):
     """(slow: ~1 min on the shared machine, mostly the subprocess's imports) The real writer: `eagle-io generate` (a

@@ -33,7 +33,7 @@ from ..store import layout
 from ..store.eagle3 import check_eagle3_dataset
 from ..store.manifest import read_manifest
 from ..store.reader import Dataset, check_flag
-from .dataset import ON_CORRUPT, SkippedRecord, _check_compatible, expand_paths, read_item
+from .dataset import ON_CORRUPT, SkippedRecord, UnsupervisedSample, _check_compatible, expand_paths, read_item
 
 log = logging.getLogger("eagle_io.feed")
 
@@ -101,7 +101,10 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
         max_length, filter, threads, on_corrupt, mix_precisions, cache_dir, cache_bytes: as for
             :class:`eagle_io.feed.ShardDataset`; a sample skipped
             under ``on_corrupt="skip"`` is left out (never replaced), logged and appended to :attr:`skipped`
-            (``item`` is its position in its capture).
+            (``item`` is its position in its capture). A sample that ``max_length`` truncation leaves with no
+            supervised token is left out the same way, logged and appended to :attr:`unsupervised`
+            (:class:`eagle_io.feed.UnsupervisedSample`, ``item`` its position in its capture), as the eagle-io
+            collators leave it out of a ``ShardDataset`` batch.
         poll_s: seconds between two looks at the manifests (default :data:`eagle_io.defaults.FOLLOW_POLL_S`).
         timeout_s: seconds without a new shard nor completion before :class:`eagle_io.errors.CaptureStalledError`
             (default :data:`eagle_io.defaults.FOLLOW_TIMEOUT_S`; None waits forever).
@@ -148,6 +151,8 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
         self.cache_bytes = cache_bytes
         #: Records skipped in this process under ``on_corrupt="skip"`` (see :class:`ShardDataset`).
         self.skipped: list = []
+        #: Samples left out in this process because ``max_length`` kept none of their supervised tokens.
+        self.unsupervised: list[UnsupervisedSample] = []
 
     def _slot(self) -> tuple[int, int]:
         info = torch.utils.data.get_worker_info()
@@ -161,9 +166,11 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
             _check_compatible(first, ds, self.mix_precisions)
         return ds
 
-    def _read(self, ds: Dataset, d: int, p: int) -> dict[str, Any] | None:
+    def _read(self, ds: Dataset, d: int, p: int, stored: int | None) -> dict[str, Any] | None:
+        """Sample ``p`` of capture ``d`` as an item, or None when left out (corrupt under ``on_corrupt="skip"``, or
+        ``max_length`` kept none of its ``stored`` tokens' supervision)."""
         try:
-            return read_item(ds, p, d, self.max_length)
+            item = read_item(ds, p, d, self.max_length)
         except CorruptRecordError as e:
             if self.on_corrupt != "skip":
                 raise
@@ -171,6 +178,16 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
             self.skipped.append(rec)
             log.warning("on_corrupt='skip': left sample %d of %s out: %s", rec.sample_id, self.manifests[d], e)
             return None
+        cut = stored is not None and self.max_length is not None and stored > self.max_length
+        if cut and not bool(item["loss_mask"].any()):
+            lost = UnsupervisedSample(p, item["sample_id"], d, stored, self.max_length)
+            self.unsupervised.append(lost)
+            log.warning(
+                "left sample %d of %s out: max_length %d keeps none of its supervised tokens (%d tokens stored)",
+                lost.sample_id, self.manifests[d], self.max_length, stored,
+            )  # fmt: skip
+            return None
+        return item
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for _d, _p, item in self.entries():
@@ -200,12 +217,13 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
                 if progress.samples > done[d]:
                     ds = self._open(d, first)
                     first = first or ds
+                    stored = ds.lengths() if self.max_length is not None else None
                     for p in range(done[d], len(ds)):
                         if p % stride != slot:
                             continue
                         if self.filter is not None and not self.filter(ds.entry(p), ds.metadata):
                             continue
-                        item = self._read(ds, d, p)
+                        item = self._read(ds, d, p, None if stored is None else stored[p])
                         if item is None:
                             continue
                         if len(self.manifests) > 1:
