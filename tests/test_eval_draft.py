@@ -17,8 +17,13 @@ from safetensors.torch import load_file, save_file
 import eagle_io
 from eagle_io.cli import main
 from eagle_io.draft.export import load_draft
-from eagle_io.errors import CheckpointError
-from eagle_io.interop.speculation_profile import expected_accept_length, read_profile, read_training_samples
+from eagle_io.errors import CheckpointError, InvalidArgumentError
+from eagle_io.interop.speculation_profile import (
+    build_profile,
+    expected_accept_length,
+    read_profile,
+    read_training_samples,
+)
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +220,31 @@ def test_a_draft_config_without_sglangs_defaulted_keys_loads_as_sglang_builds_it
     (sf / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=r"config\.json: hidden_size is None"):
         load_draft(sf)
+
+
+def test_nothing_to_measure_is_an_error_naming_the_dataset(run, capsys, tmp_path):
+    # Held-out samples whose supervised tokens all lie past --max-length: no live prompt, no offline position.
+    # eval-draft stopped on a TypeError traceback (formatting accept length None; with a profile, build_profile's
+    # CheckpointError built without its path).
+    _, target, ds, draft = run
+    work = shutil.copytree(draft, tmp_path / "draft")
+    for extra in ([], ["--no-profile"]):
+        capsys.readouterr()
+        args = ["--draft", str(work), "--target", str(target), "--dataset", str(ds), "--max-length", "4", *extra]
+        assert main(["eval-draft", *args, "--threads", "1"]) == 2
+        err = capsys.readouterr().err
+        assert "IncompatibleDatasetError" in err and str(ds) in err and "--max-length" in err
+    assert read_profile(work) == read_profile(draft), "no profile is written from nothing"
+    with pytest.raises(InvalidArgumentError, match="needs a live or an offline measurement"):
+        build_profile(num_steps=3, live=None, offline={"accept_length": None}, data={}, target={})
+    # A dataset holding only samples the draft trained on: nothing held out.
+    rec = read_training_samples(draft)
+    (work / "training_samples.json").write_text(
+        json.dumps({**rec, "train_sample_ids": rec["train_sample_ids"] + rec["held_out_sample_ids"]})
+    )
+    capsys.readouterr()
+    assert (
+        main(["eval-draft", "--draft", str(work), "--target", str(target), "--dataset", str(ds), "--threads", "1"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "IncompatibleDatasetError" in err and "held out" in err and str(ds) in err

@@ -8,7 +8,7 @@ import argparse
 import json
 import os
 
-from ..errors import InvalidArgumentError
+from ..errors import IncompatibleDatasetError, InvalidArgumentError
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -84,6 +84,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"eval-draft: warning [{w.code}] {w.message}")
     training = read_training_samples(args.draft)
     positions, held = held_out_positions(ds, training)
+    if not positions:  # was a report of nothing, exit 0
+        raise IncompatibleDatasetError(
+            f"{args.dataset}: the draft trained on all {len(ds)} of its samples ({args.draft}/training_samples.json): "
+            "none is held out to measure; evaluate on a dataset of conversations it did not train on"
+        )
+    try:  # was a TypeError traceback formatting an accept length of None
+        ds.require_supervision(positions, option="--max-length")
+    except IncompatibleDatasetError as e:
+        raise IncompatibleDatasetError(f"{args.dataset}: the held-out samples leave nothing to measure: {e}") from e
     res = evaluate_draft(
         served,
         ds,

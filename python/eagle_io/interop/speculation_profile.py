@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, InvalidArgumentError
 from ..store import layout
 
 __all__ = [
@@ -60,12 +60,16 @@ def build_profile(
     target: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The profile dict. ``live`` / ``offline``: :meth:`eagle_io.draft.AcceptHistogram.to_dict`-shaped figures
-    (``accept_length``, ``per_position_accept_rate``, ``per_position_conditional``, ``correct_drafts_histogram``)."""
+    (``accept_length``, ``per_position_accept_rate``, ``per_position_conditional``, ``correct_drafts_histogram``).
+
+    Raises:
+        InvalidArgumentError: neither measurement has an accept length (no verify step was counted).
+    """
     from .._native import __version__
 
     main, source = (live, "live") if live else (offline, "offline")
-    if not main or main.get("accept_length") is None:
-        raise CheckpointError("a speculation profile needs a live or an offline measurement with an accept length")
+    if not main or main.get("accept_length") is None:  # was a CheckpointError without its path: a TypeError
+        raise InvalidArgumentError("a speculation profile needs a live or an offline measurement with an accept length")
     return {
         "format": _FORMAT,
         "version": PROFILE_VERSION,
