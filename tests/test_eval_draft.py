@@ -248,3 +248,16 @@ def test_nothing_to_measure_is_an_error_naming_the_dataset(run, capsys, tmp_path
     )
     err = capsys.readouterr().err
     assert "IncompatibleDatasetError" in err and "held out" in err and str(ds) in err
+
+
+def test_json_output_stays_json_when_check_serving_warns(run, capsys, tmp_path):
+    # check-serving's warnings were printed to stdout ahead of --json's object: `eval-draft --json | jq` failed.
+    _, target, ds, draft = run
+    warned = shutil.copytree(draft, tmp_path / "warned")
+    cfg = json.loads((warned / "config.json").read_text())
+    (warned / "config.json").write_text(json.dumps({**cfg, "rope_theta": cfg["rope_theta"] * 2}))
+    capsys.readouterr()
+    args = ["--draft", str(warned), "--target", str(target), "--dataset", str(ds), "--prompts", "0", "--no-profile"]
+    assert main(["eval-draft", *args, "--threads", "1", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["offline"]["positions"] > 0 and "warning [draft-rope]" in err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
 
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     check_dataset_fits(served, ds.metadata, args.dataset)
     for w in served.warnings:
         if w.severity == "warning":
-            print(f"eval-draft: warning [{w.code}] {w.message}")
+            print(f"eval-draft: warning [{w.code}] {w.message}", file=sys.stderr)  # stdout: the report or --json
     training = read_training_samples(args.draft)
     positions, held = held_out_positions(ds, training)
     if not positions:  # was a report of nothing, exit 0
