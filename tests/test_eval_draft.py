@@ -261,3 +261,24 @@ def test_json_output_stays_json_when_check_serving_warns(run, capsys, tmp_path):
     assert main(["eval-draft", *args, "--threads", "1", "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["offline"]["positions"] > 0 and "warning [draft-rope]" in err
+
+
+@pytest.mark.parametrize("t2d", ["absent", "another size"])
+def test_a_draft_whose_t2d_sglang_skips_is_absent_or_another_size_loads(run, capsys, tmp_path, t2d):
+    # SGLang reads d2t only (hot_token_id = d2t + arange) and skips t2d; check-serving lets such a draft through
+    # (t2d-size is a warning). eval-draft stopped on load_state_dict's RuntimeError traceback (missing key "t2d", or
+    # a size mismatch).
+    _, target, ds, draft = run
+    other = shutil.copytree(draft, tmp_path / "t2d")
+    for f in other.glob("*.safetensors"):
+        state = {k: v for k, v in load_file(f).items() if k != "t2d"}
+        if t2d == "another size" and "d2t" in state:
+            state["t2d"] = torch.zeros(7, dtype=torch.bool)
+        save_file(state, f)
+    want, got = load_draft(draft), load_draft(other)
+    assert torch.equal(got.t2d, want.t2d) and torch.equal(got.d2t, want.d2t)
+    args = ["--target", str(target), "--dataset", str(ds), "--prompts", "1", "--max-new-tokens", "4", "--no-profile"]
+    a, b = eval_json(capsys, "--draft", str(other), *args), eval_json(capsys, "--draft", str(draft), *args)
+    assert (
+        a["offline"] == b["offline"] and a["live"]["correct_drafts_histogram"] == b["live"]["correct_drafts_histogram"]
+    )

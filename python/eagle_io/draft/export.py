@@ -236,8 +236,10 @@ def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
     Tensors come from every ``*.safetensors`` file of the directory, as SGLang's loader reads them (``train-draft``'s
     ``vocab_map.safetensors`` holds ``d2t``/``t2d`` too). A draft whose vocabulary is the target's may lack
     ``d2t``/``t2d``: SGLang then maps draft index ``i`` to token ``i`` (``hot_token_id`` None), and so does the
-    identity map installed here. A checkpoint without ``embed_tokens.weight`` (SpecForge drops the frozen embedding)
-    keeps an uninitialised one: SGLang gives the draft the target's (:func:`eagle_io.spec.load_served_draft` does).
+    identity map installed here. SGLang never reads ``t2d``: one that is absent or not ``[vocab_size]`` is rebuilt
+    from ``d2t`` (True at ``d2t + arange``). A checkpoint without ``embed_tokens.weight`` (SpecForge drops the frozen
+    embedding) keeps an uninitialised one: SGLang gives the draft the target's (:func:`eagle_io.spec.load_served_draft`
+    does).
     Shapes the config leaves out take SGLang's defaults (:func:`served_config`).
 
     Raises:
@@ -255,6 +257,11 @@ def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
     if "d2t" not in state and cfg.draft_vocab_size == cfg.vocab_size:
         state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
         state["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
+    t2d = state.get("t2d")
+    if "d2t" in state and (t2d is None or tuple(t2d.shape) != (cfg.vocab_size,)):  # SGLang never reads t2d
+        ids = state["d2t"].to(torch.int64) + torch.arange(state["d2t"].shape[0])
+        state["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        state["t2d"][ids[(ids >= 0) & (ids < cfg.vocab_size)]] = True
     if "embed_tokens.weight" not in state:  # SpecForge leaves the frozen embedding out; SGLang uses the target's
         state["embed_tokens.weight"] = model.embed_tokens.weight.detach().clone()
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
