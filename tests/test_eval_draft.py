@@ -282,3 +282,29 @@ def test_a_draft_whose_t2d_sglang_skips_is_absent_or_another_size_loads(run, cap
     assert (
         a["offline"] == b["offline"] and a["live"]["correct_drafts_histogram"] == b["live"]["correct_drafts_histogram"]
     )
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 64}},
+        {"rope_scaling": {"type": "linear", "factor": 4.0}},
+        {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0}},
+    ],
+)  # fmt: skip
+def test_a_rope_scaled_draft_is_refused_not_measured_unscaled(run, capsys, tmp_path, rope):
+    # SGLang's llama_eagle3 draft applies its config's rope_scaling; the reference draft has plain RoPE only. A
+    # Llama-3.1-style draft (rope_type llama3) was measured with unscaled frequencies (check-serving only warns
+    # draft-rope when the target's scaling differs, and not at all when they agree), exit 0.
+    _, target, ds, draft = run
+    scaled = shutil.copytree(draft, tmp_path / "scaled")
+    cfg = json.loads((scaled / "config.json").read_text())
+    (scaled / "config.json").write_text(json.dumps({**cfg, **rope}))
+    capsys.readouterr()
+    args = ["--draft", str(scaled), "--target", str(target), "--dataset", str(ds), "--prompts", "0", "--no-profile"]
+    assert main(["eval-draft", *args, "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "DraftMismatchError" in err and "draft-rope-scaling-unsupported" in err
+    (scaled / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "default"}}))
+    assert main(["eval-draft", *args, "--threads", "1"]) == 0
