@@ -308,3 +308,32 @@ def test_a_rope_scaled_draft_is_refused_not_measured_unscaled(run, capsys, tmp_p
     assert "DraftMismatchError" in err and "draft-rope-scaling-unsupported" in err
     (scaled / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "default"}}))
     assert main(["eval-draft", *args, "--threads", "1"]) == 0
+
+
+def test_a_draft_under_the_tensor_names_sglang_loads_is_the_same_draft(run, capsys, tmp_path):
+    # SGLang's LlamaForCausalLMEagle3.load_weights takes layers.0.* (speculators' names) as well as midlayer.*, a
+    # model. prefix, fused qkv_proj / gate_up_proj, and skips tensors it has no parameter for; check-serving passes
+    # such a draft (tensor_problems resolves names the same way). eval-draft stopped on load_state_dict's
+    # RuntimeError traceback (missing and unexpected keys).
+    _, target, ds, draft = run
+    renamed = shutil.copytree(draft, tmp_path / "renamed")
+    state = load_file(renamed / "model.safetensors")
+    new = {}
+    for name, t in state.items():
+        if name.startswith("midlayer."):
+            name = "model.layers.0." + name[len("midlayer.") :]
+        elif name == "fc.weight":
+            name = "model.fc.weight"
+        new[name] = t
+    attn, mlp = "model.layers.0.self_attn.", "model.layers.0.mlp."
+    new[attn + "qkv_proj.weight"] = torch.cat([new.pop(attn + f"{p}_proj.weight") for p in "qkv"])
+    new[mlp + "gate_up_proj.weight"] = torch.cat([new.pop(mlp + "gate_proj.weight"), new.pop(mlp + "up_proj.weight")])
+    new["verifier_lm_head.weight"] = torch.zeros(3, 2)  # no SGLang parameter: skipped by its loader
+    save_file(new, renamed / "model.safetensors")
+    want, got = load_draft(draft).state_dict(), load_draft(renamed).state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    args = ["--target", str(target), "--dataset", str(ds), "--prompts", "1", "--max-new-tokens", "4", "--no-profile"]
+    a, b = eval_json(capsys, "--draft", str(renamed), *args), eval_json(capsys, "--draft", str(draft), *args)
+    assert (
+        a["offline"] == b["offline"] and a["live"]["correct_drafts_histogram"] == b["live"]["correct_drafts_histogram"]
+    )
