@@ -17,8 +17,13 @@ from safetensors.torch import load_file, save_file
 import eagle_io
 from eagle_io.cli import main
 from eagle_io.draft.export import load_draft
-from eagle_io.errors import CheckpointError
-from eagle_io.interop.speculation_profile import expected_accept_length, read_profile, read_training_samples
+from eagle_io.errors import CheckpointError, InvalidArgumentError
+from eagle_io.interop.speculation_profile import (
+    build_profile,
+    expected_accept_length,
+    read_profile,
+    read_training_samples,
+)
 
 
 @pytest.fixture(scope="module")
@@ -232,3 +237,120 @@ def test_a_live_run_without_a_verify_step_reports_and_profiles_offline(run, caps
     prof = read_profile(mine)
     assert prof["source"] == "offline" and prof["live"]["verify_steps"] == 0
     assert prof["accept_length"] == prof["offline"]["accept_length"] is not None
+
+
+def test_nothing_to_measure_is_an_error_naming_the_dataset(run, capsys, tmp_path):
+    # Held-out samples whose supervised tokens all lie past --max-length: no live prompt, no offline position.
+    # eval-draft stopped on a TypeError traceback (formatting accept length None; with a profile, build_profile's
+    # CheckpointError built without its path).
+    _, target, ds, draft = run
+    work = shutil.copytree(draft, tmp_path / "draft")
+    for extra in ([], ["--no-profile"]):
+        capsys.readouterr()
+        args = ["--draft", str(work), "--target", str(target), "--dataset", str(ds), "--max-length", "4", *extra]
+        assert main(["eval-draft", *args, "--threads", "1"]) == 2
+        err = capsys.readouterr().err
+        assert "IncompatibleDatasetError" in err and str(ds) in err and "--max-length" in err
+    assert read_profile(work) == read_profile(draft), "no profile is written from nothing"
+    with pytest.raises(InvalidArgumentError, match="needs a live or an offline measurement"):
+        build_profile(num_steps=3, live=None, offline={"accept_length": None}, data={}, target={})
+    # A dataset holding only samples the draft trained on: nothing held out.
+    rec = read_training_samples(draft)
+    (work / "training_samples.json").write_text(
+        json.dumps({**rec, "train_sample_ids": rec["train_sample_ids"] + rec["held_out_sample_ids"]})
+    )
+    capsys.readouterr()
+    assert (
+        main(["eval-draft", "--draft", str(work), "--target", str(target), "--dataset", str(ds), "--threads", "1"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "IncompatibleDatasetError" in err and "held out" in err and str(ds) in err
+
+
+def test_json_output_stays_json_when_check_serving_warns(run, capsys, tmp_path):
+    # check-serving's warnings were printed to stdout ahead of --json's object: `eval-draft --json | jq` failed.
+    _, target, ds, draft = run
+    warned = shutil.copytree(draft, tmp_path / "warned")
+    cfg = json.loads((warned / "config.json").read_text())
+    (warned / "config.json").write_text(json.dumps({**cfg, "rope_theta": cfg["rope_theta"] * 2}))
+    capsys.readouterr()
+    args = ["--draft", str(warned), "--target", str(target), "--dataset", str(ds), "--prompts", "0", "--no-profile"]
+    assert main(["eval-draft", *args, "--threads", "1", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["offline"]["positions"] > 0 and "warning [draft-rope]" in err
+
+
+@pytest.mark.parametrize("t2d", ["absent", "another size"])
+def test_a_draft_whose_t2d_sglang_skips_is_absent_or_another_size_loads(run, capsys, tmp_path, t2d):
+    # SGLang reads d2t only (hot_token_id = d2t + arange) and skips t2d; check-serving lets such a draft through
+    # (t2d-size is a warning). eval-draft stopped on load_state_dict's RuntimeError traceback (missing key "t2d", or
+    # a size mismatch).
+    _, target, ds, draft = run
+    other = shutil.copytree(draft, tmp_path / "t2d")
+    for f in other.glob("*.safetensors"):
+        state = {k: v for k, v in load_file(f).items() if k != "t2d"}
+        if t2d == "another size" and "d2t" in state:
+            state["t2d"] = torch.zeros(7, dtype=torch.bool)
+        save_file(state, f)
+    want, got = load_draft(draft), load_draft(other)
+    assert torch.equal(got.t2d, want.t2d) and torch.equal(got.d2t, want.d2t)
+    args = ["--target", str(target), "--dataset", str(ds), "--prompts", "1", "--max-new-tokens", "4", "--no-profile"]
+    a, b = eval_json(capsys, "--draft", str(other), *args), eval_json(capsys, "--draft", str(draft), *args)
+    assert (
+        a["offline"] == b["offline"] and a["live"]["correct_drafts_histogram"] == b["live"]["correct_drafts_histogram"]
+    )
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 64}},
+        {"rope_scaling": {"type": "linear", "factor": 4.0}},
+        {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10000.0}},
+    ],
+)  # fmt: skip
+def test_a_rope_scaled_draft_is_refused_not_measured_unscaled(run, capsys, tmp_path, rope):
+    # SGLang's llama_eagle3 draft applies its config's rope_scaling; the reference draft has plain RoPE only. A
+    # Llama-3.1-style draft (rope_type llama3) was measured with unscaled frequencies (check-serving only warns
+    # draft-rope when the target's scaling differs, and not at all when they agree), exit 0.
+    _, target, ds, draft = run
+    scaled = shutil.copytree(draft, tmp_path / "scaled")
+    cfg = json.loads((scaled / "config.json").read_text())
+    (scaled / "config.json").write_text(json.dumps({**cfg, **rope}))
+    capsys.readouterr()
+    args = ["--draft", str(scaled), "--target", str(target), "--dataset", str(ds), "--prompts", "0", "--no-profile"]
+    assert main(["eval-draft", *args, "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "DraftMismatchError" in err and "draft-rope-scaling-unsupported" in err
+    (scaled / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "default"}}))
+    assert main(["eval-draft", *args, "--threads", "1"]) == 0
+
+
+def test_a_draft_under_the_tensor_names_sglang_loads_is_the_same_draft(run, capsys, tmp_path):
+    # SGLang's LlamaForCausalLMEagle3.load_weights takes layers.0.* (speculators' names) as well as midlayer.*, a
+    # model. prefix, fused qkv_proj / gate_up_proj, and skips tensors it has no parameter for; check-serving passes
+    # such a draft (tensor_problems resolves names the same way). eval-draft stopped on load_state_dict's
+    # RuntimeError traceback (missing and unexpected keys).
+    _, target, ds, draft = run
+    renamed = shutil.copytree(draft, tmp_path / "renamed")
+    state = load_file(renamed / "model.safetensors")
+    new = {}
+    for name, t in state.items():
+        if name.startswith("midlayer."):
+            name = "model.layers.0." + name[len("midlayer.") :]
+        elif name == "fc.weight":
+            name = "model.fc.weight"
+        new[name] = t
+    attn, mlp = "model.layers.0.self_attn.", "model.layers.0.mlp."
+    new[attn + "qkv_proj.weight"] = torch.cat([new.pop(attn + f"{p}_proj.weight") for p in "qkv"])
+    new[mlp + "gate_up_proj.weight"] = torch.cat([new.pop(mlp + "gate_proj.weight"), new.pop(mlp + "up_proj.weight")])
+    new["verifier_lm_head.weight"] = torch.zeros(3, 2)  # no SGLang parameter: skipped by its loader
+    save_file(new, renamed / "model.safetensors")
+    want, got = load_draft(draft).state_dict(), load_draft(renamed).state_dict()
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+    args = ["--target", str(target), "--dataset", str(ds), "--prompts", "1", "--max-new-tokens", "4", "--no-profile"]
+    a, b = eval_json(capsys, "--draft", str(renamed), *args), eval_json(capsys, "--draft", str(draft), *args)
+    assert (
+        a["offline"] == b["offline"] and a["live"]["correct_drafts_histogram"] == b["live"]["correct_drafts_histogram"]
+    )

@@ -10,6 +10,7 @@ import pytest
 import torch
 from test_train_draft import H, V, synthetic, synthetic_head, write_synthetic  # noqa: F401  (synthetic is a fixture)
 
+import eagle_io
 from eagle_io.cli import main, train_draft_cmd
 from eagle_io.draft import TrainConfig, build_draft, save_draft, train_draft
 from eagle_io.errors import NonFiniteTrainingError
@@ -86,3 +87,29 @@ def test_cli_refuses_a_vocab_map_that_contradicts_draft_vocab_size(synthetic, tm
     assert main([*args, "--draft-vocab-size", "64", "--steps", "1", "--eval-samples", "4"]) == 0
     cfg = json.loads((tmp_path / "r" / "config.json").read_text())
     assert cfg["draft_vocab_size"] == 64
+
+
+def test_a_held_out_set_without_supervision_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    # Held-out samples whose supervised tokens all lie past max_length: every held-out metric is computed over no
+    # position (loss 0, agreement 0), and train-draft stopped after training on build_profile's error (a TypeError
+    # traceback: no train_summary.json) for an offline accept length of None.
+    head, g = synthetic_head(), torch.Generator().manual_seed(3)
+    root = tmp_path / "late-held-out"
+    meta = {"hidden_size": H, "vocab_size": V, "aux_layer_ids": [1, 2, 3], "num_layers": 4}
+    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(H, 3), meta, threads=1) as w:
+        for i in range(10):  # seed 0 holds out positions 7 and 8 of 10 (eval_samples 2)
+            mask = torch.zeros(30, dtype=torch.uint8)
+            mask[20 if i in (7, 8) else 3 :] = 1
+            hid = torch.randn(30, H, generator=g).bfloat16()
+            w.write(i, {"input_ids": torch.randint(0, V, (30,), generator=g), "loss_mask": mask,
+                        "aux_hidden_states": torch.cat([hid] * 3, 1), "hidden_states": hid})  # fmt: skip
+    cfg = TrainConfig(**{**CFG.__dict__, "eval_samples": 2, "max_length": 16, "steps": 2})
+    with pytest.raises(eagle_io.IncompatibleDatasetError, match=r"the 2 held-out samples .*none of the 2 samples"):
+        train_draft(root, head, build_vocab_mapping(root, 16), cfg, log=None)
+    _cli(monkeypatch, head)
+    out = tmp_path / "run"
+    args = ["train-draft", str(root), "--out", str(out), "--max-length", "16", "--draft-vocab-size", "16"]
+    assert main([*args, "--steps", "2", "--eval-samples", "2", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "IncompatibleDatasetError" in err and "held-out" in err and "--eval-samples" in err
+    assert not (out / "model.safetensors").exists()

@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
-from ..errors import InvalidArgumentError
+from ..errors import IncompatibleDatasetError, InvalidArgumentError
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -91,9 +92,18 @@ def run(args: argparse.Namespace) -> int:
     check_dataset_fits(served, ds.metadata, args.dataset)
     for w in served.warnings:
         if w.severity == "warning":
-            print(f"eval-draft: warning [{w.code}] {w.message}")
+            print(f"eval-draft: warning [{w.code}] {w.message}", file=sys.stderr)  # stdout: the report or --json
     training = read_training_samples(args.draft)
     positions, held = held_out_positions(ds, training)
+    if not positions:  # was a report of nothing, exit 0
+        raise IncompatibleDatasetError(
+            f"{args.dataset}: the draft trained on all {len(ds)} of its samples ({args.draft}/training_samples.json): "
+            "none is held out to measure; evaluate on a dataset of conversations it did not train on"
+        )
+    try:  # was a TypeError traceback formatting an accept length of None
+        ds.require_supervision(positions, option="--max-length")
+    except IncompatibleDatasetError as e:
+        raise IncompatibleDatasetError(f"{args.dataset}: the held-out samples leave nothing to measure: {e}") from e
     res = evaluate_draft(
         served,
         ds,

@@ -229,15 +229,47 @@ def served_config(c: Mapping[str, Any], where: str | os.PathLike[str] = "config.
     )
 
 
+def _own_names(model: Eagle3Draft, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` under this draft's names, resolved as SGLang's ``LlamaForCausalLMEagle3.load_weights`` resolves a
+    checkpoint's (:func:`eagle_io.sglang.draft_build.canonical_name`: ``midlayer.`` -> ``layers.0.``, a ``model.``
+    prefix dropped; here ``layers.0.`` is ``midlayer.`` again); a fused ``qkv_proj`` / ``gate_up_proj`` is split into
+    its parts; tensors the draft has no parameter or buffer for are skipped, as SGLang's loader skips them."""
+    from ..sglang.draft_build import canonical_name
+
+    cfg = model.config
+    own = set(model.state_dict())
+    d, kv = cfg.head_size, cfg.num_key_value_heads
+    fused = {
+        "self_attn.qkv_proj.weight": (("q_proj", "k_proj", "v_proj"), [cfg.num_attention_heads * d, kv * d, kv * d]),
+        "mlp.gate_up_proj.weight": (("gate_proj", "up_proj"), [cfg.intermediate_size] * 2),
+    }
+    out: dict[str, torch.Tensor] = {}
+    for name, t in state.items():
+        c = name if name in ("d2t", "t2d") else canonical_name(name)
+        c = "midlayer." + c[len("layers.0.") :] if c.startswith("layers.0.") else c
+        for suffix, (parts, sizes) in fused.items():
+            if c.endswith(suffix) and t.shape[0] == sum(sizes):
+                stem = c[: -len(suffix)] + suffix.split(".")[0] + "."
+                out.update({f"{stem}{part}.weight": w for part, w in zip(parts, t.split(sizes), strict=True)})
+                break
+        else:
+            if c in own:
+                out[c] = t
+    return out
+
+
 def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
     """Reads back a :func:`save_draft` directory (or another SGLang-format EAGLE-3 draft of this layout) into a
     float32 :class:`Eagle3Draft` (for tests and evaluation).
 
     Tensors come from every ``*.safetensors`` file of the directory, as SGLang's loader reads them (``train-draft``'s
-    ``vocab_map.safetensors`` holds ``d2t``/``t2d`` too). A draft whose vocabulary is the target's may lack
-    ``d2t``/``t2d``: SGLang then maps draft index ``i`` to token ``i`` (``hot_token_id`` None), and so does the
-    identity map installed here. A checkpoint without ``embed_tokens.weight`` (SpecForge drops the frozen embedding)
-    keeps an uninitialised one: SGLang gives the draft the target's (:func:`eagle_io.spec.load_served_draft` does).
+    ``vocab_map.safetensors`` holds ``d2t``/``t2d`` too), under any name that loader resolves (``layers.0.`` or
+    ``midlayer.``, a ``model.`` prefix, fused ``qkv_proj`` / ``gate_up_proj``); tensors it skips are skipped. A draft
+    whose vocabulary is the target's may lack ``d2t``/``t2d``: SGLang then maps draft index ``i`` to token ``i``
+    (``hot_token_id`` None), and so does the identity map installed here. SGLang never reads ``t2d``: one that is absent
+    or not ``[vocab_size]`` is rebuilt from ``d2t`` (True at ``d2t + arange``). A checkpoint without
+    ``embed_tokens.weight`` (SpecForge drops the frozen embedding) keeps an uninitialised one: SGLang gives the draft
+    the target's (:func:`eagle_io.spec.load_served_draft` does).
     Shapes the config leaves out take SGLang's defaults (:func:`served_config`).
 
     Raises:
@@ -252,9 +284,15 @@ def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
     state: dict[str, torch.Tensor] = {}
     for path in sorted(Path(out_dir).glob("*.safetensors"), key=lambda p: p.name == "model.safetensors"):
         state.update(load_file(path))  # SGLang loads every *.safetensors of the directory; model.safetensors wins
+    state = _own_names(model, state)
     if "d2t" not in state and cfg.draft_vocab_size == cfg.vocab_size:
         state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
         state["t2d"] = torch.ones(cfg.vocab_size, dtype=torch.bool)
+    t2d = state.get("t2d")
+    if "d2t" in state and (t2d is None or tuple(t2d.shape) != (cfg.vocab_size,)):  # SGLang never reads t2d
+        ids = state["d2t"].to(torch.int64) + torch.arange(state["d2t"].shape[0])
+        state["t2d"] = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        state["t2d"][ids[(ids >= 0) & (ids < cfg.vocab_size)]] = True
     if "embed_tokens.weight" not in state:  # SpecForge leaves the frozen embedding out; SGLang uses the target's
         state["embed_tokens.weight"] = model.embed_tokens.weight.detach().clone()
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})

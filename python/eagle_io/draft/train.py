@@ -514,7 +514,8 @@ def train_draft(
 
     Raises:
         IncompatibleDatasetError: hidden or vocabulary sizes of dataset, head and mapping disagree, or no training
-            sample keeps a supervised token within ``max_length`` (:meth:`ShardDataset.require_supervision`).
+            sample, or no held-out sample, keeps a supervised token within ``max_length``
+            (:meth:`ShardDataset.require_supervision`).
         NonFiniteTrainingError: a batch's states hold NaN/Inf, or the loss becomes NaN/Inf: training stops (no
             metric is computed from NaN, nothing is returned to export).
     """
@@ -541,6 +542,12 @@ def train_draft(
 
     train_pos, eval_pos = split_positions(len(ds), cfg.eval_fraction, cfg.eval_samples, cfg.seed)
     ds.require_supervision(train_pos, option="max_length (train-draft --max-length)")
+    try:  # held-out metrics over no position were 0s, and train-draft's profile a TypeError after training
+        ds.require_supervision(eval_pos, option="max_length (train-draft --max-length)")
+    except IncompatibleDatasetError as e:
+        raise IncompatibleDatasetError(
+            f"the {len(eval_pos)} held-out samples (eval_samples, train-draft --eval-samples) measure nothing: {e}"
+        ) from e
     t0 = time.perf_counter()
     teacher = Teacher(head_w)
     say(f"data      {len(train_pos)} train + {len(eval_pos)} held-out samples, draft vocab {mapping.draft_vocab_size}")

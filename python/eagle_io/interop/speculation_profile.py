@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, InvalidArgumentError
 from ..store import layout
 
 __all__ = [
@@ -64,14 +64,14 @@ def build_profile(
     The profile's figures are the live ones where the live run made a verify step, else the offline ones.
 
     Raises:
-        CheckpointError: neither measurement has an accept length.
+        InvalidArgumentError: neither measurement has an accept length (no verify step was counted).
     """
     from .._native import __version__
 
     has_live = bool(live) and live.get("accept_length") is not None
     main, source = (live, "live") if has_live else (offline, "offline")
-    if not main or main.get("accept_length") is None:
-        raise CheckpointError("a speculation profile needs a live or an offline measurement with an accept length")
+    if not main or main.get("accept_length") is None:  # was a CheckpointError without its path: a TypeError
+        raise InvalidArgumentError("a speculation profile needs a live or an offline measurement with an accept length")
     return {
         "format": _FORMAT,
         "version": PROFILE_VERSION,

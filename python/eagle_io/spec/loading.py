@@ -77,7 +77,7 @@ def load_served_draft(
     the draft's ``eagle_io`` record of its target (``model_id``, ``architecture``, ``num_layers``, ``hidden_size``)
     against ``info`` (``allow_other_target`` lets a differing ``model_id`` through, e.g. a renamed file); config
     switches this reference draft does not model (``norm_before_fc``, ``fc_norm``, ``use_aux_norm``,
-    ``norm_output``).
+    ``norm_output``, a ``rope_scaling`` / ``rope_parameters`` ``rope_type`` other than ``default``).
 
     Raises:
         DraftMismatchError: any of those, every problem named with its fix.
@@ -114,6 +114,19 @@ def load_served_draft(
                 "draft-switch-unsupported",
                 f"the draft config sets {', '.join(switched)}: SGLang builds extra norms for it that eagle-io's "
                 "reference draft does not model",
+                "evaluate this draft in SGLang itself",
+            )
+        )
+    scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
+    params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    rope_type = scaling.get("rope_type", scaling.get("type")) if scaling else params.get("rope_type")
+    if rope_type not in (None, "default"):  # was measured with plain RoPE, silently
+        errors.append(
+            Finding(
+                ERROR,
+                "draft-rope-scaling-unsupported",
+                f"the draft config scales RoPE (rope_type {rope_type!r}): SGLang's draft applies it to every position "
+                "but eagle-io's reference draft has plain RoPE only, so its figures would be another draft's",
                 "evaluate this draft in SGLang itself",
             )
         )
