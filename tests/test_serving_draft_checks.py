@@ -227,3 +227,13 @@ def test_parameters_sglang_allocates_from_config_switches_must_be_in_the_checkpo
     missing = {p.canonical: p.detail for p in tensor_problems(b, prefixed) if p.kind == "missing"}
     assert "model.fc.weight, which Eagle3DeepseekV2ForCausalLM.load_weights never loads" in missing["fc.weight"]
     assert "model.fc.bias" in missing["fc.bias"]
+    # LlamaForCausalLMEagle3 tries name, then "model." + name: model.fc.weight loads, model.lm_head.weight does not
+    # (lm_head is top-level). It passed as the head, leaving SGLang's uninitialised.
+    llama = draft_build({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": H, "num_attention_heads": 4,
+                         "vocab_size": V, "draft_vocab_size": 500, "intermediate_size": 128})  # fmt: skip
+    full = {n: SimpleNamespace(shape=s) for n, s in llama.expected.items() if n in llama.required}
+    assert "lm_head.weight" in full and tensor_problems(llama, full) == []
+    moved = {("model." + n if n.startswith(("fc.", "lm_head.")) else n): h for n, h in full.items()}
+    (p,) = tensor_problems(llama, moved)
+    assert (p.kind, p.canonical) == ("missing", "lm_head.weight")
+    assert "model.lm_head.weight, which LlamaForCausalLMEagle3.load_weights never loads (the head is top" in p.detail

@@ -374,7 +374,9 @@ def canonical_name(name: str, family: str | None = "llama_eagle3") -> str:
     """A checkpoint tensor name as SGLang's loader resolves it, without the ``model.`` prefix.
 
     ``llama_eagle3`` (``LlamaForCausalLMEagle3.load_weights``): :data:`LEGACY_NAMES` replaced (``midlayer.`` ->
-    ``layers.0.``), then a leading ``model.`` dropped (it tries ``name`` and ``"model." + name``).
+    ``layers.0.``), then a leading ``model.`` dropped (it tries ``name`` and ``"model." + name``), except before
+    ``lm_head.``: the head is the one top-level parameter (``lm_head.weight``), so ``model.lm_head.weight`` is
+    neither it nor ``"model." +`` a parameter, and is never loaded (it stays as it is here).
     ``mla_eagle3`` (``Eagle3DeepseekV2ForCausalLM.load_weights``): ``layers.0.`` and ``midlayer.`` name the one
     layer, no legacy names, and the loader prefixes ``model.`` itself, so a checkpoint name that starts with
     ``model.`` is never loaded: it stays as it is here (SGLang logs "skipping unexpected weight")."""
@@ -383,7 +385,7 @@ def canonical_name(name: str, family: str | None = "llama_eagle3") -> str:
     for legacy, new in LEGACY_NAMES.items():
         if legacy in name:
             name = name.replace(legacy, new)
-    return name.removeprefix("model.")
+    return name if name.startswith("model.lm_head.") else name.removeprefix("model.")
 
 
 @dataclass(frozen=True)
@@ -434,10 +436,8 @@ def tensor_problems(build: DraftBuild, tensors: Mapping[str, TensorHeader]) -> l
         )
         switch = next((sw for pattern, sw in build.switched_on.items() if re.fullmatch(pattern, c)), None)
         if unloaded:
-            detail = (
-                f"the checkpoint names it {unloaded}, which {build.architecture}.load_weights never loads (it adds "
-                "the model. prefix itself)"
-            )
+            why = "the head is top-level: lm_head.*" if c.startswith("lm_head.") else "it adds the model. prefix itself"
+            detail = f"the checkpoint names it {unloaded}, which {build.architecture}.load_weights never loads ({why})"
         else:
             detail = f"the config's {switch} asks for it" if switch else ""
         out.append(TensorProblem("missing", c, c, build.expected.get(c), None, detail))
