@@ -200,6 +200,9 @@ def test_bad_inputs_name_what_differs(run, capsys, tmp_path):
     (no_map / "vocab_map.safetensors").unlink()  # SGLang would read d2t from any *.safetensors of the directory
     err = refused("--draft", str(no_map), "--target", str(target), "--dataset", str(ds))
     assert "d2t-missing" in err and "no d2t tensor" in err
+    # The wrong flag has no offline figure (the stored states are EAGLE3's): with no live prompt, nothing is measured.
+    err = refused("--draft", str(draft), "--target", str(target), "--dataset", str(ds), "--as-algorithm", "EAGLE")
+    assert "InvalidArgumentError" in err and "measured live only" in err and "--prompts >= 1" in err
 
 
 def test_a_draft_config_without_sglangs_defaulted_keys_loads_as_sglang_builds_it(run, capsys, tmp_path):
@@ -353,4 +356,32 @@ def test_a_draft_under_the_tensor_names_sglang_loads_is_the_same_draft(run, caps
     a, b = eval_json(capsys, "--draft", str(renamed), *args), eval_json(capsys, "--draft", str(draft), *args)
     assert (
         a["offline"] == b["offline"] and a["live"]["correct_drafts_histogram"] == b["live"]["correct_drafts_histogram"]
+    )
+
+
+def test_without_a_source_dataset_only_the_dataset_trained_on_says_what_is_held_out():
+    # Sample ids are the source file's record indexes: without a source_dataset on either side, ids of another
+    # dataset name other conversations. They were taken as "recorded" (None == None), excluding unrelated samples.
+    from types import SimpleNamespace
+    from typing import ClassVar
+
+    from eagle_io.spec.evaluate import held_out_positions
+
+    class Data:
+        metadata: ClassVar[dict] = {}
+
+        def __len__(self):
+            return 4
+
+        def entry(self, p):
+            return SimpleNamespace(sample_id=10 + p)
+
+    rec = {"train_sample_ids": [10, 12], "dataset_sha256": "aa", "source_dataset": None}
+    assert held_out_positions(Data(), rec, "aa") == (
+        [1, 3],
+        {"held_out": "recorded", "excluded": 2, "source_dataset": None},
+    )
+    assert held_out_positions(Data(), rec, "bb") == (
+        [0, 1, 2, 3],
+        {"held_out": "unknown", "excluded": 0, "source_dataset": None},
     )

@@ -156,7 +156,7 @@ def write_profile(draft_dir, source: str, rates: list[float], *, samples: int) -
 
 
 def test_expected_accept_length_from_the_drafts_profile(tmp_path, caplog):
-    from eagle_io.interop.speculation_profile import PROFILE_NAME
+    from eagle_io.interop.speculation_profile import PROFILE_NAME, read_profile
 
     write_profile(tmp_path, "live", [0.6, 0.3, 0.2], samples=10)
     value, why = plugin.expected_from_profile(str(tmp_path), 2)
@@ -170,6 +170,13 @@ def test_expected_accept_length_from_the_drafts_profile(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="eagle_io.serving"):
         assert plugin.expected_from_profile(str(tmp_path), 3)[0] is None
     assert "ignoring the draft's speculation_profile.json" in caplog.text
+    # JSON true is a Python int: a profile with true for a rate or the version was read as 1.
+    write_profile(tmp_path, "live", [0.6, 0.3, 0.2], samples=10)
+    good = json.loads((tmp_path / PROFILE_NAME).read_text())
+    for bad in ({"per_position_accept_rate": [True, 0.3, 0.2]}, {"version": True}, {"num_steps": True}):
+        (tmp_path / PROFILE_NAME).write_text(json.dumps({**good, **bad}))
+        with pytest.raises(eagle_io.errors.CheckpointError, match=str(tmp_path / PROFILE_NAME)):
+            read_profile(tmp_path)
 
 
 def test_version_range():

@@ -82,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.num_steps < 1 or args.prompts < 0 or args.max_new_tokens < 1:
         raise InvalidArgumentError("--num-steps and --max-new-tokens must be >= 1, --prompts >= 0")
+    if args.as_algorithm == "EAGLE" and args.prompts == 0:  # was a report of nothing, exit 0
+        raise InvalidArgumentError(
+            "--as-algorithm EAGLE is measured live only (the stored aux states are what an EAGLE3 launch feeds): "
+            "pass --prompts >= 1"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     ds = ShardDataset(args.dataset, max_length=args.max_length)  # refuses a non-EAGLE-3 dataset first
@@ -94,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         if w.severity == "warning":
             print(f"eval-draft: warning [{w.code}] {w.message}", file=sys.stderr)  # stdout: the report or --json
     training = read_training_samples(args.draft)
-    positions, held = held_out_positions(ds, training)
+    fingerprint = dataset_fingerprint(args.dataset)
+    positions, held = held_out_positions(ds, training, fingerprint)
     if not positions:  # was a report of nothing, exit 0
         raise IncompatibleDatasetError(
             f"{args.dataset}: the draft trained on all {len(ds)} of its samples ({args.draft}/training_samples.json): "
@@ -123,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             live=res["live"],
             offline=res["offline"],
             data={
-                "dataset_sha256": dataset_fingerprint(args.dataset),
+                "dataset_sha256": fingerprint,
                 "source_dataset": ds.metadata.get("source_dataset"),
                 "samples": len(positions),
                 "held_out": held["held_out"],

@@ -121,15 +121,19 @@ def read_profile(draft_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     prof = _read(path, "speculation profile")
     if prof is None:
         return None
-    if prof.get("format") != _FORMAT or not isinstance(prof.get("version"), int) or prof["version"] > PROFILE_VERSION:
+
+    def integer(x: Any) -> bool:  # JSON true / false are Python ints too
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if prof.get("format") != _FORMAT or not integer(prof.get("version")) or prof["version"] > PROFILE_VERSION:
         raise CheckpointError(
             f"{path}: not an eagle-io speculation profile of version <= {PROFILE_VERSION} "
             f"(format {prof.get('format')!r}, version {prof.get('version')!r})",
             path,
         )
     rates, steps = prof.get("per_position_accept_rate"), prof.get("num_steps")
-    ok = isinstance(rates, list) and isinstance(steps, int) and len(rates) == steps >= 1
-    if not ok or not all(isinstance(r, (int, float)) and 0.0 <= r <= 1.0 for r in rates):
+    ok = isinstance(rates, list) and integer(steps) and len(rates) == steps >= 1
+    if not ok or not all(isinstance(r, (int, float)) and not isinstance(r, bool) and 0.0 <= r <= 1.0 for r in rates):
         raise CheckpointError(f"{path}: per_position_accept_rate must be num_steps rates in [0, 1]", path)
     return prof
 

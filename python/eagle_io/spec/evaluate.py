@@ -5,7 +5,8 @@ conversations) and offline (:func:`eagle_io.draft.acceptance.offline_accept` ove
 Held out: a sample is held out when the draft's ``training_samples.json`` does not list its id. Ids are the
 capture's source record indexes, so they name the same conversations in every capture of the same source file
 (``metadata["source_dataset"]``: another precision, a regenerated capture); a dataset of another source is held out
-whole. A draft without that record (exported by another tool) cannot tell: every sample is used and the result says
+whole. Without a ``source_dataset`` on either side, only the dataset trained on itself (same fingerprint) can tell.
+A draft without that record (exported by another tool) cannot tell: every sample is used and the result says
 ``"held_out": "unknown"``.
 
 A live prompt is a sample's tokens before its first loss-masked token: the conversation up to the first assistant
@@ -26,13 +27,21 @@ from .loading import ServedDraft
 __all__ = ["evaluate_draft", "held_out_positions", "live_prompts", "prompt_of"]
 
 
-def held_out_positions(dataset: Any, training: Mapping[str, Any] | None) -> tuple[list[int], dict[str, Any]]:
+def held_out_positions(
+    dataset: Any, training: Mapping[str, Any] | None, fingerprint: str | None = None
+) -> tuple[list[int], dict[str, Any]]:
     """Dataset positions not trained on, and how that was decided (``held_out``: ``"recorded"``,
-    ``"other source"`` or ``"unknown"``; ``excluded``: samples left out)."""
+    ``"other source"`` or ``"unknown"``; ``excluded``: samples left out).
+
+    ``fingerprint``: the dataset's :func:`eagle_io.interop.vocab.dataset_fingerprint`. Where neither the dataset nor
+    the record names a ``source_dataset``, sample ids name the same conversations only in the very dataset trained
+    on: the record's ``dataset_sha256`` equal to ``fingerprint`` (``"recorded"``), else ``"unknown"``."""
     positions = list(range(len(dataset)))
     if training is None:
         return positions, {"held_out": "unknown", "excluded": 0}
     source = dataset.metadata.get("source_dataset")
+    if source is None and training.get("source_dataset") is None and training.get("dataset_sha256") != fingerprint:
+        return positions, {"held_out": "unknown", "excluded": 0, "source_dataset": None}
     if training.get("source_dataset") != source:
         return positions, {"held_out": "other source", "excluded": 0, "source_dataset": source}
     trained = {int(i) for i in training["train_sample_ids"]}
