@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers.spec_models import AUX, H, OracleDraft, V, count_up, prompts_for, tiny_target, write_dataset
 
+import eagle_io
 from eagle_io.draft import Eagle3Draft, Eagle3DraftConfig, TargetHead, TrainConfig, train_draft
 from eagle_io.draft.acceptance import (
     AcceptHistogram,
@@ -137,6 +138,18 @@ def test_eos_inside_a_draft_block(random_target, greedy):
     # The EOS arrived inside the first verify block (x at index 0, the block's 6 tokens at 1..6): one verify step,
     # counted whole (SGLang adds the verify's accept_lens before trimming the output).
     assert cut <= 6 and out.histogram.counts == [0, 0, 0, 0, 0, 1] and out.histogram.accept_length == 6.0
+
+
+def test_a_request_past_the_context_is_refused_as_sglang_refuses_it(random_target, random_draft):
+    # SGLang's TokenizerManager refuses len(prompt) + max_new_tokens > context length; the reference decoders went
+    # on past max_position_embeddings (256 here), measuring positions SGLang never serves.
+    target = Target(random_target, AUX)
+    prompt = [i % V for i in range(250)]
+    decoder = SpeculativeDecoder(target, random_draft, num_steps=3)
+    assert len(decoder.generate([prompt], 6).tokens[0]) == 6 == len(greedy_decode(target, [prompt], 6)[0][0])
+    for run in (lambda: decoder.generate([prompt], 7), lambda: greedy_decode(target, [prompt], 7)):
+        with pytest.raises(eagle_io.InvalidArgumentError, match=r"250 tokens and max_new_tokens 7 exceed .* of 256"):
+            run()
 
 
 @pytest.mark.parametrize("num_steps", [1, 3, 5])

@@ -71,6 +71,23 @@ class SpecOutput:
         return sum(len(t) for t in self.tokens)
 
 
+def check_fits(target: Target, prompt: Sequence[int], max_new_tokens: int) -> None:
+    """Refuses a request SGLang refuses: ``len(prompt) + max_new_tokens`` over the target's context length
+    (``TokenizerManager._validate_one_request``, without ``--allow-auto-truncate``), so that no figure is measured at
+    positions SGLang never serves.
+
+    Raises:
+        InvalidArgumentError: naming the prompt's and the completion's token counts and the context length.
+    """
+    context = target.context_length
+    if context is not None and len(prompt) + max_new_tokens > context:
+        raise InvalidArgumentError(
+            f"a prompt of {len(prompt)} tokens and max_new_tokens {max_new_tokens} exceed the target's context length "
+            f"of {context} tokens (max_position_embeddings; SGLang refuses such a request): lower max_new_tokens or "
+            "use shorter prompts"
+        )
+
+
 def _stop(tokens: list[int], eos: frozenset[int], limit: int) -> bool:
     return len(tokens) >= limit or (bool(tokens) and tokens[-1] in eos)
 
@@ -157,6 +174,7 @@ class SpeculativeDecoder:
         p = len(prompt)
         if p == 0:
             raise InvalidArgumentError("an empty prompt: the target needs at least one token")
+        check_fits(self.target, prompt, max_new_tokens)
         t_cache, d_cache = self.target.new_cache(), DraftKVCache()
         pre = self.target.forward(prompt, t_cache)
         x = int(pre.next_ids[-1])
@@ -186,7 +204,12 @@ class SpeculativeDecoder:
         return out, hist, trace
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> SpecOutput:
-        """Decodes each prompt (token ids) up to ``max_new_tokens`` new tokens or an EOS."""
+        """Decodes each prompt (token ids) up to ``max_new_tokens`` new tokens or an EOS.
+
+        Raises:
+            InvalidArgumentError: ``max_new_tokens`` < 1, an empty prompt, or one that does not fit the target's
+                context with ``max_new_tokens`` (:func:`check_fits`).
+        """
         if max_new_tokens < 1:
             raise InvalidArgumentError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         t0 = time.perf_counter()
@@ -217,11 +240,16 @@ def greedy_decode(
 ) -> tuple[list[list[int]], float]:
     """The target's own greedy decoding, one token per forward over its KV cache (the reference the speculative
     decoder must equal, and its speed baseline). Returns the new tokens per prompt (as :class:`SpecOutput`) and the
-    wall seconds."""
+    wall seconds.
+
+    Raises:
+        InvalidArgumentError: a prompt that, with ``max_new_tokens``, does not fit the context (:func:`check_fits`).
+    """
     eos = frozenset(int(e) for e in eos_token_ids)
     t0 = time.perf_counter()
     outs = []
     for prompt in prompts:
+        check_fits(target, prompt, max_new_tokens)
         cache = target.new_cache()
         step = target.forward([int(t) for t in prompt], cache, states=False)
         out: list[int] = []

@@ -57,6 +57,13 @@ class Target:
         self.forwards = 0
 
     @property
+    def context_length(self) -> int | None:
+        """The target's context length in tokens (``config.max_position_embeddings``, what SGLang's
+        ``ModelConfig`` reads for a Llama), or None when its config names none."""
+        n = getattr(self.model.config, "max_position_embeddings", None)
+        return None if n is None else int(n)
+
+    @property
     def lm_head(self) -> torch.nn.Module:
         return self.model.get_output_embeddings()
 
