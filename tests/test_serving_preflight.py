@@ -325,6 +325,16 @@ def test_launch_args_are_parsed_by_sglangs_own_parser(tmp_path, monkeypatch):
     assert prepare_server_args(["--model-path", "/m", f"--config={cfg}"]).speculative_algorithm is None
 
 
+def test_a_launch_config_that_is_not_valid_yaml_is_refused_naming_the_file(tmp_path):
+    """SGLang's ConfigArgumentMerger re-raises yaml's own error for a malformed file: it was a traceback out of
+    `eagle-io check-serving -- --config launch.yaml` (only ValueError / OSError were turned into a clear error)."""
+    pytest.importorskip("sglang.srt.server_args", reason="SGLang's parser needs SGLang installed")
+    cfg = tmp_path / "launch.yaml"
+    cfg.write_text("speculative-algorithm: [EAGLE3\nmodel-path: /m\n")
+    with pytest.raises(eagle_io.InvalidArgumentError, match=f"(?s)--config: SGLang's config merge refuses it: .*{cfg}"):
+        launch_args(["--config", str(cfg)])
+
+
 def test_launch_args_without_sglang_refuse_what_they_cannot_read_as_sglang_does(monkeypatch):
     import builtins
 

@@ -71,9 +71,11 @@ def _sglang_parse(argv: list[str]) -> argparse.Namespace | None:
     for action in parser._actions:  # what SGLang requires (--model-path) may be given to check-serving instead
         action.required = False
     if "--config" in argv:
+        import yaml  # what ConfigArgumentMerger reads the file with (an SGLang dependency)
+
         try:
             argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError, yaml.YAMLError) as e:  # YAMLError: a file that is not valid YAML
             raise InvalidArgumentError(f"--config: SGLang's config merge refuses it: {e}") from e
     return parser.parse_args(argv)
 
