@@ -170,6 +170,14 @@ def test_expected_accept_length_from_the_drafts_profile(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="eagle_io.serving"):
         assert plugin.expected_from_profile(str(tmp_path), 3)[0] is None
     assert "ignoring the draft's speculation_profile.json" in caplog.text
+    # The descriptive keys read_profile does not check: a profile without "source", or with "data" null, raised
+    # KeyError / AttributeError out of the startup guard (every scheduler failed to start) instead of being read.
+    write_profile(tmp_path, "live", [0.6, 0.3, 0.2], samples=10)
+    good = json.loads((tmp_path / PROFILE_NAME).read_text())
+    for odd in ({k: v for k, v in good.items() if k != "source"}, {**good, "data": None}, {**good, "data": [1]}):
+        (tmp_path / PROFILE_NAME).write_text(json.dumps(odd))
+        value, why = plugin.expected_from_profile(str(tmp_path), 2)
+        assert value == pytest.approx(1.9) and "1.90 at 2 steps" in why
     # JSON true is a Python int: a profile with true for a rate or the version was read as 1.
     write_profile(tmp_path, "live", [0.6, 0.3, 0.2], samples=10)
     good = json.loads((tmp_path / PROFILE_NAME).read_text())

@@ -353,7 +353,9 @@ def expected_from_profile(draft_path: str | None, num_steps: int | None) -> tupl
         return None, f"no {PROFILE_NAME} in {draft_path}"
     steps = num_steps if num_steps is not None else prof["num_steps"]
     value = expected_accept_length(prof, steps)
-    measured = f"{prof['source']} on {prof.get('data', {}).get('samples', '?')} samples"
+    data = prof.get("data")  # descriptive keys read_profile does not check: a hand-made profile may lack them
+    samples = data.get("samples", "?") if isinstance(data, dict) else "?"
+    measured = f"{prof.get('source', '?')} on {samples} samples"
     if steps > prof["num_steps"]:
         measured += f"; profiled at {prof['num_steps']} steps, a lower bound at {steps}"
     return value, f"{draft_path}/{PROFILE_NAME}: {value:.2f} at {steps} steps, {measured}"
