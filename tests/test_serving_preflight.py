@@ -655,6 +655,29 @@ def test_an_abbreviated_correct_launch_is_not_refused_and_ray_is_warned(tmp_path
     assert issues(fs) == {"eagle3-draft-wrong-algorithm": "error"}
 
 
+def test_a_hub_id_is_checked_at_the_revision_sglang_loads(tmp_path, monkeypatch):
+    """``--speculative-draft-model-path org/d --speculative-draft-model-revision v2``: SGLang loads the v2 snapshot;
+    the check read the cached ``main`` snapshot instead (``try_to_load_from_cache`` without a revision), so a
+    broken v2 draft passed when ``main`` was fine, and the other way round."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    t = llama_target(tmp_path)
+    repo = tmp_path / "hub" / "models--org--d"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "snapshots").mkdir()
+    for rev, commit, fc_in in (("main", "a" * 40, 3 * H), ("v2", "b" * 40, 2 * H)):  # v2: another fc width
+        eagle3_draft(tmp_path, name=rev, eagle_ids=[1, 3, 4], fc_in=fc_in).rename(repo / "snapshots" / commit)
+        (repo / "refs" / rev).write_text(commit)
+    raw = ["--model-path", str(t), "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "org/d"]
+    assert issues(check_serving(None, None, server_args=raw)) == {}
+    v2 = [*raw, "--speculative-draft-model-revision", "v2"]
+    assert launch_args(v2).draft_revision == "v2"
+    assert "fc-width" in issues(check_serving(None, None, server_args=v2))
+    with pytest.raises(CheckpointError, match="org/d at revision v3: not a checkpoint directory"):
+        check_serving(None, None, server_args=[*raw, "--speculative-draft-model-revision", "v3"])
+
+
 def test_cli_registered_console_script(tmp_path):
     assert COMMANDS["check-serving"] is check_serving_cmd
     t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])

@@ -47,6 +47,8 @@ class LaunchArgs:
     use_ray: bool = False
     parser: str | None = None
     config_ignored: str | None = None
+    model_revision: str | None = None  # --revision: the snapshot of a Hub id SGLang loads (None: main)
+    draft_revision: str | None = None  # --speculative-draft-model-revision
 
 
 class _Refused(argparse.ArgumentParser):
@@ -86,6 +88,8 @@ _FALLBACK = {
     "speculative_algorithm": ("--speculative-algorithm",),
     "context_length": ("--context-length",),
     "speculative_num_steps": ("--speculative-num-steps",),
+    "revision": ("--revision",),
+    "speculative_draft_model_revision": ("--speculative-draft-model-revision",),
 }
 _INT_FLAGS = {"context_length", "speculative_num_steps"}
 
@@ -170,4 +174,6 @@ def launch_args(server_args: Any) -> LaunchArgs:
         use_ray=bool(get("use_ray", False)),
         parser=parser,
         config_ignored=ignored,
+        model_revision=get("revision"),
+        draft_revision=get("speculative_draft_model_revision"),
     )
