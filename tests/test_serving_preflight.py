@@ -315,6 +315,9 @@ def test_launch_args_are_parsed_by_sglangs_own_parser(tmp_path, monkeypatch):
         launch_args(["--model-path", "/m", "--speculative-draft", "/d"])  # what SGLang itself refuses
     with pytest.raises(eagle_io.InvalidArgumentError, match="--config: SGLang's config merge refuses it"):
         launch_args(["--config", str(tmp_path / "launch.json")])
+    for help_flag in ("-h", "--help"):  # SGLang's parser printed its help and exited 0: check-serving said "no error"
+        with pytest.raises(eagle_io.InvalidArgumentError, match=f"unrecognized arguments: {help_flag}"):
+            launch_args(["--model-path", "/m", "--speculative-algorithm", "EAGLE", help_flag])
     assert launch_args(["--config", str(cfg)]).config_ignored is None
     for argv in (["--config=" + str(cfg)], ["--conf", str(cfg)]):  # SGLang parses these and never reads the file
         la = launch_args(["--model-path", "/m", *argv])

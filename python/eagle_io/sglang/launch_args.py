@@ -68,7 +68,9 @@ def _sglang_parse(argv: list[str]) -> argparse.Namespace | None:
         from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
     except ImportError:
         return None
-    parser = _Refused(prog="sglang serve")
+    # add_help=False: SGLang's -h / --help prints its help and exits 0, which made check-serving exit 0 (no error)
+    # without checking anything; here it is an unrecognised argument (a launch with it serves nothing).
+    parser = _Refused(prog="sglang serve", add_help=False)
     ServerArgs.add_cli_args(parser)
     for action in parser._actions:  # what SGLang requires (--model-path) may be given to check-serving instead
         action.required = False
@@ -147,7 +149,8 @@ def launch_args(server_args: Any) -> LaunchArgs:
 
     Raises:
         InvalidArgumentError: raw arguments SGLang's parser refuses (an unknown or ambiguous flag, a bad value, a
-            ``--config`` file it cannot merge); without SGLang, ``--config`` or an abbreviated flag.
+            ``--config`` file it cannot merge; ``-h`` / ``--help``, with which SGLang serves nothing); without
+            SGLang, ``--config`` or an abbreviated flag.
     """
     if server_args is None:
         return LaunchArgs()
