@@ -465,6 +465,24 @@ def test_watchdog_expects_what_the_served_drafts_profile_says(tmp_path, hooks, m
 
 
 @needs_sglang
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("EAGLE_IO_ACCEPT_WINDOW", "abc"), ("EAGLE_IO_ACCEPT_WINDOW", "0"), ("EAGLE_IO_ACCEPT_WINDOW", "-8"),
+     ("EAGLE_IO_ACCEPT_FRACTION", "half"), ("EAGLE_IO_ACCEPT_FRACTION", "nan"), ("EAGLE_IO_ACCEPT_FRACTION", "-1")],
+)  # fmt: skip
+def test_watchdog_settings_out_of_range_stop_the_launch_naming_the_variable(tmp_path, hooks, monkeypatch, name, value):
+    """A bad value was a bare ``ValueError: invalid literal for int()`` at startup (no variable named), a window of
+    0 or less made every verify step a window (a loud warning on each), and NaN switched the expected rule off."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    monkeypatch.setenv(name, value)
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    sched, _ = real_scheduler(t, d, "EAGLE3")
+    with pytest.raises(eagle_io.InvalidArgumentError, match=f"{name}='{value}': must be"):
+        Scheduler.init_all_cuda_graphs(sched)
+
+
+@needs_sglang
 def test_width_check_warn_mode(tmp_path, hooks, monkeypatch, caplog):
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
