@@ -170,6 +170,14 @@ def test_expected_accept_length_from_the_drafts_profile(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="eagle_io.serving"):
         assert plugin.expected_from_profile(str(tmp_path), 3)[0] is None
     assert "ignoring the draft's speculation_profile.json" in caplog.text
+    # The descriptive keys read_profile does not check: a profile without "source", or with "data" null, raised
+    # KeyError / AttributeError out of the startup guard (every scheduler failed to start) instead of being read.
+    write_profile(tmp_path, "live", [0.6, 0.3, 0.2], samples=10)
+    good = json.loads((tmp_path / PROFILE_NAME).read_text())
+    for odd in ({k: v for k, v in good.items() if k != "source"}, {**good, "data": None}, {**good, "data": [1]}):
+        (tmp_path / PROFILE_NAME).write_text(json.dumps(odd))
+        value, why = plugin.expected_from_profile(str(tmp_path), 2)
+        assert value == pytest.approx(1.9) and "1.90 at 2 steps" in why
     # JSON true is a Python int: a profile with true for a rate or the version was read as 1.
     write_profile(tmp_path, "live", [0.6, 0.3, 0.2], samples=10)
     good = json.loads((tmp_path / PROFILE_NAME).read_text())
@@ -454,6 +462,24 @@ def test_watchdog_expects_what_the_served_drafts_profile_says(tmp_path, hooks, m
         EAGLEWorkerV2.on_verify_complete_cpu(worker, [0, 0, 0, 0], batch_size=4)
     assert wd.windows == 2 and wd.low_warnings == 1
     assert "mean accept length 1.12 over the last 8 request steps" in caplog.text and "the 2.70" in caplog.text
+
+
+@needs_sglang
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("EAGLE_IO_ACCEPT_WINDOW", "abc"), ("EAGLE_IO_ACCEPT_WINDOW", "0"), ("EAGLE_IO_ACCEPT_WINDOW", "-8"),
+     ("EAGLE_IO_ACCEPT_FRACTION", "half"), ("EAGLE_IO_ACCEPT_FRACTION", "nan"), ("EAGLE_IO_ACCEPT_FRACTION", "-1")],
+)  # fmt: skip
+def test_watchdog_settings_out_of_range_stop_the_launch_naming_the_variable(tmp_path, hooks, monkeypatch, name, value):
+    """A bad value was a bare ``ValueError: invalid literal for int()`` at startup (no variable named), a window of
+    0 or less made every verify step a window (a loud warning on each), and NaN switched the expected rule off."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    monkeypatch.setenv(name, value)
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    sched, _ = real_scheduler(t, d, "EAGLE3")
+    with pytest.raises(eagle_io.InvalidArgumentError, match=f"{name}='{value}': must be"):
+        Scheduler.init_all_cuda_graphs(sched)
 
 
 @needs_sglang

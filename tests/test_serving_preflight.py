@@ -315,6 +315,9 @@ def test_launch_args_are_parsed_by_sglangs_own_parser(tmp_path, monkeypatch):
         launch_args(["--model-path", "/m", "--speculative-draft", "/d"])  # what SGLang itself refuses
     with pytest.raises(eagle_io.InvalidArgumentError, match="--config: SGLang's config merge refuses it"):
         launch_args(["--config", str(tmp_path / "launch.json")])
+    for help_flag in ("-h", "--help"):  # SGLang's parser printed its help and exited 0: check-serving said "no error"
+        with pytest.raises(eagle_io.InvalidArgumentError, match=f"unrecognized arguments: {help_flag}"):
+            launch_args(["--model-path", "/m", "--speculative-algorithm", "EAGLE", help_flag])
     assert launch_args(["--config", str(cfg)]).config_ignored is None
     for argv in (["--config=" + str(cfg)], ["--conf", str(cfg)]):  # SGLang parses these and never reads the file
         la = launch_args(["--model-path", "/m", *argv])
@@ -323,6 +326,16 @@ def test_launch_args_are_parsed_by_sglangs_own_parser(tmp_path, monkeypatch):
     from sglang.srt.server_args import prepare_server_args
 
     assert prepare_server_args(["--model-path", "/m", f"--config={cfg}"]).speculative_algorithm is None
+
+
+def test_a_launch_config_that_is_not_valid_yaml_is_refused_naming_the_file(tmp_path):
+    """SGLang's ConfigArgumentMerger re-raises yaml's own error for a malformed file: it was a traceback out of
+    `eagle-io check-serving -- --config launch.yaml` (only ValueError / OSError were turned into a clear error)."""
+    pytest.importorskip("sglang.srt.server_args", reason="SGLang's parser needs SGLang installed")
+    cfg = tmp_path / "launch.yaml"
+    cfg.write_text("speculative-algorithm: [EAGLE3\nmodel-path: /m\n")
+    with pytest.raises(eagle_io.InvalidArgumentError, match=f"(?s)--config: SGLang's config merge refuses it: .*{cfg}"):
+        launch_args(["--config", str(cfg)])
 
 
 def test_launch_args_without_sglang_refuse_what_they_cannot_read_as_sglang_does(monkeypatch):
@@ -643,6 +656,29 @@ def test_an_abbreviated_correct_launch_is_not_refused_and_ray_is_warned(tmp_path
     wrong = ["--model", str(t), "--speculative-algo", "EAGLE", "--speculative-draft-model", str(d)]
     fs = check_serving(None, None, server_args=wrong)
     assert issues(fs) == {"eagle3-draft-wrong-algorithm": "error"}
+
+
+def test_a_hub_id_is_checked_at_the_revision_sglang_loads(tmp_path, monkeypatch):
+    """``--speculative-draft-model-path org/d --speculative-draft-model-revision v2``: SGLang loads the v2 snapshot;
+    the check read the cached ``main`` snapshot instead (``try_to_load_from_cache`` without a revision), so a
+    broken v2 draft passed when ``main`` was fine, and the other way round."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    t = llama_target(tmp_path)
+    repo = tmp_path / "hub" / "models--org--d"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "snapshots").mkdir()
+    for rev, commit, fc_in in (("main", "a" * 40, 3 * H), ("v2", "b" * 40, 2 * H)):  # v2: another fc width
+        eagle3_draft(tmp_path, name=rev, eagle_ids=[1, 3, 4], fc_in=fc_in).rename(repo / "snapshots" / commit)
+        (repo / "refs" / rev).write_text(commit)
+    raw = ["--model-path", str(t), "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "org/d"]
+    assert issues(check_serving(None, None, server_args=raw)) == {}
+    v2 = [*raw, "--speculative-draft-model-revision", "v2"]
+    assert launch_args(v2).draft_revision == "v2"
+    assert "fc-width" in issues(check_serving(None, None, server_args=v2))
+    with pytest.raises(CheckpointError, match="org/d at revision v3: not a checkpoint directory"):
+        check_serving(None, None, server_args=[*raw, "--speculative-draft-model-revision", "v3"])
 
 
 def test_cli_registered_console_script(tmp_path):

@@ -248,6 +248,9 @@ def _corruptions(sf: Path) -> dict[str, Path]:
     p = Path(specforge_path(sf, 16))
     torch.save({"input_ids": torch.zeros(3, dtype=torch.int64)}, p)
     out["keys"] = p
+    s = make_sample(17, 6)
+    s["hidden_states"] = s["hidden_states"][:, :0]  # a zero-wide final state: was a ZeroDivisionError, unnamed
+    out["width0"] = write_like_specforge(sf, 17, s)
     return out
 
 
@@ -261,6 +264,7 @@ def _corruptions(sf: Path) -> dict[str, Path]:
         ("nan", "NaN/Inf values"),
         ("layout", "differs from the dataset"),
         ("keys", "missing keys"),
+        ("width0", "not a multiple of hidden_state width 0"),
     ],
 )
 def test_import_rejects_a_bad_file_naming_it(tmp_path, kind, message):

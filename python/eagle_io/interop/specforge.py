@@ -261,7 +261,7 @@ def _check_record(path: str, raw: Mapping[str, Any], layout: _Layout | None) -> 
     aux, fin = states["aux_hidden_state"], states["hidden_state"]
     if aux.dtype != fin.dtype:
         raise SpecForgeFileError(path, f"aux_hidden_state is {aux.dtype} but hidden_state is {fin.dtype}")
-    if aux.shape[1] % fin.shape[1] or aux.shape[1] == 0:
+    if fin.shape[1] == 0 or aux.shape[1] == 0 or aux.shape[1] % fin.shape[1]:  # width 0 first: no modulo by 0
         raise SpecForgeFileError(
             path, f"aux_hidden_state width {aux.shape[1]} is not a multiple of hidden_state width {fin.shape[1]}"
         )

@@ -91,6 +91,25 @@ def _enabled(name: str) -> bool:
     return os.environ.get(name, "1").strip().lower() not in _OFF
 
 
+def _env_number(name: str, default: str, kind: Callable[[str], float], ok: Callable[[float], bool], what: str) -> Any:
+    """``kind(os.environ[name])`` (``default`` when unset).
+
+    Raises:
+        InvalidArgumentError: a value that does not parse or breaks ``ok``, naming the variable and ``what`` it
+            must be.
+    """
+    from ..errors import InvalidArgumentError
+
+    raw = os.environ.get(name, default)
+    try:
+        value = kind(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise InvalidArgumentError(f"{name}={raw!r}: must be {what}")
+    return value
+
+
 # ------------------------------------------------------------------------------------------------ decisions
 
 
@@ -353,7 +372,9 @@ def expected_from_profile(draft_path: str | None, num_steps: int | None) -> tupl
         return None, f"no {PROFILE_NAME} in {draft_path}"
     steps = num_steps if num_steps is not None else prof["num_steps"]
     value = expected_accept_length(prof, steps)
-    measured = f"{prof['source']} on {prof.get('data', {}).get('samples', '?')} samples"
+    data = prof.get("data")  # descriptive keys read_profile does not check: a hand-made profile may lack them
+    samples = data.get("samples", "?") if isinstance(data, dict) else "?"
+    measured = f"{prof.get('source', '?')} on {samples} samples"
     if steps > prof["num_steps"]:
         measured += f"; profiled at {prof['num_steps']} steps, a lower bound at {steps}"
     return value, f"{draft_path}/{PROFILE_NAME}: {value:.2f} at {steps} steps, {measured}"
@@ -372,6 +393,8 @@ def install_runtime_hooks(
     Raises:
         SGLangCompatError: a target is not defined on the live worker or not in place after applying (naming the
             switch that runs without it: the startup guard lets it stop the launch).
+        InvalidArgumentError: ``EAGLE_IO_ACCEPT_WINDOW`` not an integer >= 1, ``EAGLE_IO_ACCEPT_FRACTION`` not a
+            finite number >= 0 (naming the variable).
     """
     from sglang.srt.plugins.hook_registry import HookRegistry
 
@@ -385,8 +408,11 @@ def install_runtime_hooks(
         _place(inner, hooks.PREFILL_METHOD, _prefill_width_hook, "BEFORE", switch)
         _place(inner, hooks.DECODE_METHOD, _decode_width_hook, "BEFORE", switch)
     if _enabled(ENV_ACCEPT_WATCHDOG):
-        window = int(os.environ.get(ENV_ACCEPT_WINDOW, "256"))
-        fraction = float(os.environ.get(ENV_ACCEPT_FRACTION, "0.5"))
+        # 0 or less made every verify step a window (a loud warning per step); NaN switched the rule off silently.
+        window = _env_number(ENV_ACCEPT_WINDOW, "256", int, lambda v: v >= 1, "an integer >= 1 (request steps)")
+        fraction = _env_number(
+            ENV_ACCEPT_FRACTION, "0.5", float, lambda v: 0 <= v < float("inf"), "a number >= 0 (0: no expected rule)"
+        )
         expected, source = (None, "")
         if eagle3_draft and fraction > 0 and launch is not None:
             expected, source = expected_from_profile(launch.draft_path, launch.num_steps)

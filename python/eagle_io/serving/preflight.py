@@ -151,8 +151,8 @@ def check_serving(
             "need the target and the draft checkpoint (arguments or --model-path / --speculative-draft-model-path)",
             str(target_path or draft_path or ""),
         )
-    target = read_checkpoint(target_path)
-    draft = read_draft(draft_path)
+    target = read_checkpoint(target_path, revision=la.model_revision)  # a Hub id: the snapshot SGLang loads
+    draft = read_draft(draft_path, revision=la.draft_revision)
     resolved = resolve_algorithm(algorithm)
     h_t = target.hidden_size
     n_t = target.num_layers

@@ -155,8 +155,9 @@ def _load_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _resolve_dir(path: str | os.PathLike[str]) -> Path:
-    """A checkpoint directory from a directory, a ``config.json`` path, or a Hub id already in the local HF cache."""
+def _resolve_dir(path: str | os.PathLike[str], revision: str | None = None) -> Path:
+    """A checkpoint directory from a directory, a ``config.json`` path, or a Hub id already in the local HF cache,
+    at ``revision`` (SGLang's ``--revision`` / ``--speculative-draft-model-revision``; None: ``main``)."""
     p = Path(path)
     if p.is_dir():
         return p
@@ -167,13 +168,15 @@ def _resolve_dir(path: str | os.PathLike[str]) -> Path:
         try:  # offline: only what is already cached; never downloads
             from huggingface_hub import try_to_load_from_cache
 
-            cached = try_to_load_from_cache(spec, "config.json")
+            cached = try_to_load_from_cache(spec, "config.json", revision=revision)
             if isinstance(cached, str):
                 return Path(cached).parent
         except ImportError:
             pass
+    at = f" at revision {revision}" if revision else ""
     raise CheckpointError(
-        f"{spec}: not a checkpoint directory (need a local directory with config.json, or a Hub id in the local cache)",
+        f"{spec}{at}: not a checkpoint directory (need a local directory with config.json, or a Hub id in the local "
+        f"cache{at})",
         spec,
     )
 
@@ -210,14 +213,15 @@ class CheckpointInfo:
         return self.text_config.get(key, self.config.get(key))
 
 
-def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointInfo:
-    """Reads ``config.json`` of a model directory (see :class:`CheckpointInfo`).
+def read_checkpoint(path: str | os.PathLike[str], *, revision: str | None = None) -> CheckpointInfo:
+    """Reads ``config.json`` of a model directory (see :class:`CheckpointInfo`); a Hub id is read from the local
+    cache at ``revision`` (None: ``main``), the snapshot SGLang loads for it.
 
     Raises:
         CheckpointError: no such directory or ``config.json``, unreadable JSON, or a ``hidden_size`` /
             ``num_hidden_layers`` that is present but not a positive integer.
     """
-    d = _resolve_dir(path)
+    d = _resolve_dir(path, revision)
     cfg = _load_json(d / "config.json")
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     archs = cfg.get("architectures") or []
@@ -304,14 +308,15 @@ def _ids(v: Any) -> list[int] | None:
     return None
 
 
-def read_draft(path: str | os.PathLike[str]) -> DraftInfo:
-    """Reads a draft directory: ``config.json`` and the header of every ``*.safetensors`` file in it.
+def read_draft(path: str | os.PathLike[str], *, revision: str | None = None) -> DraftInfo:
+    """Reads a draft directory: ``config.json`` and the header of every ``*.safetensors`` file in it (a Hub id: its
+    cached snapshot at ``revision``, as :func:`read_checkpoint`).
 
     Raises:
         CheckpointError: as :func:`read_checkpoint`, for a malformed safetensors header, or an ``eagle_config`` that
             is not an object or whose ``eagle_aux_hidden_state_layer_ids`` is not a list of integers.
     """
-    base = read_checkpoint(path)
+    base = read_checkpoint(path, revision=revision)
     files = sorted(base.path.glob("*.safetensors"))
     tensors: dict[str, TensorHeader] = {}
     for f in files:

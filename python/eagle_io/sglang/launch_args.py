@@ -47,6 +47,8 @@ class LaunchArgs:
     use_ray: bool = False
     parser: str | None = None
     config_ignored: str | None = None
+    model_revision: str | None = None  # --revision: the snapshot of a Hub id SGLang loads (None: main)
+    draft_revision: str | None = None  # --speculative-draft-model-revision
 
 
 class _Refused(argparse.ArgumentParser):
@@ -66,14 +68,18 @@ def _sglang_parse(argv: list[str]) -> argparse.Namespace | None:
         from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
     except ImportError:
         return None
-    parser = _Refused(prog="sglang serve")
+    # add_help=False: SGLang's -h / --help prints its help and exits 0, which made check-serving exit 0 (no error)
+    # without checking anything; here it is an unrecognised argument (a launch with it serves nothing).
+    parser = _Refused(prog="sglang serve", add_help=False)
     ServerArgs.add_cli_args(parser)
     for action in parser._actions:  # what SGLang requires (--model-path) may be given to check-serving instead
         action.required = False
     if "--config" in argv:
+        import yaml  # what ConfigArgumentMerger reads the file with (an SGLang dependency)
+
         try:
             argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
-        except (ValueError, OSError) as e:
+        except (ValueError, OSError, yaml.YAMLError) as e:  # YAMLError: a file that is not valid YAML
             raise InvalidArgumentError(f"--config: SGLang's config merge refuses it: {e}") from e
     return parser.parse_args(argv)
 
@@ -84,6 +90,8 @@ _FALLBACK = {
     "speculative_algorithm": ("--speculative-algorithm",),
     "context_length": ("--context-length",),
     "speculative_num_steps": ("--speculative-num-steps",),
+    "revision": ("--revision",),
+    "speculative_draft_model_revision": ("--speculative-draft-model-revision",),
 }
 _INT_FLAGS = {"context_length", "speculative_num_steps"}
 
@@ -141,7 +149,8 @@ def launch_args(server_args: Any) -> LaunchArgs:
 
     Raises:
         InvalidArgumentError: raw arguments SGLang's parser refuses (an unknown or ambiguous flag, a bad value, a
-            ``--config`` file it cannot merge); without SGLang, ``--config`` or an abbreviated flag.
+            ``--config`` file it cannot merge; ``-h`` / ``--help``, with which SGLang serves nothing); without
+            SGLang, ``--config`` or an abbreviated flag.
     """
     if server_args is None:
         return LaunchArgs()
@@ -168,4 +177,6 @@ def launch_args(server_args: Any) -> LaunchArgs:
         use_ray=bool(get("use_ray", False)),
         parser=parser,
         config_ignored=ignored,
+        model_revision=get("revision"),
+        draft_revision=get("speculative_draft_model_revision"),
     )
