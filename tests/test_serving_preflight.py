@@ -322,10 +322,19 @@ def test_launch_args_are_parsed_by_sglangs_own_parser(tmp_path, monkeypatch):
     for argv in (["--config=" + str(cfg)], ["--conf", str(cfg)]):  # SGLang parses these and never reads the file
         la = launch_args(["--model-path", "/m", *argv])
         assert (la.model_path, la.draft_path, la.config_ignored) == ("/m", None, str(cfg)), argv
+    # Beside an exact --config b.yaml (merged), a --config=a.yaml is parsed and never read: no warning before.
+    other = tmp_path / "other.yaml"
+    other.write_text("speculative-algorithm: EAGLE3\n")
+    for argv in ([f"--config={cfg}", "--config", str(other)], ["--config", str(other), f"--config={cfg}"]):
+        la = launch_args(["--model-path", "/m", *argv])
+        assert (la.resolved_algorithm, la.draft_path, la.config_ignored) == ("EAGLE3", None, str(cfg)), argv
+    assert launch_args(["--model-path", "/m", f"--config={cfg}", "--config", str(cfg)]).config_ignored is None
     # What SGLang's own prepare_server_args makes of it: the file's settings are not there.
     from sglang.srt.server_args import prepare_server_args
 
     assert prepare_server_args(["--model-path", "/m", f"--config={cfg}"]).speculative_algorithm is None
+    both = prepare_server_args(["--model-path", "/m", f"--config={cfg}", "--config", str(other)])
+    assert (both.speculative_algorithm, both.speculative_draft_model_path) == ("EAGLE3", None)
 
 
 def test_a_launch_config_that_is_not_valid_yaml_is_refused_naming_the_file(tmp_path):

@@ -35,7 +35,8 @@ class LaunchArgs:
     ``config_ignored``: a config file SGLang parses as ``--config`` but never reads: ``prepare_server_args`` merges
     the file only when the exact token ``--config`` is in argv (``"--config" in argv``;
     ``ConfigArgumentMerger._extract_config_file_path`` looks for that token too), so ``--config=launch.yaml`` or an
-    abbreviation (``--conf launch.yaml``) launches without the file's settings, silently.
+    abbreviation (``--conf launch.yaml``) launches without the file's settings, silently; beside an exact
+    ``--config b.yaml``, a ``--config=a.yaml`` is parsed and ``a.yaml`` never read.
     """
 
     model_path: str | None = None
@@ -161,8 +162,10 @@ def launch_args(server_args: Any) -> LaunchArgs:
         parser = "sglang"
         if ns is None:
             ns, parser = _fallback_parse(argv), "eagle-io"
-        elif getattr(ns, "config", None) and "--config" not in argv:
-            ignored = str(ns.config)
+        else:  # the merge removes the "--config FILE" pair it read: a config left in ns is another, never read
+            read = argv[argv.index("--config") + 1] if "--config" in argv else None
+            if getattr(ns, "config", None) and str(ns.config) != read:
+                ignored = str(ns.config)
         server_args = vars(ns)
     get = reader(server_args)
     algo = get("speculative_algorithm")
