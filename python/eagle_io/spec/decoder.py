@@ -73,17 +73,17 @@ class SpecOutput:
 
 def check_fits(target: Target, prompt: Sequence[int], max_new_tokens: int) -> None:
     """Refuses a request SGLang refuses: ``len(prompt) + max_new_tokens`` over the target's context length
-    (``TokenizerManager._validate_one_request``, without ``--allow-auto-truncate``), so that no figure is measured at
-    positions SGLang never serves.
+    (``TokenizerManager._validate_one_request``, without ``--allow-auto-truncate``; the context length from
+    :attr:`Target.context_length`), so that no figure is measured at positions SGLang never serves.
 
     Raises:
         InvalidArgumentError: naming the prompt's and the completion's token counts and the context length.
     """
     context = target.context_length
-    if context is not None and len(prompt) + max_new_tokens > context:
+    if len(prompt) + max_new_tokens > context:
         raise InvalidArgumentError(
             f"a prompt of {len(prompt)} tokens and max_new_tokens {max_new_tokens} exceed the target's context length "
-            f"of {context} tokens (max_position_embeddings; SGLang refuses such a request): lower max_new_tokens or "
+            f"of {context} tokens (as SGLang derives it; SGLang refuses such a request): lower max_new_tokens or "
             "use shorter prompts"
         )
 

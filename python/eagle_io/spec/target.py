@@ -57,11 +57,12 @@ class Target:
         self.forwards = 0
 
     @property
-    def context_length(self) -> int | None:
-        """The target's context length in tokens (``config.max_position_embeddings``, what SGLang's
-        ``ModelConfig`` reads for a Llama), or None when its config names none."""
-        n = getattr(self.model.config, "max_position_embeddings", None)
-        return None if n is None else int(n)
+    def context_length(self) -> int:
+        """The target's context length in tokens, as SGLang derives it from its config
+        (:func:`eagle_io.sglang.compat.context_length`)."""
+        from ..sglang.compat import context_length
+
+        return context_length(self.model.config.to_dict())
 
     @property
     def lm_head(self) -> torch.nn.Module:
