@@ -155,7 +155,7 @@ def write_profile(draft_dir, source: str, rates: list[float], *, samples: int) -
     write_json(os.path.join(draft_dir, PROFILE_NAME), prof)
 
 
-def test_expected_accept_length_from_the_drafts_profile(tmp_path, caplog):
+def test_expected_accept_length_from_the_drafts_profile(tmp_path, caplog, monkeypatch):
     from eagle_io.interop.speculation_profile import PROFILE_NAME, read_profile
 
     write_profile(tmp_path, "live", [0.6, 0.3, 0.2], samples=10)
@@ -178,6 +178,24 @@ def test_expected_accept_length_from_the_drafts_profile(tmp_path, caplog):
         (tmp_path / PROFILE_NAME).write_text(json.dumps(odd))
         value, why = plugin.expected_from_profile(str(tmp_path), 2)
         assert value == pytest.approx(1.9) and "1.90 at 2 steps" in why
+    # A Hub id (SGLang downloads it into the HF cache): read from its cached snapshot at the launch's revision; it
+    # was looked up as a local path and the expected-acceptance rule went off without a word.
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = tmp_path / "hub" / "models--org--d"
+    (repo / "refs").mkdir(parents=True)
+    for rev, commit, rates in (("main", "a" * 40, [0.6, 0.3, 0.2]), ("v2", "b" * 40, [0.2, 0.1, 0.0])):
+        snap = repo / "snapshots" / commit
+        snap.mkdir(parents=True)
+        (snap / "config.json").write_text("{}")
+        write_profile(snap, "live", rates, samples=10)
+        (repo / "refs" / rev).write_text(commit)
+    assert plugin.expected_from_profile("org/d", 3)[0] == pytest.approx(2.1)
+    assert plugin.expected_from_profile("org/d", 3, "v2")[0] == pytest.approx(1.3)
+    with caplog.at_level(logging.WARNING, logger="eagle_io.serving"):
+        value, why = plugin.expected_from_profile("org/other", 3)
+    assert value is None and "org/other: not a checkpoint directory" in why and why in caplog.text
     # JSON true is a Python int: a profile with true for a rate or the version was read as 1.
     write_profile(tmp_path, "live", [0.6, 0.3, 0.2], samples=10)
     good = json.loads((tmp_path / PROFILE_NAME).read_text())

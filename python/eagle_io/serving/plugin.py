@@ -354,22 +354,28 @@ def _place(worker: Any, method: str, fn: Callable[..., Any], hook_type: str, swi
     return target
 
 
-def expected_from_profile(draft_path: str | None, num_steps: int | None) -> tuple[float | None, str]:
+def expected_from_profile(
+    draft_path: str | None, num_steps: int | None, revision: str | None = None
+) -> tuple[float | None, str]:
     """``(expected accept length, where from)`` from the served draft's ``speculation_profile.json`` at the served
-    ``num_steps`` (the profile's own when unknown); ``(None, why)`` without a usable profile. Never raises: an
-    unreadable profile is logged and ignored (the exactly-1.00 rule still runs)."""
+    ``num_steps`` (the profile's own when unknown); ``(None, why)`` without a usable profile. A Hub id is read from
+    its snapshot in the local cache at ``revision`` (:func:`eagle_io.sglang.checkpoint.checkpoint_dir`, what SGLang
+    downloaded). Never raises: an unreadable profile, or a draft path that names no local directory, is logged and
+    ignored (the exactly-1.00 rule still runs)."""
     from ..errors import CheckpointError
     from ..interop.speculation_profile import PROFILE_NAME, expected_accept_length, read_profile
+    from ..sglang.checkpoint import checkpoint_dir
 
     if not draft_path:
         return None, "no draft path"
     try:
-        prof = read_profile(draft_path)
-    except CheckpointError as e:
+        where = checkpoint_dir(draft_path, revision)
+        prof = read_profile(where)
+    except CheckpointError as e:  # was silent for a Hub id: read as a local path that does not exist
         logger.warning("eagle-io acceptance watchdog: ignoring the draft's %s: %s", PROFILE_NAME, e)
         return None, str(e)
     if prof is None:
-        return None, f"no {PROFILE_NAME} in {draft_path}"
+        return None, f"no {PROFILE_NAME} in {where}"
     steps = num_steps if num_steps is not None else prof["num_steps"]
     value = expected_accept_length(prof, steps)
     data = prof.get("data")  # descriptive keys read_profile does not check: a hand-made profile may lack them
@@ -377,7 +383,7 @@ def expected_from_profile(draft_path: str | None, num_steps: int | None) -> tupl
     measured = f"{prof.get('source', '?')} on {samples} samples"
     if steps > prof["num_steps"]:
         measured += f"; profiled at {prof['num_steps']} steps, a lower bound at {steps}"
-    return value, f"{draft_path}/{PROFILE_NAME}: {value:.2f} at {steps} steps, {measured}"
+    return value, f"{where / PROFILE_NAME}: {value:.2f} at {steps} steps, {measured}"
 
 
 def install_runtime_hooks(
@@ -415,7 +421,7 @@ def install_runtime_hooks(
         )
         expected, source = (None, "")
         if eagle3_draft and fraction > 0 and launch is not None:
-            expected, source = expected_from_profile(launch.draft_path, launch.num_steps)
+            expected, source = expected_from_profile(launch.draft_path, launch.num_steps, launch.draft_revision)
             if expected is not None:
                 logger.info("eagle-io acceptance watchdog: expecting %s (warning below %g x)", source, fraction)
         _RUNTIME.watchdog = AcceptanceWatchdog(

@@ -25,6 +25,7 @@ __all__ = [
     "CheckpointInfo",
     "DraftInfo",
     "TensorHeader",
+    "checkpoint_dir",
     "read_checkpoint",
     "read_draft",
     "read_safetensors_header",
@@ -155,9 +156,13 @@ def _load_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _resolve_dir(path: str | os.PathLike[str], revision: str | None = None) -> Path:
+def checkpoint_dir(path: str | os.PathLike[str], revision: str | None = None) -> Path:
     """A checkpoint directory from a directory, a ``config.json`` path, or a Hub id already in the local HF cache,
-    at ``revision`` (SGLang's ``--revision`` / ``--speculative-draft-model-revision``; None: ``main``)."""
+    at ``revision`` (SGLang's ``--revision`` / ``--speculative-draft-model-revision``; None: ``main``).
+
+    Raises:
+        CheckpointError: none of those (naming ``path`` and ``revision``).
+    """
     p = Path(path)
     if p.is_dir():
         return p
@@ -221,7 +226,7 @@ def read_checkpoint(path: str | os.PathLike[str], *, revision: str | None = None
         CheckpointError: no such directory or ``config.json``, unreadable JSON, or a ``hidden_size`` /
             ``num_hidden_layers`` that is present but not a positive integer.
     """
-    d = _resolve_dir(path, revision)
+    d = checkpoint_dir(path, revision)
     cfg = _load_json(d / "config.json")
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     archs = cfg.get("architectures") or []
