@@ -95,13 +95,30 @@ _FALLBACK = {
     "speculative_draft_model_revision": ("--speculative-draft-model-revision",),
 }
 _INT_FLAGS = {"context_length", "speculative_num_steps"}
+_SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _token_count(value: str) -> int:
+    """``--context-length`` as SGLang reads it (``human_readable_int`` in ``srt/utils/common.py``): an integer, or
+    one with an SI (``32k`` = 32000, decimals allowed) or IEC (``32Ki`` = 32768) suffix, case-sensitive."""
+    import re
+    from decimal import Decimal
+
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)", value.strip())
+    if not m:
+        return int(value)
+    number, suffix = m.groups()
+    if suffix in _IEC and "." in number:
+        raise ValueError(f"{value}: no decimals with an IEC suffix")
+    return int(Decimal(number) * (_IEC.get(suffix) or _SI[suffix]))
 
 
 def _fallback_parse(argv: list[str]) -> argparse.Namespace:
     """The flags eagle-io reads, without SGLang: spelled in full (SGLang would also take abbreviations, which only
     its full flag list can resolve, so one is refused here rather than ignored), ``--config`` refused, other flags
     ignored."""
-    full = {flag for flags in _FALLBACK.values() for flag in flags}
+    full = {flag for flags in _FALLBACK.values() for flag in flags} | {"--use-ray"}
     for a in argv:
         name = a.split("=", 1)[0]
         if name == "--config":
@@ -114,9 +131,10 @@ def _fallback_parse(argv: list[str]) -> argparse.Namespace:
                 f"{name}: SGLang may take it for an abbreviation of {[f for f in full if f.startswith(name)]}; without "
                 "SGLang installed eagle-io cannot resolve abbreviations: spell the flag out"
             )
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p = _Refused(prog="eagle-io, without SGLang", add_help=False, allow_abbrev=False)
     for dest, flags in _FALLBACK.items():
-        p.add_argument(*flags, dest=dest, type=int if dest in _INT_FLAGS else str)
+        kind = _token_count if dest == "context_length" else int if dest in _INT_FLAGS else str
+        p.add_argument(*flags, dest=dest, type=kind)
     p.add_argument("--use-ray", dest="use_ray", action="store_true")
     ns, _ = p.parse_known_args(argv)
     return ns
