@@ -92,6 +92,11 @@ def build_profile(
     }
 
 
+def _integer(x: Any) -> bool:
+    """A JSON integer (``true`` / ``false`` are Python ints too, and are not)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def write_json(path: str | os.PathLike[str], obj: Any) -> str:
     """Writes ``obj`` as indented JSON atomically (:func:`eagle_io.store.layout.write_atomic`); returns the path."""
     layout.write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
@@ -122,18 +127,15 @@ def read_profile(draft_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     if prof is None:
         return None
 
-    def integer(x: Any) -> bool:  # JSON true / false are Python ints too
-        return isinstance(x, int) and not isinstance(x, bool)
-
-    if prof.get("format") != _FORMAT or not integer(prof.get("version")) or prof["version"] > PROFILE_VERSION:
+    if prof.get("format") != _FORMAT or not _integer(prof.get("version")) or prof["version"] > PROFILE_VERSION:
         raise CheckpointError(
             f"{path}: not an eagle-io speculation profile of version <= {PROFILE_VERSION} "
             f"(format {prof.get('format')!r}, version {prof.get('version')!r})",
             path,
         )
     rates, steps = prof.get("per_position_accept_rate"), prof.get("num_steps")
-    ok = isinstance(rates, list) and integer(steps) and len(rates) == steps >= 1
-    if not ok or not all(isinstance(r, (int, float)) and not isinstance(r, bool) and 0.0 <= r <= 1.0 for r in rates):
+    ok = isinstance(rates, list) and _integer(steps) and len(rates) == steps >= 1
+    if not ok or not all((_integer(r) or isinstance(r, float)) and 0.0 <= r <= 1.0 for r in rates):
         raise CheckpointError(f"{path}: per_position_accept_rate must be num_steps rates in [0, 1]", path)
     return prof
 
@@ -158,6 +160,6 @@ def read_training_samples(draft_dir: str | os.PathLike[str]) -> dict[str, Any] |
     if rec is None:
         return None
     ids = rec.get("train_sample_ids")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if not isinstance(ids, list) or not all(_integer(i) for i in ids):
         raise CheckpointError(f"{path}: train_sample_ids must be a list of integers", path)
     return rec
