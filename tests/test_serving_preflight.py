@@ -367,8 +367,9 @@ def test_launch_args_without_sglang_refuse_what_they_cannot_read_as_sglang_does(
     # SGLang reads --context-length 32k as 32000 (human_readable_int); the fallback stopped on argparse's SystemExit.
     for text, tokens in (("32k", 32000), ("25.6k", 25600), ("32Ki", 32768), ("4096", 4096)):
         assert launch_args(["--model-path", "/m", "--context-length", text]).context_length == tokens
-    with pytest.raises(eagle_io.InvalidArgumentError, match=r"do not parse .*--context-length"):
-        launch_args(["--model-path", "/m", "--context-length", "lots"])
+    for bad in ("lots", "1.5Ki"):  # SGLang allows decimals with SI suffixes only
+        with pytest.raises(eagle_io.InvalidArgumentError, match=r"do not parse .*--context-length"):
+            launch_args(["--model-path", "/m", "--context-length", bad])
     # --use-r is SGLang's abbreviation of --use-ray: it was ignored, and with it the ray-no-guard warning.
     with pytest.raises(eagle_io.InvalidArgumentError, match=r"--use-r: SGLang may take it .*--use-ray"):
         launch_args(["--model-path", "/m", "--use-r"])

@@ -110,7 +110,7 @@ def _token_count(value: str) -> int:
         return int(value)
     number, suffix = m.groups()
     if suffix in _IEC and "." in number:
-        raise ValueError(f"{value}: no decimals with an IEC suffix")
+        raise InvalidArgumentError(f"{value}: no decimals with an IEC suffix")
     return int(Decimal(number) * (_IEC.get(suffix) or _SI[suffix]))
 
 
