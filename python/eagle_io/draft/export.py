@@ -234,23 +234,23 @@ def _own_names(model: Eagle3Draft, state: Mapping[str, torch.Tensor]) -> dict[st
     checkpoint's (:func:`eagle_io.sglang.draft_build.canonical_name`: ``midlayer.`` -> ``layers.0.``, a ``model.``
     prefix dropped; here ``layers.0.`` is ``midlayer.`` again); a fused ``qkv_proj`` / ``gate_up_proj`` is split into
     its parts; tensors the draft has no parameter or buffer for are skipped, as SGLang's loader skips them."""
-    from ..sglang.draft_build import canonical_name
+    from ..sglang.draft_build import FUSED_TENSORS, canonical_name
 
     cfg = model.config
     own = set(model.state_dict())
     d, kv = cfg.head_size, cfg.num_key_value_heads
-    fused = {
-        "self_attn.qkv_proj.weight": (("q_proj", "k_proj", "v_proj"), [cfg.num_attention_heads * d, kv * d, kv * d]),
-        "mlp.gate_up_proj.weight": (("gate_proj", "up_proj"), [cfg.intermediate_size] * 2),
+    rows = {  # the parts' rows, in FUSED_TENSORS order
+        "self_attn.qkv_proj.weight": [cfg.num_attention_heads * d, kv * d, kv * d],
+        "mlp.gate_up_proj.weight": [cfg.intermediate_size] * 2,
     }
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
         c = name if name in ("d2t", "t2d") else canonical_name(name)
         c = "midlayer." + c[len("layers.0.") :] if c.startswith("layers.0.") else c
-        for suffix, (parts, sizes) in fused.items():
-            if c.endswith(suffix) and t.shape[0] == sum(sizes):
-                stem = c[: -len(suffix)] + suffix.split(".")[0] + "."
-                out.update({f"{stem}{part}.weight": w for part, w in zip(parts, t.split(sizes), strict=True)})
+        for suffix, parts in FUSED_TENSORS.items():
+            if c.endswith(suffix) and t.shape[0] == sum(rows[suffix]):
+                stem = c[: -len(suffix)]
+                out.update({stem + part: w for part, w in zip(parts, t.split(rows[suffix]), strict=True)})
                 break
         else:
             if c in own:

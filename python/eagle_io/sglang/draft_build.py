@@ -45,6 +45,7 @@ from .checkpoint import TensorHeader
 __all__ = [
     "EAGLE3_CLASS_FIX",
     "EAGLE3_DRAFT_CLASSES",
+    "FUSED_TENSORS",
     "LEGACY_NAMES",
     "DraftBuild",
     "TensorProblem",
@@ -365,9 +366,10 @@ def _mla_layer(config: Mapping[str, Any], h: int, expected: dict[str, tuple[int,
         required.add(p + name)
 
 
-_FUSED = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+FUSED_TENSORS = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                         "self_attn.v_proj.weight"),
           "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}  # fmt: skip
+"""The fused tensors SGLang's Llama layers load (``stacked_params_mapping``) and the parts each stands for, in order."""
 
 
 def canonical_name(name: str, family: str | None = "llama_eagle3") -> str:
@@ -420,7 +422,7 @@ def tensor_problems(build: DraftBuild, tensors: Mapping[str, TensorHeader]) -> l
             continue
         c = canonical_name(name, build.family)
         present.add(c)
-        for fused, parts in _FUSED.items():
+        for fused, parts in FUSED_TENSORS.items():
             if c.endswith(fused):
                 present.update(c[: -len(fused)] + part for part in parts)
         if c in build.expected:

@@ -94,7 +94,6 @@ _FALLBACK = {
     "revision": ("--revision",),
     "speculative_draft_model_revision": ("--speculative-draft-model-revision",),
 }
-_INT_FLAGS = {"context_length", "speculative_num_steps"}
 _SI = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _IEC = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 
@@ -112,6 +111,9 @@ def _token_count(value: str) -> int:
     if suffix in _IEC and "." in number:
         raise InvalidArgumentError(f"{value}: no decimals with an IEC suffix")
     return int(Decimal(number) * (_IEC.get(suffix) or _SI[suffix]))
+
+
+_TYPES = {"context_length": _token_count, "speculative_num_steps": int}  # as SGLang's add_cli_args types them
 
 
 def _fallback_parse(argv: list[str]) -> argparse.Namespace:
@@ -133,8 +135,7 @@ def _fallback_parse(argv: list[str]) -> argparse.Namespace:
             )
     p = _Refused(prog="eagle-io, without SGLang", add_help=False, allow_abbrev=False)
     for dest, flags in _FALLBACK.items():
-        kind = _token_count if dest == "context_length" else int if dest in _INT_FLAGS else str
-        p.add_argument(*flags, dest=dest, type=kind)
+        p.add_argument(*flags, dest=dest, type=_TYPES.get(dest, str))
     p.add_argument("--use-ray", dest="use_ray", action="store_true")
     ns, _ = p.parse_known_args(argv)
     return ns
