@@ -27,7 +27,7 @@ Definitions (the field uses at least four; /work/shared/reference/peers.md, "Acc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,18 @@ class AcceptHistogram:
         if other.num_steps != self.num_steps:
             raise InvalidArgumentError(f"cannot pool num_steps {self.num_steps} with {other.num_steps}")
         return AcceptHistogram(self.num_steps, [a + b for a, b in zip(self.counts, other.counts, strict=True)])
+
+    @classmethod
+    def pooled(cls, num_steps: int, histograms: Iterable[AcceptHistogram]) -> AcceptHistogram:
+        """The counts of all ``histograms`` pooled (SGLang's convention: over every verify step, not per request).
+
+        Raises:
+            InvalidArgumentError: a histogram of another ``num_steps``.
+        """
+        out = cls(num_steps)
+        for h in histograms:
+            out = out.merge(h)
+        return out
 
     @property
     def verify_steps(self) -> int:

@@ -220,12 +220,9 @@ class SpeculativeDecoder:
             tokens.append(toks)
             per.append(hist)
             traces.append(trace)
-        pooled = AcceptHistogram(self.num_steps)
-        for h in per:
-            pooled = pooled.merge(h)
         return SpecOutput(
             tokens=tokens,
-            histogram=pooled,
+            histogram=AcceptHistogram.pooled(self.num_steps, per),
             per_request=per,
             trace=traces,
             seconds=time.perf_counter() - t0,

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..draft.acceptance import mean_of_request_means, offline_accept
+from ..draft.acceptance import AcceptHistogram, mean_of_request_means, offline_accept
 from .decoder import SpeculativeDecoder, greedy_decode
 from .loading import ServedDraft
 
@@ -113,9 +113,7 @@ def evaluate_draft(
         per_request = [h for r in runs for h in r.per_request]
         spec_s = sum(r.seconds for r in runs)
         bad = [sid for sid, a, b in zip(ids, spec_tokens, ref, strict=True) if a != b]
-        pooled = per_request[0]
-        for h in per_request[1:]:
-            pooled = pooled.merge(h)
+        pooled = AcceptHistogram.pooled(num_steps, per_request)
         generated = sum(len(t) for t in spec_tokens)
         out["live"] = {
             **pooled.to_dict(),
