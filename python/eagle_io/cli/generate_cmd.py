@@ -27,8 +27,10 @@ from ..store import layout
 from ..store.schema import EXPECTED_RATIO, precision_name
 from ..store.values import IMPLAUSIBLE
 from .generate_summary import human_summary, nothing_written
+from .interrupt import exit_code, rerun_command, shielded, signal_name
 from .layer_ids_arg import layer_ids_arg
 from .resume_check import RESUME_HINT, check_out_dir
+from .sglang_arg import parse_sglang_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -206,14 +208,7 @@ def _engine_args(args: argparse.Namespace) -> dict:
     out: dict = {"tp_size": args.tp_size, "dp_size": args.dp_size}
     if args.attn_dp_size != 1:
         out["attn_dp_size"] = args.attn_dp_size
-    for pair in args.sglang_arg:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InvalidArgumentError(f"--sglang-arg {pair!r} is not KEY=VALUE")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
+    out.update(parse_sglang_args(args.sglang_arg))
     if out.get("use_ray"):
         raise InvalidArgumentError(
             "--sglang-arg use_ray: SGLang's Ray scheduler actors (srt/ray/scheduler_actor.py) never call "
@@ -385,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
         summary = _capture(args, session, tokenizer, info, records, stats, t_start)
     finally:
         shutdown()
-    if args.backend == "sglang" and args.writers > 1:
+    if args.backend == "sglang" and args.writers > 1 and not summary.get("interrupted"):
         from ..store.merge import merge_ranks
 
         merged = merge_ranks(remote or args.out)  # remote: the ranks' uploaded manifests, merged with a conditional PUT
@@ -401,6 +396,14 @@ def run(args: argparse.Namespace) -> int:
         with open(args.summary_json, "w") as f:
             json.dump(summary, f, indent=2)
     print(human_summary(summary))
+    if summary.get("interrupted"):
+        stop = summary["interrupted"]
+        print(
+            f"eagle-io generate: interrupted ({stop['signal']}): {summary['samples_written']:,} samples of this run "
+            f"committed, the manifest marked incomplete; continue with:\n  {rerun_command(args.argv)}",
+            file=sys.stderr,
+        )
+        return stop["exit_code"]
     problem = nothing_written(summary, args)
     if problem:
         print(f"eagle-io generate: {problem}", file=sys.stderr)
@@ -435,6 +438,7 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
     t_count = time.perf_counter()
     total = len(range(args.rank, count_records(args.dataset_path, args.limit), args.world_size))  # this rank's share
     print(f"records   {total:,} to read ({time.perf_counter() - t_count:.1f} s to count)")
+    interrupted: BaseException | None = None
     with session:
         already = [0]
         seen = {"last": -1, "yielded": 0}  # last source index read, tokenized samples yielded
@@ -461,23 +465,7 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
         )
         k, hidden = len(session.aux_layer_ids), info["hidden_size"]
         token_bytes = 8 + 1 + 2 * hidden * (k + 1)
-        head = list(islice(samples, 4 * args.batch_size))
-        if head and not args.no_disk_check:  # every run: the records are counted
-            mean = sum(len(s.input_ids) for s in head) / len(head)
-            n, how = _estimate(args, total, head, seen["last"], already[0])
-            ratio = EXPECTED_RATIO[precision_name(args.precision)]
-            print(_disk_check(args.out, n, mean, token_bytes, how, args.max_length, ratio))
-        print(f"resume    {len(session.done):,} samples already committed" if session.done else "fresh run")
-        log = CaptureLog(
-            log_path(args.out, args.rank, args.world_size),
-            rank=args.rank,
-            world_size=args.world_size,
-            records_total=total,
-            max_length=args.max_length,
-            batch_size=args.batch_size,
-        )
-        bar = progress_bar(total, "record", "capture")
-        t0 = log.t0
+        log = bar = None
         tokens = submitted = 0
 
         def counters() -> dict:
@@ -494,6 +482,23 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
             }
 
         try:
+            head = list(islice(samples, 4 * args.batch_size))
+            if head and not args.no_disk_check:  # every run: the records are counted
+                mean = sum(len(s.input_ids) for s in head) / len(head)
+                n, how = _estimate(args, total, head, seen["last"], already[0])
+                ratio = EXPECTED_RATIO[precision_name(args.precision)]
+                print(_disk_check(args.out, n, mean, token_bytes, how, args.max_length, ratio))
+            print(f"resume    {len(session.done):,} samples already committed" if session.done else "fresh run")
+            log = CaptureLog(
+                log_path(args.out, args.rank, args.world_size),
+                rank=args.rank,
+                world_size=args.world_size,
+                records_total=total,
+                max_length=args.max_length,
+                batch_size=args.batch_size,
+            )
+            bar = progress_bar(total, "record", "capture")
+            t0 = log.t0
             for batch in _batches(chain(head, samples), args.batch_size):
                 session.submit(batch)
                 tokens += sum(len(s.input_ids) for s in batch)
@@ -506,19 +511,33 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
                     refresh=False,
                 )
                 log.tick(**now)
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (cli.interrupt): commit what was captured, incomplete
+            interrupted = e
+            if bar is not None:
+                bar.close()
+            if log is not None:
+                log.close()  # no end line: the report shows the run as unfinished
+            print(f"\ninterrupted ({signal_name(e)}): committing what was captured", file=sys.stderr)
+            with shielded("committing what was captured"):
+                session.close(complete=False)  # the shards written stay; the manifest says it is not done
         except BaseException:
-            log.close()  # no end line: the report shows the run as unfinished
+            if log is not None:
+                log.close()  # no end line: the report shows the run as unfinished
             raise
-        bar.update(total - bar.n)
-        bar.close()
-        final_counters = {**counters(), "records": total}
+        if interrupted is None:
+            bar.update(total - bar.n)
+            bar.close()
+            final_counters = {**counters(), "records": total}
     final = session.stats()
     summary = _summary(session, final, stats, time.perf_counter() - t_start, time.perf_counter() - t0)
     summary["already_committed_skipped"] += already[0]
     summary["records_read"] = total
-    summary["capture_log"] = log.path
+    summary["capture_log"] = None if log is None else log.path
     if regenerator is not None:
         summary["regenerated"] = {"turns": regenerator.turns, "tokens": regenerator.tokens, "file": regenerator.path}
+    if interrupted is not None:
+        summary["interrupted"] = {"signal": signal_name(interrupted), "exit_code": exit_code(interrupted)}
+        return summary
     log.end(
         **final_counters,
         samples_written=summary["samples_written"],
