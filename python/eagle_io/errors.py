@@ -41,6 +41,7 @@ every ``raise`` in the package raises one of these.
     ├── DraftWidthError (RuntimeError)           states entering the draft have the wrong width
     ├── NonFiniteTrainingError (FloatingPointError)  a NaN/Inf loss, metric or weight in draft training
     ├── SGLangCompatError (RuntimeError)         an SGLang object lacks an expected attribute
+    ├── SGLangError (RuntimeError)               an SGLang engine or server that failed or answered unusably: url
     └── InternalError (RuntimeError)             a bug in eagle-io (a worker thread panicked...)
 """
 
@@ -288,6 +289,11 @@ class SGLangCompatError(EagleIOError, RuntimeError):
     """An SGLang object lacks an attribute eagle-io expects: an SGLang version outside the supported range."""
 
 
+class SGLangError(EagleIOError, RuntimeError):
+    """An SGLang engine that did not start or failed while decoding, or a server URL that did not answer as an
+    SGLang server (no answer, an HTTP error, not JSON, missing fields); the message names the engine or the URL."""
+
+
 class InternalError(EagleIOError, RuntimeError):
     """A bug in eagle-io, not in the caller's input (e.g. a writer thread panicked); please report it."""
 
@@ -316,6 +322,7 @@ __all__ = [
     "RingSlotError",
     "RingTimeoutError",
     "SGLangCompatError",
+    "SGLangError",
     "SampleNotFoundError",
     "SampleRejected",
     "SchemaError",

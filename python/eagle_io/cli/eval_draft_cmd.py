@@ -5,11 +5,13 @@ SGLang's convention (bonus token counted, counts pooled); writes speculation_pro
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from .sglang_arg import parse_sglang_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -17,7 +19,41 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="HF directory or .gguf of the target (default: embedded SmolLM2)")
     p.add_argument("--dataset", required=True, help="eagle-io dataset (EAGLE-3 schema) of that target")
     p.add_argument("--prompts", type=int, default=8, help="held-out conversations decoded live (0: offline only)")
-    p.add_argument("--num-steps", type=int, default=3, help="drafts per verify step (SGLang --speculative-num-steps)")
+    p.add_argument(
+        "--num-steps",
+        "--speculative-num-steps",
+        dest="num_steps",
+        type=int,
+        default=3,
+        help="drafts per verify step (SGLang --speculative-num-steps)",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["reference", "sglang"],
+        default="reference",
+        help="who decodes live: eagle-io's reference decoder (chain only) or a real sglang.Engine started here "
+        "(on a CPU it needs SGLANG_USE_CPU_ENGINE=1 and an importable sgl_kernel: docs/SERVING.md)",
+    )
+    p.add_argument("--server", metavar="URL", help="measure live on a running SGLang server (/generate, meta_info)")
+    p.add_argument(
+        "--prompts-file",
+        metavar="FILE",
+        help='JSONL of live prompts, {"input_ids": [...]} or {"messages": [...]} (rendered with the target\'s chat '
+        "template, generation prompt added), instead of the dataset's held-out conversations",
+    )
+    p.add_argument(
+        "--speculative-eagle-topk", type=int, default=1, help="draft tree width (> 1: --engine sglang or --server)"
+    )
+    p.add_argument(
+        "--speculative-num-draft-tokens", type=int, help="verified tokens per step (default: num_steps + 1 for a chain)"
+    )
+    p.add_argument(
+        "--sglang-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="further sglang.Engine argument for --engine sglang (JSON value, else a string), e.g. device=cpu",
+    )
     p.add_argument(
         "--as-algorithm",
         default="EAGLE3",
@@ -39,7 +75,10 @@ def _num(x: float | None, spec: str = ".3f") -> str:
 
 
 def _report(res: dict) -> str:
-    lines = [f"eval-draft  num_steps {res['num_steps']}, {res['as_algorithm']}, held out: {res['held_out']}"]
+    lines = [
+        f"eval-draft  num_steps {res['num_steps']}, topk {res['topk']}, {res['as_algorithm']}, held out: "
+        f"{res['held_out']}"
+    ]
     live, off = res["live"], res["offline"]
     if live and not live["verify_steps"]:
         lines.append(
@@ -52,11 +91,19 @@ def _report(res: dict) -> str:
             f"{live['prompts']} prompts ({live['generated_tokens']} tokens; lossless: {live['lossless']}); "
             "per position " + ", ".join(f"{r:.3f}" for r in live["per_position_accept_rate"])
         )
-        lines.append(
-            f"            {_num(live['tokens_per_s'], '.1f')} tokens/s vs {_num(live['greedy_tokens_per_s'], '.1f')} "
-            f"plain greedy ({_num(live['speedup'], '.2f')}x); mean of per-request means "
-            f"{_num(live['mean_of_request_means'])} (biased)"
-        )
+        if live.get("engine") == "sglang":
+            lines.append(
+                f"            decoded by SGLang ({live['server'].get('speculative_algorithm')}, topk "
+                f"{live['server'].get('speculative_eagle_topk')}): SGLang's own pooled accept length "
+                f"{_num(live['sglang_accept_length'])} (completion tokens / verify steps); mean of per-request means "
+                f"{_num(live['mean_of_request_means'])} (biased)"
+            )
+        else:
+            lines.append(
+                f"            {_num(live['tokens_per_s'], '.1f')} tokens/s vs "
+                f"{_num(live['greedy_tokens_per_s'], '.1f')} plain greedy ({_num(live['speedup'], '.2f')}x); mean of "
+                f"per-request means {_num(live['mean_of_request_means'])} (biased)"
+            )
     if off:
         lines.append(
             f"offline     accept length {_num(off['accept_length'])} (joint, bonus counted) over {off['positions']} "
@@ -73,12 +120,14 @@ def _report(res: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..capturing.models import end_of_turn_ids, load_target
+    from ..capturing.models import end_of_turn_ids, load_target, target_checkpoint
     from ..feed import ShardDataset
     from ..interop.speculation_profile import PROFILE_NAME, build_profile, read_training_samples, write_json
     from ..interop.vocab import dataset_fingerprint
+    from ..serving.plugin import ENV_PLUGIN
     from ..spec import check_dataset_fits, load_served_draft
-    from ..spec.evaluate import evaluate_draft, held_out_positions
+    from ..spec.evaluate import evaluate_draft, held_out_positions, read_prompts_file
+    from ..spec.served import engine_args, run_engine, run_server
 
     if args.num_steps < 1 or args.prompts < 0 or args.max_new_tokens < 1:
         raise InvalidArgumentError("--num-steps and --max-new-tokens must be >= 1, --prompts >= 0")
@@ -87,10 +136,26 @@ def run(args: argparse.Namespace) -> int:
             "--as-algorithm EAGLE is measured live only (the stored aux states are what an EAGLE3 launch feeds): "
             "pass --prompts >= 1"
         )
+    if args.engine == "sglang" and args.server:
+        raise InvalidArgumentError("--engine sglang starts an engine here; --server measures a running one: pick one")
+    if args.sglang_arg and args.engine != "sglang":
+        raise InvalidArgumentError("--sglang-arg configures the engine of --engine sglang")
+    in_sglang = args.engine == "sglang" or bool(args.server)
+    if args.speculative_eagle_topk < 1:
+        raise InvalidArgumentError(f"--speculative-eagle-topk must be >= 1, got {args.speculative_eagle_topk}")
+    if not in_sglang and (
+        args.speculative_eagle_topk != 1 or args.speculative_num_draft_tokens not in (None, args.num_steps + 1)
+    ):
+        raise InvalidArgumentError(
+            "the reference decoder runs chain drafts only (topk 1, num_steps + 1 draft tokens): measure a tree "
+            "(--speculative-eagle-topk > 1) with --engine sglang or --server URL"
+        )
+    engine_extra = parse_sglang_args(args.sglang_arg)
     if args.threads:
         torch.set_num_threads(args.threads)
     ds = ShardDataset(args.dataset, max_length=args.max_length)  # refuses a non-EAGLE-3 dataset first
     model, tokenizer, info = load_target(args.target, dtype=torch.float32)
+    prompt_ids = read_prompts_file(args.prompts_file, tokenizer) if args.prompts_file else None
     served = load_served_draft(
         args.draft, model, info, dataset=args.dataset, allow_other_target=args.allow_other_target
     )
@@ -110,6 +175,25 @@ def run(args: argparse.Namespace) -> int:
         ds.require_supervision(positions, option="--max-length")
     except IncompatibleDatasetError as e:
         raise IncompatibleDatasetError(f"{args.dataset}: the held-out samples leave nothing to measure: {e}") from e
+    eos = end_of_turn_ids(model, tokenizer)
+    sglang = None
+    if args.server:
+        sglang = functools.partial(
+            run_server, args.server, max_new_tokens=args.max_new_tokens, stop_token_ids=eos, algorithm=args.as_algorithm
+        )
+    elif args.engine == "sglang":
+        kwargs = engine_args(
+            target_checkpoint(args.target, hash_files=False)[0],
+            args.draft,
+            algorithm=args.as_algorithm,
+            num_steps=args.num_steps,
+            topk=args.speculative_eagle_topk,
+            draft_tokens=args.speculative_num_draft_tokens,
+            extra=engine_extra,
+        )
+        # The classic failure, on purpose: eagle-io's own plugin would refuse an EAGLE launch of an EAGLE-3 draft.
+        env = {ENV_PLUGIN: "0"} if args.as_algorithm != "EAGLE3" else {}
+        sglang = functools.partial(run_engine, kwargs, max_new_tokens=args.max_new_tokens, stop_token_ids=eos, env=env)
     res = evaluate_draft(
         served,
         ds,
@@ -118,12 +202,15 @@ def run(args: argparse.Namespace) -> int:
         as_algorithm=args.as_algorithm,
         prompts=args.prompts,
         max_new_tokens=args.max_new_tokens,
-        eos_token_ids=end_of_turn_ids(model, tokenizer),
+        eos_token_ids=eos,
+        prompt_ids=prompt_ids,
+        sglang=sglang,
     )
     res.update(held)
     res["dataset"], res["draft"], res["target"] = args.dataset, args.draft, info["model_id"]
     measured = [m for m in (res["live"], res["offline"]) if m and m["accept_length"] is not None]
-    if not args.no_profile and args.as_algorithm == "EAGLE3" and measured:
+    res["topk"] = args.speculative_eagle_topk
+    if not args.no_profile and args.as_algorithm == "EAGLE3" and args.speculative_eagle_topk == 1 and measured:
         profile = build_profile(
             num_steps=args.num_steps,
             live=res["live"],

@@ -15,16 +15,21 @@ answer, generation prompt included.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..draft.acceptance import AcceptHistogram, mean_of_request_means, offline_accept
+from ..errors import DatasetFormatError, InvalidArgumentError
 from .decoder import SpeculativeDecoder, greedy_decode
 from .loading import ServedDraft
+from .served import ServedRun
 
-__all__ = ["evaluate_draft", "held_out_positions", "live_prompts", "prompt_of"]
+__all__ = ["evaluate_draft", "held_out_positions", "live_prompts", "prompt_of", "read_prompts_file"]
 
 
 def held_out_positions(
@@ -69,6 +74,52 @@ def live_prompts(dataset: Any, positions: Sequence[int], n: int) -> tuple[list[l
     return picked, ids
 
 
+def read_prompts_file(path: str | os.PathLike[str], tokenizer: Any) -> list[list[int]]:
+    """Live prompts from a JSONL file, one per line: ``{"input_ids": [int, ...]}`` as is, or ``{"messages": [{"role":
+    ..., "content": ...}, ...]}`` rendered with the target's chat template (``apply_chat_template``, generation prompt
+    added, as SGLang's chat route renders it) and tokenized without added special tokens. Blank lines are skipped.
+
+    Raises:
+        DatasetFormatError: a line that is not UTF-8 JSON, has neither key, or holds a non-integer or negative id or
+            an empty prompt (file, 0-based record number and byte offset named; reason ``prompt``). StorageError: the
+            file cannot be read. InvalidArgumentError: a file with no prompt.
+    """
+    from ..store.layout import storage_error
+
+    name = os.fspath(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise storage_error(path, e) from e
+    out, offset, record = [], 0, 0
+    for raw in data.split(b"\n"):
+        start, offset = offset, offset + len(raw) + 1
+        if not raw.strip():
+            continue
+
+        def bad(detail: str, start: int = start, record: int = record) -> DatasetFormatError:
+            return DatasetFormatError(name, record, start, "prompt", detail)
+
+        record += 1
+        try:
+            rec = json.loads(raw.decode("utf-8-sig" if start == 0 else "utf-8"))
+        except ValueError as e:  # UnicodeDecodeError included
+            raise bad(f"not UTF-8 JSON ({e})") from None
+        if isinstance(rec, dict) and isinstance(rec.get("input_ids"), list):
+            ids = rec["input_ids"]
+        elif isinstance(rec, dict) and isinstance(rec.get("messages"), list):
+            text = tokenizer.apply_chat_template(rec["messages"], tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            raise bad('expected an object with "input_ids" (a list of token ids) or "messages" (a list of turns)')
+        if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise bad("the prompt is empty or holds an id that is not an integer >= 0")
+        out.append([int(t) for t in ids])
+    if not out:
+        raise InvalidArgumentError(f"{name}: no prompt in the file")
+    return out
+
+
 def evaluate_draft(
     served: ServedDraft,
     dataset: Any,
@@ -81,8 +132,15 @@ def evaluate_draft(
     eos_token_ids: Sequence[int] = (),
     offline: bool = True,
     batch_size: int = 4,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+    sglang: Callable[[list[list[int]]], ServedRun] | None = None,
 ) -> dict[str, Any]:
-    """Live on the first ``prompts`` of ``positions`` (samples with a prompt), offline on all of ``positions``.
+    """Live on the first ``prompts`` of ``positions`` (samples with a prompt), or on ``prompt_ids`` when given (the
+    user's own prompts: ``sample_ids`` are then their line numbers), offline on all of ``positions``.
+
+    ``sglang``: decodes the prompts in SGLang (:func:`eagle_io.spec.served.run_engine` / ``run_server``); the live
+    figures are then SGLang's own counts (:class:`eagle_io.spec.served.ServedRun`), ``lossless`` compares its tokens
+    with the reference target's greedy decoding, and the reference decoder does not run.
 
     Returns:
         ``num_steps``, ``as_algorithm``, ``live`` (``accept_length``, ``per_position_accept_rate``,
@@ -98,8 +156,27 @@ def evaluate_draft(
     greedy seconds over the summed speculative seconds, the one ratio measured that way.
     """
     out: dict[str, Any] = {"num_steps": num_steps, "as_algorithm": as_algorithm, "live": None, "offline": None}
-    picked, ids = live_prompts(dataset, positions, prompts)
-    if picked:
+    if prompt_ids is None:
+        picked, ids = live_prompts(dataset, positions, prompts)
+    else:
+        picked, ids = [list(p) for p in prompt_ids[:prompts]], list(range(min(prompts, len(prompt_ids))))
+    if picked and sglang is not None:
+        run = sglang(picked)
+        ref, ref_s = greedy_decode(served.target, picked, max_new_tokens, eos_token_ids)
+        bad = [sid for sid, a, b in zip(ids, run.tokens, ref, strict=True) if a != b]
+        out["live"] = {
+            **run.to_dict(),
+            "engine": "sglang",
+            "lossless": not bad,
+            "mismatched_prompts": bad,
+            "mean_of_request_means": mean_of_request_means(run.per_request),
+            "prompts": len(picked),
+            "prompt_tokens": sum(len(p) for p in picked),
+            "greedy_tokens_per_s": sum(len(t) for t in ref) / ref_s if ref_s else None,
+            "speedup": None,  # SGLang's engine and the reference target's greedy decoding are different programs
+            "sample_ids": ids,
+        }
+    elif picked:
         decoder = SpeculativeDecoder(
             served.target, served.draft, num_steps=num_steps, as_algorithm=as_algorithm, eos_token_ids=eos_token_ids
         )
@@ -129,6 +206,7 @@ def evaluate_draft(
             "seconds": spec_s,
             "greedy_seconds": ref_s,
             "sample_ids": ids,
+            "engine": "reference",
         }
     if offline and as_algorithm == "EAGLE3" and positions:
         head_w = served.target.lm_head.weight.detach().float()
