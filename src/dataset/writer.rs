@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -148,6 +148,9 @@ pub struct DatasetWriter {
     failed: Option<Error>,
     /// The root lock, released by `close`.
     lock: Option<File>,
+    /// Whether closing marks the manifest complete (false after `close_incomplete` / `completion`'s
+    /// store: an interrupted capture commits what it has and says it is not done).
+    complete_on_close: Arc<AtomicBool>,
 }
 
 impl DatasetWriter {
@@ -207,7 +210,9 @@ impl DatasetWriter {
         state.manifest.store(&manifest_path)?;
         let counters = Arc::new(Counters::default());
         let (tx, rx) = sync_channel(opts.queue_depth);
+        let complete_on_close = Arc::new(AtomicBool::new(true));
         let io = IoThread {
+            complete_on_close: complete_on_close.clone(),
             root: root.to_owned(),
             manifest_path,
             manifest: state.manifest,
@@ -236,6 +241,7 @@ impl DatasetWriter {
             seen: Mutex::new(state.seen),
             failed: None,
             lock: Some(lock),
+            complete_on_close,
         })
     }
 
@@ -463,7 +469,21 @@ impl DatasetWriter {
         }
     }
 
-    /// Commits the last shard, marks the manifest complete and returns it.
+    /// The flag `close` reads to mark the manifest complete (true until set false): a consumer
+    /// that owns the writer elsewhere (the capture sink's thread) can make its close incomplete.
+    pub fn completion(&self) -> Arc<AtomicBool> {
+        self.complete_on_close.clone()
+    }
+
+    /// Commits the last shard and returns the manifest, left marked incomplete (`complete:
+    /// false`): an interrupted capture, which `resume` continues and a following reader waits on.
+    pub fn close_incomplete(&mut self) -> Result<Manifest> {
+        self.complete_on_close.store(false, Relaxed);
+        self.close()
+    }
+
+    /// Commits the last shard, marks the manifest complete (unless `close_incomplete` /
+    /// `completion` said otherwise) and returns it.
     pub fn close(&mut self) -> Result<Manifest> {
         // Whatever happens, the root is released: a caller may resume it at once.
         self.lock = None;
@@ -585,6 +605,7 @@ struct IoThread {
     next_seq: u64,
     opts: WriterOptions,
     counters: Arc<Counters>,
+    complete_on_close: Arc<AtomicBool>,
 }
 
 impl IoThread {
@@ -593,7 +614,7 @@ impl IoThread {
             self.append(rec)?;
         }
         self.commit()?;
-        self.manifest.complete = true;
+        self.manifest.complete = self.complete_on_close.load(Relaxed);
         self.manifest.store(&self.manifest_path)?;
         Ok(self.manifest)
     }

@@ -115,10 +115,20 @@ impl CaptureSink {
         Ok(d)
     }
 
-    /// Drains committed samples, commits the last shard and returns the manifest JSON.
-    fn close(&mut self, py: Python<'_>) -> PyResult<String> {
+    /// Drains committed samples, commits the last shard and returns the manifest JSON; with
+    /// `complete=False` the manifest stays marked incomplete (an interrupted capture).
+    #[pyo3(signature = (complete = true))]
+    fn close(&mut self, py: Python<'_>, complete: bool) -> PyResult<String> {
         let inner = &mut self.inner;
-        let manifest = py.detach(|| inner.close()).map_err(py_err(py))?;
+        let manifest = py
+            .detach(|| {
+                if complete {
+                    inner.close()
+                } else {
+                    inner.close_incomplete()
+                }
+            })
+            .map_err(py_err(py))?;
         Ok(serde_json::to_string(&manifest).expect("a manifest always serialises"))
     }
 }

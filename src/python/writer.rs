@@ -165,10 +165,20 @@ impl Writer {
         stats_dict(py, &s)
     }
 
-    /// Commits the last shard and returns the final manifest as JSON.
-    fn close(&mut self, py: Python<'_>) -> PyResult<String> {
+    /// Commits the last shard and returns the final manifest as JSON; with `complete=False` the
+    /// manifest stays marked incomplete (an interrupted capture).
+    #[pyo3(signature = (complete = true))]
+    fn close(&mut self, py: Python<'_>, complete: bool) -> PyResult<String> {
         let inner = self.get().map_err(py_err(py))?;
-        let manifest = py.detach(|| inner.close()).map_err(py_err(py))?;
+        let manifest = py
+            .detach(|| {
+                if complete {
+                    inner.close()
+                } else {
+                    inner.close_incomplete()
+                }
+            })
+            .map_err(py_err(py))?;
         Ok(serde_json::to_string(&manifest).expect("a manifest always serialises"))
     }
 }

@@ -22,6 +22,8 @@ pub struct CaptureSink {
     stored_token_bytes: u64,
     writer_stats: StatsHandle,
     thread: Option<JoinHandle<Result<Manifest>>>,
+    /// The writer's `DatasetWriter::completion` flag (the writer lives on the sink thread).
+    complete_on_close: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Splits a committed slot into the schema's tensors (`CaptureSink::commit` checked that its
@@ -77,6 +79,7 @@ impl CaptureSink {
         let writer_stats = writer.stats_handle();
         let token_bytes = writer.schema().token_bytes();
         let stored_token_bytes = writer.schema().stored_token_bytes();
+        let complete_on_close = writer.completion();
         let r = ring.clone();
         let thread = std::thread::Builder::new()
             .name("eagle-io-capture-sink".into())
@@ -95,6 +98,7 @@ impl CaptureSink {
             stored_token_bytes,
             writer_stats,
             thread: Some(thread),
+            complete_on_close,
         })
     }
 
@@ -147,6 +151,13 @@ impl CaptureSink {
             ring: self.ring.stats(),
             writer: self.writer_stats.snapshot(),
         }
+    }
+
+    /// As `close`, leaving the manifest marked incomplete (an interrupted capture).
+    pub fn close_incomplete(&mut self) -> Result<Manifest> {
+        self.complete_on_close
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.close()
     }
 
     /// Drains committed slots, commits the last shard, and returns the manifest.

@@ -247,12 +247,13 @@ class RingSink:
             "fp8_quantized_before_copy": self.quantized_before_copy,
         }
 
-    def close(self) -> dict:
-        """Waits for pending copies, drains the ring, commits the last shard; returns the manifest."""
+    def close(self, complete: bool = True) -> dict:
+        """Waits for pending copies, drains the ring, commits the last shard; returns the manifest, marked complete
+        unless ``complete`` is False (an interrupted capture: resume continues it, a following reader waits on)."""
         if self._completer is not None:
             self._done.put(None)
             self._completer.join()
-        manifest = json.loads(self._sink.close())
+        manifest = json.loads(self._sink.close(complete=complete))
         if self.pinned:
             torch.cuda.cudart().cudaHostUnregister(self._span[0])
             self.pinned = False

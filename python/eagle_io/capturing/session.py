@@ -113,18 +113,21 @@ class CaptureSession:
         return {**self.counts, "forward_seconds": self.forward_seconds, "store_seconds": self.store_seconds,
                 **self._store.ring_stats()}  # fmt: skip
 
-    def close(self) -> dict[str, Any]:
-        """Removes the hooks, drains the ring and commits the last shard; returns the manifest."""
+    def close(self, complete: bool = True) -> dict[str, Any]:
+        """Removes the hooks, drains the ring and commits the last shard; returns the manifest, marked complete
+        unless ``complete`` is False (a capture that stopped before its end: interrupted, or failed)."""
         if self.manifest is None:
             self._hooks.__exit__(None, None, None)
-            self.manifest = self._store.close()
+            self.manifest = self._store.close(complete=complete)
         return self.manifest
 
     def __enter__(self) -> CaptureSession:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        # Leaving on an exception (Ctrl-C, SIGTERM, an error) commits what was captured but does not mark it
+        # complete: the capture did not reach its end, and a reader following it must not take it as done.
+        self.close(complete=exc is None)
 
 
 def capture(
@@ -156,7 +159,8 @@ def capture(
     :meth:`CaptureSession.submit` runs one batched forward and stores, per sample, ``input_ids [L]`` int64,
     ``loss_mask [L]`` uint8, ``aux_hidden_states [L, k*H]`` and ``hidden_states [L, H]`` (post-norm) in
     ``state_dtype``; padding is never stored. On exit (also on an exception) the ring is drained and the
-    manifest committed, so everything submitted before stays valid.
+    manifest committed, so everything submitted before stays valid; leaving on an exception (Ctrl-C included)
+    leaves the manifest marked incomplete (``resume=True`` continues it).
 
     The arguments become one :class:`~eagle_io.capturing.options.CaptureOptions` (where each is described and
     checked), carried unchanged to the capture core on either backend.

@@ -468,9 +468,11 @@ class SampleStore:
         """:data:`COUNTS` plus :meth:`ring_stats`."""
         return {**self.counts, **self.ring_stats()}
 
-    def close(self) -> dict[str, Any]:
-        """Drains the ring, commits the last shard and returns the manifest. Samples put from now on are counted
-        (``after_stop``), not written; a later call returns the same manifest, or raises the same error.
+    def close(self, complete: bool = True) -> dict[str, Any]:
+        """Drains the ring, commits the last shard and returns the manifest, marked ``complete`` unless
+        ``complete`` is False (an interrupted capture: what was captured is committed, ``resume`` continues it and a
+        ``follow=True`` reader waits for more). Samples put from now on are counted (``after_stop``), not written; a
+        later call returns the same manifest, or raises the same error.
 
         Raises:
             StorageError, InternalError: the writer failed while committing (what it committed before stays valid).
@@ -481,7 +483,7 @@ class SampleStore:
             if not self._closed:
                 self._closed = True
                 try:
-                    self.manifest = self._sink.close()
+                    self.manifest = self._sink.close(complete=complete)
                 except Exception as e:
                     self._close_error = e
             write_stats = self._close_error is None and not self._stats_written

@@ -12,6 +12,7 @@ from . import (
     eval_draft_cmd,
     generate_cmd,
     inspect_cmd,
+    interrupt,
     merge_cmd,
     report_cmd,
     train_draft_cmd,
@@ -65,14 +66,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``eagle-io``. Returns the process exit code (0 ok, 1 problems found, 2 errors)."""
+    """Entry point of ``eagle-io``. Returns the process exit code (0 ok, 1 problems found, 2 errors; 130 / 143
+    interrupted by SIGINT / SIGTERM: :mod:`.interrupt`)."""
     parser = build_parser()
-    args = parser.parse_args(attach_id_lists(sys.argv[1:] if argv is None else argv))
-    try:
-        return COMMANDS[args.command].run(args)
-    except EagleIOError as e:
-        print(f"eagle-io {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(attach_id_lists(argv))
+    args.argv = argv  # what a rerun repeats (generate's --resume line after an interrupt)
+
+    def body() -> int:
+        try:
+            return COMMANDS[args.command].run(args)
+        except EagleIOError as e:
+            print(f"eagle-io {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
+
+    return interrupt.run(args.command, body)
 
 
 if __name__ == "__main__":

@@ -398,9 +398,10 @@ def run(args: argparse.Namespace) -> int:
     print(human_summary(summary))
     if summary.get("interrupted"):
         stop = summary["interrupted"]
+        argv = getattr(args, "argv", None) or ["generate", "--out", args.remote or args.out]
         print(
             f"eagle-io generate: interrupted ({stop['signal']}): {summary['samples_written']:,} samples of this run "
-            f"committed, the manifest marked incomplete; continue with:\n  {rerun_command(args.argv)}",
+            f"committed, the manifest marked incomplete; continue with:\n  {rerun_command(argv)}",
             file=sys.stderr,
         )
         return stop["exit_code"]
@@ -512,7 +513,7 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
                 )
                 log.tick(**now)
         except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (cli.interrupt): commit what was captured, incomplete
-            interrupted = e
+            interrupted, final_counters = e, counters()
             if bar is not None:
                 bar.close()
             if log is not None:
@@ -531,7 +532,7 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
     final = session.stats()
     summary = _summary(session, final, stats, time.perf_counter() - t_start, time.perf_counter() - t0)
     summary["already_committed_skipped"] += already[0]
-    summary["records_read"] = total
+    summary["records_read"] = final_counters["records"]  # all of them, unless interrupted
     summary["capture_log"] = None if log is None else log.path
     if regenerator is not None:
         summary["regenerated"] = {"turns": regenerator.turns, "tokens": regenerator.tokens, "file": regenerator.path}

@@ -144,12 +144,13 @@ class ShardWriter:
         encode_seconds, blocked_seconds, elapsed_seconds, removed_temp_files, adopted_shards."""
         return self._native.stats()
 
-    def close(self) -> dict[str, Any]:
-        """Commits the last shard, marks the manifest complete, and returns the manifest."""
-        return json.loads(self._native.close())
+    def close(self, complete: bool = True) -> dict[str, Any]:
+        """Commits the last shard, marks the manifest complete (unless ``complete`` is False: a capture that stopped
+        before its end, which ``resume`` continues and a ``follow=True`` reader waits on), and returns it."""
+        return json.loads(self._native.close(complete=complete))
 
     def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.close(complete=exc is None)

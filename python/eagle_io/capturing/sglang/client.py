@@ -78,12 +78,14 @@ def stop_capture(
     writers: int = 1,
     timeout_s: float = defaults.STOP_TIMEOUT_S,
     staging: str | os.PathLike[str] | None = None,
+    complete: bool = True,
 ) -> list[dict[str, Any]]:
     """Asks every writing scheduler of the capture into ``out_dir`` to drain, commit and answer (see the module
         docstring); waits for the answers of the ``writers`` shard writers (one per data-parallel rank:
     :func:`eagle_io.sglang.ranks.writers_of`) and returns them, in writer-rank order. For an object-storage
         ``out_dir`` (``s3://...``) the stop and answer files live in its local ``staging`` directory (the capture's
-        ``writer_options["staging"]``, default ``./eagle-io-staging/BUCKET/PREFIX``).
+        ``writer_options["staging"]``, default ``./eagle-io-staging/BUCKET/PREFIX``). ``complete=False``: the
+        capture was interrupted; each writer commits what it holds and leaves its manifest marked incomplete.
 
         Raises:
             StorageError: a writer failed while closing (the answer's error, naming the rank).
@@ -95,7 +97,7 @@ def stop_capture(
     for old in glob.glob(os.path.join(glob.escape(out_dir), f"{STOP_FILE}.r*.json")):
         os.remove(old)
     stop = os.path.join(out_dir, STOP_FILE)
-    layout.write_atomic(stop, json.dumps({"token": token}).encode())
+    layout.write_atomic(stop, json.dumps({"token": token, "complete": complete}).encode())
     deadline = time.monotonic() + timeout_s
     answers: dict[int, dict[str, Any]] = {}
     try:
@@ -222,11 +224,12 @@ class SGLangCaptureSession:
                 out[k] = max(out.get(k, 0), v) if k in per_rank else out.get(k, 0) + v
         return out
 
-    def close(self, timeout_s: float = defaults.STOP_TIMEOUT_S) -> dict[str, Any]:
+    def close(self, timeout_s: float = defaults.STOP_TIMEOUT_S, complete: bool = True) -> dict[str, Any]:
         """Stops the capture in every writing scheduler (waiting up to ``timeout_s`` for them to commit); returns
-        ``manifest.json`` (``{}`` when several writers each wrote their ``manifest.rNNNNN.json``)."""
+        ``manifest.json`` (``{}`` when several writers each wrote their ``manifest.rNNNNN.json``), marked complete
+        unless ``complete`` is False (an interrupted capture)."""
         if self.manifest is None:
-            self.answers = stop_capture(self.out_dir, self.writers, timeout_s)
+            self.answers = stop_capture(self.out_dir, self.writers, timeout_s, complete=complete)
             self.manifest = read_manifest(self.manifest_path) if self.writers == 1 else {}
         return self.manifest
 
@@ -237,8 +240,9 @@ class SGLangCaptureSession:
         if exc is None:
             self.close()
             return
-        try:  # commit what the schedulers hold, without hiding the error (a dead engine never answers)
-            self.close(timeout_s=120.0)
+        # Commit what the schedulers hold, marked incomplete, without hiding the error (a dead engine never answers).
+        try:
+            self.close(timeout_s=120.0, complete=False)
         except Exception as e:
             logger.error("eagle-io: could not stop the SGLang capture after %s: %s", exc_type.__name__, e)
 

@@ -26,7 +26,8 @@ Starting, either:
 
 Stopping (drain the ring, commit the last shard, mark the manifest complete) goes through a file, because SGLang
 kills its scheduler processes with SIGKILL on shutdown and ``collective_rpc`` does not reach DP ranks: writing
-``<out_dir>/.eagle-io-stop`` (a JSON ``{"token": ...}``) makes every writing scheduler close and answer in
+``<out_dir>/.eagle-io-stop`` (a JSON ``{"token": ..., "complete": bool}``; ``complete`` false for an interrupted
+capture, whose manifest then stays marked incomplete) makes every writing scheduler close and answer in
 ``<out_dir>/.eagle-io-stop.rNNNNN.json`` (``token``, ``writer_rank``, ``error``, ``counts``, ``stats``), one per
 writer.
 :meth:`SGLangCaptureSession.close` / :func:`stop_capture` do both sides.
@@ -56,6 +57,7 @@ __all__ = [
     "STOP_FILE",
     "CaptureRefusedError",
     "ack_path",
+    "read_stop",
     "read_token",
 ]
 
@@ -67,13 +69,20 @@ STOP_FILE = ".eagle-io-stop"
 POLL_S = 0.2
 
 
-def read_token(stop_file: str) -> Any:
-    """The token of a stop file, or None when there is none (or it is being written)."""
+def read_stop(stop_file: str) -> tuple[Any, bool]:
+    """(token, complete) of a stop file: the token None when there is none (or it is being written); ``complete``
+    False only when the stop says the capture was interrupted (its manifest stays marked incomplete)."""
     try:
         with open(stop_file, encoding="utf-8") as f:
-            return json.load(f).get("token")
+            stop = json.load(f)
+        return stop.get("token"), stop.get("complete") is not False
     except (OSError, ValueError, AttributeError):
-        return None
+        return None, True
+
+
+def read_token(stop_file: str) -> Any:
+    """The token of a stop file, or None when there is none (or it is being written)."""
+    return read_stop(stop_file)[0]
 
 
 def ack_path(out_dir: str, writer_rank: int) -> str:

@@ -38,6 +38,7 @@ from .protocol import (
     STOP_FILE,
     CaptureRefusedError,
     ack_path,
+    read_stop,
     read_token,
 )
 
@@ -142,9 +143,9 @@ class _SchedulerCapture:
         path, answered = os.path.join(self.out_dir, STOP_FILE), self.stale_token
         while _ACTIVE is self:
             time.sleep(POLL_S)
-            token = read_token(path)
+            token, complete = read_stop(path)
             if token is not None and token != answered:
-                self.stop(token)
+                self.stop(token, complete=complete)
                 answered = token
 
     @property
@@ -152,15 +153,16 @@ class _SchedulerCapture:
         """Whether a stop reached this capture (samples reaching it later are counted, not written)."""
         return self.outcome is not None
 
-    def stop(self, token: Any) -> dict[str, Any]:
-        """Drains the ring and commits the manifest (the first time), then writes this rank's answer for
+    def stop(self, token: Any, complete: bool = True) -> dict[str, Any]:
+        """Drains the ring and commits the manifest (the first time; marked complete unless ``complete`` is False:
+        an interrupted capture), then writes this rank's answer for
         ``token``: the outcome, the store's counts, the writer's statistics and, for an object-storage capture, what
         it uploaded (``SampleStore.upload_report``; None for a local one). Returns it."""
         assert self.store is not None, "only the writing rank stops"
         with self.answer_lock:
             if self.outcome is None:
                 try:
-                    self.store.close()
+                    self.store.close(complete=complete)
                     self.outcome = {"error": None, "stats": self.store.ring_stats(), "upload": self.store.upload_report}
                 except Exception as e:  # reported to the client through the answer file
                     self.outcome = {"error": f"{type(e).__name__}: {e}"}
