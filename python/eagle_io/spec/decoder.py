@@ -28,7 +28,12 @@ token is not a verify step.
 EAGLE``: the target captures no aux state, so the draft is fed the target's final post-norm ``H``-wide state
 (``LogitsProcessor._get_hidden_states_to_store`` without aux states), ``llama_eagle3.py`` skips ``fc`` because the
 width equals the embedding's, and ``EagleDraftWorker.init_lm_head`` (non-EAGLE3 branch) replaces the draft's
-``lm_head`` with the target's and ignores its ``d2t`` (``hot_token_id`` stays None).
+``lm_head`` weight with the target's and ignores its ``d2t`` (``init_token_map`` leaves the worker's ``hot_token_id``
+None, so draft ids are read as target ids). The draft's ``LogitsProcessor`` keeps the ``draft_vocab_size`` it was
+built with (``LlamaForCausalLMEagle3.__init__``: ``config_.vocab_size = draft_vocab_size``), and
+``LogitsProcessor._copy_logits_to_buffer`` cuts wider logits to that many columns: under EAGLE the draft can only
+propose target ids ``0 .. draft_vocab_size - 1``, whatever its ``d2t`` maps. (Found by holding this decoder to a real
+SGLang engine: without the cut it accepted more than SGLang did on a draft with a reduced vocabulary.)
 
 Requests run one after another (batch 1 per forward); counts are pooled over them.
 """
@@ -142,8 +147,9 @@ class SpeculativeDecoder:
         self.eos = frozenset(int(e) for e in eos_token_ids)
         self.draft_forwards = 0
         if as_algorithm == "EAGLE":
-            self._head = target.lm_head  # init_lm_head: the target's head, full vocabulary, no d2t
+            self._head = target.lm_head  # init_lm_head: the target's head, no d2t
             self._vocab_ids = None
+            self._width = len(draft.draft_token_ids())  # the draft LogitsProcessor's draft_vocab_size columns
         else:
             self._head = None
             self._vocab_ids = draft.draft_token_ids()
@@ -156,7 +162,7 @@ class SpeculativeDecoder:
         if self._head is None:
             return int(self._vocab_ids[self.draft.logits(hidden).argmax(-1)])
         normed = self.draft.norm(hidden).to(self._head.weight.dtype)
-        return int(self._head(normed).argmax(-1))
+        return int(self._head(normed)[..., : self._width].argmax(-1))
 
     def _extend(self, states: torch.Tensor, next_ids: Sequence[int], start: int, cache: DraftKVCache) -> torch.Tensor:
         """Draft over positions ``start ..`` (one per state row); returns the last position's hidden ``[H]``."""
