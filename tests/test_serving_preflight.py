@@ -438,7 +438,8 @@ def test_draft_for_another_target(tmp_path):
     d = eagle3_draft(tmp_path, fc_in=3 * 96, target_hidden=96, eagle_ids=[1, 3, 4])
     fs = check_serving(t, d, algorithm="EAGLE3")
     assert codes(fs)["target-hidden-size"] == "error" and codes(fs)["fc-width"] == "error"
-    assert "288 is not a multiple of the target hidden size 64" in by_code(fs, "fc-width").fix
+    # the draft's own config names the target it was trained for (target_hidden_size 96): that is the cause
+    assert "trained for a target of hidden size 96 (3 aux layers x 96 = fc input 288" in by_code(fs, "fc-width").fix
 
 
 def test_off_by_one_between_conventions_names_both(tmp_path):

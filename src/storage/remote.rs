@@ -238,10 +238,50 @@ fn variant_status(err: &object_store::Error) -> Option<u16> {
 }
 
 fn storage_error(url: &str, err: object_store::Error, seen: Option<u16>) -> Error {
+    let message = err.to_string();
     Error::Storage {
         url: url.to_owned(),
         status: variant_status(&err).or(seen),
-        message: err.to_string(),
+        message: match no_credentials(&message) {
+            Some(why) => format!(
+                "no object-storage credentials found ({why}), so the cloud instance-metadata endpoint was \
+                 asked for some and refused: set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or AWS_PROFILE \
+                 with a credentials file (docs/STORAGE.md); it answered: {message}"
+            ),
+            None => message,
+        },
+    }
+}
+
+/// Why no credentials were configured, when `message` is a failed request to the instance-metadata
+/// endpoint (object_store's last resort, `AWS_METADATA_ENDPOINT`, default 169.254.169.254): the real
+/// cause of that error is that nothing else gave credentials. None when some source was configured.
+fn no_credentials(message: &str) -> Option<String> {
+    let endpoint = std::env::var("AWS_METADATA_ENDPOINT").unwrap_or_else(|_| "169.254.169.254".into());
+    let host = endpoint
+        .trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .trim_end_matches('/');
+    if host.is_empty() || !message.contains(host) {
+        return None;
+    }
+    let set = |v: &str| std::env::var_os(v).is_some_and(|x| !x.is_empty());
+    let sources = [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ];
+    if sources.iter().any(|v| set(v)) {
+        return None;
+    }
+    let profile = std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".into());
+    match super::profile::load() {
+        Ok(p) if p.access_key_id.is_some() => None,
+        _ => Some(format!(
+            "{} unset, and the AWS profile {profile:?} gives no aws_access_key_id",
+            sources.join(", ")
+        )),
     }
 }
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidArgumentError
+from ..errors import CheckpointError, InvalidArgumentError
 from ..sglang.setters import explicit_ids_for, setter_rule
 from ..store import layout
 from .model import Eagle3Draft, Eagle3DraftConfig
@@ -200,7 +200,6 @@ def served_config(c: Mapping[str, Any], where: str | os.PathLike[str] = "config.
         CheckpointError: ``vocab_size``, ``hidden_size`` or ``num_attention_heads`` missing or not an integer, or
             another shape key that is not one (naming ``where`` and the key).
     """
-    from ..errors import CheckpointError
     from ..sglang.draft_build import draft_build
 
     def num(key: str, default: Any = None, kind: type = int) -> Any:
@@ -273,17 +272,43 @@ def load_draft(out_dir: str | os.PathLike[str]) -> Eagle3Draft:
     Shapes the config leaves out take SGLang's defaults (:func:`served_config`).
 
     Raises:
-        CheckpointError: a shape key the draft cannot be built without (:func:`served_config`).
+        CheckpointError: ``config.json`` unreadable or not JSON, a shape key the draft cannot be built without
+            (:func:`served_config`), a ``*.safetensors`` file that does not load (truncated data, a damaged header:
+            names the file), or a weight holding NaN/Inf (names each tensor: SGLang would serve it, drafting garbage).
     """
     from safetensors.torch import load_file
 
-    with open(os.path.join(os.fspath(out_dir), "config.json")) as f:
-        c = json.load(f)
-    model = Eagle3Draft(served_config(c, os.path.join(os.fspath(out_dir), "config.json")))
+    config_path = os.path.join(os.fspath(out_dir), "config.json")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            c = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(
+            f"{config_path}: the draft's config does not read ({type(e).__name__}: {e})", config_path
+        ) from e
+    model = Eagle3Draft(served_config(c, config_path))
     cfg = model.config
     state: dict[str, torch.Tensor] = {}
     for path in sorted(Path(out_dir).glob("*.safetensors"), key=lambda p: p.name == "model.safetensors"):
-        state.update(load_file(path))  # SGLang loads every *.safetensors of the directory; model.safetensors wins
+        try:  # a header intact over truncated data passed the header checks and failed here, a traceback
+            state.update(load_file(path))  # SGLang loads every *.safetensors of the directory; model.safetensors wins
+        except Exception as e:  # safetensors raises SafetensorError, OSError, ...
+            raise CheckpointError(
+                f"{path}: the draft's weights do not load ({type(e).__name__}: {e}); the file is damaged or "
+                "truncated: export the draft again",
+                path,
+            ) from e
+    nonfinite = [
+        f"{name} ({int((~torch.isfinite(t)).sum()):,} of {t.numel():,} values)"
+        for name, t in state.items()
+        if t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
+    if nonfinite:
+        raise CheckpointError(
+            f"{out_dir}: the draft's weights hold NaN/Inf: {', '.join(nonfinite)}; it would draft garbage (SGLang "
+            "serves it without a word): train it again (a lower --lr) or use another checkpoint",
+            os.fspath(out_dir),
+        )
     state = _own_names(model, state)
     if "d2t" not in state and cfg.draft_vocab_size == cfg.vocab_size:
         state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)

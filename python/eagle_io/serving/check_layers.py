@@ -232,6 +232,8 @@ def check_fc_width(
                 f'add "target_hidden_size": {h_t} to the draft\'s config.json: without it SGLang sizes fc (and shares '
                 "the target's embedding) with the draft's own hidden_size"
             )
+        elif (other := _other_target(width, h_t, build)) is not None:
+            fix = other
         elif width % h_t == 0:
             k = width // h_t
             fix = (
@@ -254,7 +256,10 @@ def check_fc_width(
     k = n_captured if n_captured is not None else (build.num_aux if build.family is not None else None)
     if k is None or width == k * h_t or out.has("aux-count", "layer-ids-duplicate", "layer-ids-out-of-range"):
         return
-    if width % h_t == 0:
+    other = _other_target(width, h_t, build)
+    if other is not None:
+        fix = other
+    elif width % h_t == 0:
         fix = (
             f"the draft was trained on {width // h_t} aux layers: set eagle_config.eagle_aux_hidden_state_layer_ids "
             f"in the draft's config.json to the {width // h_t} ids it was trained with"
@@ -269,4 +274,17 @@ def check_fc_width(
         "fc-width",
         f"draft fc input width {width} != {k} aux layers x target hidden {h_t} = {k * h_t} (what the target sends)",
         fix,
+    )
+
+
+def _other_target(width: int, h_t: int, build: DraftBuild) -> str | None:
+    """The fix when the draft's own config says it was trained for a target of another width: its
+    ``target_hidden_size`` differs from this target's and its aux layer count x that width is its fc input. Dividing
+    the fc width by this target's hidden size instead named a wrong layer count (192 = 3 x 64 read as 2 x 96)."""
+    hin, k = build.hidden_size_in, build.num_aux
+    if build.hidden_size_in_source != "target_hidden_size" or not hin or hin == h_t or not k or width != k * hin:
+        return None
+    return (
+        f"the draft was trained for a target of hidden size {hin} ({k} aux layers x {hin} = fc input {width}; its "
+        f"config.json's target_hidden_size), not this target's {h_t}: serve it with the target it was trained for"
     )
