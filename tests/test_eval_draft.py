@@ -385,3 +385,45 @@ def test_without_a_source_dataset_only_the_dataset_trained_on_says_what_is_held_
         [0, 1, 2, 3],
         {"held_out": "unknown", "excluded": 0, "source_dataset": None},
     )
+
+
+def test_a_target_with_other_weights_under_the_same_name_is_refused_unless_allowed(run, capsys, tmp_path):
+    # Issue 34 (one target identity): the dataset records the sha256 of its target's files; a target of the same
+    # name and shapes with other weights was accepted.
+    _, target, ds, draft = run
+    other = shutil.copytree(target, tmp_path / "elsewhere" / target.name)
+    state = load_file(other / "model.safetensors")
+    name = next(k for k in state if k.endswith("input_layernorm.weight"))
+    state[name] = state[name] * 1.5
+    save_file(state, other / "model.safetensors", metadata={"format": "pt"})
+    args = ["eval-draft", "--draft", str(draft), "--target", str(other), "--dataset", str(ds), "--prompts", "0"]
+    capsys.readouterr()
+    assert main([*args, "--no-profile", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "IncompatibleDatasetError" in err and "sha256 differ: model.safetensors" in err and str(ds) in err
+    assert main([*args, "--no-profile", "--threads", "1", "--allow-other-target", "--json"]) == 0
+
+
+def test_a_damaged_or_nonfinite_draft_is_refused_naming_the_file_or_tensor(run, capsys, tmp_path):
+    # Issue 34: a model.safetensors whose header is intact but whose data is cut gave a traceback (kind 4); a draft
+    # with NaN/Inf weights was measured without a word (kind 5).
+    _, target, ds, draft = run
+    args = ["--target", str(target), "--dataset", str(ds), "--prompts", "0", "--no-profile", "--threads", "1"]
+    cut = shutil.copytree(draft, tmp_path / "cut")
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size - 1000])
+    capsys.readouterr()
+    assert main(["eval-draft", "--draft", str(cut), *args]) == 2
+    err = capsys.readouterr().err
+    assert "CheckpointError" in err and str(weights) in err and "damaged or truncated" in err
+    assert "Traceback" not in err
+    inf = shutil.copytree(draft, tmp_path / "inf")
+    state = load_file(inf / "model.safetensors")
+    name = next(k for k in state if k.endswith("o_proj.weight"))
+    state[name][0, :3] = float("-inf")
+    save_file(state, inf / "model.safetensors", metadata={"format": "pt"})
+    assert main(["eval-draft", "--draft", str(inf), *args]) == 2
+    err = capsys.readouterr().err
+    assert "NaN/Inf" in err and f"{name} (3 of" in err
+    with pytest.raises(CheckpointError, match="NaN/Inf"):
+        load_draft(inf)

@@ -224,6 +224,12 @@ def test_cli_train_draft(synthetic, tmp_path, monkeypatch, capsys):
     other = build_vocab_mapping(root, 16)
     other.save(tmp_path / "m16.safetensors")
     assert main([*args[:4], "--vocab-map", str(tmp_path / "m16.safetensors"), "--steps", "1"]) == 0
+    fewer = tmp_path / "fewer"  # another dataset: 6 of the samples
+    write_synthetic(fewer, 6, 40)
+    bad = ["train-draft", str(fewer), "--out", str(tmp_path / "r2"), "--vocab-map", str(tmp_path / "m16.safetensors")]
+    assert main(bad) == 2
+    assert "dataset_sha256: mapping has" in capsys.readouterr().err
+    # An empty dataset is refused as such, before anything is written (issue 34).
     empty = tmp_path / "empty"
     with eagle_io.ShardWriter(
         empty,
@@ -232,9 +238,8 @@ def test_cli_train_draft(synthetic, tmp_path, monkeypatch, capsys):
         threads=1,
     ):
         pass
-    bad = ["train-draft", str(empty), "--out", str(tmp_path / "r2"), "--vocab-map", str(tmp_path / "m16.safetensors")]
-    assert main(bad) == 2
-    assert "dataset_sha256: mapping has" in capsys.readouterr().err
+    assert main(["train-draft", str(empty), "--out", str(tmp_path / "r3")]) == 2
+    assert "the dataset holds 0" in capsys.readouterr().err and not (tmp_path / "r3").exists()
 
 
 def test_supervision_lost_to_max_length_is_skipped_counted_and_an_empty_run_fails(tmp_path, monkeypatch, capsys):

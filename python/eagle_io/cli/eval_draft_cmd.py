@@ -64,7 +64,10 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=int, help="truncate dataset samples for the offline figure")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument(
-        "--allow-other-target", action="store_true", help="accept a target whose model_id differs from the draft's"
+        "--allow-other-target",
+        action="store_true",
+        help="accept a target whose model_id differs from the draft's, or whose files' sha256 differ from those the "
+        "dataset records (the same weights re-saved); its architecture, layers, width and vocabulary must match",
     )
     p.add_argument("--no-profile", action="store_true", help="do not write speculation_profile.json")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
@@ -125,12 +128,31 @@ def run(args: argparse.Namespace) -> int:
     from ..interop.speculation_profile import PROFILE_NAME, build_profile, read_training_samples, write_json
     from ..interop.vocab import dataset_fingerprint
     from ..serving.plugin import ENV_PLUGIN
+    from ..sglang.spec_params import speculative_param_problems
     from ..spec import check_dataset_fits, load_served_draft
     from ..spec.evaluate import evaluate_draft, held_out_positions, read_prompts_file
     from ..spec.served import engine_args, run_engine, run_server
+    from ..store.eagle3 import require_samples
+    from ..store.target_identity import dataset_target, require_same_target
 
     if args.num_steps < 1 or args.prompts < 0 or args.max_new_tokens < 1:
         raise InvalidArgumentError("--num-steps and --max-new-tokens must be >= 1, --prompts >= 0")
+    # 100000 steps for 4 new tokens ran 10 minutes, printing nothing. After the prefill's token a prompt has
+    # max_new_tokens - 1 left: drafting more per verify step is work no verify step can accept (with 1, none runs).
+    live = args.prompts > 0 or bool(args.server) or args.engine == "sglang"
+    if live and args.max_new_tokens > 1 and args.num_steps >= args.max_new_tokens:
+        raise InvalidArgumentError(
+            f"--num-steps {args.num_steps} drafts more tokens per verify step than the --max-new-tokens "
+            f"{args.max_new_tokens} of a prompt leave after its first: at most {args.max_new_tokens - 1}"
+        )
+    for name, value, low in (("--max-length", args.max_length, 2), ("--threads", args.threads, 1)):
+        if value is not None and value < low:
+            raise InvalidArgumentError(f"{name} {value}: must be >= {low}")
+    problems = speculative_param_problems(
+        args.num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens
+    )
+    if problems:  # SGLang's bounds (eagle_io.sglang.spec_params), before an engine or the target loads
+        raise InvalidArgumentError("; ".join(problems))
     if args.as_algorithm == "EAGLE" and args.prompts == 0:  # was a report of nothing, exit 0
         raise InvalidArgumentError(
             "--as-algorithm EAGLE is measured live only (the stored aux states are what an EAGLE3 launch feeds): "
@@ -154,12 +176,29 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     ds = ShardDataset(args.dataset, max_length=args.max_length)  # refuses a non-EAGLE-3 dataset first
+    for part in ds.datasets:  # a capture still running with nothing committed: not "trained on all 0"
+        require_samples(part, "eval-draft")
+    longest = max(ds.lengths(), default=0)
+    if args.num_steps >= longest:  # draft step k predicts the token k positions on: none is measured past that
+        raise InvalidArgumentError(
+            f"--num-steps {args.num_steps}: the longest sample of {args.dataset} has {longest} tokens"
+            + (f" (after --max-length {args.max_length})" if args.max_length else "")
+            + f"; a draft step k predicts the token k on: at most {max(longest - 1, 1)}"
+        )
     model, tokenizer, info = load_target(args.target, dtype=torch.float32)
     prompt_ids = read_prompts_file(args.prompts_file, tokenizer) if args.prompts_file else None
     served = load_served_draft(
         args.draft, model, info, dataset=args.dataset, allow_other_target=args.allow_other_target
     )
     check_dataset_fits(served, ds.metadata, args.dataset)
+    # The dataset's target, every fact it records: its files' sha256 too (other weights of the same shapes passed).
+    require_same_target(
+        dataset_target(ds.metadata),
+        info,
+        where=args.dataset,
+        option="--target",
+        allow_other_target=args.allow_other_target,
+    )
     for w in served.warnings:
         if w.severity == "warning":
             print(f"eval-draft: warning [{w.code}] {w.message}", file=sys.stderr)  # stdout: the report or --json

@@ -16,6 +16,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="eagle-io dataset from `eagle-io generate` (EAGLE-3 schema)")
     p.add_argument("--out", required=True, help="output directory: model.safetensors, config.json, train_summary.json")
     p.add_argument("--target-model", help="HF directory or .gguf of the target (default: embedded SmolLM2)")
+    p.add_argument(
+        "--allow-other-target",
+        action="store_true",
+        help="accept a --target-model whose files' sha256 (or name) differ from those the dataset records (the same "
+        "weights re-saved); its architecture, layers, width and vocabulary must still match",
+    )
     p.add_argument("--vocab-map", help="mapping from `eagle-io vocab-map` (checked against this dataset)")
     p.add_argument(
         "--draft-vocab-size",
@@ -60,11 +66,34 @@ def run(args: argparse.Namespace) -> int:
     from ..feed import ShardDataset
     from ..interop.speculation_profile import PROFILE_NAME, TRAINING_SAMPLES_NAME, build_profile, write_json
     from ..interop.vocab import build_vocab_mapping, dataset_fingerprint, load_vocab_mapping
-    from ..store.eagle3 import check_eagle3_dataset
+    from ..store.eagle3 import check_eagle3_dataset, require_samples
     from ..store.reader import Dataset
+    from ..store.target_identity import dataset_target, require_same_target
 
+    # Every option is checked before anything is read or written (--ttt-length 0 left a vocab_map in --out).
+    cfg = TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        lr=args.lr,
+        warmup_steps=args.warmup_steps,
+        eval_samples=args.eval_samples,
+        eval_every=args.eval_every,
+        seed=args.seed,
+        threads=args.threads,
+        intermediate_size=args.intermediate_size,
+        ttt_length=args.ttt_length,
+        accept_steps=args.accept_steps,
+    )
+    if args.draft_vocab_size is not None and args.draft_vocab_size < 1:
+        raise InvalidArgumentError(f"--draft-vocab-size {args.draft_vocab_size}: must be >= 1")
     ds = Dataset(args.path)
     check_eagle3_dataset(ds, "train-draft")
+    # One held out, one to train on, before the vocabulary map is built and written.
+    held = "1 held out" if args.eval_samples is None else f"--eval-samples {args.eval_samples} held out"
+    require_samples(
+        ds, f"train-draft ({held}, at least 1 to train on)", 2 if args.eval_samples is None else args.eval_samples + 1
+    )
     meta = ds.metadata
     aux_ids = meta.get("aux_layer_ids")
     # Refused before the target is loaded and the draft trained (the eagle_config write needs the ids).
@@ -78,6 +107,15 @@ def run(args: argparse.Namespace) -> int:
     target |= {k: meta[k] for k in ("num_layers", "hidden_size") if isinstance(meta.get(k), int)}
     eagle_config_ids(aux_ids, target)  # refuse ids SGLang cannot capture on this target before training
     head = load_target_head(args.target_model)
+    if head.identity is not None:  # the dataset's target, every fact it records (the hidden size alone let through
+        # an 8-layer target of the same width, its head and embedding then trained against a 10-layer one's states)
+        require_same_target(
+            dataset_target(meta),
+            head.identity,
+            where=ds.manifest_path,
+            option="--target-model",
+            allow_other_target=args.allow_other_target,
+        )
     vocab = head.config["vocab_size"]
     if args.vocab_map:
         mapping = load_vocab_mapping(args.vocab_map, dataset=args.path, target_vocab_size=vocab)
@@ -94,20 +132,6 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"vocab     draft {mapping.draft_vocab_size} of {vocab} target ids, "
         f"coverage {mapping.key.get('coverage', float('nan')):.4f}, padded {mapping.key.get('padded')}"
-    )
-    cfg = TrainConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
-        lr=args.lr,
-        warmup_steps=args.warmup_steps,
-        eval_samples=args.eval_samples,
-        eval_every=args.eval_every,
-        seed=args.seed,
-        threads=args.threads,
-        intermediate_size=args.intermediate_size,
-        ttt_length=args.ttt_length,
-        accept_steps=args.accept_steps,
     )
     data = ShardDataset(args.path, max_length=args.max_length, on_corrupt=args.on_corrupt)
     result = train_draft(data, head, mapping, cfg)

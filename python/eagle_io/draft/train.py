@@ -81,6 +81,10 @@ class TargetHead:
     lm_head: torch.Tensor
     embed: torch.Tensor
     config: dict[str, Any]
+    #: The loaded target's identity (``load_target``'s info: ``model_id``, ``architecture``, ``num_layers``,
+    #: ``hidden_size``, ``vocab_size``, ``files`` with their sha256), compared with a dataset's record
+    #: (:mod:`eagle_io.store.target_identity`); None for a head built otherwise.
+    identity: dict[str, Any] | None = None
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, model_id: str = "") -> TargetHead:
@@ -122,6 +126,8 @@ def load_target_head(model: str | os.PathLike[str] | None = None) -> TargetHead:
 
     net, _tok, info = load_target(model, dtype=torch.float32)
     head = TargetHead.from_model(net, info["model_id"])
+    keys = ("model_id", "architecture", "num_layers", "hidden_size", "vocab_size", "files")
+    head.identity = {k: info[k] for k in keys if k in info}
     del net
     return head
 
@@ -203,6 +209,50 @@ class TrainConfig:
     log_every: int = 10
     ttt_length: int = 1
     accept_steps: int = 3
+
+    def __post_init__(self) -> None:
+        """Every setting checked here, where it enters (before a dataset is read or anything is written): each
+        bounded as it can be used, the unroll lengths by ``max_length`` (a TTT step or draft step k reads the
+        token k positions on, so ``max_length - 1`` is the most that trains or measures anything).
+
+        Raises:
+            InvalidArgumentError: names each setting out of its bounds (as its train-draft option), with the bound.
+        """
+        bad = []
+
+        def whole(name: str, value: Any, low: int, high: int | None = None, why: str = "") -> None:
+            ok = type(value) is int and value >= low and (high is None or value <= high)
+            if not ok:
+                span = f">= {low}" if high is None else f"in [{low}, {high}]"
+                bad.append(f"--{name.replace('_', '-')} {value!r} (must be an integer {span}{why})")
+
+        whole("steps", self.steps, 1)
+        whole("batch_size", self.batch_size, 1)
+        whole("max_length", self.max_length, 2, why=": one token and the next it predicts")
+        whole("warmup_steps", self.warmup_steps, 0)
+        whole("eval_every", self.eval_every, 0)
+        whole("log_every", self.log_every, 0)
+        whole("seed", self.seed, 0)
+        unroll = (
+            f" for --max-length {self.max_length}: step k predicts k tokens on" if type(self.max_length) is int else ""
+        )
+        top = max(self.max_length - 1, 1) if type(self.max_length) is int else None
+        whole("ttt_length", self.ttt_length, 1, top, unroll)
+        whole("accept_steps", self.accept_steps, 0, top, unroll)
+        for name in ("eval_samples", "threads", "intermediate_size"):
+            if getattr(self, name) is not None:
+                whole(name, getattr(self, name), 1)
+        for name, value in (("lr", self.lr), ("grad_clip", self.grad_clip)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                bad.append(f"--{name.replace('_', '-')} {value!r} (must be a finite number > 0)")
+        if not (
+            isinstance(self.weight_decay, (int, float)) and math.isfinite(self.weight_decay) and self.weight_decay >= 0
+        ):
+            bad.append(f"weight_decay {self.weight_decay!r} (must be a finite number >= 0)")
+        if not (isinstance(self.eval_fraction, (int, float)) and 0 < self.eval_fraction < 1):
+            bad.append(f"eval_fraction {self.eval_fraction!r} (must be in (0, 1))")
+        if bad:
+            raise InvalidArgumentError("train-draft settings out of bounds: " + "; ".join(bad))
 
 
 @dataclass
@@ -521,11 +571,7 @@ def train_draft(
     """
     from ..feed import ShardDataset
 
-    cfg = config or TrainConfig()
-    if cfg.ttt_length < 1 or cfg.accept_steps < 0:
-        raise InvalidArgumentError(
-            f"ttt_length must be >= 1 and accept_steps >= 0 (got {cfg.ttt_length}, {cfg.accept_steps})"
-        )
+    cfg = config or TrainConfig()  # its settings were checked when it was made (TrainConfig.__post_init__)
     say = log or (lambda _m: None)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -12,6 +12,7 @@ GPUs the same way. benches/README.md has the measured comparison.
 from __future__ import annotations
 
 import collections
+import os
 import queue
 import threading
 import warnings
@@ -46,6 +47,31 @@ class _Ended:
 
     def __init__(self, state: dict[str, Any] | None) -> None:
         self.state = state
+
+
+#: What one batch slot costs before any batch is in it (the Python object and its bookkeeping), for the estimate of
+#: ``prefetch`` + ``keep`` slots against the memory available.
+SLOT_OVERHEAD_BYTES = 1024
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available now (Linux ``SC_AVPHYS_PAGES``), None where it is not known."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _largest_batch_bytes(dataset: Any, batch_size: int | None) -> int | None:
+    """Bytes of the largest batch of ``batch_size`` items a :class:`ShardDataset` can make, padded to its longest
+    item (the ``batch_size`` longest items, every schema tensor as read); None for another dataset."""
+    if not isinstance(dataset, ShardDataset) or not batch_size:
+        return None
+    longest = sorted(dataset.lengths(), reverse=True)[:batch_size]
+    if not longest:
+        return 0
+    row = sum(torch.empty(0, dtype=getattr(torch, s.dtype)).element_size() * (s.width or 1) for s in dataset.schema)
+    return len(longest) * longest[0] * row
 
 
 class Loader:
@@ -118,8 +144,9 @@ class Loader:
         debug: bool = False,
         seed: int = 0,
     ) -> None:
-        if prefetch < 1 or keep < 1:
-            raise InvalidArgumentError(f"prefetch and keep must be >= 1, got {prefetch}, {keep}")
+        for name, value in (("prefetch", prefetch), ("keep", keep)):
+            if type(value) is not int or value < 1:
+                raise InvalidArgumentError(f"Loader {name} must be an integer >= 1, got {value!r}")
         self.dataset = dataset
         self.collate_fn = PaddingCollator() if collate_fn is None else collate_fn
         self.prefetch, self.keep, self.debug = prefetch, keep, debug
@@ -150,6 +177,8 @@ class Loader:
             self.batch_size, self.drop_last = batch_size, drop_last
             self.batch_sampler = torch.utils.data.BatchSampler(sampler, batch_size, drop_last)
             self._stateful = sampler if _is_stateful(sampler) else None
+        prefetch, keep = self._bounded(prefetch, keep)
+        self.prefetch, self.keep = prefetch, keep
         self.device = _check_device(device)
         cuda = torch.cuda.is_available()
         if pin_memory and not cuda:
@@ -164,6 +193,35 @@ class Loader:
         self._pending: dict[str, Any] | None = None
         self._state: dict[str, Any] | None = None  # after the last batch taken; None before any iteration
         self._close_active: _Stop | None = None
+
+    def _bounded(self, prefetch: int, keep: int) -> tuple[int, int]:
+        """``prefetch`` and ``keep`` bounded by the data: no more batches ahead or kept than there are batches (a
+        sampler with a length), and their buffers estimated before any is made: refused, with the figures, when
+        they would not fit in the memory available.
+
+        Raises:
+            InvalidArgumentError: the estimate exceeds the memory available.
+        """
+        batches = None
+        if not self._follow:
+            try:
+                batches = len(self.batch_sampler)
+            except TypeError:  # a batch sampler without a length
+                batches = None
+        if batches is not None:
+            prefetch, keep = min(prefetch, max(batches, 1)), min(keep, max(batches, 1))
+        slots = prefetch + keep
+        per_batch = _largest_batch_bytes(self.dataset, self.batch_size)
+        need = slots * (SLOT_OVERHEAD_BYTES + (per_batch or 0))
+        free = _available_memory()
+        if free is not None and need > free:
+            what = f" and up to {per_batch:,} bytes of batch each" if per_batch else ""
+            raise InvalidArgumentError(
+                f"Loader(prefetch={prefetch}, keep={keep}): {slots:,} batch buffers ({SLOT_OVERHEAD_BYTES} bytes of "
+                f"bookkeeping{what}: batch_size x the longest items x bytes per token) need about {need:,} bytes, "
+                f"more than the {free:,} bytes of memory available: lower prefetch (2 keeps the reader ahead)"
+            )
+        return prefetch, keep
 
     def _fresh_state(self) -> dict[str, Any]:
         sampler = None if self._stateful is None else self._stateful.state_dict()

@@ -18,6 +18,7 @@ from ..sglang.checkpoint import CheckpointError, DraftInfo, read_checkpoint, rea
 from ..sglang.compat import resolve_algorithm
 from ..sglang.draft_build import draft_build
 from ..sglang.launch_args import launch_args
+from ..sglang.spec_params import speculative_param_problems
 from ..store.value_stats import range_warnings
 from .check_draft import check_draft_build, check_positions, check_tensors, check_vocab
 from .check_layers import check_fc_width, check_layer_ids
@@ -248,6 +249,16 @@ def check_serving(
 
     # 5. Positions and RoPE.
     check_positions(findings, draft, target, la.context_length)
+
+    # 6. The speculative knobs, as SGLang can serve them (it parses a topk of -5 and fails, or not, later).
+    for problem in speculative_param_problems(
+        la.num_steps,
+        la.eagle_topk,
+        la.num_draft_tokens,
+        context_length=la.context_length,
+        draft_vocab_size=draft.draft_vocab_size or draft.vocab_size,
+    ):
+        add(ERROR, "speculative-params", problem, "launch with values inside the bound named")
 
     if not draft.weight_files and not draft.other_weight_files:
         add(WARNING, "no-draft-weights", f"{draft.path}: no weight files found", "point at the draft's directory")

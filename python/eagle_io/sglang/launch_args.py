@@ -50,6 +50,8 @@ class LaunchArgs:
     config_ignored: str | None = None
     model_revision: str | None = None  # --revision: the snapshot of a Hub id SGLang loads (None: main)
     draft_revision: str | None = None  # --speculative-draft-model-revision
+    eagle_topk: int | None = None  # --speculative-eagle-topk; None when not given
+    num_draft_tokens: int | None = None  # --speculative-num-draft-tokens; None when not given
 
 
 class _Refused(argparse.ArgumentParser):
@@ -91,6 +93,8 @@ _FALLBACK = {
     "speculative_algorithm": ("--speculative-algorithm",),
     "context_length": ("--context-length",),
     "speculative_num_steps": ("--speculative-num-steps",),
+    "speculative_eagle_topk": ("--speculative-eagle-topk",),
+    "speculative_num_draft_tokens": ("--speculative-num-draft-tokens",),
     "revision": ("--revision",),
     "speculative_draft_model_revision": ("--speculative-draft-model-revision",),
 }
@@ -113,7 +117,12 @@ def _token_count(value: str) -> int:
     return int(Decimal(number) * (_IEC.get(suffix) or _SI[suffix]))
 
 
-_TYPES = {"context_length": _token_count, "speculative_num_steps": int}  # as SGLang's add_cli_args types them
+_TYPES = {  # as SGLang's add_cli_args types them
+    "context_length": _token_count,
+    "speculative_num_steps": int,
+    "speculative_eagle_topk": int,
+    "speculative_num_draft_tokens": int,
+}
 
 
 def _fallback_parse(argv: list[str]) -> argparse.Namespace:
@@ -189,6 +198,10 @@ def launch_args(server_args: Any) -> LaunchArgs:
     get = reader(server_args)
     algo = get("speculative_algorithm")
     ctx, steps = get("context_length"), get("speculative_num_steps")
+
+    def whole(v: Any) -> int | None:
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
     return LaunchArgs(
         model_path=get("model_path"),
         draft_path=get("speculative_draft_model_path"),
@@ -201,4 +214,6 @@ def launch_args(server_args: Any) -> LaunchArgs:
         config_ignored=ignored,
         model_revision=get("revision"),
         draft_revision=get("speculative_draft_model_revision"),
+        eagle_topk=whole(get("speculative_eagle_topk")),
+        num_draft_tokens=whole(get("speculative_num_draft_tokens")),
     )

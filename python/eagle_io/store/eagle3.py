@@ -177,3 +177,26 @@ def check_eagle3_dataset(ds: Dataset, user: str) -> None:
             f"{ds.manifest_path}: metadata dtype={meta['dtype']!r} but the schema stores "
             f"hidden_states as {hidden.dtype} and aux_hidden_states as {aux.dtype}"
         )
+
+
+def require_samples(ds: Dataset, user: str, minimum: int = 1) -> None:
+    """``ds`` holds at least ``minimum`` committed samples, else the refusal says why it has fewer: a capture still
+    running (or interrupted: its manifest not marked complete) that has not committed them yet, or one that
+    finished with fewer.
+
+    Raises:
+        IncompatibleDatasetError: names the manifest, the count and the capture's state.
+    """
+    n = len(ds)
+    if n >= minimum:
+        return
+    if not ds.manifest["complete"]:
+        why = (
+            "its capture is not marked complete (still running, or interrupted: `eagle-io generate ... --resume` "
+            "continues it); wait until it has committed more"
+        )
+    else:
+        why = "its capture completed with that many; capture more records"
+    raise IncompatibleDatasetError(
+        f"{ds.manifest_path}: {user} needs at least {minimum} committed sample(s); the dataset holds {n}: {why}"
+    )
