@@ -150,7 +150,8 @@ def test_resume_through_a_plain_sampler_and_after_a_finished_epoch(feed_dataset)
     it = iter(loader)
     first = [next(it)["sample_ids"] for _ in range(2)]
     state = loader.state_dict()
-    assert state == {"batches": 2, "finished": False, "sampler": None, "follow": None}
+    assert state == {"batches": 2, "finished": False, "sampler": None, "follow": None, "dataset": state["dataset"]}
+    assert len(state["dataset"]) == 64, "the state carries the data's fingerprint"
     it.close()
     again = Loader(ds, batch_size=7)
     again.load_state_dict(state)
@@ -358,7 +359,7 @@ def test_closing_a_followed_pass_from_another_thread_keeps_its_resume_point(tmp_
         assert not consumer.is_alive() and loader_threads() == []
         state = loader.state_dict()
     assert taken == [[100, 101], [102, 103]]
-    assert state == {"batches": 2, "finished": False, "sampler": None, "follow": [4]}
+    assert state == {"batches": 2, "finished": False, "sampler": None, "follow": [4], "dataset": None}
     resumed = Loader(ShardDataset(root, follow=True, poll_s=0.02), batch_size=2)
     resumed.load_state_dict(state)
     assert [b["sample_ids"] for b in resumed] == [[104, 105]]

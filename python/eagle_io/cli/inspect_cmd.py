@@ -12,6 +12,7 @@ import numpy as np
 from ..report.figures import mask_figures, percentiles
 from ..store.masks import mask_counts
 from ..store.reader import Dataset
+from ..store.transcode import lossy_history
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -54,6 +55,7 @@ def summary(ds: Dataset, *, masks: bool = True) -> dict:
         "ratio": round(raw / stored, 4) if stored else None,
         "schema": ds.manifest["schema"]["tensors"],
         "codec": ds.manifest["codec"],
+        "lossy_history": lossy_history(ds.metadata, ds.schema),
         "metadata": ds.metadata,
     }
 
@@ -84,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         "schema    "
         + ", ".join(f"{t['name']} {t['dtype']}" + (f"[L, {t['width']}]" if t["width"] else "[L]") for t in s["schema"])
+    )
+    print(
+        "lossy     " + ("; ".join(s["lossy_history"]) or "no: every state stored lossless, never transcoded from lossy")
     )
     print("metadata  " + json.dumps(s["metadata"], indent=2, sort_keys=True).replace("\n", "\n          "))
     return 0

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..errors import ArgumentTypeError, InvalidArgumentError
+from ..store.manifest import data_fingerprint
 from .collate import PaddingCollator, _Collator
 from .dataset import ShardDataset
 from .follow import FollowingShardDataset
@@ -31,7 +32,7 @@ from .samplers import RankSampler, _Resumable
 
 _END = object()
 """The last work a source yields, with the loader state once every batch was taken (:meth:`Loader._source`)."""
-_STATE_KEYS = ("batches", "finished", "sampler", "follow")
+_STATE_KEYS = ("batches", "finished", "sampler", "follow", "dataset")
 
 
 class _Failed:
@@ -177,6 +178,11 @@ class Loader:
             self.batch_size, self.drop_last = batch_size, drop_last
             self.batch_sampler = torch.utils.data.BatchSampler(sampler, batch_size, drop_last)
             self._stateful = sampler if _is_stateful(sampler) else None
+        #: The data's fingerprint (:func:`eagle_io.store.manifest.data_fingerprint`; None for a followed or a
+        #: non-eagle-io dataset), carried by :meth:`state_dict` and compared by :meth:`load_state_dict`.
+        self._fingerprint = (
+            data_fingerprint([d.manifest for d in dataset.datasets]) if isinstance(dataset, ShardDataset) else None
+        )
         prefetch, keep = self._bounded(prefetch, keep)
         self.prefetch, self.keep = prefetch, keep
         self.device = _check_device(device)
@@ -226,7 +232,7 @@ class Loader:
     def _fresh_state(self) -> dict[str, Any]:
         sampler = None if self._stateful is None else self._stateful.state_dict()
         follow = [0] * len(self.dataset.manifests) if self._follow else None
-        return {"batches": 0, "finished": False, "sampler": sampler, "follow": follow}
+        return {"batches": 0, "finished": False, "sampler": sampler, "follow": follow, "dataset": self._fingerprint}
 
     def __len__(self) -> int:
         if self._follow:
@@ -236,7 +242,8 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """The resume point after the batches taken so far in the current (or last) iteration: ``batches``
         (taken), ``finished`` (the iteration ended), ``sampler`` (the resumable sampler's ``state_dict()`` after
-        them, or None) and ``follow`` (per followed capture, the next position, or None). JSON-serialisable."""
+        them, or None), ``follow`` (per followed capture, the next position, or None) and ``dataset`` (the data's
+        fingerprint, or None). JSON-serialisable."""
         if self._pending is not None:
             return dict(self._pending)
         return self._fresh_state() if self._state is None else dict(self._state)
@@ -246,11 +253,20 @@ class Loader:
         the next iteration starts. A state saved when an iteration had finished starts the next epoch.
 
         Raises:
-            InvalidArgumentError: ``state`` is not a Loader state, or its sampler/follow part does not fit this
-                loader (the sampler's own ``load_state_dict`` names a differing setting when it runs).
+            InvalidArgumentError: ``state`` is not a Loader state, was saved over other data (its ``dataset``
+                fingerprint differs), or its sampler/follow part does not fit this loader (the sampler's own
+                ``load_state_dict`` names a differing setting when it runs).
         """
-        if not isinstance(state, dict) or set(state) != set(_STATE_KEYS):
+        # A state saved before it carried the dataset's fingerprint has the other keys only.
+        if not isinstance(state, dict) or set(state) not in (set(_STATE_KEYS), set(_STATE_KEYS) - {"dataset"}):
             raise InvalidArgumentError(f"not a Loader state (keys {_STATE_KEYS}): {state!r}")
+        theirs, mine = state.get("dataset"), self._fingerprint
+        if theirs is not None and mine is not None and theirs != mine:  # the count alone was compared
+            raise InvalidArgumentError(
+                f"cannot resume: the state was saved over other data (dataset fingerprint {str(theirs)[:16]}...) "
+                f"than this loader's {self.dataset!r} ({mine[:16]}...): the same sample count is not the same samples"
+            )
+        state = {**state, "dataset": mine}
         if (state["sampler"] is not None) != (self._stateful is not None):
             raise InvalidArgumentError("the state's sampler part does not fit this loader's sampler")
         if (state["follow"] is not None) != self._follow or (
@@ -309,11 +325,17 @@ class Loader:
                 continue
             taken += 1
             sampler = None if stateful is None else stateful.state_dict()
-            yield list(indices), {"batches": taken, "finished": False, "sampler": sampler, "follow": None}
+            yield (
+                list(indices),
+                {"batches": taken, "finished": False, "sampler": sampler, "follow": None, "dataset": self._fingerprint},
+            )
         # The sampler's state once the batch sampler drained it: with drop_last, past the items of a dropped last
         # batch too, so that it reads as the end of its epoch (the state after the last batch does not).
         sampler = None if stateful is None else stateful.state_dict()
-        yield _END, {"batches": taken, "finished": True, "sampler": sampler, "follow": None}
+        yield (
+            _END,
+            {"batches": taken, "finished": True, "sampler": sampler, "follow": None, "dataset": self._fingerprint},
+        )
 
     def _follow_source(self, taken: int, start: list[int] | None, stopped: threading.Event):
         nexts = list(start) if start is not None else [0] * len(self.dataset.manifests)
@@ -323,15 +345,18 @@ class Loader:
             nexts[d] = p + 1
             if len(items) == self.batch_size:
                 taken += 1
-                yield items, {"batches": taken, "finished": False, "sampler": None, "follow": list(nexts)}
+                yield (
+                    items,
+                    {"batches": taken, "finished": False, "sampler": None, "follow": list(nexts), "dataset": None},
+                )
                 items = []
         if stopped.is_set():  # closed while waiting for the captures: not their end, the state stays
             yield _END, None
             return
         if items and not self.drop_last:
             taken += 1
-            yield items, {"batches": taken, "finished": False, "sampler": None, "follow": list(nexts)}
-        yield _END, {"batches": taken, "finished": True, "sampler": None, "follow": list(nexts)}
+            yield items, {"batches": taken, "finished": False, "sampler": None, "follow": list(nexts), "dataset": None}
+        yield _END, {"batches": taken, "finished": True, "sampler": None, "follow": list(nexts), "dataset": None}
 
     def _build(self, work: Any, slot: Slot, k: int) -> Any:
         """Batch ``k`` from ``work`` (see :meth:`_source`), its tensors in ``slot``'s buffers."""

@@ -120,7 +120,8 @@ def read_profile(draft_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
 
     Raises:
         CheckpointError: an unreadable file, another format, a newer version, or ``per_position_accept_rate`` that
-            is not ``num_steps`` numbers in [0, 1] (naming the file).
+            is not ``num_steps`` numbers in [0, 1], or rises (naming the file). The one check of a profile: the
+            plugin's acceptance watchdog and check-serving (a ``speculation-profile`` finding) both run it.
     """
     path = Path(draft_dir) / PROFILE_NAME
     prof = _read(path, "speculation profile")
@@ -137,6 +138,11 @@ def read_profile(draft_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     ok = isinstance(rates, list) and _integer(steps) and len(rates) == steps >= 1
     if not ok or not all((_integer(r) or isinstance(r, float)) and 0.0 <= r <= 1.0 for r in rates):
         raise CheckpointError(f"{path}: per_position_accept_rate must be num_steps rates in [0, 1]", path)
+    if any(b > a + 1e-9 for a, b in zip(rates, rates[1:], strict=False)):  # joint: the first k accepted is never likelier than k-1
+        raise CheckpointError(
+            f"{path}: per_position_accept_rate {rates} rises: joint rates (the first k drafts all accepted) never do",
+            path,
+        )
     return prof
 
 

@@ -26,7 +26,6 @@ Where eagle-io is stricter than SpecForge (documented, tested):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -60,26 +59,14 @@ _META_KEY = "eagle_io_vocab_map"
 
 
 def dataset_fingerprint(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> str:
-    """SHA-256 (hex) identifying the data of one or several datasets, from their manifests alone.
-
-    Hashes, per dataset in the given order, the manifest's ``schema``, ``metadata`` and, per shard,
-    ``samples``, ``tokens`` and ``index_crc32`` (which covers every record's CRC-32 and sample id). Paths,
-    writer version and codec settings are left out: a copied or re-compressed dataset keeps its fingerprint;
-    any changed sample, added shard or different target does not.
+    """SHA-256 (hex) identifying the data of one or several datasets, from their manifests alone
+    (:func:`eagle_io.store.manifest.data_fingerprint`, in the given order).
     """
+    from ..store.manifest import data_fingerprint
     from ..store.reader import Dataset
 
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-    h = hashlib.sha256()
-    for p in items:
-        m = Dataset(p).manifest
-        view = {
-            "schema": m["schema"],
-            "metadata": m["metadata"],
-            "shards": [[s["samples"], s["tokens"], s["index_crc32"]] for s in m["shards"]],
-        }
-        h.update(json.dumps(view, sort_keys=True, separators=(",", ":")).encode())
-    return h.hexdigest()
+    return data_fingerprint([Dataset(p).manifest for p in items])
 
 
 def count_loss_masked_tokens(

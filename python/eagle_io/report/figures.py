@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..store.masks import mask_counts
 from ..store.reader import Dataset
+from ..store.transcode import lossy_history
 from ..store.value_scan import check_group, value_layout
 from ..store.values import KINDS, row_stats
 from .capture_log import read_logs
@@ -248,6 +249,7 @@ def build_figures(
         "writer": ds.manifest["writer"],
         "metadata": ds.metadata,
         "schema": ds.manifest["schema"]["tensors"],
+        "lossy_history": lossy_history(ds.metadata, ds.schema),
         "summary": {
             "samples": len(ds),
             "shards": len(shards),

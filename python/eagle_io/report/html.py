@@ -71,6 +71,7 @@ def _summary(f: dict[str, Any]) -> str:
         ("stored", _bytes(s["stored_bytes"])),
         ("ratio (decoded / stored)", s["ratio"]),
         ("complete", "yes" if f["complete"] else "NO: the writer did not close"),
+        ("lossy", "; ".join(f.get("lossy_history") or []) or "no: stored lossless, never transcoded from lossy"),
         ("written by", f["writer"]),
     ]
     return "<h2>Summary</h2>" + _table(rows)

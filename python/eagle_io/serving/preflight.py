@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..interop.speculation_profile import read_profile
 from ..sglang.checkpoint import CheckpointError, DraftInfo, read_checkpoint, read_draft
 from ..sglang.compat import resolve_algorithm
 from ..sglang.draft_build import draft_build
@@ -259,6 +260,18 @@ def check_serving(
         draft_vocab_size=draft.draft_vocab_size or draft.vocab_size,
     ):
         add(ERROR, "speculative-params", problem, "launch with values inside the bound named")
+
+    # 7. The speculation profile the plugin's acceptance watchdog reads, through the same check (read_profile).
+    try:
+        read_profile(draft.path)
+    except CheckpointError as e:  # was "OK": the plugin logs and ignores such a file at startup
+        add(
+            ERROR,
+            "speculation-profile",
+            f"{e}: the plugin's acceptance watchdog ignores it, so its expected-accept-length rule is off in this "
+            "launch (only the exactly-1.00 rule runs)",
+            "measure the draft again (`eagle-io eval-draft` writes the profile), or remove the file",
+        )
 
     if not draft.weight_files and not draft.other_weight_files:
         add(WARNING, "no-draft-weights", f"{draft.path}: no weight files found", "point at the draft's directory")

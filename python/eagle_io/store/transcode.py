@@ -10,12 +10,35 @@ from typing import Any
 
 from ..errors import InvalidArgumentError
 from . import layout
+from .manifest import data_fingerprint
 from .reader import Dataset
 from .schema import TensorSpec, precision_name
 from .writer import ShardWriter
 
 #: Samples handed to the writer at once.
 BATCH = 8
+
+#: The metadata key of a dataset's lossy past: one entry per earlier lossy storage its states went through
+#: (``precision``, ``tensors``, ``transcoded_to``, ``source_sha256``), oldest first, kept by every transcode, so a
+#: bf16 dataset transcoded from FP8 does not read as a lossless capture.
+LOSSY_HISTORY = "lossy_history"
+
+
+def lossy_history(metadata: dict[str, Any], schema: list[TensorSpec]) -> list[str]:
+    """The lossy history of a dataset in words, oldest first: each earlier lossy storage (:data:`LOSSY_HISTORY`),
+    then its own when its states are stored lossy now; empty for a dataset that was never stored lossy. What
+    ``inspect`` and ``report`` show."""
+    out = []
+    for e in metadata.get(LOSSY_HISTORY) or []:
+        if isinstance(e, dict):
+            out.append(
+                f"stored as {e.get('precision')} ({', '.join(map(str, e.get('tensors') or []))}), then transcoded to "
+                f"{e.get('transcoded_to')}"
+            )
+    lossy = [t for t in schema if t.precision]
+    if lossy:
+        out.append(f"stored as {lossy[0].precision} now ({', '.join(t.name for t in lossy)})")
+    return out
 
 
 def transcoded_schema(schema: list[TensorSpec], precision: str | None) -> list[TensorSpec]:
@@ -53,7 +76,8 @@ def transcode(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Writes every sample of the dataset ``src`` (read dequantised, in position order) to a new dataset ``dst``
-    whose floating ``[L, width]`` tensors are stored in ``precision``. Returns the writer's stats (``fp8_clamped``
+    whose floating ``[L, width]`` tensors are stored in ``precision``; a lossy source's storage is appended to the
+    new dataset's :data:`LOSSY_HISTORY`. Returns the writer's stats (``fp8_clamped``
     counts saturated values); ``progress(done, total)`` is called after each batch. A transcode to FP8 is lossy;
     back to bf16 it keeps the FP8 values exactly.
 
@@ -67,7 +91,17 @@ def transcode(
     _check_apart(source, dst)
     schema = transcoded_schema(source.schema, precision)
     level = source.manifest["codec"]["zstd_level"]
-    with ShardWriter(dst, schema, source.metadata, threads=threads, zstd_level=level) as writer:
+    metadata = dict(source.metadata)
+    lossy = [t for t in source.schema if t.precision]
+    if lossy:  # what the source lost stays lost: the new dataset says so, however it is stored
+        entry = {
+            "precision": lossy[0].precision,
+            "tensors": [t.name for t in lossy],
+            "transcoded_to": precision_name(precision) or "lossless",
+            "source_sha256": data_fingerprint([source.manifest]),
+        }
+        metadata[LOSSY_HISTORY] = [*(metadata.get(LOSSY_HISTORY) or []), entry]
+    with ShardWriter(dst, schema, metadata, threads=threads, zstd_level=level) as writer:
         for start in range(0, len(source), BATCH):
             batch = []
             for pos in range(start, min(start + BATCH, len(source))):
