@@ -138,7 +138,8 @@ def read_profile(draft_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     ok = isinstance(rates, list) and _integer(steps) and len(rates) == steps >= 1
     if not ok or not all((_integer(r) or isinstance(r, float)) and 0.0 <= r <= 1.0 for r in rates):
         raise CheckpointError(f"{path}: per_position_accept_rate must be num_steps rates in [0, 1]", path)
-    if any(b > a + 1e-9 for a, b in zip(rates, rates[1:], strict=False)):  # joint: the first k accepted is never likelier than k-1
+    # Joint rates: the first k drafts all accepted is never likelier than the first k - 1.
+    if any(b > a + 1e-9 for a, b in zip(rates, rates[1:], strict=False)):
         raise CheckpointError(
             f"{path}: per_position_accept_rate {rates} rises: joint rates (the first k drafts all accepted) never do",
             path,
