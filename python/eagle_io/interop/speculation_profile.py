@@ -19,6 +19,7 @@ pooled: :mod:`eagle_io.draft.acceptance`). ``eagle-io eval-draft`` writes it fro
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -139,7 +140,7 @@ def read_profile(draft_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not ok or not all((_integer(r) or isinstance(r, float)) and 0.0 <= r <= 1.0 for r in rates):
         raise CheckpointError(f"{path}: per_position_accept_rate must be num_steps rates in [0, 1]", path)
     # Joint rates: the first k drafts all accepted is never likelier than the first k - 1.
-    if any(b > a + 1e-9 for a, b in zip(rates, rates[1:], strict=False)):
+    if any(b > a + 1e-9 for a, b in itertools.pairwise(rates)):
         raise CheckpointError(
             f"{path}: per_position_accept_rate {rates} rises: joint rates (the first k drafts all accepted) never do",
             path,
