@@ -148,7 +148,8 @@ def test_generate_sglang_captures_explicit_ids_like_the_hf_path(tiny, tmp_path):
     """`generate --backend sglang --aux-layer-ids 1,3,6` on a real CPU Engine: the ids reach SGLang as
     return_aux_hidden_state_layer_ids [0, 2, 5] (Llama's +1 setter) and the stored states are the HF path's for
     [1, 3, 6] (bf16 forward vs float32: within 3% of the max), not those of the neighbouring layers."""
-    from test_serving_plugin import SGLANG_SKIP, cpu_engine_env
+    from helpers.sglang_cpu import cpu_engine_env
+    from test_serving_plugin import SGLANG_SKIP
     from test_sglang_generate import CPU_ENGINE, FIXTURE
 
     if SGLANG_SKIP:

@@ -31,6 +31,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.sglang_cpu import cpu_engine_env
 from test_serving_preflight import H, eagle3_draft, kimi_k25, llama_target
 
 import eagle_io
@@ -681,26 +682,14 @@ _ENGINE_SCRIPT = textwrap.dedent(
     """
 )
 
-STAND_INS = Path(__file__).parent / "fixtures" / "serving" / "stand_ins"
-
-
-def cpu_engine_env(**extra: str) -> dict[str, str]:
-    """The environment of a process running a CPU SGLang engine: the test-only ``sgl_kernel`` stand-in on
-    ``PYTHONPATH``, ``SGLANG_USE_CPU_ENGINE=1``, no inherited ``EAGLE_IO_*`` / ``SGLANG_PLUGINS`` switches, then
-    ``extra``."""
-    path = [str(STAND_INS)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EAGLE_IO_", "SGLANG_PLUGINS"))}
-    env.update(PYTHONPATH=os.pathsep.join(path + [p for p in sys.path if p]), SGLANG_USE_CPU_ENGINE="1", **extra)
-    return env
-
 
 @needs_sglang
 @pytest.mark.slow
 def test_startup_hook_runs_in_a_real_scheduler_process(tmp_path):
-    """A real CPU SGLang Engine (non-speculative: a speculative one stops at its first sgl-kernel call on CPU):
+    """A real CPU SGLang Engine (non-speculative; the speculative ones: tests/test_sglang_spec.py):
     its spawned scheduler process loads the plugin through the entry point and runs the startup hook before
     ``init_all_cuda_graphs``; the hook's report (``EAGLE_IO_GUARD_REPORT``) comes from that process. Uses the
-    test-only ``sgl_kernel`` stand-in of tests/fixtures/serving/stand_ins (raises if any kernel is called)."""
+    test-only ``sgl_kernel`` of tests/support/sgl_kernel_torch (:mod:`helpers.sglang_cpu`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)

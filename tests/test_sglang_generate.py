@@ -25,8 +25,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from helpers import s3server
+from helpers.sglang_cpu import cpu_engine_env
 from test_capture_session import FIXTURE, tiny_target
-from test_serving_plugin import cpu_engine_env, needs_sglang
+from test_serving_plugin import needs_sglang
 
 import eagle_io
 from eagle_io.cli import main
