@@ -166,3 +166,30 @@ def test_loader_prefetch_beyond_memory_is_refused_with_the_figures(tmp_path):
     write_samples(root, 0, [3, 5], 8)
     with pytest.raises(InvalidArgumentError, match=r"batch buffers .* need about [\d,]+ bytes, more than the"):
         Loader(ShardDataset(root, follow=True, timeout_s=1), batch_size=2, prefetch=2**45)
+
+
+# ------------------------------------------------------------------------------------------------- generate
+
+
+@pytest.mark.parametrize(
+    ("more", "text"),
+    [
+        (["--batch-size", "0"], "--batch-size 0 (must be >= 1)"),
+        (["--limit", "-3"], "--limit -3 (must be >= 1"),
+        (["--threads", "-2", "--shard-bytes", "0"], "--shard-bytes 0 (must be >= 1); --threads -2 (must be >= 0)"),
+        (["--regenerate", "--temperature", "nan"], "--temperature nan (must be a finite number >= 0)"),
+        (["--ring-bytes", str(10**16)], "the capture ring is allocated at once, and only"),
+    ],
+)
+def test_generate_checks_every_number_before_anything_is_loaded_or_written(tmp_path, capsys, more, text):
+    out = tmp_path / "run"
+    err = _refused(capsys, "generate", "--model", str(tmp_path / "no-model"), "--out", str(out), *more)
+    assert "InvalidArgumentError" in err and text in err
+    assert not out.exists()
+
+
+def test_the_capture_ring_is_refused_past_the_memory_available():
+    from eagle_io.capturing.options import CaptureOptions
+
+    with pytest.raises(InvalidArgumentError, match=r"ring_bytes 1,000,000,000,000,000 \(1,000.00 TB\)"):
+        CaptureOptions(ring_bytes=10**18 // 1000)

@@ -27,6 +27,7 @@ import torch
 from .. import _native, defaults
 from ..errors import ArgumentTypeError, InvalidArgumentError, SchemaError
 from ..store import fp8
+from ..store.host import available_memory, human_bytes
 from ..store.writer import ShardWriter
 
 _FOREVER_S = 1e9
@@ -40,12 +41,19 @@ def check_ring_options(
     opens its writer, so a bad option leaves no dataset behind).
 
     Raises:
-        InvalidArgumentError: ``ring_bytes`` or ``batch`` not an integer >= 1, ``timeout_s`` not a number >= 0,
+        InvalidArgumentError: ``ring_bytes`` or ``batch`` not an integer >= 1, ``ring_bytes`` more than the memory
+            available (the figures named), ``timeout_s`` not a number >= 0,
             ``quantize_on_device`` neither None nor a bool.
     """
     for name, value in (("ring_bytes", ring_bytes), ("batch", batch)):
         if type(value) is not int or value < 1:
             raise InvalidArgumentError(f"{name} must be an integer >= 1, not {value!r}")
+    free = available_memory()
+    if free is not None and ring_bytes > free:  # the arena is allocated at once: 10**15 aborted the process
+        raise InvalidArgumentError(
+            f"ring_bytes {ring_bytes:,} ({human_bytes(ring_bytes)}): the capture ring is allocated at once, and only "
+            f"{human_bytes(free)} of memory is available; the default is {human_bytes(defaults.RING_BYTES)}"
+        )
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
         raise InvalidArgumentError(f"timeout_s must be a number of seconds >= 0 (inf: no limit), not {timeout_s!r}")
     if quantize_on_device not in (None, True, False):

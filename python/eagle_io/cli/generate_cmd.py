@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -333,9 +334,35 @@ def _sglang_session(args, dataset: str, layer_ids):
     return session, tokenizer, info, engine.shutdown
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Every numeric option's bound, before anything is read, loaded or written (--batch-size 0 wrote an empty
+    dataset; --threads -1 and --shard-bytes 0 were refused only after the target loaded; --ring-bytes 10**15
+    aborted the process allocating the ring).
+
+    Raises:
+        InvalidArgumentError: names each option out of bounds, with its bound.
+    """
+    from ..capturing.ring import check_ring_options
+
+    bad = []
+    for name, low in (("batch_size", 1), ("max_length", 1), ("shard_bytes", 1), ("threads", 0), ("tp_size", 1),
+                      ("dp_size", 1), ("attn_dp_size", 1), ("world_size", 1), ("max_new_tokens", 1)):  # fmt: skip
+        value = getattr(args, name)
+        if value < low:
+            bad.append(f"--{name.replace('_', '-')} {value} (must be >= {low})")
+    if args.limit is not None and args.limit < 1:
+        bad.append(f"--limit {args.limit} (must be >= 1: the records to read)")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        bad.append(f"--temperature {args.temperature} (must be a finite number >= 0)")
+    if bad:
+        raise InvalidArgumentError("out of bounds: " + "; ".join(bad))
+    check_ring_options(ring_bytes=args.ring_bytes, batch=defaults.RING_BATCH, timeout_s=defaults.RING_TIMEOUT_S)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..data import SkipStats, default_dataset_path, iter_conversations
 
+    _check_numbers(args)
     if not 0 <= args.rank < args.world_size:
         raise InvalidArgumentError(f"--rank {args.rank} is not in [0, {args.world_size})")
     t_start = time.perf_counter()

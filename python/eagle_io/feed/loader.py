@@ -12,7 +12,6 @@ GPUs the same way. benches/README.md has the measured comparison.
 from __future__ import annotations
 
 import collections
-import os
 import queue
 import threading
 import warnings
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import ArgumentTypeError, InvalidArgumentError
+from ..store.host import available_memory
 from ..store.manifest import data_fingerprint
 from .collate import PaddingCollator, _Collator
 from .dataset import ShardDataset
@@ -53,14 +53,6 @@ class _Ended:
 #: What one batch slot costs before any batch is in it (the Python object and its bookkeeping), for the estimate of
 #: ``prefetch`` + ``keep`` slots against the memory available.
 SLOT_OVERHEAD_BYTES = 1024
-
-
-def _available_memory() -> int | None:
-    """Bytes of memory available now (Linux ``SC_AVPHYS_PAGES``), None where it is not known."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _largest_batch_bytes(dataset: Any, batch_size: int | None) -> int | None:
@@ -219,7 +211,7 @@ class Loader:
         slots = prefetch + keep
         per_batch = _largest_batch_bytes(self.dataset, self.batch_size)
         need = slots * (SLOT_OVERHEAD_BYTES + (per_batch or 0))
-        free = _available_memory()
+        free = available_memory()
         if free is not None and need > free:
             what = f" and up to {per_batch:,} bytes of batch each" if per_batch else ""
             raise InvalidArgumentError(
