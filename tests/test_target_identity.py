@@ -86,3 +86,29 @@ def test_the_comparison_names_each_difference():
         require_same_target(rec, other, where="ds", option="--target", allow_other_target=False)
     meta = {"target_model": {"model_id": "m", "architecture": "A"}, "num_layers": 3, "hidden_size": 8}
     assert dataset_target(meta) == {"model_id": "m", "architecture": "A", "num_layers": 3, "hidden_size": 8}
+
+
+def test_check_serving_compares_the_same_record_of_the_datasets_target(tmp_path):
+    from test_serving_preflight import H, N, V, eagle3_draft, llama_target
+
+    import eagle_io
+    from eagle_io.serving import check_serving
+    from eagle_io.store.metadata import eagle3_metadata
+
+    t, d = llama_target(tmp_path), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    for name, info in (("ok", {"architecture": "LlamaForCausalLM"}), ("qwen", {"architecture": "Qwen2ForCausalLM"})):
+        meta = eagle3_metadata(
+            target_info={"num_layers": N, "hidden_size": H, "vocab_size": V, **info},
+            aux_layer_ids=[2, 4, 5],
+            dtype="bfloat16",
+            tokenizer_identity=None,
+            max_length=None,
+        )
+        with eagle_io.ShardWriter(tmp_path / name, eagle_io.eagle3_schema(H), meta) as w:
+            w.write(0, {"input_ids": torch.arange(3), "loss_mask": torch.ones(3, dtype=torch.uint8),
+                        "aux_hidden_states": torch.zeros(3, 3 * H, dtype=torch.bfloat16),
+                        "hidden_states": torch.zeros(3, H, dtype=torch.bfloat16)})  # fmt: skip
+    assert check_serving(t, d, algorithm="EAGLE3", dataset_manifest=tmp_path / "ok") == []
+    fs = [f for f in check_serving(t, d, algorithm="EAGLE3", dataset_manifest=tmp_path / "qwen")
+          if f.code == "dataset-target"]  # fmt: skip
+    assert len(fs) == 1 and "architecture 'Qwen2ForCausalLM' recorded, 'LlamaForCausalLM' here" in fs[0].message

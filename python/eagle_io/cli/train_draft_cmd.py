@@ -89,11 +89,6 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--draft-vocab-size {args.draft_vocab_size}: must be >= 1")
     ds = Dataset(args.path)
     check_eagle3_dataset(ds, "train-draft")
-    # One held out, one to train on, before the vocabulary map is built and written.
-    held = "1 held out" if args.eval_samples is None else f"--eval-samples {args.eval_samples} held out"
-    require_samples(
-        ds, f"train-draft ({held}, at least 1 to train on)", 2 if args.eval_samples is None else args.eval_samples + 1
-    )
     meta = ds.metadata
     aux_ids = meta.get("aux_layer_ids")
     # Refused before the target is loaded and the draft trained (the eagle_config write needs the ids).
@@ -106,6 +101,11 @@ def run(args: argparse.Namespace) -> int:
     target = {k: tm[k] for k in ("model_id", "architecture") if tm.get(k)}
     target |= {k: meta[k] for k in ("num_layers", "hidden_size") if isinstance(meta.get(k), int)}
     eagle_config_ids(aux_ids, target)  # refuse ids SGLang cannot capture on this target before training
+    # One held out, one to train on, before the vocabulary map is built and written.
+    held = "1 held out" if args.eval_samples is None else f"--eval-samples {args.eval_samples} held out"
+    require_samples(
+        ds, f"train-draft ({held}, at least 1 to train on)", 2 if args.eval_samples is None else args.eval_samples + 1
+    )
     head = load_target_head(args.target_model)
     if head.identity is not None:  # the dataset's target, every fact it records (the hidden size alone let through
         # an 8-layer target of the same width, its head and embedding then trained against a 10-layer one's states)

@@ -15,6 +15,7 @@ from ..sglang.checkpoint import CheckpointError, CheckpointInfo, DraftInfo
 from ..store import layout
 from ..store.eagle3 import AUX_LAYER_CONVENTION, aux_id_problems, validate_aux_layer_ids
 from ..store.manifest import read_manifest
+from ..store.target_identity import dataset_target, target_differences
 from .findings import ERROR, WARNING, Findings
 
 __all__ = ["trained_layer_ids"]
@@ -94,6 +95,18 @@ def trained_layer_ids(
                 "dataset-num-layers",
                 f"the training data {mpath} came from a {mn}-layer target, this target has {n} layers: the draft "
                 "learned the states of other layers than the ones served",
+                "serve the draft with the target its training data came from",
+            )
+        # The rest of the dataset's target record, compared as train-draft and eval-draft compare it
+        # (store.target_identity; the width and depth have their own findings above; no file is hashed here).
+        served = {"architecture": target.architectures[0] if target.architectures else None,
+                  "vocab_size": target.vocab_size}  # fmt: skip
+        recorded = {k: v for k, v in dataset_target(meta).items() if k in served}
+        for diff in target_differences(recorded, served, allow_other_target=True):
+            out.add(
+                ERROR,
+                "dataset-target",
+                f"the training data {mpath} came from another target than this one: {diff}",
                 "serve the draft with the target its training data came from",
             )
         aux_w = _aux_width(schema)
