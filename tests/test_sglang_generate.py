@@ -1,8 +1,8 @@
 """``eagle-io generate --backend sglang`` and a launched SGLang server, both capturing by environment, on CPU.
 
 Real SGLang 0.5.23 scheduler processes (``SGLANG_USE_CPU_ENGINE=1``, torch_native attention) run a tiny random Llama
-saved with SmolLM2's real tokenizer over the real ShareGPT slice; the test-only ``sgl_kernel`` stand-in of
-tests/fixtures/serving/stand_ins is on ``PYTHONPATH`` (its functions raise if called). Proven here: a run, its
+saved with SmolLM2's real tokenizer over the real ShareGPT slice; the test-only ``sgl_kernel`` of
+tests/support/sgl_kernel_torch is on ``PYTHONPATH`` (:mod:`helpers.sglang_cpu`). Proven here: a run, its
 resume (only the missing samples are captured), two DP ranks writing their own shards merged into one dataset
 bit-identical to the single-rank run, the same two ranks writing to ``s3://`` on a real S3 server (each shard
 uploaded as it commits, resumed from the remote manifests alone), agreement with the HF reference path, and a server

@@ -15,13 +15,14 @@ SGL_KERNEL_DIR = Path(__file__).resolve().parent.parent / "support" / "sgl_kerne
 # eagle_io.spec.served.engine_args). The split attention fields stay intel_amx on a CPU without AMX (SGLang rewrites
 # only attention_backend to torch_native, which has no multi-step draft backend); float32 so that speculative and
 # plain decoding agree token for token; small pools for a 2-core, 24 GiB machine; info logs carry eagle-io's
-# plugin lines.
+# plugin lines; token ids in and out (``skip_tokenizer_init``).
 SPEC_ENGINE_ARGS = {
     "device": "cpu",
     "dtype": "float32",
     "prefill_attention_backend": "intel_amx",
     "decode_attention_backend": "intel_amx",
     "disable_cuda_graph": True,
+    "skip_tokenizer_init": True,
     "mem_fraction_static": 0.3,
     "max_total_tokens": 4096,
     "max_running_requests": 8,

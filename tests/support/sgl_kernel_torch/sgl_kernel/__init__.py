@@ -10,9 +10,14 @@ them with their call sites): the two attention ops, registered with ``torch.libr
 greedy tree verification, bonus tokens (:mod:`.speculative`). Each is unit-tested against an independent reference
 (tests/test_sgl_kernel_torch.py: SGLang's own Triton twins run under ``TRITON_INTERPRET=1``, or plain attention).
 
-Every other name this module is asked for is a function that RAISES naming itself when called (SGLang's CPU modules
-import names at import time that this path never calls), so a newer SGLang that calls something new fails loudly
-instead of running something else. They are slow reference code: tiny models only.
+Every other attribute RAISES ``AttributeError`` on access, naming itself (direct access or ``getattr``), and a
+``from sgl_kernel import NAME`` of it fails with ``ImportError: cannot import name 'NAME' from 'sgl_kernel'
+(.../tests/support/sgl_kernel_torch/...)``. The replaced stand-in (tests/fixtures/serving/stand_ins) handed out
+functions that raised only when called, because SGLang's CPU modules import kernel names at import time that a
+torch_native engine never calls; those names (cache_locs.py, eagle.py, spec_tree.py, cache_move.py) are all
+implemented here, and on this path (EAGLE3 / EAGLE, chain and tree, and the plain engine) SGLang 0.5.23 asks this
+module for no other name, so a newer SGLang that imports or calls something new fails loudly at that point instead
+of running something else. These are slow reference code: tiny models only.
 """
 
 from .attention import decode_attention_cpu, extend_attention_cpu
@@ -46,6 +51,7 @@ IMPLEMENTED = (
 
 __all__ = [
     "IMPLEMENTED",
+    "NotImplementedInTestKernel",
     "assign_draft_cache_locs_contiguous_cpu",
     "assign_extend_cache_locs_cpu",
     "assign_req_to_token_pool_cpu",
@@ -60,14 +66,15 @@ __all__ = [
 ]
 
 
+class NotImplementedInTestKernel(AttributeError):
+    """An ``sgl_kernel`` name this test-only package does not implement."""
+
+
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
-
-    def _not_implemented(*args, **kwargs):
-        raise NotImplementedError(
-            f"sgl_kernel.{name} was called: eagle-io's test-only sgl_kernel implements only {', '.join(IMPLEMENTED)}"
-        )
-
-    _not_implemented.__name__ = name
-    return _not_implemented
+    raise NotImplementedInTestKernel(
+        f"sgl_kernel.{name}: not implemented by eagle-io's test-only sgl_kernel (tests/support/sgl_kernel_torch), "
+        f"which implements only {', '.join(IMPLEMENTED)}; the installed SGLang asks for an op this path never "
+        "needed before: port it (from its semantics) and test it in tests/test_sgl_kernel_torch.py"
+    )

@@ -31,9 +31,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, cap
     return torch.einsum("hnm,mhd->nhd", torch.softmax(s, dim=-1), v)
 
 
-@torch.library.custom_op(
-    "sgl_kernel::extend_attention_cpu", mutates_args=("o_extend", "k_buffer", "v_buffer"), device_types="cpu"
-)
+@torch.library.custom_op("sgl_kernel::extend_attention_cpu", mutates_args=("o_extend",), device_types="cpu")
 def extend_attention_cpu(
     q_extend: torch.Tensor,
     k_extend: torch.Tensor | None,
@@ -81,8 +79,10 @@ def extend_attention_cpu(
     for rpi, seq_len, n, start in rows:
         prefix = seq_len - n
         slots = req_to_token[rpi, :prefix].long()
-        k = torch.cat([k_buffer[slots], k_extend[start : start + n].to(k_buffer.dtype)])
-        v = torch.cat([v_buffer[slots], v_extend[start : start + n].to(v_buffer.dtype)])
+        k_new = k_extend[start : start + n].reshape(n, *k_buffer.shape[1:])
+        v_new = v_extend[start : start + n].reshape(n, *v_buffer.shape[1:])
+        k = torch.cat([k_buffer[slots], k_new.to(k_buffer.dtype)])
+        v = torch.cat([v_buffer[slots], v_new.to(v_buffer.dtype)])
         if tree_mask is None:
             own = torch.ones(n, n, dtype=torch.bool).tril()
         else:

@@ -35,7 +35,10 @@ def assign_extend_cache_locs_cpu(
 ) -> None:
     """``kernels/ops/speculative/cache_locs.py`` (``assign_extend_cache_locs`` twin): the inverse of
     :func:`assign_req_to_token_pool_cpu`, ``out_cache_loc`` = the concatenated
-    ``req_to_token[rpi[i], start[i]:end[i]]``."""
+    ``req_to_token[rpi[i], start[i]:end[i]]``. Called for the verify window (``eagle_utils.py`` ->
+    ``assign_extend_cache_locs_uniform_func`` -> ``assign_extend_cache_locs_func``, cache_locs.py:740) and, after
+    a tree verify (topk > 1), from ``fill_front_out_cache_loc_func`` (:763) with ``req_to_token`` = the batch's
+    ``out_cache_loc`` windows (int32), ``req_pool_indices`` = ``arange(bs)`` and ``start`` = 0."""
     offset = 0
     for rpi, start, end in zip(req_pool_indices.tolist(), start_offset.tolist(), end_offset.tolist(), strict=True):
         n = end - start
