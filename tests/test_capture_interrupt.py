@@ -154,3 +154,20 @@ def test_sglang_stop_carries_incomplete_to_the_scheduler(tmp_path):
         assert sink.closed_complete == [False]
     finally:
         sc._ACTIVE = None
+
+
+def test_a_scheduler_started_by_environment_ignores_the_terminals_interrupt(tmp_path, monkeypatch):
+    """Ctrl-C reaches every process of the terminal's group: a capturing SGLang scheduler leaves the stop to the
+    launching process (which commits and marks the capture incomplete), instead of dying with its open shard."""
+    from eagle_io.capturing.sglang import protocol
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    started = []
+    monkeypatch.setattr(sc, "_start", lambda sched, out, opts: started.append(out))
+    monkeypatch.setenv(protocol.ENV_CAPTURE_DIR, str(tmp_path))
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        sc._start_from_env(object())
+        assert started == [str(tmp_path)] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)

@@ -483,7 +483,8 @@ class SampleStore:
             if not self._closed:
                 self._closed = True
                 try:
-                    self.manifest = self._sink.close(complete=complete)
+                    # (a sink that is not eagle-io's RingSink may take no argument: the plain close completes)
+                    self.manifest = self._sink.close() if complete else self._sink.close(complete=False)
                 except Exception as e:
                     self._close_error = e
             write_stats = self._close_error is None and not self._stats_written

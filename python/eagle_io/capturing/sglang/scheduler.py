@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -211,7 +212,17 @@ def _start_from_env(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     if out_dir:
         _start(scheduler, out_dir, json.loads(os.environ.get(ENV_CAPTURE_OPTIONS) or "{}"))
         logger.info("eagle-io capture started from %s=%s", ENV_CAPTURE_DIR, out_dir)
+        _ignore_terminal_interrupt()
     return None
+
+
+def _ignore_terminal_interrupt() -> None:
+    """A capturing scheduler ignores SIGINT: a terminal's Ctrl-C reaches every process of the group, and a scheduler
+    it killed would lose its open shard and never answer the stop. The process that launched the capture stops it
+    through the stop file (``eagle-io generate`` interrupted: committed and left incomplete), and SGLang's own
+    shutdown still ends the process. Only in the process's main thread, where a handler can be set."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def install(*, switch: str) -> list[str]:
