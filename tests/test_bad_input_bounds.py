@@ -193,3 +193,18 @@ def test_the_capture_ring_is_refused_past_the_memory_available():
 
     with pytest.raises(InvalidArgumentError, match=r"ring_bytes 1,000,000,000,000,000 \(1,000.00 TB\)"):
         CaptureOptions(ring_bytes=10**18 // 1000)
+
+
+def test_a_draft_too_large_for_the_memory_is_refused_with_the_figures_before_it_is_built(tmp_path):
+    from test_train_draft import write_synthetic
+
+    from eagle_io.draft import train_draft
+    from eagle_io.interop.vocab import build_vocab_mapping
+
+    root = tmp_path / "syn"
+    head = write_synthetic(root, 4, 8)
+    cfg = TrainConfig(steps=1, eval_samples=1, intermediate_size=10**12, threads=1)
+    t0 = time.monotonic()
+    with pytest.raises(InvalidArgumentError, match=r"the draft would need about [\d,.]+ TB to train .* intermediate"):
+        train_draft(root, head, build_vocab_mapping(root, 16), cfg, log=None)
+    assert time.monotonic() - t0 < 10

@@ -63,6 +63,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..draft import TrainConfig, load_target_head, save_draft, train_draft
     from ..draft.export import eagle_config_ids
+    from ..draft.train import check_draft_memory
     from ..feed import ShardDataset
     from ..interop.speculation_profile import PROFILE_NAME, TRAINING_SAMPLES_NAME, build_profile, write_json
     from ..interop.vocab import build_vocab_mapping, dataset_fingerprint, load_vocab_mapping
@@ -116,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
             option="--target-model",
             allow_other_target=args.allow_other_target,
         )
+    # The draft's training memory, estimated before the vocabulary map is written or the draft built.
+    check_draft_memory(head, meta, args.draft_vocab_size or DEFAULT_DRAFT_VOCAB, args.intermediate_size)
     vocab = head.config["vocab_size"]
     if args.vocab_map:
         mapping = load_vocab_mapping(args.vocab_map, dataset=args.path, target_vocab_size=vocab)

@@ -526,6 +526,31 @@ def build_draft(
     return model
 
 
+def check_draft_memory(head: TargetHead, metadata: dict[str, Any], draft_vocab: int, intermediate: int | None) -> None:
+    """The draft's training memory estimated before it is built (weights, gradients and AdamW's two moments in
+    float32 for the trainable parameters; the frozen embedding once), refused with the figures when more than the
+    memory available (``--intermediate-size 10**9`` allocated until the machine gave out).
+
+    Raises:
+        InvalidArgumentError: names the estimate, what it is made of and the memory available.
+    """
+    from ..store.host import available_memory, human_bytes
+
+    h, vocab = int(head.config["hidden_size"]), int(head.config["vocab_size"])
+    inter = int(intermediate or head.config["intermediate_size"])
+    k = len(metadata.get("aux_layer_ids") or [0, 0, 0])
+    # fc [H, kH]; q/k/v read 2H (at most H wide each); o [H, H]; MLP 3 x H x I; lm_head [draft vocab, H]; norms
+    trainable = k * h * h + 3 * 2 * h * h + h * h + 3 * h * inter + draft_vocab * h + 4 * h
+    need = 16 * trainable + 4 * vocab * h
+    free = available_memory()
+    if free is not None and need > free:
+        raise InvalidArgumentError(
+            f"the draft would need about {human_bytes(need)} to train ({trainable:,} trainable parameters: hidden {h}, "
+            f"intermediate size {inter}, draft vocab {draft_vocab}; weights, gradients and AdamW moments in float32), "
+            f"more than the {human_bytes(free)} of memory available: lower --intermediate-size or --draft-vocab-size"
+        )
+
+
 def split_positions(n: int, eval_fraction: float, eval_samples: int | None, seed: int) -> tuple[list[int], list[int]]:
     """Deterministic held-out split: a seeded shuffle of ``range(n)``; the first ``eval_samples`` (default
     ``max(1, round(n * eval_fraction))``) positions are held out, sorted."""
@@ -581,6 +606,7 @@ def train_draft(
         raise IncompatibleDatasetError(
             f"vocab mapping target_vocab_size {mapping.target_vocab_size} != target vocab {head.config['vocab_size']}"
         )
+    check_draft_memory(head, ds.metadata, mapping.draft_vocab_size, cfg.intermediate_size)
     model = build_draft(head, ds.metadata, mapping.draft_vocab_size, cfg.intermediate_size)
     model.set_vocab_mapping(mapping.d2t, mapping.t2d)
     head_w = head.lm_head.float()
