@@ -185,7 +185,12 @@ def run(args: argparse.Namespace) -> int:
             + (f" (after --max-length {args.max_length})" if args.max_length else "")
             + f"; a draft step k predicts the token k on: at most {max(longest - 1, 1)}"
         )
-    model, tokenizer, info = load_target(args.target, dtype=torch.float32)
+    checkpoint = None
+    if args.engine == "sglang":  # one target for the engine and the reference: the HF checkpoint SGLang serves
+        checkpoint, _, info = target_checkpoint(args.target)  # (a GGUF is dequantised to it; info: the original's)
+        model, tokenizer, _ = load_target(str(checkpoint), dtype=torch.float32)
+    else:
+        model, tokenizer, info = load_target(args.target, dtype=torch.float32)
     prompt_ids = read_prompts_file(args.prompts_file, tokenizer) if args.prompts_file else None
     served = load_served_draft(
         args.draft, model, info, dataset=args.dataset, allow_other_target=args.allow_other_target
@@ -222,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
         )
     elif args.engine == "sglang":
         kwargs = engine_args(
-            target_checkpoint(args.target, hash_files=False)[0],
+            checkpoint,
             args.draft,
             algorithm=args.as_algorithm,
             num_steps=args.num_steps,
