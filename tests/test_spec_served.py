@@ -82,8 +82,10 @@ def test_engine_args_bound_the_draft_tokens_as_sglang_does():
     a = engine_args("t", "d", num_steps=3)
     assert (a["speculative_eagle_topk"], a["speculative_num_draft_tokens"]) == (1, 4)
     assert engine_args("t", "d", num_steps=3, topk=4)["speculative_num_draft_tokens"] == 13
-    with pytest.raises(InvalidArgumentError, match=r"SGLang takes 2 \.\. 4"):
-        engine_args("t", "d", num_steps=3, draft_tokens=6)
+    with pytest.raises(InvalidArgumentError, match=r"--speculative-num-draft-tokens 100: .* at most 11 tokens"):
+        engine_args("t", "d", num_steps=3, topk=2, draft_tokens=100)
+    with pytest.raises(InvalidArgumentError, match="--speculative-eagle-topk 0: must be an integer >= 1"):
+        engine_args("t", "d", topk=0)
 
 
 class _Answer(BaseHTTPRequestHandler):
@@ -119,7 +121,7 @@ def test_a_url_that_does_not_serve_speculative_decoding_is_named():
         (["--speculative-num-draft-tokens", "3"], "chain drafts only"),
         (["--engine", "sglang", "--server", "http://127.0.0.1:1"], "pick one"),
         (["--sglang-arg", "device=cpu"], "configures the engine of --engine sglang"),
-        (["--speculative-eagle-topk", "0", "--engine", "sglang"], "must be >= 1"),
+        (["--speculative-eagle-topk", "0", "--engine", "sglang"], "must be an integer >= 1"),
     ],
 )
 def test_eval_draft_refuses_what_the_reference_decoder_cannot_measure(tmp_path, capsys, extra, what):

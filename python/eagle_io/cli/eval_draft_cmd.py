@@ -163,8 +163,6 @@ def run(args: argparse.Namespace) -> int:
     if args.sglang_arg and args.engine != "sglang":
         raise InvalidArgumentError("--sglang-arg configures the engine of --engine sglang")
     in_sglang = args.engine == "sglang" or bool(args.server)
-    if args.speculative_eagle_topk < 1:
-        raise InvalidArgumentError(f"--speculative-eagle-topk must be >= 1, got {args.speculative_eagle_topk}")
     if not in_sglang and (
         args.speculative_eagle_topk != 1 or args.speculative_num_draft_tokens not in (None, args.num_steps + 1)
     ):

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..draft.acceptance import AcceptHistogram
 from ..errors import InvalidArgumentError, SGLangError
+from ..sglang.spec_params import speculative_param_problems
 
 __all__ = ["ServedRun", "engine_args", "run_engine", "run_server"]
 
@@ -87,23 +88,19 @@ def engine_args(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``sglang.Engine`` keyword arguments serving ``draft`` for ``target`` (HF directories): token ids in and out
-    (``skip_tokenizer_init``), ``--speculative-num-draft-tokens`` defaulting to ``num_steps + 1`` for a chain (topk 1),
-    then ``extra`` (e.g. ``device``, ``dtype``, attention backends; :mod:`tests.helpers.sglang_cpu` for a CPU).
+    (``skip_tokenizer_init``), ``--speculative-num-draft-tokens`` defaulting to ``num_steps + 1`` for a chain (topk 1)
+    and to ``topk * num_steps + 1`` for a tree, then ``extra`` (e.g. ``device``, ``dtype``, attention backends;
+    tests/helpers/sglang_cpu.py for a CPU).
 
     Raises:
-        InvalidArgumentError: ``num_steps`` or ``topk`` < 1, or ``draft_tokens`` out of SGLang's range
-            (``2 .. topk * num_steps + 1``; a chain needs exactly ``num_steps + 1``).
+        InvalidArgumentError: a value SGLang cannot serve
+            (:func:`eagle_io.sglang.spec_params.speculative_param_problems`).
     """
-    if num_steps < 1 or topk < 1:
-        raise InvalidArgumentError(f"num_steps {num_steps} and topk {topk} must be >= 1")
+    problems = speculative_param_problems(num_steps, topk, draft_tokens)
+    if problems:
+        raise InvalidArgumentError("; ".join(problems))
     if draft_tokens is None:
         draft_tokens = num_steps + 1 if topk == 1 else topk * num_steps + 1
-    most = num_steps + 1 if topk == 1 else topk * num_steps + 1
-    if not 2 <= draft_tokens <= most:
-        raise InvalidArgumentError(
-            f"--speculative-num-draft-tokens {draft_tokens} with num_steps {num_steps} and topk {topk}: SGLang takes "
-            f"2 .. {most}"
-        )
     return {
         "model_path": os.fspath(target),
         "speculative_algorithm": algorithm,
