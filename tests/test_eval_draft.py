@@ -103,7 +103,12 @@ def one_sample_dataset(root, *, hidden: int, vocab: int):
 def eval_json(capsys, *args: str) -> dict:
     capsys.readouterr()
     assert main(["eval-draft", *args, "--threads", "1", "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    res = json.loads(out.out)
+    if res["live"]:  # the live loop shows its progress on stderr (off a terminal: its first and last lines)
+        n = res["live"]["prompts"]
+        assert "eval-draft live: 100%" in out.err and f"{n}/{n}" in out.err, out.err
+    return res
 
 
 def test_train_draft_records_its_samples_and_a_profile(run):
@@ -192,7 +197,8 @@ def test_bad_inputs_name_what_differs(run, capsys, tmp_path):
     # Dataset metadata that does not match the draft (its vocabulary).
     odd = one_sample_dataset(tmp_path / "odd", hidden=32, vocab=999)
     err = refused("--draft", str(draft), "--target", str(target), "--dataset", str(odd))
-    assert "does not match the draft" in err and "vocab_size 999 (draft config: 2000)" in err and str(odd) in err
+    # (found by check-serving's dataset-target check, which runs first since the one target identity, 60806f0)
+    assert "dataset-target" in err and "vocab_size 999 recorded, 2000 here" in err and str(odd) in err, err[-800:]
     # A draft without d2t (its 256-token vocabulary would be read as target ids 0..255).
     no_map = shutil.copytree(draft, tmp_path / "no-d2t")
     state = load_file(no_map / "model.safetensors")

@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from ..spec.served import engine_args, run_engine, run_server
     from ..store.eagle3 import require_samples
     from ..store.target_identity import dataset_target, require_same_target
+    from .progress import callback
 
     if args.num_steps < 1 or args.prompts < 0 or args.max_new_tokens < 1:
         raise InvalidArgumentError("--num-steps and --max-new-tokens must be >= 1, --prompts >= 0")
@@ -236,18 +237,20 @@ def run(args: argparse.Namespace) -> int:
         # The classic failure, on purpose: eagle-io's own plugin would refuse an EAGLE launch of an EAGLE-3 draft.
         env = {ENV_PLUGIN: "0"} if args.as_algorithm != "EAGLE3" else {}
         sglang = functools.partial(run_engine, kwargs, max_new_tokens=args.max_new_tokens, stop_token_ids=eos, env=env)
-    res = evaluate_draft(
-        served,
-        ds,
-        positions,
-        num_steps=args.num_steps,
-        as_algorithm=args.as_algorithm,
-        prompts=args.prompts,
-        max_new_tokens=args.max_new_tokens,
-        eos_token_ids=eos,
-        prompt_ids=prompt_ids,
-        sglang=sglang,
-    )
+    with callback("prompt", "eval-draft live") as live_bar:  # stderr: stdout is the report or --json
+        res = evaluate_draft(
+            served,
+            ds,
+            positions,
+            num_steps=args.num_steps,
+            as_algorithm=args.as_algorithm,
+            prompts=args.prompts,
+            max_new_tokens=args.max_new_tokens,
+            eos_token_ids=eos,
+            prompt_ids=prompt_ids,
+            sglang=sglang,
+            progress=live_bar,
+        )
     res.update(held)
     res["dataset"], res["draft"], res["target"] = args.dataset, args.draft, info["model_id"]
     measured = [m for m in (res["live"], res["offline"]) if m and m["accept_length"] is not None]

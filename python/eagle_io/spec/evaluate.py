@@ -134,9 +134,12 @@ def evaluate_draft(
     batch_size: int = 4,
     prompt_ids: Sequence[Sequence[int]] | None = None,
     sglang: Callable[[list[list[int]]], ServedRun] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Live on the first ``prompts`` of ``positions`` (samples with a prompt), or on ``prompt_ids`` when given (the
     user's own prompts: ``sample_ids`` are then their line numbers), offline on all of ``positions``.
+
+    ``progress(done, total)``: called after each prompt the reference decoder decodes live.
 
     ``sglang``: decodes the prompts in SGLang (:func:`eagle_io.spec.served.run_engine` / ``run_server``); the live
     figures are then SGLang's own counts (:class:`eagle_io.spec.served.ServedRun`), ``lossless`` compares its tokens
@@ -186,6 +189,8 @@ def evaluate_draft(
             ref += tokens
             ref_s += seconds
             runs.append(decoder.generate([prompt], max_new_tokens))
+            if progress is not None:
+                progress(len(runs), len(picked))
         spec_tokens = [t for r in runs for t in r.tokens]
         per_request = [h for r in runs for h in r.per_request]
         spec_s = sum(r.seconds for r in runs)
