@@ -435,6 +435,9 @@ def test_guard_passes_eagle3_and_installs_runtime_checks(tmp_path, hooks, monkey
         targets.STARTUP_HOOK,
         targets.SCHEDULER_INIT_HOOK,
         targets.TP_FORWARD_HOOK,
+        targets.RESULT_HOOK,
+        targets.SET_STATE_HOOK,
+        targets.GET_STATE_HOOK,
         targets.DRAFT_EXTEND_PREFILL_HOOK,
         targets.DRAFT_EXTEND_DECODE_HOOK,
         targets.ACCEPT_HOOK,
@@ -586,7 +589,8 @@ def test_non_speculative_launch_is_left_alone(hooks):
     )
     Scheduler.init_all_cuda_graphs(sched)
     assert calls == ["target graphs"]
-    assert {targets.STARTUP_HOOK, targets.SCHEDULER_INIT_HOOK, targets.TP_FORWARD_HOOK} == plugin._REGISTERED
+    capture = {targets.TP_FORWARD_HOOK, targets.RESULT_HOOK, targets.SET_STATE_HOOK, targets.GET_STATE_HOOK}
+    assert {targets.STARTUP_HOOK, targets.SCHEDULER_INIT_HOOK, *capture} == plugin._REGISTERED
 
 
 _LOAD_SCRIPT = textwrap.dedent(
@@ -654,6 +658,9 @@ def test_entry_point_loads_through_load_plugins(tmp_path):
             ["before", "eagle_io.capturing.sglang.scheduler", "eagle_io"],
         ],
         targets.TP_FORWARD_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
+        targets.RESULT_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
+        targets.SET_STATE_HOOK: [["around", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
+        targets.GET_STATE_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
         targets.SCHEDULER_INIT_HOOK: [["before", "eagle_io.serving.plugin", "eagle_io"]],  # the hooks' check
     }
     assert {targets.STARTUP_HOOK, targets.TP_FORWARD_HOOK, targets.SCHEDULER_INIT_HOOK} <= set(default["patched"])
@@ -834,45 +841,82 @@ def test_sglang_capture_matches_the_hf_reference(tmp_path):
             assert rel(got["aux_hidden_states"], wrong) > 0.2
 
 
-def test_capture_refuses_partial_requests():
-    """Chunked prefill or a cached prefix would store fewer tokens than the input: refused, nothing written."""
-    from eagle_io.capturing.sglang.protocol import CaptureRefusedError
-    from eagle_io.capturing.sglang.scheduler import _SchedulerCapture
+def test_a_request_the_capture_did_not_see_from_its_start_is_counted_never_written(tmp_path):
+    """A forward that starts past what the capture holds for a request (its prefix served from the radix cache, or a
+    capture started mid-request) cannot make a whole sample: counted ``incomplete``, nothing written, the forward
+    untouched. A loss mask that is not a list over the prompt is refused and counted. Other traffic is ignored."""
+    from eagle_io.capturing.sglang import scheduler as sc
 
-    cap = object.__new__(_SchedulerCapture)
-    cap.writes, cap.store, cap.max_length, cap.vocab_size = False, None, None, 100
-    mode = SimpleNamespace(is_extend=lambda: True)
+    sink = _SlowSink(0)
+    cap = _writing_capture(tmp_path, sink)
+    cap.max_length = None
+    try:
+        _serve(cap, *_prefill(7, n=7, prefix=4))  # tokens 4..7 of 7: the first 4 came from a cache
+        assert cap.request_counts["incomplete"] == 1 and sink.put_ids == [] and len(cap.requests) == 0
+        batch, result = _prefill(9, n=3, rid="user")
+        batch.reqs[0].sampling_params.custom_params = {"thinking_budget": 5}  # not ours
+        _serve(cap, batch, result)
+        batch, result = _prefill(8, n=3)
+        batch.reqs[0].sampling_params.custom_params["eagle_io_loss_mask"] = "110"
+        _serve(cap, batch, result)
+        assert cap.request_counts["refused"] == 1 and "sample 8: custom_params['eagle_io_loss_mask'] is not" in (
+            cap.refusal
+        )
+        assert sink.put_ids == [] and cap.store.counts["written"] == 0
+    finally:
+        sc._ACTIVE = None
 
-    def req(rid, params, prefix=4, n=3):
-        sp = SimpleNamespace(custom_params=params)
-        return SimpleNamespace(
-            rid=rid, prefix_len=prefix, extend_len=n, origin_input_ids=list(range(prefix + n)), sampling_params=sp
-        )
 
-    result = SimpleNamespace(
-        logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6), last_hidden_states=torch.zeros(3, 2))
-    )
-    ours = {"eagle_io_sample_id": 7, "eagle_io_loss_mask": [1] * 7}
-    with pytest.raises(CaptureRefusedError, match=r"sample 7: forward covers tokens 4\.\.7 of 7"):
-        cap.on_forward(SimpleNamespace(forward_mode=mode, reqs=[req("a", ours)], extend_lens=[3]), result)
-    for params in (None, {"thinking_budget": 5}):  # not ours: ignored
-        cap.on_forward(SimpleNamespace(forward_mode=mode, reqs=[req("user", params)], extend_lens=[3]), result)
-    one_prefill = SimpleNamespace(
-        logits_output=SimpleNamespace(hidden_states=torch.zeros(3, 6), last_hidden_states=torch.zeros(3, 2))
-    )
-    not_a_list = {"eagle_io_sample_id": 8, "eagle_io_loss_mask": "110"}
-    with pytest.raises(CaptureRefusedError, match=r"sample 8: custom_params\['eagle_io_loss_mask'\] is not a list"):
-        cap.on_forward(
-            SimpleNamespace(forward_mode=mode, reqs=[req("b", not_a_list, prefix=0, n=3)], extend_lens=[3]),
-            one_prefill,
-        )
-    # A sample the capture cannot store is the capture core's SchemaError, as on the HF path.
-    bad_mask = {"eagle_io_sample_id": 8, "eagle_io_loss_mask": [1, 2, 0]}
-    with pytest.raises(eagle_io.SchemaError, match=r"sample 8: its loss_mask holds 2; values must be 0 or 1"):
-        cap.on_forward(
-            SimpleNamespace(forward_mode=mode, reqs=[req("b", bad_mask, prefix=0, n=3)], extend_lens=[3]),
-            one_prefill,
-        )
+def test_chunked_prefill_decode_and_retraction_assemble_one_sample_in_order(tmp_path):
+    """A prompt of 7 in chunks [0, 3) and [3, 7), then 2 decode forwards, retracted after the first and prefilled
+    again from its own cached prefix of 5 (SGLang's retraction), then decoding to the end: one sample of prompt +
+    answer but its last token, each row from the last forward that computed it, the loss mask 1 over the answer."""
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    sink = _SlowSink(0)
+    sink.tensors = {}
+    sink.put = lambda sid, tensors, key="": (sink.put_ids.append(sid), sink.tensors.update({sid: tensors}))[1] is None
+    cap = _writing_capture(tmp_path, sink)
+    cap.max_length, cap.vocab_size = None, 1000
+    params = {"eagle_io_sample_id": 5, "eagle_io_loss_mask": [0, 0, 0, 1, 1, 1, 1]}
+    req = SimpleNamespace(rid="q", origin_input_ids=list(range(10, 17)), sampling_params=SimpleNamespace(
+        custom_params=params), finished=lambda: False, output_ids=[], finished_reason=None)  # fmt: skip
+    req.output_ids_through_stop = req.output_ids
+    extend = SimpleNamespace(is_extend=lambda: True, is_decode=lambda: False)
+    decode = SimpleNamespace(is_extend=lambda: False, is_decode=lambda: True)
+    rows = {}
+
+    def forward(mode, positions, prefix=0):
+        aux = torch.stack([1.0 + p + 0.5 * forward.n + 0.125 * torch.arange(6.0) for p in positions])
+        for p, a in zip(positions, aux, strict=True):
+            rows[p] = a
+        forward.n += 1
+        out = SimpleNamespace(hidden_states=aux, last_hidden_states=aux[:, :2] + 1)
+        batch = SimpleNamespace(forward_mode=mode, reqs=[req], extend_lens=[len(positions)], prefix_lens=[prefix])
+        _serve(cap, batch, SimpleNamespace(logits_output=out))
+
+    forward.n = 0
+    try:
+        forward(extend, [0, 1, 2])  # chunk 1: not finished
+        forward(extend, [3, 4, 5, 6], prefix=3)  # chunk 2: generates token 100
+        req.output_ids.append(100)
+        forward(decode, [7])  # feeds 100, generates 101
+        req.output_ids.append(101)
+        forward(extend, [5, 6, 7, 8], prefix=5)  # retracted; prefilled again over 7 prompt + 2 generated
+        req.output_ids.append(102)
+        forward(decode, [9])  # feeds 102, generates 103: the end
+        req.output_ids.append(103)
+        req.finished = lambda: True
+        cap.on_result(SimpleNamespace(reqs=[req]))
+        assert sink.put_ids == [5] and cap.request_counts == dict.fromkeys(sc.REQUEST_COUNTS, 0)
+        t = sink.tensors[5]
+        assert t["input_ids"].tolist() == [*range(10, 17), 100, 101, 102]  # 103's state: never computed
+        assert t["loss_mask"].tolist() == [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]
+        want = torch.stack([rows[p] for p in range(10)])
+        assert torch.equal(t["aux_hidden_states"].float(), want.to(torch.bfloat16).float())
+        assert [float(r[0]) - 1 for r in want] == [0.0, 1.0, 2.0, 3.5, 4.5, 6.5, 7.5, 8.5, 9.5, 11.0]
+    finally:
+        sc._ACTIVE = None
 
 
 @needs_sglang
@@ -916,7 +960,9 @@ def _writing_capture(out: Path, sink: _SlowSink):
     cap.out_dir, cap.writer_rank, cap.writes, cap.max_length, cap.vocab_size = str(out), 0, True, 4, 100
     cap.store = SampleStore(sink, state_dtype=torch.bfloat16, max_length=4, vocab_size=100)
     cap.stale_token, cap.outcome = protocol.read_token(str(out / protocol.STOP_FILE)), None
-    cap.answer_lock = threading.Lock()
+    cap.answer_lock, cap.requests, cap.refusal = threading.Lock(), sc.RequestStates(), None
+    cap.token, cap.url = None, out
+    cap.request_counts = dict.fromkeys(sc.REQUEST_COUNTS, 0)
     sc._ACTIVE = cap
     threading.Thread(target=cap._watch_stop, daemon=True).start()
     return cap
@@ -925,14 +971,26 @@ def _writing_capture(out: Path, sink: _SlowSink):
 _STATES = torch.Generator().manual_seed(0)
 
 
-def _prefill(sample_id, n=3):
+def _prefill(sample_id, n=3, prefix=0, rid="r"):
+    """A prefill forward of one prompt-only request (``max_new_tokens`` 1) over tokens ``[prefix, n)``, finished
+    once SGLang processed its result."""
     params = {"eagle_io_sample_id": sample_id, "eagle_io_loss_mask": [1] * n}
     sp = SimpleNamespace(custom_params=params)
-    req = SimpleNamespace(rid="r", prefix_len=0, extend_len=n, origin_input_ids=list(range(n)), sampling_params=sp)
-    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=[req], extend_lens=[n])
+    req = SimpleNamespace(
+        rid=rid, prefix_len=prefix, extend_len=n - prefix, origin_input_ids=list(range(n)), sampling_params=sp,
+        finished=lambda: True, output_ids=[1], output_ids_through_stop=[1], finished_reason=None,
+    )  # fmt: skip
+    batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=[req], extend_lens=[n - prefix])
     # states as a forward makes them: no two layers alike
-    out = SimpleNamespace(hidden_states=torch.randn(n, 6, generator=_STATES), last_hidden_states=torch.randn(n, 2))
+    m = n - prefix
+    out = SimpleNamespace(hidden_states=torch.randn(m, 6, generator=_STATES), last_hidden_states=torch.randn(m, 2))
     return batch, SimpleNamespace(logits_output=out)
+
+
+def _serve(cap, batch, result):
+    """The scheduler's two hooks around one forward of ``batch``: after the forward, after its result."""
+    cap.on_forward(batch, result)
+    cap.on_result(batch)
 
 
 def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samples(tmp_path):
@@ -947,12 +1005,12 @@ def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samp
     try:
         time.sleep(0.6)
         assert not cap.stopped, "a stop file present at start belongs to an earlier run"
-        cap.on_forward(*_prefill(7))
+        _serve(cap, *_prefill(7))
         with pytest.raises(eagle_io.errors.CaptureStopTimeoutError, match=r"shard writers \[0\] of 1 did not stop"):
             client.stop_capture(tmp_path, timeout_s=0.5)  # the close takes 1.5 s
         (first,) = client.stop_capture(tmp_path, timeout_s=10)  # retried: answered once the close is done
         assert first["error"] is None and first["counts"]["written"] == 1 and first["stats"] == {"samples": 1}
-        cap.on_forward(*_prefill(8))
+        _serve(cap, *_prefill(8))
         (again,) = client.stop_capture(tmp_path, timeout_s=10)
         assert again["counts"]["after_stop"] == 1 and again["stats"] == first["stats"]
         assert sink.put_ids == [7] and sink.closed == 1, "closed once; the late sample was not written"
@@ -961,14 +1019,18 @@ def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samp
         sc._ACTIVE = None
 
 
-def test_a_sample_longer_than_the_capture_max_length_is_refused(tmp_path):
+def test_a_sample_longer_than_the_capture_max_length_is_refused_and_counted(tmp_path):
+    """Refused in the scheduler, counted and named in the status; the forward and the request go on (serving
+    first: a hook never raises into SGLang's loop)."""
     from eagle_io.capturing.sglang import scheduler as sc
 
-    cap = _writing_capture(tmp_path, _SlowSink(0))  # max_length 4
+    sink = _SlowSink(0)
+    cap = _writing_capture(tmp_path, sink)  # max_length 4
     try:
-        cap.on_forward(*_prefill(1, n=4))
-        with pytest.raises(eagle_io.SchemaError, match="sample 2: it has 5 tokens, more than this run's max_length 4"):
-            cap.on_forward(*_prefill(2, n=5))
+        _serve(cap, *_prefill(1, n=4))
+        _serve(cap, *_prefill(2, n=5))
+        assert sink.put_ids == [1] and cap.request_counts["refused"] == 1
+        assert cap.refusal == "sample 2: it has 5 tokens, more than this run's max_length 4; nothing of it was written"
     finally:
         sc._ACTIVE = None
 
@@ -983,8 +1045,8 @@ def test_a_request_whose_loss_mask_is_all_zero_is_skipped_and_counted(tmp_path):
     try:
         batch, result = _prefill(3, n=4)
         batch.reqs[0].sampling_params.custom_params["eagle_io_loss_mask"] = [0, 0, 0, 0]
-        cap.on_forward(batch, result)
-        cap.on_forward(*_prefill(4, n=2))
+        _serve(cap, batch, result)
+        _serve(cap, *_prefill(4, n=2))
         assert sink.put_ids == [4] and cap.store.counts["unsupervised_skipped"] == 1
     finally:
         sc._ACTIVE = None
@@ -994,10 +1056,12 @@ def test_a_request_whose_loss_mask_is_all_zero_is_skipped_and_counted(tmp_path):
 def test_a_sample_id_that_is_not_a_u64_integer_is_refused(tmp_path, bad):
     from eagle_io.capturing.sglang import scheduler as sc
 
-    cap = _writing_capture(tmp_path, _SlowSink(0))
+    sink = _SlowSink(0)
+    cap = _writing_capture(tmp_path, sink)
     try:
-        with pytest.raises(eagle_io.SchemaError, match=r"sample ids are integers in \[0, 2\*\*64\)"):
-            cap.on_forward(*_prefill(bad))
+        _serve(cap, *_prefill(bad))
+        assert cap.request_counts["refused"] == 1 and sink.put_ids == []
+        assert cap.refusal == f"sample {bad}: sample ids are integers in [0, 2**64); nothing of it was written"
     finally:
         sc._ACTIVE = None
 

@@ -144,13 +144,15 @@ def test_an_attention_dp_capture_merges_to_each_sample_once(tmp_path, monkeypatc
         params = {"eagle_io_sample_id": sid, "eagle_io_loss_mask": [1] * n}
         req = SimpleNamespace(
             rid=str(sid), prefix_len=0, extend_len=n, origin_input_ids=list(range(n)),
-            sampling_params=SimpleNamespace(custom_params=params),
+            sampling_params=SimpleNamespace(custom_params=params), finished=lambda: True, output_ids=[7],
+            output_ids_through_stop=[7], finished_reason=None,
         )  # fmt: skip
         batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=[req], extend_lens=[n])
         out = SimpleNamespace(hidden_states=torch.randn(n, 3 * H, generator=g), last_hidden_states=torch.randn(n, H))
         for cap, ctx in zip(caps, contexts, strict=True):
             if ctx.attn_dp_rank == group:
                 cap.on_forward(batch, SimpleNamespace(logits_output=out))
+                cap.on_result(batch)  # SGLang processed the result: the prompt-only request finished
     answers = [cap.stop("token") for cap in caps if cap.writes]
     assert [a["writer_rank"] for a in answers] == [0, 1] and all(a["error"] is None for a in answers)
     assert [a["counts"]["written"] for a in answers] == [5, 5]

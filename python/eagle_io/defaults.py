@@ -45,3 +45,13 @@ CACHE_BYTES: int = _CORE["cache_bytes"]
 STAGING_BYTES: int = _CORE["staging_bytes"]
 """Bytes of committed shards a capture to object storage (``out_dir="s3://..."``) keeps staged awaiting upload
 before it blocks; the shard being written comes on top (docs/STORAGE.md)."""
+
+# The client of a running SGLang server (eagle_io.capture(url), eagle-io generate --server): client-side only.
+SERVER_CONCURRENCY: int = 32
+"""Sample requests in flight at once per server (speculators' data generation runs 32; SpecForge's 64)."""
+SERVER_RETRIES: int = 3
+"""Retries of a sample request that failed to reach the server (connection error, HTTP 5xx or 429), with backoff."""
+SERVER_BACKOFF_S: float = 1.0
+"""The first retry's wait; each further one waits twice as long."""
+SERVER_REQUEST_TIMEOUT_S: float = 600.0
+"""Seconds one HTTP request to the server may take (a sample request waits for its prefill, or its answer)."""

@@ -291,7 +291,12 @@ class SGLangCompatError(EagleIOError, RuntimeError):
 
 class SGLangError(EagleIOError, RuntimeError):
     """An SGLang engine that did not start or failed while decoding, or a server URL that did not answer as an
-    SGLang server (no answer, an HTTP error, not JSON, missing fields); the message names the engine or the URL."""
+    SGLang server (no answer, an HTTP error, not JSON, missing fields); the message names the engine or the URL.
+    ``status``: the HTTP status of an error answer (None: no answer, or not HTTP)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class InternalError(EagleIOError, RuntimeError):

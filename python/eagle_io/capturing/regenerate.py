@@ -19,10 +19,10 @@ conversation's original and
 regenerated turns go to ``regenerated_turns.jsonl`` in the dataset directory (one JSON line per source record,
 appended as it is regenerated; on ``--resume`` a record regenerated again appends a new line: the last one counts).
 
-Both backends generate: the Hugging Face model itself (:func:`hf_replies`), or the SGLang capture engine
-(:func:`sglang_replies`), whose generation requests carry no eagle-io sample parameter and so are never captured
-(``capturing.sglang.scheduler``: only forwards of requests with ``custom_params["eagle_io_sample"]`` are written);
-the engine batches them itself, and a sampled reply is seeded per conversation (SGLang's ``sampling_seed``).
+Both backends generate: the Hugging Face model itself (:func:`hf_replies`), or the SGLang server that captures
+(:func:`server_replies`), whose generation requests carry no eagle-io sample parameter and so are never captured
+(``capturing.sglang.scheduler``: only requests with ``custom_params["eagle_io_sample_id"]`` are written);
+the server batches them itself, and a sampled reply is seeded per conversation (SGLang's ``sampling_seed``).
 """
 
 from __future__ import annotations
@@ -36,12 +36,13 @@ from typing import Any
 
 import torch
 
+from .. import defaults
 from ..data.sources import Conversation
 from ..data.turns import prepare_turns
 from ..errors import InvalidArgumentError, StorageError
 from .models import end_of_turn_ids
 
-__all__ = ["RegenerateOptions", "Regenerator", "Replies", "hf_replies", "sglang_replies", "turns_path"]
+__all__ = ["RegenerateOptions", "Regenerator", "Replies", "hf_replies", "server_replies", "turns_path"]
 
 
 def turns_path(root: str | os.PathLike[str], rank: int = 0, world_size: int = 1) -> str:
@@ -113,11 +114,16 @@ def hf_replies(model: torch.nn.Module, tokenizer: Any, options: RegenerateOption
     return replies
 
 
-def sglang_replies(engine: Any, options: RegenerateOptions) -> Replies:
-    """Replies by an ``sglang.Engine`` started with ``skip_tokenizer_init`` (token ids in and out, as the capture
-    engine is): one ``engine.generate`` per batch, ``max_new_tokens`` per request, ``temperature`` and, when
-    sampling, ``sampling_seed`` per conversation; ``finished`` when SGLang's ``finish_reason`` is ``"stop"`` (its
-    end-of-turn ids are the model's). No ``custom_params``: nothing of these forwards is captured."""
+def server_replies(url: str, options: RegenerateOptions) -> Replies:
+    """Replies by a running SGLang server (token ids in and out, ``POST /generate``): one request per batch,
+    ``max_new_tokens`` per prompt, ``temperature`` and, when sampling, ``sampling_seed`` per conversation;
+    ``finished`` when SGLang's ``finish_reason`` is ``"stop"`` (its end-of-turn ids are the model's). No
+    ``custom_params``: nothing of these forwards is captured.
+
+    Raises:
+        SGLangError: the server did not answer, or not as SGLang does (names the URL).
+    """
+    from .sglang.server import http_json
 
     def replies(prompts: list[list[int]], rooms: list[int], seeds: list[int]) -> list[tuple[list[int], bool]]:
         params = []
@@ -126,7 +132,8 @@ def sglang_replies(engine: Any, options: RegenerateOptions) -> Replies:
             if options.temperature > 0:
                 p["sampling_seed"] = seed
             params.append(p)
-        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        outs = http_json(f"{url.rstrip('/')}/generate", {"input_ids": prompts, "sampling_params": params},
+                         timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S)  # fmt: skip
         done = []
         for out, room in zip(outs, rooms, strict=True):
             reason = (out.get("meta_info") or {}).get("finish_reason") or {}
@@ -138,7 +145,7 @@ def sglang_replies(engine: Any, options: RegenerateOptions) -> Replies:
 
 class Regenerator:
     """Regenerates conversations ``batch`` at a time (their next assistant turns generated together by ``replies``:
-    :func:`hf_replies` or :func:`sglang_replies`), rendering prompts with ``tokenizer``'s chat template and writing
+    :func:`hf_replies` or :func:`server_replies`), rendering prompts with ``tokenizer``'s chat template and writing
     each record's turns to ``path`` (:func:`turns_path`). A sampled reply is seeded with ``options.seed`` + its
     record index (HF: one seed per batch, that of the batch's first conversation still waiting for a turn)."""
 

@@ -18,6 +18,7 @@ from .store import ForwardSample, SampleStore
 
 if TYPE_CHECKING:
     from .sglang.client import SGLangCaptureSession
+    from .sglang.server import ServerCapture
 
 
 class CaptureSession:
@@ -134,7 +135,7 @@ def capture(
     target: Any,
     out_dir: str | os.PathLike[str],
     *,
-    target_info: Mapping[str, Any],
+    target_info: Mapping[str, Any] | None = None,
     tokenizer_identity: Mapping[str, Any] | None = None,
     aux_layer_ids: Sequence[int] | None = None,
     state_dtype: torch.dtype | str = torch.bfloat16,
@@ -146,16 +147,23 @@ def capture(
     ring_bytes: int = defaults.RING_BYTES,
     timeout_s: float = defaults.RING_TIMEOUT_S,
     drop_when_full: bool = False,
+    sampling_params: Mapping[str, Any] | None = None,
+    concurrency: int = defaults.SERVER_CONCURRENCY,
+    retries: int = defaults.SERVER_RETRIES,
+    progress: bool = False,
     **writer_options: Any,
-) -> CaptureSession | SGLangCaptureSession:
+) -> CaptureSession | SGLangCaptureSession | ServerCapture:
     """Starts capturing EAGLE-3 training data from ``target`` into ``out_dir``: a directory, or an object-storage
     prefix ``s3://bucket/run`` (docs/STORAGE.md: written to a local staging directory, each shard uploaded when it
     commits and its staged copy removed, the manifest last with a conditional PUT; ``staging=`` and
     ``staging_bytes=`` among ``writer_options`` set the directory and the bound on committed shards awaiting upload,
     default :data:`eagle_io.defaults.STAGING_BYTES`).
 
-    ``target`` is a Hugging Face Llama-like model (the reference path, :mod:`eagle_io.capturing.hf`), or an
-    ``sglang.Engine`` launched in capture-only mode (:mod:`eagle_io.capturing.sglang`, docs/SERVING.md). Each
+    ``target`` is a Hugging Face Llama-like model (the reference path, :mod:`eagle_io.capturing.hf`), a running
+    SGLang server's URL ``"http://host:port"`` or a list of them (:class:`~eagle_io.capturing.sglang.server
+    .ServerCapture`: launched with ``--enable-return-aux-hidden-states --speculative-algorithm EAGLE3`` and SGLang's
+    other defaults, eagle-io installed beside it; docs/SERVING.md section 3), or an ``sglang.Engine`` launched in
+    capture-only mode (:mod:`eagle_io.capturing.sglang`). Each
     :meth:`CaptureSession.submit` runs one batched forward and stores, per sample, ``input_ids [L]`` int64,
     ``loss_mask [L]`` uint8, ``aux_hidden_states [L, k*H]`` and ``hidden_states [L, H]`` (post-norm) in
     ``state_dtype``; padding is never stored. On exit (also on an exception) the ring is drained and the
@@ -166,7 +174,8 @@ def capture(
     checked), carried unchanged to the capture core on either backend.
 
     Args:
-        target_info: facts about the target (``load_target``'s info: ``num_layers``, ``hidden_size``, ...).
+        target_info: facts about the target (``load_target``'s info: ``num_layers``, ``hidden_size``, ...); required
+            for a model or an engine; a server's come from the server when not given.
         tokenizer_identity: :func:`eagle_io.data.chat_template_identity`, recorded in the manifest.
         aux_layer_ids: eagle-io ids (input of decoder layer i); None = SGLang's default ``[2, N//2, N-3]``.
         state_dtype: stored dtype (float32 forwards are rounded to nearest-even); float16 (stored, or the target's
@@ -180,6 +189,9 @@ def capture(
             real: all zeros, a layer all zeros in a row, rows equal to another sample's of the same forward
             (:mod:`eagle_io.store.values`).
         ring_bytes, timeout_s, drop_when_full: the capture ring (:class:`eagle_io.capturing.ring.RingSink`).
+        sampling_params, concurrency, retries, progress: a server capture's (:class:`~eagle_io.capturing.sglang
+            .server.ServerCapture`): ``sampling_params`` with ``max_new_tokens`` above 1 store the server's answer
+            after each prompt; refused for the other targets.
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
             ``world_size``, ``resume``, ...), and ``staging`` / ``staging_bytes`` for an object-storage ``out_dir``.
             An SGLang engine sets ``rank`` / ``world_size`` from its data-parallel layout and refuses them here.
@@ -192,8 +204,19 @@ def capture(
     """
     from .sglang import client as sglang_client
 
+    urls = [target] if isinstance(target, str) else target if isinstance(target, (list, tuple)) else None
+    if urls is not None and not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+        raise InvalidArgumentError(
+            f"cannot capture from {target!r}: a server is named by its URL (http://host:port), a model is a "
+            "torch.nn.Module"
+        )
+    if urls is None and sampling_params is not None:
+        raise InvalidArgumentError("sampling_params are a server capture's (a URL target): a model's forward generates "
+                                   "nothing")  # fmt: skip
+    if urls is None and target_info is None:
+        raise InvalidArgumentError("target_info is required for a model or an engine (load_target's info)")
     options = CaptureOptions(
-        target_info=target_info,
+        target_info=target_info or {},
         tokenizer_identity=tokenizer_identity,
         aux_layer_ids=aux_layer_ids,
         state_dtype=state_dtype,
@@ -207,6 +230,11 @@ def capture(
         drop_when_full=drop_when_full,
         writer_options=writer_options,
     )
+    if urls is not None:
+        from .sglang.server import ServerCapture
+
+        return ServerCapture(urls, out_dir, options, sampling_params=sampling_params, concurrency=concurrency,
+                             retries=retries, progress=progress)  # fmt: skip
     if sglang_client.is_sglang_engine(target):
         return sglang_client.SGLangCaptureSession(target, out_dir, options)
     return CaptureSession(target, out_dir, options)

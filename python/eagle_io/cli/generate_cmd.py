@@ -19,11 +19,12 @@ import sys
 import time
 from collections.abc import Iterator
 from itertools import chain, islice, takewhile
+from pathlib import Path
 from typing import Any
 
 from .. import defaults
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
-from ..sglang.ranks import data_parallel_of, writers_of
+from ..sglang.ranks import writers_of
 from ..store import layout
 from ..store.schema import EXPECTED_RATIO, precision_name
 from ..store.values import IMPLAUSIBLE
@@ -106,7 +107,23 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     rg.add_argument("--temperature", type=float, default=0.0, help="--regenerate: 0 = greedy, else sampled (seeded)")
     p.add_argument("--no-disk-check", action="store_true", help="skip the free-disk check")
     p.add_argument("--summary-json", help="also write the final summary here")
-    sg = p.add_argument_group("--backend sglang")
+    sv = p.add_argument_group("--server (capture through running SGLang servers, over HTTP)")
+    sv.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an SGLang server launched with --enable-return-aux-hidden-states --speculative-algorithm EAGLE3 and "
+        "eagle-io installed beside it (repeat for several: each its own shard writers); --out must be a path every "
+        "server can write, or s3://",
+    )
+    sv.add_argument(
+        "--concurrency",
+        type=int,
+        default=defaults.SERVER_CONCURRENCY,
+        help="sample requests in flight per server",
+    )
+    sg = p.add_argument_group("--backend sglang (launches sglang.launch_server, then captures as --server does)")
     sg.add_argument("--backend", default="hf", choices=["hf", "sglang"], help="who runs the target's forward")
     sg.add_argument("--tp-size", type=int, default=1, help="SGLang tensor parallelism (TP rank 0 writes)")
     sg.add_argument("--dp-size", type=int, default=1, help="SGLang data-parallel replicas (each writes its shards)")
@@ -288,50 +305,67 @@ def _hf_session(args, dataset: str, layer_ids):
         metadata={"world_size": args.world_size, **_regenerated_metadata(regen, info)},
         writer_options={"rank": args.rank, "world_size": args.world_size},
     )
-    return CaptureSession(model, args.remote or args.out, options), tokenizer, info, lambda: None
+    return CaptureSession(model, args.remote or args.out, options), tokenizer, info, None
 
 
 def _sglang_session(args, dataset: str, layer_ids):
+    """``--backend sglang``: launches ``sglang.launch_server`` over the target's HF checkpoint in capture-only mode
+    (SGLang's defaults otherwise), then captures through it as from any server (:func:`_server_session`)."""
     from ..capturing.models import target_checkpoint
-    from ..capturing.sglang.client import SGLangCaptureSession
-    from ..capturing.sglang.launch import launch_capture_engine
+    from ..capturing.options import CaptureOptions
+    from ..capturing.sglang.launch import launch_capture_server, stop_server
+    from ..capturing.sglang.server import server_facts
 
     if args.world_size != 1:
-        raise InvalidArgumentError("--backend sglang runs one engine: use --dp-size / --tp-size, not --world-size")
-    held = layout.dataset_manifests(args.out)
-    where = args.remote or args.out
-    if not args.resume and held:
-        raise InvalidArgumentError(f"{where} already holds a capture: pass --resume to continue it")
-    remote_ranks = {n for n in getattr(args, "remote_manifests", []) if n != layout.MANIFEST}
-    ranks = len({p.name for p in layout.rank_manifests(args.out)} | remote_ranks)
-    if args.resume and held and ranks != (args.writers if args.writers > 1 else 0):
-        raise InvalidArgumentError(
-            f"{where} was captured by {ranks or 1} shard writer(s) (data-parallel ranks), this launch has "
-            f"{args.writers}: resume it with as many (--dp-size, or --attn-dp-size; each writer resumes its own "
-            "manifest)"
-        )
-    check_out_dir(args, dataset)  # before the checkpoint is made and the engine launched
+        raise InvalidArgumentError("--backend sglang runs one server: use --dp-size / --tp-size, not --world-size")
+    check_out_dir(args, dataset)  # before the checkpoint is made and the server launched
     path, tokenizer, info = target_checkpoint(args.model)
-    dp, attn_dp = data_parallel_of(args.engine_args)  # as SGLang resolves them (--sglang-arg enable_dp_attention)
-    print(
-        f"target    {info['model_id']} through SGLang ({path}): tp {args.engine_args['tp_size']}, dp {dp}, "
-        f"attention dp {attn_dp}: {args.writers} shard writer(s)"
-    )
-    regen = _regenerate_options(args, tokenizer)
-    metadata = _regenerated_metadata(regen, info)
-    options = _capture_options(args, dataset, layer_ids, info, tokenizer, metadata=metadata)
-    staging = {"staging": args.out} if args.remote else {}
-    engine = launch_capture_engine(path, args.remote or args.out, options, **args.engine_args)
+    os.makedirs(args.out, exist_ok=True)
+    log = os.path.join(args.out, "sglang-server.log")
+    print(f"target    {info['model_id']} through sglang.launch_server ({path}), its log {log}")
+    url, proc = launch_capture_server(path, CaptureOptions(aux_layer_ids=layer_ids), log, **args.engine_args)
     try:
-        session = SGLangCaptureSession(engine, args.remote or args.out, started=True, **staging)
-        if regen is not None:  # the engine's own generation requests: no sample parameter, never captured
-            from ..capturing.regenerate import Regenerator, sglang_replies, turns_path
-
-            args.regenerator = Regenerator(sglang_replies(engine, regen), tokenizer, regen, turns_path(args.out))
+        args.server_facts = [server_facts(url, model=str(path), aux_layer_ids=layer_ids)]
+        session = _server_session(args, dataset, layer_ids, tokenizer, info)
     except BaseException:
-        engine.shutdown()
+        stop_server(proc)
         raise
-    return session, tokenizer, info, engine.shutdown
+    return session, tokenizer, info, lambda: stop_server(proc)
+
+
+def _server_session(args, dataset: str, layer_ids, tokenizer, info: dict):
+    """Captures through the servers :func:`run` read (``args.server_facts``) into ``--out``:
+    :class:`~eagle_io.capturing.sglang.server.ServerCapture`; ``--regenerate`` answers come from the first."""
+    from ..capturing.sglang.server import ServerCapture
+
+    servers = args.server_facts
+    print(f"servers   {', '.join(s.url for s in servers)}: {servers[0].model_path}, {args.writers} shard writer(s)")
+    regen = _regenerate_options(args, tokenizer)
+    if regen is not None:  # the server's own generation requests: no sample parameter, never captured
+        from ..capturing.regenerate import Regenerator, server_replies, turns_path
+
+        args.regenerator = Regenerator(server_replies(servers[0].url, regen), tokenizer, regen, turns_path(args.out))
+    options = _capture_options(args, dataset, layer_ids, info, tokenizer, metadata=_regenerated_metadata(regen, info))
+    return ServerCapture(servers, args.remote or args.out, options, concurrency=args.concurrency)
+
+
+def _servers(args, dataset: str, layer_ids):
+    """``--server URL``: the servers' tokenizer (``--model``, else the first server's ``tokenizer_path`` when it is
+    on this machine), then :func:`_server_session`."""
+    from transformers import AutoTokenizer
+
+    first = args.server_facts[0]
+    path = args.model or first.tokenizer_path
+    if path is None or not os.path.exists(path):
+        raise InvalidArgumentError(
+            f"{first.url} tokenizes with {first.tokenizer_path}, which is not on this machine: pass --model with the "
+            "served model's checkpoint (or a copy of its tokenizer)"
+        )
+    where = Path(path)
+    kw = {"gguf_file": where.name} if where.is_file() else {}
+    tokenizer = AutoTokenizer.from_pretrained(where.parent if where.is_file() else where, local_files_only=True, **kw)
+    check_out_dir(args, dataset)
+    return _server_session(args, dataset, layer_ids, tokenizer, first.target_info), tokenizer, first.target_info, None
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -346,7 +380,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
     bad = []
     for name, low in (("batch_size", 1), ("max_length", 1), ("shard_bytes", 1), ("threads", 0), ("tp_size", 1),
-                      ("dp_size", 1), ("attn_dp_size", 1), ("world_size", 1), ("max_new_tokens", 1)):  # fmt: skip
+                      ("dp_size", 1), ("attn_dp_size", 1), ("world_size", 1), ("max_new_tokens", 1),
+                      ("concurrency", 1)):  # fmt: skip
         value = getattr(args, name)
         if value < low:
             bad.append(f"--{name.replace('_', '-')} {value} (must be >= {low})")
@@ -375,6 +410,16 @@ def run(args: argparse.Namespace) -> int:
     remote = args.remote = args.out if layout.is_url(args.out) else None
     if remote is not None and remote.rstrip("/").endswith(".json"):
         raise InvalidArgumentError(f"--out {remote}: name the dataset's prefix (s3://bucket/run), not a manifest")
+    if args.server:
+        from ..capturing.sglang.server import server_facts
+
+        if args.backend != "hf":
+            raise InvalidArgumentError(
+                "--server captures through running servers, --backend sglang launches one: not both"
+            )
+        args.backend = "server"
+        args.server_facts = [server_facts(u, aux_layer_ids=layer_ids) for u in args.server]
+        args.writers = sum(f.writers for f in args.server_facts)  # shard writers of every server, numbered in turn
     if args.backend == "sglang":
         args.engine_args = _engine_args(args)
         args.writers = writers_of(args.engine_args)  # one per data-parallel rank (replica or attention-DP group)
@@ -382,8 +427,9 @@ def run(args: argparse.Namespace) -> int:
         from ..store.upload import default_staging, stage_remote_manifests
 
         args.out = args.staging or default_staging(remote)
-        writers = range(args.writers) if args.backend == "sglang" else [args.rank]
-        world = args.writers if args.backend == "sglang" else args.world_size
+        served = args.backend in ("sglang", "server")
+        writers = range(args.writers) if served else [args.rank]
+        world = args.writers if served else args.world_size
         mine = [layout.manifest_name(r, world) for r in writers]
         # The checks below then see the remote dataset's manifests, fetched into the staging.
         args.remote_manifests = stage_remote_manifests(remote, args.out, mine, resume=args.resume)
@@ -396,7 +442,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.backend == "hf":
         check_out_dir(args, dataset)  # before the target loads: a dataset there that this run cannot continue
-    opener = _sglang_session if args.backend == "sglang" else _hf_session
+    opener = {"hf": _hf_session, "sglang": _sglang_session, "server": _servers}[args.backend]
     try:
         session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
     except IncompatibleDatasetError as e:  # what only the loaded target tells (its tokenizer, layers...) differs
@@ -406,12 +452,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = _capture(args, session, tokenizer, info, records, stats, t_start)
     finally:
-        shutdown()
-    if args.backend == "sglang" and args.writers > 1 and not summary.get("interrupted"):
-        from ..store.merge import merge_ranks
-
-        merged = merge_ranks(remote or args.out)  # remote: the ranks' uploaded manifests, merged with a conditional PUT
-        summary["manifest"], summary["merge_warnings"] = merged.manifest, merged.warnings
+        if shutdown is not None:
+            shutdown()
+    if getattr(session, "merge_warnings", None) is not None:  # the servers' writers, merged at close
+        summary["manifest"], summary["merge_warnings"] = session.manifest_path, session.merge_warnings
     uploaded = _upload_report(session)
     if uploaded is not None:
         summary["upload"] = uploaded

@@ -53,7 +53,9 @@ def differences(args: argparse.Namespace, dataset: str, manifest: dict[str, Any]
             out.append(f"{option} {then} (this run: {now})")
 
     target = meta.get("target_model")
-    if isinstance(target, dict) and "model_id" in target:
+    if isinstance(target, dict) and "model_id" in target and args.backend == "server":
+        compare("--server serving", target["model_id"], args.server_facts[0].target_info["model_id"])
+    elif isinstance(target, dict) and "model_id" in target:
         from ..capturing.models import default_gguf_path
 
         model = Path(args.model).expanduser().resolve() if args.model else default_gguf_path()
@@ -92,7 +94,7 @@ def check_out_dir(args: argparse.Namespace, dataset: str) -> None:
             two ways out: the same options, or another ``--out`` / ``make generate OUT=DIR``).
         CorruptRecordError, FormatVersionError, StorageError: the manifest there does not read.
     """
-    if args.backend == "sglang":
+    if args.backend in ("sglang", "server"):
         names = [p.name for p in layout.dataset_manifests(args.out)]
     else:
         names = [layout.manifest_name(args.rank, args.world_size)]

@@ -29,8 +29,11 @@ __all__ = [
     "ACCEPT_HOOK",
     "DRAFT_EXTEND_DECODE_HOOK",
     "DRAFT_EXTEND_PREFILL_HOOK",
+    "GET_STATE_HOOK",
     "KNOWN_TARGETS",
+    "RESULT_HOOK",
     "SCHEDULER_INIT_HOOK",
+    "SET_STATE_HOOK",
     "STARTUP_HOOK",
     "TP_FORWARD_HOOK",
     "Placed",
@@ -71,6 +74,18 @@ TP_FORWARD_HOOK = "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_gen
 ``last_hidden_states`` (post-norm final states, ``[T, H]``; ``LogitsProcessor._get_last_hidden_states_to_store``
 keeps them when ``aux_hidden_state_capture`` is set)."""
 
+RESULT_HOOK = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
+"""``(self, batch: ScheduleBatch, result)``: after it, each request's ``output_ids`` and ``finished_reason`` are
+up to date (the capture stores the requests that finished)."""
+
+SET_STATE_HOOK = "sglang.srt.managers.scheduler.Scheduler.set_internal_state"
+"""``(self, recv_req: SetInternalStateReq) -> SetInternalStateReqOutput``: what ``POST /set_internal_state`` reaches
+on every DP rank (bound into the scheduler's request dispatcher in ``__init__``, after plugins are applied)."""
+
+GET_STATE_HOOK = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+"""``(self, recv_req) -> GetInternalStateReqOutput``: one ``internal_states`` entry of ``GET /server_info`` per DP
+rank."""
+
 SCHEDULER_INIT_HOOK = "sglang.srt.managers.scheduler.Scheduler.__init__"
 """``run_scheduler_process`` calls ``load_plugins()`` (which registers and applies every plugin's hooks) and then
 builds the ``Scheduler``: a BEFORE hook here runs once the hooks registered at plugin load are applied, before
@@ -85,6 +100,9 @@ KNOWN_TARGETS = (
     STARTUP_HOOK,
     SCHEDULER_INIT_HOOK,
     TP_FORWARD_HOOK,
+    RESULT_HOOK,
+    SET_STATE_HOOK,
+    GET_STATE_HOOK,
     DRAFT_EXTEND_PREFILL_HOOK,
     DRAFT_EXTEND_DECODE_HOOK,
     ACCEPT_HOOK,

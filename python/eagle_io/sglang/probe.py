@@ -291,6 +291,7 @@ def capture_target(scheduler: Any) -> dict[str, Any]:
     owner = getattr(cap, "model", cap)
     text = _attr(runner, "model_config.hf_text_config", "model_config.hf_config")
     get = reader(_attr(scheduler, "server_args"))
+    algo = getattr(scheduler, "spec_algorithm", None)
     ranks = capture_ranks(get_parallel())
     return {
         "architecture": type(model).__name__,
@@ -300,6 +301,7 @@ def capture_target(scheduler: Any) -> dict[str, Any]:
         "capture_enabled": bool(getattr(cap, "capture_aux_hidden_states", False)),
         "layers": [int(i) for i in (getattr(owner, "layers_to_capture", None) or ())],
         "chunked_prefill_size": get("chunked_prefill_size"),
+        "speculative_algorithm": None if algo is None or algo.is_none() else str(getattr(algo, "name", algo)),
         "radix_cache_disabled": bool(get("disable_radix_cache", False)),
         "writer_rank": ranks.writer_rank,
         "writers": ranks.writers,
@@ -315,22 +317,53 @@ def is_prefill(batch: Any) -> bool:
     return bool(mode is not None and mode.is_extend())
 
 
+def is_decode(batch: Any) -> bool:
+    """``ScheduleBatch.forward_mode.is_decode()`` (one new token per request)."""
+    mode = getattr(batch, "forward_mode", None)
+    return bool(mode is not None and mode.is_decode())
+
+
 def batch_requests(batch: Any) -> list[dict[str, Any]]:
     """Per request of a ``ScheduleBatch``, in forward order: ``rid``, ``prefix_len`` (tokens served from cache or
-    earlier chunks), ``extend_len`` (tokens in this forward: ``batch.extend_lens``), ``input_ids``
-    (``Req.origin_input_ids``), ``custom_params`` (``Req.sampling_params.custom_params``, ``{}`` when unset)."""
+    earlier chunks: ``batch.prefix_lens``, the forward's own snapshot, else ``Req.prefix_len``), ``extend_len``
+    (tokens in this forward: ``batch.extend_lens``; 1 in a decode forward), ``custom_params``
+    (``Req.sampling_params.custom_params``, ``{}`` when unset). Reads no token list: it runs after every forward."""
     reqs = list(getattr(batch, "reqs", None) or ())
-    lens = getattr(batch, "extend_lens", None) or [r.extend_len for r in reqs]
+    if not is_prefill(batch):
+        lens, prefixes = [1] * len(reqs), [0] * len(reqs)
+    else:
+        lens = getattr(batch, "extend_lens", None) or [r.extend_len for r in reqs]
+        prefixes = getattr(batch, "prefix_lens", None) or [getattr(r, "prefix_len", 0) for r in reqs]
     return [
         {
             "rid": str(r.rid),
-            "prefix_len": int(getattr(r, "prefix_len", 0)),
+            "prefix_len": int(p),
             "extend_len": int(n),
-            "input_ids": [int(t) for t in r.origin_input_ids],
             "custom_params": getattr(getattr(r, "sampling_params", None), "custom_params", None) or {},
         }
-        for r, n in zip(reqs, lens, strict=True)
+        for r, n, p in zip(reqs, lens, prefixes, strict=True)
     ]
+
+
+def finished_requests(batch: Any) -> list[dict[str, Any]]:
+    """The requests of a ``ScheduleBatch`` that have finished (``Req.finished()``, after
+    ``Scheduler.process_batch_result``): ``rid``, ``input_ids`` (``Req.origin_input_ids``), ``output_ids``
+    (``Req.output_ids_through_stop``: the generated tokens, the stop token included), ``aborted``
+    (``finished_reason`` is ``FINISH_ABORT``)."""
+    out = []
+    for r in getattr(batch, "reqs", None) or ():
+        if not r.finished():
+            continue
+        ids = getattr(r, "output_ids_through_stop", None)
+        out.append(
+            {
+                "rid": str(r.rid),
+                "input_ids": [int(t) for t in r.origin_input_ids],
+                "output_ids": [int(t) for t in (r.output_ids if ids is None else ids)],
+                "aborted": type(r.finished_reason).__name__ == "FINISH_ABORT",
+            }
+        )
+    return out
 
 
 def forward_states(result: Any) -> tuple[Any, Any]:

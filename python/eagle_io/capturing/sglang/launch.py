@@ -1,5 +1,7 @@
-"""Launching an ``sglang.Engine`` in capture-only mode with eagle-io's capture started by environment, so that it
-runs in every scheduler process whatever ``tp_size`` / ``dp_size`` (what ``eagle-io generate --backend sglang`` does).
+"""Launching SGLang in capture-only mode: a server (:func:`launch_capture_server`, what ``eagle-io generate --backend
+sglang`` does before capturing through it over HTTP, as from any server), or an in-process ``sglang.Engine`` with
+eagle-io's capture started by environment in every scheduler process whatever ``tp_size`` / ``dp_size``
+(:func:`launch_capture_engine`).
 """
 
 from __future__ import annotations
@@ -115,3 +117,103 @@ def launch_capture_engine(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+SERVER_CAPTURE_FLAGS = ("--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3")
+"""SGLang 0.5.23's own flags for aux capture without a draft (``arg_groups/validation_hook.py``,
+``handle_aux_hidden_state_capture``: the algorithm only names the convention and is reset to None); every other
+setting stays SGLang's default unless given."""
+
+
+def server_flags(engine_args: Mapping[str, Any]) -> list[str]:
+    """``python -m sglang.launch_server`` flags of ``sglang.Engine`` keyword arguments: ``--key-with-dashes VALUE``,
+    a True boolean as the bare flag, False left out, a list or dict as JSON."""
+    out: list[str] = []
+    for k, v in engine_args.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif v is False or v is None:
+            continue
+        elif isinstance(v, (list, tuple)):
+            out += [flag, *(str(x) for x in v)]
+        else:
+            out += [flag, json.dumps(v) if isinstance(v, dict) else str(v)]
+    return out
+
+
+def launch_capture_server(
+    model_path: str | os.PathLike[str],
+    options: CaptureOptions,
+    log_path: str | os.PathLike[str],
+    *,
+    timeout_s: float = 900.0,
+    **engine_args: Any,
+) -> tuple[str, Any]:
+    """Starts ``python -m sglang.launch_server`` over the HF checkpoint ``model_path`` in capture-only mode
+    (:data:`SERVER_CAPTURE_FLAGS`, plus ``--return-aux-hidden-state-layer-ids`` for ``options.aux_layer_ids``:
+    :func:`capture_layer_args`), SGLang's defaults otherwise (chunked prefill and the radix cache on), in a process
+    group of its own (a terminal's Ctrl-C does not reach it: the client stops the capture first), its output appended
+    to ``log_path``; waits until ``/health`` answers. The capture itself is started over HTTP
+    (:class:`~eagle_io.capturing.sglang.server.ServerCapture`), as for a server users launch.
+
+    Returns:
+        ``(url, process)``; stop the server with :func:`stop_server`.
+
+    Raises:
+        InvalidArgumentError: what :func:`capture_layer_args` refuses; engine arguments that contradict the capture.
+        SGLangError: the server exited, or did not answer within ``timeout_s`` (the log's last lines quoted).
+    """
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from ...errors import SGLangError
+
+    clash = {k for k in engine_args if k in ("enable_return_aux_hidden_states", "speculative_algorithm")}
+    if clash or engine_args.get("speculative_draft_model_path"):
+        raise InvalidArgumentError(f"engine arguments {sorted(clash)} are eagle-io's capture-only launch's own")
+    engine_args = {**engine_args, **capture_layer_args(model_path, options, engine_args)}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", os.fspath(model_path), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), *SERVER_CAPTURE_FLAGS, *server_flags(engine_args)]
+    log = open(log_path, "ab")  # noqa: SIM115 (held by the server process for its life)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                if r.status == 200:
+                    return url, proc
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_server(proc)
+            with open(log_path, "rb") as f:
+                tail = f.read()[-3000:].decode(errors="replace")
+            why = f"exited with {proc.returncode}" if proc.returncode is not None else f"no answer in {timeout_s:.0f} s"
+            raise SGLangError(f"sglang.launch_server ({' '.join(cmd)}) {why}; its log {log_path} ends:\n{tail}")
+        time.sleep(1.0)
+
+
+def stop_server(proc: Any, timeout_s: float = 60.0) -> None:
+    """Ends a server :func:`launch_capture_server` started: SIGTERM to its process group, SIGKILL after
+    ``timeout_s``."""
+    import signal
+    import subprocess
+
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass

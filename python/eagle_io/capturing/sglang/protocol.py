@@ -15,27 +15,37 @@ A request is a sample when its ``sampling_params.custom_params`` hold ``eagle_io
 ``eagle_io_loss_mask`` (0/1 per input token; optional ``eagle_io_key``): the mapping travels with the request, so it
 works through ``Engine.generate`` and a server's ``/generate`` alike, on any DP rank. Other traffic is ignored.
 
-Starting, either:
+Starting and stopping, either:
 
-* ``Engine.collective_rpc("eagle_io_capture_start", out_dir=..., **options)`` on an existing engine (a method the
+* **over HTTP** (a running server, any ``dp_size``; what :class:`~eagle_io.capturing.sglang.server.ServerCapture`
+  does): ``POST /set_internal_state`` with ``{"server_args": {"eagle_io:<JSON>": 1}}``, the JSON being
+  ``{"op": "start" | "stop", "token": ..., ...}`` (:func:`control_args`). SGLang 0.5.23 fans that request out to
+  every DP rank's ``Scheduler.set_internal_state`` (``managers/scheduler.py``), which eagle-io's hook answers
+  (``updated``: the command was taken) before SGLang's own handlers see the key; its values must be numbers
+  (``SetInternalStateReq.server_args: Dict[str, int | float]``), so the command travels in the key. Starting and
+  stopping run on a thread of their own, never on the scheduler's. Each writing scheduler reports its capture in
+  ``GET /server_info``'s ``internal_states`` (one dict per DP rank, ``Scheduler.get_internal_state``) under
+  :data:`STATUS_KEY`: ``state`` (``idle``, ``starting``, ``capturing``, ``stopping``, ``stopped``, ``failed``), the
+  ``token`` of the last command, ``error``, ``counts``, and after a stop the writer's ``stats`` and ``upload``. No file
+  is shared between client and server.
+* ``Engine.collective_rpc("eagle_io_capture_start", out_dir=..., **options)`` on an in-process engine (a method the
   plugin adds to ``Scheduler``; SGLang 0.5.23's ``collective_rpc`` reaches the schedulers only when ``dp_size`` is
   1), which is what :class:`SGLangCaptureSession` does; or
-* by environment, for any launch (an ``Engine``, ``python -m sglang.launch_server``, any ``dp_size``/``tp_size``):
-  ``EAGLE_IO_CAPTURE_DIR=<out_dir>`` and optionally ``EAGLE_IO_CAPTURE_OPTIONS=<JSON of the same options>``; each
-  scheduler starts its capture at startup (before CUDA graphs). ``eagle-io generate --backend sglang`` does this.
+* by environment, for any launch: ``EAGLE_IO_CAPTURE_DIR=<out_dir>`` and optionally
+  ``EAGLE_IO_CAPTURE_OPTIONS=<JSON of the same options>``; each scheduler starts its capture at startup (before CUDA
+  graphs). ``eagle-io generate --backend sglang`` does this. Such a capture stops through a file:
+  ``<out_dir>/.eagle-io-stop`` (a JSON ``{"token": ..., "complete": bool}``; ``complete`` false for an interrupted
+  capture, whose manifest then stays marked incomplete) makes every writing scheduler close and answer in
+  ``<out_dir>/.eagle-io-stop.rNNNNN.json`` (``token``, ``writer_rank``, ``error``, ``counts``, ``stats``), one per
+  writer (:func:`~eagle_io.capturing.sglang.client.stop_capture`), or over HTTP as above.
 
-Stopping (drain the ring, commit the last shard, mark the manifest complete) goes through a file, because SGLang
-kills its scheduler processes with SIGKILL on shutdown and ``collective_rpc`` does not reach DP ranks: writing
-``<out_dir>/.eagle-io-stop`` (a JSON ``{"token": ..., "complete": bool}``; ``complete`` false for an interrupted
-capture, whose manifest then stays marked incomplete) makes every writing scheduler close and answer in
-``<out_dir>/.eagle-io-stop.rNNNNN.json`` (``token``, ``writer_rank``, ``error``, ``counts``, ``stats``), one per
-writer.
-:meth:`SGLangCaptureSession.close` / :func:`stop_capture` do both sides.
-
-The engine must run SGLang's capture-only mode (0.5.23: ``enable_return_aux_hidden_states=True,
-speculative_algorithm="EAGLE3"``; no draft is loaded), with chunked prefill (``chunked_prefill_size=-1``) and the
-radix cache (``disable_radix_cache=True``) off: a request split over forwards or with a cached prefix is refused
-(its stored length would differ from its input length).
+What a sample holds (:mod:`.assembly`): the request's prompt states from its prefill, chunked or not, and, when its
+``max_new_tokens`` is above 1, the states of the answer the server generates, from the decode forwards: the sample's
+tokens are the prompt plus the generated tokens but the last, whose state no forward computed (the state before it,
+which predicts it, is stored); its loss mask is the client's over the prompt then 1 over the generated tokens. A
+request whose prompt was partly served from the radix cache would miss states: the client gives each sample request
+a unique ``extra_key`` (:func:`sample_request`), so SGLang's radix cache never matches it, and the scheduler refuses
+(counts ``incomplete``) any that still arrives with a prefix it did not see.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from typing import Any
 from ...errors import CaptureRefusedError
 
 __all__ = [
+    "CONTROL_PREFIX",
     "ENV_CAPTURE",
     "ENV_CAPTURE_DIR",
     "ENV_CAPTURE_OPTIONS",
@@ -54,9 +65,12 @@ __all__ = [
     "MASK_PARAM",
     "POLL_S",
     "SAMPLE_PARAM",
+    "STATUS_KEY",
     "STOP_FILE",
     "CaptureRefusedError",
     "ack_path",
+    "control_args",
+    "parse_control",
     "read_stop",
     "read_token",
 ]
@@ -88,3 +102,36 @@ def read_token(stop_file: str) -> Any:
 def ack_path(out_dir: str, writer_rank: int) -> str:
     """Where shard writer ``writer_rank`` answers a stop: ``<out_dir>/.eagle-io-stop.rNNNNN.json``."""
     return os.path.join(out_dir, f"{STOP_FILE}.r{writer_rank:05d}.json")
+
+
+STATUS_KEY = "eagle_io_capture"
+"""The key of eagle-io's capture status in each ``internal_states`` entry of ``GET /server_info``."""
+
+CONTROL_PREFIX = "eagle_io:"
+
+
+def control_args(op: str, token: str, **payload: Any) -> dict[str, int]:
+    """The ``server_args`` of a ``POST /set_internal_state`` that sends eagle-io command ``op`` (``"start"`` with
+    ``out_dir`` and ``options``, or ``"stop"`` with ``complete``) to every DP rank's scheduler."""
+    return {CONTROL_PREFIX + json.dumps({"op": op, "token": token, **payload}, separators=(",", ":")): 1}
+
+
+def parse_control(server_args: Any) -> dict[str, Any] | None:
+    """The eagle-io command in a ``SetInternalStateReq.server_args`` mapping, or None when it holds none.
+
+    Raises:
+        CaptureRefusedError: a key with eagle-io's prefix that is not a JSON object with ``op`` and ``token``, or
+            eagle-io keys mixed with SGLang's own.
+    """
+    keys = [k for k in (server_args or {}) if isinstance(k, str) and k.startswith(CONTROL_PREFIX)]
+    if not keys:
+        return None
+    if len(keys) != len(server_args):
+        raise CaptureRefusedError(f"an eagle-io command is mixed with SGLang settings: {sorted(server_args)}")
+    try:
+        (cmd,) = (json.loads(k[len(CONTROL_PREFIX) :]) for k in keys)
+    except ValueError as e:
+        raise CaptureRefusedError(f"not one eagle-io command (a JSON object per key): {e}") from e
+    if not isinstance(cmd, dict) or not isinstance(cmd.get("op"), str) or not isinstance(cmd.get("token"), str):
+        raise CaptureRefusedError(f"an eagle-io command needs a str op and token: {cmd!r}")
+    return cmd

@@ -1,14 +1,17 @@
 """The scheduler side of the SGLang capture: runs inside each SGLang scheduler process (installed by the plugin,
 :func:`eagle_io.serving.plugin.register`, unless ``EAGLE_IO_SGLANG_CAPTURE=0``). The protocol it speaks with the
-client (request parameters, start by environment, stop file) is in :mod:`.protocol`.
+client (request parameters, start and stop over HTTP, by environment or by file, status) is in :mod:`.protocol`.
 
-An AFTER hook on ``TpModelWorker.forward_batch_generation`` takes, for each prefill forward, the concatenated aux
-states (``LogitsProcessorOutput.hidden_states``, ``[T, k*H]``, FULL capture) and the final post-norm states
-(``.last_hidden_states``, ``[T, H]``) as tensors on the device, splits them per request and hands them to the
-capture core (:class:`eagle_io.capturing.store.SampleStore`), which copies them asynchronously into the capture
-ring. They never go through SGLang's float-list path. One process of each data-parallel rank (a replica, or an
-attention-DP group) writes: its attention-TP rank 0, as shard-writer rank ``replica * attn_dp_size + attn_dp_rank``
-of ``dp_size * attn_dp_size`` (:mod:`eagle_io.sglang.ranks`).
+An AFTER hook on ``TpModelWorker.forward_batch_generation`` takes, for each extend (prefill, chunked or not) and
+decode forward that holds a sampled request, the concatenated aux states (``LogitsProcessorOutput.hidden_states``,
+``[T, k*H]``, FULL capture) and the final post-norm states (``.last_hidden_states``, ``[T, H]``) as tensors on the
+device, and keeps each sampled request's rows (:mod:`.assembly`: device clones queued behind the forward, no host
+sync). An AFTER hook on ``Scheduler.process_batch_result`` turns each finished sampled request into one sample for the
+capture core (:class:`eagle_io.capturing.store.SampleStore`), which copies it asynchronously into the capture ring.
+States never go through SGLang's float-list path. A sampled request the capture cannot store is counted and logged;
+a forward never fails for it. One process of each data-parallel rank (a replica, or an attention-DP group) writes:
+its attention-TP rank 0, as shard-writer rank ``replica * attn_dp_size + attn_dp_rank`` of ``dp_size *
+attn_dp_size`` (:mod:`eagle_io.sglang.ranks`).
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ...errors import InvalidArgumentError
+from ..._native import __version__
+from ...errors import InvalidArgumentError, SchemaError
 from ...sglang import compat, hooks, probe
 from ...store import layout
 from ...store.upload import local_dir
 from ..options import CaptureOptions
 from ..store import ForwardSample, SampleStore, check_sample
+from .assembly import RequestStates
 from .client import refuse_writer_ranks
 from .protocol import (
     ENV_CAPTURE_DIR,
@@ -36,9 +41,11 @@ from .protocol import (
     MASK_PARAM,
     POLL_S,
     SAMPLE_PARAM,
+    STATUS_KEY,
     STOP_FILE,
     CaptureRefusedError,
     ack_path,
+    parse_control,
     read_stop,
     read_token,
 )
@@ -46,11 +53,29 @@ from .protocol import (
 logger = logging.getLogger("eagle_io.serving")
 
 
+REQUEST_COUNTS = ("incomplete", "refused", "aborted", "unfinished_at_stop")
+"""The scheduler's own counters, beside the store's (:data:`eagle_io.capturing.store.COUNTS`): sampled requests
+not stored because their states were not all captured (a prefix from the radix cache, a capture started mid-request);
+refused as declared (a bad loss mask, tokens past ``max_length``: the last reason is in the status' ``refusal``);
+aborted; still running when the capture stopped."""
+
+
 class _SchedulerCapture:
     """One capture in one scheduler process."""
 
-    def __init__(self, scheduler: Any, out_dir: str, options: Mapping[str, Any]) -> None:
-        opts = CaptureOptions.from_json(options)  # the client's options, JSON through the RPC or the environment
+    def __init__(
+        self,
+        scheduler: Any,
+        out_dir: str,
+        options: Mapping[str, Any],
+        token: str | None = None,
+        writer_offset: int = 0,
+        all_writers: int | None = None,
+    ) -> None:
+        """``writer_offset`` / ``all_writers``: this server's first shard-writer rank and the writers of every server
+        of the capture (a client driving several servers numbers them one after the other); default: this server's
+        own data-parallel layout."""
+        opts = CaptureOptions.from_json(options)  # the client's options, JSON through HTTP, the RPC or the environment
         refuse_writer_ranks(opts)
         v = compat.sglang_version()
         if not compat.capture_supported(v):
@@ -58,34 +83,37 @@ class _SchedulerCapture:
                 f"eagle-io's SGLang capture needs SGLang >= {compat.CAPTURE_MIN_SGLANG} (capture-only mode), found {v}"
             )
         t = probe.capture_target(scheduler)
+        if t["speculative_algorithm"] is not None:
+            raise InvalidArgumentError(
+                f"this server runs speculative decoding ({t['speculative_algorithm']}): its verify forwards carry "
+                "draft rows, which this capture does not assemble; capture from a server launched with "
+                "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 and no draft"
+            )
         if not t["capture_enabled"] or not t["layers"]:
             raise InvalidArgumentError(
                 "the target captures no aux states: launch SGLang in capture-only mode "
-                "(enable_return_aux_hidden_states=True, speculative_algorithm='EAGLE3')"
+                "(--enable-return-aux-hidden-states --speculative-algorithm EAGLE3, no draft)"
             )
         wanted = opts.aux_layer_ids
         if wanted is not None and list(wanted) != list(t["layers"]):
             raise InvalidArgumentError(
                 f"aux_layer_ids {list(wanted)} were asked for, but this SGLang target captures {list(t['layers'])} "
-                "(eagle-io ids: input of layer i); set them at launch (the draft config's eagle_config)"
-            )
-        if t["chunked_prefill_size"] is not None and t["chunked_prefill_size"] > 0:
-            raise InvalidArgumentError(
-                f"chunked prefill is on (chunked_prefill_size={t['chunked_prefill_size']}): a prompt would be split "
-                "over forwards; launch with chunked_prefill_size=-1"
-            )
-        if not t["radix_cache_disabled"]:
-            raise InvalidArgumentError(
-                "the radix cache is on: shared prefixes would not be recomputed; launch with disable_radix_cache=True"
+                "(eagle-io ids: input of layer i); set them at launch (--return-aux-hidden-state-layer-ids)"
             )
         # An object-storage out_dir (s3://...) is staged locally: the stop and answer files live in the staging.
         staging = opts.writer_options.get("staging")
-        self.out_dir, self.writer_rank = local_dir(out_dir, staging), t["writer_rank"]
+        self.out_dir, self.writer_rank = local_dir(out_dir, staging), writer_offset + t["writer_rank"]
+        writers = all_writers or t["writers"]
+        self.url, self.token, self.error = out_dir, token, None
         self.max_length = opts.max_length
         self.vocab_size = int(t["vocab_size"])
         self.writes = t["writes"]
         self.store: SampleStore | None = None
         self.outcome: dict[str, Any] | None = None
+        self.requests = RequestStates()
+        self.request_counts = dict.fromkeys(REQUEST_COUNTS, 0)
+        self.refusal: str | None = None
+        self.answer_lock = threading.Lock()
         if not self.writes:
             return
         info = {
@@ -98,45 +126,131 @@ class _SchedulerCapture:
         launch = {"capture_backend": f"sglang {v}", "dp_size": t["dp_size"], "attn_dp_size": t["attn_dp_size"]}
         opts = opts.replace(
             metadata={**launch, **opts.metadata},
-            writer_options={**opts.writer_options, "rank": t["writer_rank"], "world_size": t["writers"]},
+            writer_options={**opts.writer_options, "rank": self.writer_rank, "world_size": writers},
         )
         self.store = SampleStore.create(out_dir, opts, aux_layer_ids=list(t["layers"]), target_info=info)
         # A stop file present now asks an earlier run to stop: only another token stops this one.
         self.stale_token = read_token(os.path.join(self.out_dir, STOP_FILE))
-        self.answer_lock = threading.Lock()
+
+    def _refuse(self, sid: Any, why: str) -> None:
+        """Counts a sampled request this capture cannot store (serving goes on: a forward never fails for it)."""
+        self.request_counts["refused"] += 1
+        self.refusal = f"sample {sid}: {why}; nothing of it was written"
+        logger.error("eagle-io capture: %s", self.refusal)
 
     def on_forward(self, batch: Any, result: Any) -> None:
+        """After a target forward (extend or decode): clones the sampled requests' rows, behind the forward on the
+        device (:mod:`.assembly`). Traffic without eagle-io's ``custom_params`` is not touched."""
         reqs = probe.batch_requests(batch)
         if not any(SAMPLE_PARAM in r["custom_params"] for r in reqs):
             return
         aux, final = probe.forward_states(result)
-        if aux is None or final is None:
-            raise CaptureRefusedError(
-                "this forward carries no aux/final states (FULL capture is off): launch SGLang in capture-only mode"
-            )
-        total = sum(r["extend_len"] for r in reqs)
-        if total != aux.shape[0]:
-            raise CaptureRefusedError(f"forward has {aux.shape[0]} state rows for {total} extend tokens")
+        decode = not probe.is_prefill(batch)
+        total = len(reqs) if decode else sum(r["extend_len"] for r in reqs)
+        if aux is None or final is None or aux.shape[0] != total or final.shape[0] != total:
+            got = None if aux is None else tuple(aux.shape)
+            for r in reqs:
+                if SAMPLE_PARAM in r["custom_params"] and self.requests.forget(r["rid"]) is not None:
+                    self.request_counts["incomplete"] += 1
+            self.refusal = f"a forward brought aux states {got} for {total} tokens (FULL capture off?)"
+            logger.error("eagle-io capture: %s", self.refusal)
+            return
+        whole = all(SAMPLE_PARAM in r["custom_params"] for r in reqs)
+        if whole:  # one copy for the forward, each request a view of it
+            aux, final = aux.clone(), final.clone()
         offset = 0
-        todo: list[ForwardSample] = []
         for r in reqs:
-            n, params = r["extend_len"], r["custom_params"]
+            n = 1 if decode else r["extend_len"]
             lo, offset = offset, offset + n
+            params = r["custom_params"]
             if SAMPLE_PARAM not in params:
                 continue
-            sid, mask = params[SAMPLE_PARAM], params.get(MASK_PARAM)
-            if r["prefix_len"] != 0 or n != len(r["input_ids"]):
-                raise CaptureRefusedError(
-                    f"sample {sid}: forward covers tokens {r['prefix_len']}..{r['prefix_len'] + n} of "
-                    f"{len(r['input_ids'])} (chunked prefill or a cached prefix); nothing of it was written"
-                )
-            if not isinstance(mask, list):
-                raise CaptureRefusedError(f"sample {sid}: custom_params[{MASK_PARAM!r}] is not a list of 0/1")
-            check_sample(sid, r["input_ids"], mask, max_length=self.max_length, vocab_size=self.vocab_size)
-            todo.append(ForwardSample(sid, r["input_ids"], mask, lo, n, str(params.get(KEY_PARAM, ""))))
-        if self.store is not None:
-            # The value checks of every request of this prefill forward: one host sync (not one per request).
-            self.store.put_forward(aux, final, todo)
+            a, f = aux[lo : lo + n], final[lo : lo + n]
+            if not whole:
+                a, f = a.clone(), f.clone()
+            if decode:
+                self.requests.decode(r["rid"], a, f)
+            elif r["rid"] in self.requests.held or r["prefix_len"] == 0:
+                self.requests.extend(r["rid"], params[SAMPLE_PARAM], params, r["prefix_len"], a, f)
+            else:  # a request this capture never saw the start of (its prefix from the radix cache)
+                self.request_counts["incomplete"] += 1
+
+    def on_result(self, batch: Any) -> None:
+        """After SGLang processed a forward's result: every finished sampled request becomes one sample (its held
+        rows joined), all of them in one :meth:`SampleStore.put_forward` (one host sync for the value checks)."""
+        todo: list[ForwardSample] = []
+        auxes: list[Any] = []
+        finals: list[Any] = []
+        start = 0
+        for req in probe.finished_requests(batch):
+            if req["rid"] not in self.requests.held:
+                continue
+            if req["aborted"]:
+                self.requests.forget(req["rid"])
+                self.request_counts["aborted"] += 1
+                continue
+            prompt, output = req["input_ids"], req["output_ids"]
+            tokens = prompt + output[:-1]  # the last generated token's state is never computed
+            held, aux, fin = self.requests.take(req["rid"], len(tokens))
+            sid, params = held.sample_id, held.params
+            if aux is None:
+                self.request_counts["incomplete"] += 1
+                logger.warning("eagle-io capture: sample %s not stored: %s", sid, held.broken)
+                continue
+            mask = params.get(MASK_PARAM)
+            if not isinstance(mask, list) or len(mask) != len(prompt):
+                self._refuse(sid, f"custom_params[{MASK_PARAM!r}] is not a list of 0/1 over its {len(prompt)} "
+                                  "prompt tokens")  # fmt: skip
+                continue
+            mask = [int(m) for m in mask] + [1] * (len(tokens) - len(prompt))
+            try:
+                check_sample(sid, tokens, mask, max_length=self.max_length, vocab_size=self.vocab_size)
+            except SchemaError as e:
+                self._refuse(sid, str(e).removeprefix(f"sample {sid}: ").removesuffix("; nothing of it was written"))
+                continue
+            todo.append(ForwardSample(sid, tokens, mask, start, len(tokens), str(params.get(KEY_PARAM, ""))))
+            auxes.append(aux)
+            finals.append(fin)
+            start += len(tokens)
+        if todo and self.store is not None:
+            import torch
+
+            try:
+                self.store.put_forward(torch.cat(auxes), torch.cat(finals), todo)
+            except Exception as e:  # a value policy's "raise", a writer that failed: the capture stops, serving not
+                self.fail(f"{type(e).__name__}: {e}")
+
+    def fail(self, error: str) -> None:
+        """Stops this capture on an error (shown in the status, ``state`` ``failed``), committing what it wrote and
+        leaving the manifest incomplete; requests go on being served."""
+        if self.error is None:
+            self.error = error
+            logger.error("eagle-io capture stopped: %s", error)
+            # under the start's token: a client stopping this capture over HTTP (same token) reads the error
+            threading.Thread(target=self.stop, args=(self.token, False, self.token is None), daemon=True).start()
+
+    def status(self) -> dict[str, Any]:
+        """This capture's entry in ``/server_info``'s ``internal_states`` (:data:`.protocol.STATUS_KEY`)."""
+        state = "stopped" if self.outcome is not None else "stopping" if self.stopping else "capturing"
+        if self.error is not None or (self.outcome is not None and self.outcome.get("error")):
+            state = "failed"
+        out = {
+            "state": state,
+            "token": self.token,
+            "out_dir": self.url,
+            "writer_rank": self.writer_rank,
+            "writes": self.writes,
+            "held_requests": len(self.requests),
+            "refusal": self.refusal,
+            "counts": {**(dict(self.store.counts) if self.store else {}), **self.request_counts},
+        }
+        if self.outcome is not None:
+            out.update(self.outcome)
+        if self.error is not None:
+            out["error"] = self.error if not out.get("error") else f"{self.error}; then {out['error']}"
+        return out
+
+    stopping = False
 
     def _watch_stop(self) -> None:
         """Stops on the first new stop token, then answers every later token (a retried or repeated stop) with
@@ -154,56 +268,155 @@ class _SchedulerCapture:
         """Whether a stop reached this capture (samples reaching it later are counted, not written)."""
         return self.outcome is not None
 
-    def stop(self, token: Any, complete: bool = True) -> dict[str, Any]:
+    error: str | None = None
+
+    def stop(self, token: Any, complete: bool = True, answer_file: bool = True) -> dict[str, Any]:
         """Drains the ring and commits the manifest (the first time; marked complete unless ``complete`` is False:
-        an interrupted capture), then writes this rank's answer for
-        ``token``: the outcome, the store's counts, the writer's statistics and, for an object-storage capture, what
-        it uploaded (``SampleStore.upload_report``; None for a local one). Returns it."""
+        an interrupted capture); requests still running are forgotten and counted (``unfinished_at_stop``). Returns
+        this rank's answer for ``token``: the outcome, the counts, the writer's statistics and, for an
+        object-storage capture, what it uploaded (``SampleStore.upload_report``; None for a local one); written to
+        the answer file when ``answer_file`` (a stop by file), else shown in the status (a stop over HTTP)."""
         assert self.store is not None, "only the writing rank stops"
         with self.answer_lock:
+            self.stopping, self.stop_token = True, token
             if self.outcome is None:
+                self.request_counts["unfinished_at_stop"] += len(self.requests)
+                self.requests.held.clear()
                 try:
                     self.store.close(complete=complete)
                     self.outcome = {"error": None, "stats": self.store.ring_stats(), "upload": self.store.upload_report}
-                except Exception as e:  # reported to the client through the answer file
+                except Exception as e:  # reported to the client through the answer file or the status
                     self.outcome = {"error": f"{type(e).__name__}: {e}"}
             answer = {
                 "token": token,
                 "writer_rank": self.writer_rank,
                 **self.outcome,
-                "counts": dict(self.store.counts),
+                "counts": {**self.store.counts, **self.request_counts},
             }
-        layout.write_atomic(ack_path(self.out_dir, self.writer_rank), json.dumps(answer, default=str).encode())
+        if answer_file:
+            layout.write_atomic(ack_path(self.out_dir, self.writer_rank), json.dumps(answer, default=str).encode())
         return answer
 
 
 _ACTIVE: _SchedulerCapture | None = None
-
-
+_STARTING: dict[str, Any] | None = None  # a start over HTTP in progress or failed: {"state", "token", "error"}
 _LOCK = threading.Lock()
 
 
 def _forward_hook(result: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER ``TpModelWorker.forward_batch_generation(self, batch, ...)``."""
+    """AFTER ``TpModelWorker.forward_batch_generation(self, batch, ...)``: extend and decode forwards."""
     cap = _ACTIVE
-    if cap is None:
+    if cap is None or not cap.writes or cap.stopping:
         return None
     batch = kwargs.get("batch", args[1] if len(args) > 1 else None)
-    if batch is not None and probe.is_prefill(batch):
+    if batch is not None and (probe.is_prefill(batch) or probe.is_decode(batch)):
         cap.on_forward(batch, result)
     return None
 
 
-def _start(self: Any, out_dir: str, options: Mapping[str, Any]) -> None:
-    """``Scheduler.eagle_io_capture_start`` (through ``Engine.collective_rpc``, or at startup by environment). A
-    stopped capture stays active until the next start, so that requests reaching it are counted (``after_stop``)."""
+def _result_hook(result: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``Scheduler.process_batch_result(self, batch, result)``: requests that finished are stored."""
+    cap = _ACTIVE
+    if cap is None or not cap.writes or cap.stopping or not len(cap.requests):
+        return None
+    batch = kwargs.get("batch", args[1] if len(args) > 1 else None)
+    if batch is not None:
+        cap.on_result(batch)
+    return None
+
+
+def _start(self: Any, out_dir: str, options: Mapping[str, Any], token: str | None = None, **writers: int) -> None:
+    """``Scheduler.eagle_io_capture_start`` (through ``Engine.collective_rpc``, at startup by environment, or over
+    HTTP). A stopped capture stays active until the next start, so that requests reaching it are counted
+    (``after_stop``)."""
     global _ACTIVE
     with _LOCK:
         if _ACTIVE is not None and _ACTIVE.writes and not _ACTIVE.stopped:
-            raise InvalidArgumentError("an eagle-io capture is already running in this scheduler")
-        _ACTIVE = _SchedulerCapture(self, out_dir, options)
-        if _ACTIVE.writes:
+            raise InvalidArgumentError(
+                f"an eagle-io capture into {_ACTIVE.url} is already running in this scheduler; stop it first"
+            )
+        _ACTIVE = _SchedulerCapture(self, out_dir, options, token, **writers)
+        if _ACTIVE.writes and token is None:  # started by file or RPC: stopped by file
             threading.Thread(target=_ACTIVE._watch_stop, name="eagle-io-capture-stop", daemon=True).start()
+
+
+def _start_over_http(scheduler: Any, cmd: Mapping[str, Any]) -> None:
+    global _STARTING
+    try:
+        writers = {k: int(cmd[k]) for k in ("writer_offset", "all_writers") if cmd.get(k) is not None}
+        _start(scheduler, str(cmd["out_dir"]), cmd.get("options") or {}, cmd["token"], **writers)
+        _STARTING = None
+        logger.info("eagle-io capture started over HTTP into %s", cmd["out_dir"])
+    except Exception as e:  # shown in the status: the client names it
+        _STARTING = {"state": "failed", "token": cmd["token"], "error": f"{type(e).__name__}: {e}"}
+        logger.error("eagle-io capture: the start over HTTP failed: %s", _STARTING["error"])
+
+
+def _control_hook(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ``Scheduler.set_internal_state(self, recv_req)``: takes eagle-io's commands (:func:`.protocol
+    .parse_control`) and answers ``updated=True`` when one was taken; starting and stopping run on a thread, so the
+    scheduler loop never waits for them. Every other request is SGLang's."""
+    global _STARTING
+    try:
+        cmd = parse_control(getattr(recv_req, "server_args", None))
+    except CaptureRefusedError as e:
+        logger.error("eagle-io capture: %s", e)
+        cmd = {"op": "invalid"}
+    if cmd is None:
+        return original(scheduler, recv_req, *args, **kwargs)
+    from sglang.srt.managers.io_struct import SetInternalStateReqOutput
+
+    taken = False
+    with _LOCK:
+        cap = _ACTIVE
+        if cmd["op"] == "start":
+            running = cap is not None and cap.writes and not cap.stopping
+            if running and cap.token == cmd["token"]:
+                taken = True  # a retried start: already running
+            elif not running and not (_STARTING and _STARTING["state"] == "starting"):
+                _STARTING = {"state": "starting", "token": cmd["token"], "error": None}
+                threading.Thread(target=_start_over_http, args=(scheduler, cmd), daemon=True).start()
+                taken = True
+        elif cmd["op"] == "stop" and cap is not None and cap.writes:
+            complete = cmd.get("complete") is not False
+            threading.Thread(target=cap.stop, args=(cmd["token"], complete, False), daemon=True).start()
+            taken = True
+        elif cmd["op"] == "stop" and cap is not None:
+            taken = True  # a rank that does not write has nothing to stop
+    return SetInternalStateReqOutput(updated=taken)
+
+
+def _status_hook(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER ``Scheduler.get_internal_state(self, recv_req)``: adds this rank's capture status and target facts
+    (:data:`.protocol.STATUS_KEY`) to its ``internal_states`` entry."""
+    state = getattr(result, "internal_state", None)
+    if isinstance(state, dict):
+        state[STATUS_KEY] = status(scheduler)
+    return result
+
+
+_FACTS: dict[str, Any] | None = None
+
+
+def status(scheduler: Any) -> dict[str, Any]:
+    """This scheduler's capture status: ``target`` (the facts a client checks before starting:
+    :func:`eagle_io.sglang.probe.capture_target`, or ``error`` when they cannot be read), ``eagle_io`` (the
+    version), then the capture's own (``state`` ``idle`` when none ran)."""
+    global _FACTS
+    if _FACTS is None:
+        try:
+            _FACTS = probe.capture_target(scheduler)
+        except Exception as e:  # the client names it
+            _FACTS = {"error": f"{type(e).__name__}: {e}"}
+    out: dict[str, Any] = {"eagle_io": __version__, "target": _FACTS}
+    if _STARTING is not None:
+        out.update(_STARTING)
+    elif _ACTIVE is not None:
+        out.update(_ACTIVE.status())
+        out["stop_token"] = getattr(_ACTIVE, "stop_token", None)
+    else:
+        out["state"] = "idle"
+    return json.loads(json.dumps(out, default=str))  # msgpack-native for SGLang's IPC
 
 
 def _start_from_env(scheduler: Any, *args: Any, **kwargs: Any) -> None:
@@ -236,7 +449,10 @@ def install(*, switch: str) -> list[str]:
     """
     sched_cls = hooks.resolve(hooks.STARTUP_HOOK.rsplit(".", 1)[0])
     hooks.register(hooks.TP_FORWARD_HOOK, _forward_hook, "AFTER", switch=switch)
+    hooks.register(hooks.RESULT_HOOK, _result_hook, "AFTER", switch=switch)
     hooks.register(hooks.STARTUP_HOOK, _start_from_env, "BEFORE", switch=switch)
+    hooks.register(hooks.SET_STATE_HOOK, _control_hook, "AROUND", switch=switch)
+    hooks.register(hooks.GET_STATE_HOOK, _status_hook, "AFTER", switch=switch)
     if not hasattr(sched_cls, "eagle_io_capture_start"):
         sched_cls.eagle_io_capture_start = _start
-    return [hooks.TP_FORWARD_HOOK, hooks.STARTUP_HOOK]
+    return [hooks.TP_FORWARD_HOOK, hooks.RESULT_HOOK, hooks.STARTUP_HOOK, hooks.SET_STATE_HOOK, hooks.GET_STATE_HOOK]

@@ -1,0 +1,106 @@
+"""Assembling one sample from the forwards SGLang runs for one request, in a scheduler process.
+
+SGLang with its defaults does not give a request's states in one forward:
+
+* **chunked prefill** splits a prompt over several extend forwards (``prefix_len`` = the tokens done before);
+* the **decode** forwards of a request that generates an answer each bring the state of the token fed in;
+* a **retracted** request (evicted under memory pressure, ``Req.reset_for_retract``) is prefilled again later, over
+  its prompt and the tokens generated so far, possibly from a prefix it had cached itself.
+
+:class:`RequestStates` keeps, per request, the rows of every forward at their token positions: an extend at
+``prefix_len = p`` replaces whatever was held from position ``p`` on (a retracted request's recomputed rows replace
+the first ones, so no row is held twice), a decode appends one row. An extend that starts past what is held (a prefix
+served from the radix cache that this capture never saw) makes the request incomplete: it is never stored, and
+counted. Rows are device tensors cloned right behind the forward (no host sync); they are joined when the request
+finishes (:meth:`RequestStates.take`).
+
+Device memory held: ``rows * (k + 1) * H * itemsize`` per unfinished sampled request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Held", "RequestStates"]
+
+
+@dataclass
+class Held:
+    """The rows held for one request: ``parts`` are ``(position, aux [n, k*H], final [n, H])`` in position order,
+    contiguous from 0; ``broken`` says why the request can no longer be stored (None: it can)."""
+
+    sample_id: int
+    params: dict[str, Any]
+    parts: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    broken: str | None = None
+
+    @property
+    def rows(self) -> int:
+        if not self.parts:
+            return 0
+        pos, aux, _ = self.parts[-1]
+        return pos + int(aux.shape[0])
+
+    def cut(self, position: int) -> None:
+        """Drops every row at or after ``position``."""
+        kept = []
+        for pos, aux, fin in self.parts:
+            if pos >= position:
+                break
+            n = min(int(aux.shape[0]), position - pos)
+            kept.append((pos, aux[:n], fin[:n]))
+        self.parts = kept
+
+
+class RequestStates:
+    """Per-request rows of the sampled requests of one scheduler (see the module docstring). Called from the
+    scheduler's thread only."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, Held] = {}
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def extend(self, rid: str, sample_id: int, params: dict[str, Any], prefix_len: int, aux: torch.Tensor,
+               final: torch.Tensor) -> None:  # fmt: skip
+        """An extend forward of request ``rid`` over positions ``[prefix_len, prefix_len + len(aux))``."""
+        h = self.held.get(rid)
+        if h is None or prefix_len == 0:
+            h = self.held[rid] = Held(sample_id, params)
+        if prefix_len > h.rows:
+            h.broken = h.broken or (
+                f"its forward starts at token {prefix_len} but only {h.rows} were captured before (a prefix served "
+                "from the radix cache, or a capture started while the request ran)"
+            )
+            return
+        h.cut(prefix_len)
+        h.parts.append((prefix_len, aux, final))
+
+    def decode(self, rid: str, aux: torch.Tensor, final: torch.Tensor) -> None:
+        """A decode forward of ``rid``: one row, at the next position. A request not held (its prefill came before
+        the capture started) is ignored: it is never stored."""
+        h = self.held.get(rid)
+        if h is not None and h.broken is None:
+            h.parts.append((h.rows, aux, final))
+
+    def take(self, rid: str, rows: int) -> tuple[Held, torch.Tensor | None, torch.Tensor | None]:
+        """Forgets ``rid`` and returns what was held with its first ``rows`` rows joined (``[rows, k*H]``,
+        ``[rows, H]``), or None for both when they cannot be: broken, or fewer rows held (``held.broken`` then
+        says why). Rows past ``rows`` (a forward the overlap scheduler ran after the request finished) are left
+        out."""
+        h = self.held.pop(rid)
+        if h.broken is None and h.rows < rows:
+            h.broken = f"{h.rows} token states were captured for its {rows} tokens"
+        if h.broken is not None:
+            return h, None, None
+        h.cut(rows)
+        aux = torch.cat([a for _, a, _ in h.parts]) if len(h.parts) > 1 else h.parts[0][1]
+        fin = torch.cat([f for _, _, f in h.parts]) if len(h.parts) > 1 else h.parts[0][2]
+        return h, aux, fin
+
+    def forget(self, rid: str) -> Held | None:
+        return self.held.pop(rid, None)

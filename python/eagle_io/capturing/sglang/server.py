@@ -1,0 +1,423 @@
+"""Capturing from running SGLang servers over HTTP only: :class:`ServerCapture`, what
+``eagle_io.capture("http://host:30000", out_dir)`` returns and ``eagle-io generate --server URL`` drives.
+
+The server is one users launch themselves, with SGLang's own flags for aux capture and every other setting at its
+default (chunked prefill and the radix cache on)::
+
+    python -m sglang.launch_server --model-path M --enable-return-aux-hidden-states --speculative-algorithm EAGLE3
+
+with eagle-io installed in its environment (the plugin, :mod:`eagle_io.serving.plugin`, loads in every scheduler).
+Nothing is shared between client and server but HTTP (:mod:`.protocol`): the preflight reads ``GET /server_info``
+(the resolved launch settings, and each DP rank's eagle-io status with the target's facts) and ``GET /model_info``;
+start and stop go through ``POST /set_internal_state``, which SGLang fans out to every DP rank; samples are
+``POST /generate`` requests carrying eagle-io's ``custom_params``, each with a unique ``extra_key`` (SGLang's radix
+cache then never serves a sample's prompt from another request's cache: every prompt state is computed), with
+``routed_dp_rank`` fixed by the sample id (a resumed capture sends each sample to the rank that holds its
+manifest). Several servers are several groups of shard writers, numbered one after the other, writing into the one
+``out_dir`` (a path each server can write, or an ``s3://`` prefix); ``close`` merges their manifests where the client
+can reach them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ... import defaults
+from ...errors import CaptureStopTimeoutError, InvalidArgumentError, SGLangError, StorageError
+from ...store import layout
+from ...store.manifest import read_manifest
+from ..options import CaptureOptions
+from ..store import check_sample
+from .client import committed_ids, refuse_writer_ranks, sample_params
+from .protocol import STATUS_KEY, control_args
+
+__all__ = ["ServerCapture", "ServerFacts", "http_json", "server_facts"]
+
+logger = logging.getLogger("eagle_io.capture")
+
+_RETRYABLE = {429, 500, 502, 503, 504}
+
+
+def http_json(url: str, body: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
+    """GET (``body`` None) or POST JSON to ``url``; the decoded JSON answer.
+
+    Raises:
+        SGLangError: an HTTP error status (``status`` set; the body's first 500 characters in the message) or no
+            connection (``status`` None), naming the URL.
+    """
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        detail = e.read()[:500].decode(errors="replace")
+        raise SGLangError(f"{url}: HTTP {e.code}: {detail}", status=e.code) from e
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise SGLangError(f"{url}: {getattr(e, 'reason', e)}", status=None) from e
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What the preflight read from one server.
+
+    Attributes:
+        url: the server's base URL.
+        model_path: ``/model_info``'s ``model_path`` (what the server was launched with).
+        tokenizer_path: ``/model_info``'s ``tokenizer_path``.
+        target: the target's facts as the scheduler sees them (:func:`eagle_io.sglang.probe.capture_target`:
+            ``architecture``, ``num_layers``, ``hidden_size``, ``vocab_size``, ``layers`` (eagle-io ids), ``writers``).
+        ranks: the DP ranks' eagle-io statuses (``internal_states[i]["eagle_io_capture"]``), in SGLang's order.
+    """
+
+    url: str
+    model_path: str
+    tokenizer_path: str | None
+    target: Mapping[str, Any]
+    ranks: tuple[Mapping[str, Any], ...]
+
+    @property
+    def writers(self) -> int:
+        return int(self.target["writers"])
+
+    @property
+    def target_info(self) -> dict[str, Any]:
+        t = self.target
+        info = {k: t[k] for k in ("num_layers", "hidden_size", "vocab_size", "architecture")}
+        return {**info, "model_id": os.path.basename(self.model_path.rstrip("/")) or self.model_path}
+
+
+def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[int] | None = None) -> ServerFacts:
+    """The preflight of one server: reads ``/server_info`` and ``/model_info`` and refuses, naming the URL, what
+    this capture cannot use.
+
+    Raises:
+        SGLangError: the server does not answer.
+        InvalidArgumentError: the server does not run eagle-io's plugin; was launched without aux capture
+            (``--enable-return-aux-hidden-states``), with pipeline parallelism, with Ray (its schedulers never load
+            plugins), with speculative decoding (a draft: the live-traffic capture's case); serves another model
+            than ``model``; captures other layers than ``aux_layer_ids``.
+    """
+    url = url.rstrip("/")
+    info = http_json(f"{url}/server_info")
+    model_info = http_json(f"{url}/model_info")
+    problems = []
+    if info.get("pp_size", 1) not in (None, 1):
+        problems.append(f"pipeline parallelism (pp_size {info['pp_size']}): only the last stage sees the states")
+    if info.get("use_ray"):
+        problems.append("Ray (--use-ray): SGLang's Ray scheduler actors never load plugins, so nothing captures")
+    if not info.get("enable_return_aux_hidden_states"):
+        problems.append(
+            "no aux capture: launch it with --enable-return-aux-hidden-states --speculative-algorithm EAGLE3 (SGLang's "
+            "capture-only mode: no draft)"
+        )
+    states = info.get("internal_states") or []
+    ranks = tuple(s.get(STATUS_KEY) for s in states if isinstance(s, dict))
+    if not ranks or any(r is None for r in ranks):
+        problems.append(
+            "it does not run eagle-io's SGLang plugin (install eagle-io in the server's environment; SGLANG_PLUGINS, "
+            "when set, must name eagle_io; EAGLE_IO_SGLANG_PLUGIN and EAGLE_IO_SGLANG_CAPTURE must not be 0)"
+        )
+    if problems:
+        raise InvalidArgumentError(f"cannot capture from {url}: " + "; ".join(problems))
+    target = ranks[0]["target"]
+    if "error" in target:
+        raise InvalidArgumentError(f"cannot capture from {url}: its scheduler cannot read the target: {target['error']}"
+                                   )  # fmt: skip
+    if target.get("speculative_algorithm"):
+        raise InvalidArgumentError(
+            f"cannot capture from {url}: it serves speculative decoding ({target['speculative_algorithm']}); capture "
+            "from a server in capture-only mode (no draft)"
+        )
+    model_path = str(model_info.get("model_path") or info.get("model_path") or "")
+    if model is not None and os.path.normpath(model) != os.path.normpath(model_path):
+        raise InvalidArgumentError(f"{url} serves {model_path}, not the model asked for ({model})")
+    if aux_layer_ids is not None and list(aux_layer_ids) != list(target["layers"]):
+        raise InvalidArgumentError(
+            f"{url} captures aux layers {target['layers']} (eagle-io ids: input of layer i), not "
+            f"{list(aux_layer_ids)}; "
+            "launch it with --return-aux-hidden-state-layer-ids in SGLang's convention (eagle-io check-serving "
+            "prints them)"
+        )
+    return ServerFacts(url, model_path, model_info.get("tokenizer_path"), target, ranks)
+
+
+class ServerCapture:
+    """A capture through running SGLang servers, with :class:`eagle_io.CaptureSession`'s interface (``submit``,
+    ``stats``, ``close``, context manager, ``done``, ``counts``, ``aux_layer_ids``, ``manifest``).
+
+    Args:
+        urls: one server's base URL or several (each its own group of shard writers), or their
+            :func:`server_facts` (a preflight already made).
+        out_dir: the dataset: a directory every server can write (the same path on each), or ``s3://bucket/run``.
+        options: the capture's options; ``target_info`` and ``aux_layer_ids`` default to the servers' (which must
+            agree); ``writer_options`` ``rank`` / ``world_size`` are refused (the servers' layout numbers them).
+        sampling_params: SGLang sampling parameters of every sample request. The default,
+            ``{"max_new_tokens": 1}``, stores the prompt only; with ``max_new_tokens`` above 1 a sample is the prompt
+            plus the answer the server generates (its decode forwards' states; the last generated token is not
+            stored, its state is never computed; the loss mask is 1 over the generated tokens).
+        model: refuse servers that serve another model path.
+        concurrency: sample requests in flight per server.
+        retries, backoff_s: retries of a request that failed to reach a server (connection error, 5xx, 429), the
+            first after ``backoff_s``, each next twice as long.
+        progress: show a progress bar (tqdm, on stderr) over the samples of each :meth:`submit`.
+
+    Raises:
+        InvalidArgumentError: a preflight refusal (:func:`server_facts`), servers that disagree on the target, a
+            start a server refused (its status' error, naming the URL and rank).
+        SGLangError: a server that does not answer.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str] | Sequence[ServerFacts],
+        out_dir: str | os.PathLike[str],
+        options: CaptureOptions,
+        *,
+        sampling_params: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        concurrency: int = defaults.SERVER_CONCURRENCY,
+        retries: int = defaults.SERVER_RETRIES,
+        backoff_s: float = defaults.SERVER_BACKOFF_S,
+        request_timeout_s: float = defaults.SERVER_REQUEST_TIMEOUT_S,
+        progress: bool = False,
+    ) -> None:
+        urls = [urls] if isinstance(urls, str) else list(urls)
+        if not urls:
+            raise InvalidArgumentError("capture from servers: no URL given")
+        if concurrency < 1 or retries < 0 or backoff_s < 0:
+            raise InvalidArgumentError(
+                f"concurrency {concurrency} (>= 1), retries {retries} (>= 0), backoff_s {backoff_s} (>= 0)"
+            )
+        refuse_writer_ranks(options)
+        self.servers = [
+            u if isinstance(u, ServerFacts) else server_facts(u, model=model, aux_layer_ids=options.aux_layer_ids)
+            for u in urls
+        ]
+        first = self.servers[0]
+        for s in self.servers[1:]:
+            if dict(s.target_info) != dict(first.target_info) or s.target["layers"] != first.target["layers"]:
+                raise InvalidArgumentError(
+                    f"{s.url} serves {s.target_info} (layers {s.target['layers']}), {first.url} serves "
+                    f"{first.target_info} (layers {first.target['layers']}): one capture needs one target"
+                )
+        if not options.target_info:
+            options = options.replace(target_info=first.target_info)
+        self.options = options
+        self.url = os.fspath(out_dir)
+        self.sampling_params = {"max_new_tokens": 1, **(sampling_params or {})}
+        self.concurrency, self.retries, self.backoff_s = concurrency, retries, backoff_s
+        self.request_timeout_s, self.progress = request_timeout_s, progress
+        self.aux_layer_ids = list(first.target["layers"])
+        self.writers = sum(s.writers for s in self.servers)
+        self.manifest_path = os.path.join(self.url, layout.MANIFEST) if self.writers == 1 else self.url
+        self.merge_warnings: list[str] | None = None  # after close, when several writers' manifests were merged
+        self.counts = dict.fromkeys(("submitted", "already_done", "sent", "retried", "prefix_tokens_reused"), 0)
+        self.answers: list[dict[str, Any]] = []
+        self.manifest: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self.done = self._committed()
+        self._token = uuid.uuid4().hex
+        offset = 0
+        for s in self.servers:
+            cmd = control_args("start", self._token, out_dir=self.url, options=options.to_json(),
+                               writer_offset=offset, all_writers=self.writers)  # fmt: skip
+            http_json(f"{s.url}/set_internal_state", {"server_args": cmd})
+            offset += s.writers
+        self._wait({"capturing"}, "token", defaults.STOP_TIMEOUT_S, "start")
+
+    def _committed(self) -> set[int]:
+        """Sample ids the dataset's manifests already list, where this client can read them (an ``s3://`` prefix,
+        or a directory it shares with the servers); else none: each server's writer then skips what it holds,
+        counted as ``already_done`` in its counts."""
+        if layout.is_url(self.url) or os.path.isdir(self.url):
+            return committed_ids(self.url, self.writers)
+        return set()
+
+    def _statuses(self) -> list[tuple[str, int, dict[str, Any]]]:
+        out = []
+        for s in self.servers:
+            for i, st in enumerate(http_json(f"{s.url}/server_info").get("internal_states") or []):
+                cap = st.get(STATUS_KEY) or {}
+                if cap.get("writes", cap.get("target", {}).get("writes", True)):
+                    out.append((s.url, i, cap))
+        return out
+
+    def _wait(self, states: set[str], key: str, timeout_s: float, what: str) -> list[dict[str, Any]]:
+        """Polls every server's ranks until each reports one of ``states`` under this client's token (``key``:
+        ``token`` for a start, ``stop_token`` for a stop); returns their statuses.
+
+        Raises:
+            InvalidArgumentError: a rank failed the start, or runs another client's capture (names URL and rank).
+            StorageError: a rank failed while stopping (its error, naming URL and rank).
+            CaptureStopTimeoutError: not every rank got there within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            statuses = self._statuses()
+            pending = []
+            for url, rank, st in statuses:
+                mine = st.get(key) == self._token
+                if mine and st.get("state") == "failed":
+                    err = st.get("error")
+                    cls = StorageError if what == "stop" else InvalidArgumentError
+                    raise cls(f"{url} DP rank {rank}: the capture's {what} failed: {err}")
+                if not mine and what == "start" and st.get("state") in ("capturing", "starting", "stopping"):
+                    raise InvalidArgumentError(
+                        f"{url} DP rank {rank} is already capturing into {st.get('out_dir')} for another client: "
+                        "stop that capture first (its client's close())"
+                    )
+                if not (mine and st.get("state") in states):
+                    pending.append(f"{url} DP rank {rank} ({st.get('state')})")
+            if not pending:
+                return [st for _, _, st in statuses]
+            if time.monotonic() > deadline:
+                raise CaptureStopTimeoutError(
+                    f"the capture's {what} did not reach {', '.join(pending)} within {timeout_s:.0f} s"
+                )
+            time.sleep(0.2)
+
+    # ----------------------------------------------------------------------------------------------- submitting
+
+    def _send(self, server: ServerFacts, sample: Any, writer_in_server: int) -> None:
+        body: dict[str, Any] = {
+            "input_ids": [int(t) for t in sample.input_ids.tolist()],
+            "sampling_params": {**self.sampling_params, "custom_params": sample_params(sample)},
+        }
+        if server.writers > 1:
+            body["routed_dp_rank"] = writer_in_server
+        wait = self.backoff_s
+        for attempt in range(self.retries + 1):
+            body["extra_key"] = f"eagle-io-{uuid.uuid4().hex}"  # a fresh radix-cache namespace per attempt
+            try:
+                out = http_json(f"{server.url}/generate", body, timeout_s=self.request_timeout_s)
+                break
+            except SGLangError as e:
+                if attempt == self.retries or (e.status is not None and e.status not in _RETRYABLE):
+                    raise SGLangError(
+                        f"sample {sample.index}: {e} (after {attempt + 1} attempt(s))", status=e.status
+                    ) from e
+                with self._lock:
+                    self.counts["retried"] += 1
+                time.sleep(wait)
+                wait *= 2
+        meta = (out[0] if isinstance(out, list) else out or {}).get("meta_info") or {}
+        with self._lock:
+            self.counts["sent"] += 1
+            self.counts["prefix_tokens_reused"] += int(meta.get("cached_tokens") or 0)
+
+    def submit(self, samples: Sequence[Any]) -> None:
+        """Sends each sample (``index``, ``input_ids [L]``, ``loss_mask [L]``, optional ``id``, e.g.
+        :class:`eagle_io.data.TokenizedSample`) as one request, ``concurrency`` in flight per server; returns when
+        every server has answered every request. Sample ``i`` goes to server ``i % len(urls)``, and there to DP rank
+        ``(i // len(urls)) % writers``. Committed samples are skipped and counted.
+
+        Raises:
+            SchemaError: a sample the capture cannot store (checked before anything is sent).
+            SGLangError: a request that failed after its retries, naming the sample and the URL (the samples sent
+                before stay captured).
+            InvalidArgumentError: the capture is closed.
+        """
+        if self.manifest is not None:
+            raise InvalidArgumentError(f"the capture into {self.url} is closed; start a new one")
+        vocab = int(self.servers[0].target["vocab_size"])
+        for s in samples:
+            check_sample(s.index, s.input_ids, s.loss_mask, max_length=self.options.max_length, vocab_size=vocab)
+        self.counts["submitted"] += len(samples)
+        todo = [s for s in samples if int(s.index) not in self.done]
+        self.counts["already_done"] += len(samples) - len(todo)
+        if not todo:
+            return
+        n = len(self.servers)
+        bar = _bar(len(todo)) if self.progress else None
+        pools = [ThreadPoolExecutor(self.concurrency, thread_name_prefix="eagle-io-send") for _ in self.servers]
+        try:
+            futures = []
+            for s in todo:
+                i = int(s.index)
+                server = self.servers[i % n]
+                futures.append(pools[i % n].submit(self._send, server, s, (i // n) % server.writers))
+            first_error = None
+            for f in futures:
+                try:
+                    f.result()
+                except SGLangError as e:
+                    first_error = first_error or e
+                if bar is not None:
+                    bar.update(1)
+            if first_error is not None:
+                raise first_error
+        finally:
+            for p in pools:
+                p.shutdown(wait=True, cancel_futures=True)
+            if bar is not None:
+                bar.close()
+        self.done.update(int(s.index) for s in todo)
+
+    # ------------------------------------------------------------------------------------------------- stopping
+
+    def stats(self) -> dict[str, Any]:
+        """``counts`` (``submitted``, ``already_done``, ``sent``, ``retried``, ``prefix_tokens_reused``: prompt
+        tokens SGLang served from its cache, 0 when every prompt was computed); after :meth:`close`, plus the writers'
+        counters summed (``scheduler_*``: :data:`eagle_io.capturing.store.COUNTS` and the scheduler's own
+        :data:`~eagle_io.capturing.sglang.scheduler.REQUEST_COUNTS`), and the rings' statistics (sizes and times per
+        rank: the largest)."""
+        out: dict[str, Any] = dict(self.counts)
+        per_rank = ("ring_capacity", "ring_high_water_bytes", "elapsed_seconds")
+        for a in self.answers:
+            for k, v in {**(a.get("stats") or {}), **{f"scheduler_{k}": v for k, v in a["counts"].items()}}.items():
+                if isinstance(v, (int, float)):
+                    out[k] = max(out.get(k, 0), v) if k in per_rank else out.get(k, 0) + v
+        return out
+
+    def close(self, timeout_s: float = defaults.STOP_TIMEOUT_S, complete: bool = True) -> dict[str, Any]:
+        """Stops the capture on every server (each writer drains its ring, commits and answers in its status);
+        merges several writers' manifests where this client can reach ``out_dir``. Returns the manifest (``{}``
+        when several writers' manifests are left to merge: ``eagle-io merge`` where the dataset is)."""
+        if self.manifest is not None:
+            return self.manifest
+        for s in self.servers:
+            stop = control_args("stop", self._token, complete=complete)
+            http_json(f"{s.url}/set_internal_state", {"server_args": stop})
+        self.answers = self._wait({"stopped"}, "stop_token", timeout_s, "stop")
+        self.manifest = {}
+        reachable = layout.is_url(self.url) or os.path.isdir(self.url)
+        if reachable and self.writers == 1 and not layout.is_url(self.url):
+            self.manifest = read_manifest(os.path.join(self.url, layout.MANIFEST))
+        elif reachable and complete and self.writers > 1:
+            from ...store.merge import merge_ranks
+
+            merged = merge_ranks(self.url)
+            self.manifest_path, self.merge_warnings = merged.manifest, list(merged.warnings)
+            self.manifest = read_manifest(merged.manifest) if not layout.is_url(self.url) else {}
+        return self.manifest
+
+    def __enter__(self) -> ServerCapture:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:  # commit what the servers hold, marked incomplete, without hiding the error
+            self.close(timeout_s=120.0, complete=False)
+        except Exception as e:
+            logger.error("eagle-io: could not stop the capture on %s after %s: %s",
+                         [s.url for s in self.servers], exc_type.__name__, e)  # fmt: skip
+
+
+def _bar(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="sample", desc="capture", dynamic_ncols=True)
