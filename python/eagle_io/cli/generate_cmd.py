@@ -318,6 +318,7 @@ def _sglang_session(args, dataset: str, layer_ids):
 
     if args.world_size != 1:
         raise InvalidArgumentError("--backend sglang runs one server: use --dp-size / --tp-size, not --world-size")
+    _check_writers(args)
     check_out_dir(args, dataset)  # before the checkpoint is made and the server launched
     path, tokenizer, info = target_checkpoint(args.model)
     os.makedirs(args.out, exist_ok=True)
@@ -364,8 +365,27 @@ def _servers(args, dataset: str, layer_ids):
     where = Path(path)
     kw = {"gguf_file": where.name} if where.is_file() else {}
     tokenizer = AutoTokenizer.from_pretrained(where.parent if where.is_file() else where, local_files_only=True, **kw)
+    _check_writers(args)
     check_out_dir(args, dataset)
     return _server_session(args, dataset, layer_ids, tokenizer, first.target_info), tokenizer, first.target_info, None
+
+
+def _check_writers(args) -> None:
+    """A dataset at ``--out`` (where this client sees it) is continued only with ``--resume``, and by as many shard
+    writers as captured it (``args.writers``: the data-parallel ranks of the servers; each resumes its own
+    manifest)."""
+    held = layout.dataset_manifests(args.out)
+    where = args.remote or args.out
+    if held and not args.resume:
+        raise InvalidArgumentError(f"{where} already holds a capture: pass --resume to continue it")
+    remote_ranks = {n for n in getattr(args, "remote_manifests", []) if n != layout.MANIFEST}
+    ranks = len({p.name for p in layout.rank_manifests(args.out)} | remote_ranks)
+    if args.resume and held and ranks != (args.writers if args.writers > 1 else 0):
+        raise InvalidArgumentError(
+            f"{where} was captured by {ranks or 1} shard writer(s) (data-parallel ranks), this launch has "
+            f"{args.writers}: resume it with as many (--dp-size, or --attn-dp-size, or the same servers; each writer "
+            "resumes its own manifest)"
+        )
 
 
 def _check_numbers(args: argparse.Namespace) -> None:

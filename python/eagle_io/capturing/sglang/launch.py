@@ -148,13 +148,15 @@ def launch_capture_server(
     log_path: str | os.PathLike[str],
     *,
     timeout_s: float = 900.0,
+    env: Mapping[str, str] | None = None,
     **engine_args: Any,
 ) -> tuple[str, Any]:
     """Starts ``python -m sglang.launch_server`` over the HF checkpoint ``model_path`` in capture-only mode
     (:data:`SERVER_CAPTURE_FLAGS`, plus ``--return-aux-hidden-state-layer-ids`` for ``options.aux_layer_ids``:
     :func:`capture_layer_args`), SGLang's defaults otherwise (chunked prefill and the radix cache on), in a process
     group of its own (a terminal's Ctrl-C does not reach it: the client stops the capture first), its output appended
-    to ``log_path``; waits until ``/health`` answers. The capture itself is started over HTTP
+    to ``log_path``, in ``env`` (default: this process' environment); waits until ``/health`` answers. The capture
+    itself is started over HTTP
     (:class:`~eagle_io.capturing.sglang.server.ServerCapture`), as for a server users launch.
 
     Returns:
@@ -182,7 +184,7 @@ def launch_capture_server(
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", os.fspath(model_path), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), *SERVER_CAPTURE_FLAGS, *server_flags(engine_args)]
     log = open(log_path, "ab")  # noqa: SIM115 (held by the server process for its life)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     log.close()
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
     while True:

@@ -278,6 +278,11 @@ class ServerCapture:
                         f"{url} DP rank {rank} is already capturing into {st.get('out_dir')} for another client: "
                         "stop that capture first (its client's close())"
                     )
+                if what == "stop" and st.get("state") == "idle":
+                    raise StorageError(
+                        f"{url} DP rank {rank} holds no capture to stop (was the server restarted?): what it had not "
+                        "committed is lost; --resume captures it again"
+                    )
                 if not (mine and st.get("state") in states):
                     pending.append(f"{url} DP rank {rank} ({st.get('state')})")
             if not pending:

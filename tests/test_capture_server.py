@@ -1,0 +1,279 @@
+"""``eagle_io.capture("http://...")`` and ``eagle-io generate --server`` against a real CPU ``sglang.launch_server``
+started with SGLang's own capture flags (``--enable-return-aux-hidden-states --speculative-algorithm EAGLE3``) and its
+defaults otherwise: the radix cache on, chunked prefill on (32 tokens, so that every prompt here is split), float32.
+The stored states are held to the Hugging Face reference forward over the same tokens (states stored in bfloat16:
+max |difference| <= 1% of max |reference| per tensor; measured 0.2-0.4%). The fake server at the end tests the
+client's own logic (retries, errors, routing), never SGLang's."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import ClassVar
+
+import pytest
+import torch
+from helpers.sglang_cpu import cpu_engine_env
+from test_capture_session import FIXTURE, tiny_target
+from test_serving_plugin import needs_sglang
+
+import eagle_io
+from eagle_io.capturing.sglang.server import http_json
+from eagle_io.errors import InvalidArgumentError, SGLangError
+
+CPU = {"device": "cpu", "attention_backend": "torch_native", "disable_cuda_graph": True, "dtype": "float32"}
+CPU |= {"max_total_tokens": 4096, "mem_fraction_static": 0.3, "chunked_prefill_size": 32, "log_level": "info"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One real CPU server for the module: ``(url, model directory, HF model)``."""
+    from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.sglang.launch import launch_capture_server, stop_server
+    from eagle_io.data import load_default_tokenizer
+
+    tmp = tmp_path_factory.mktemp("server")
+    tok = load_default_tokenizer()
+    model, _ = tiny_target(vocab=len(tok))
+    model.save_pretrained(tmp / "tiny")
+    tok.save_pretrained(tmp / "tiny")
+    env = cpu_engine_env()
+    url, proc = launch_capture_server(tmp / "tiny", CaptureOptions(), tmp / "server.log", env=env, **CPU)
+    try:
+        yield url, tmp / "tiny", model.float().eval()
+    finally:
+        stop_server(proc)
+
+
+def samples(n_tokens: list[int], seed: int = 0, first: int = 0) -> list[SimpleNamespace]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, n in enumerate(n_tokens):
+        ids = torch.randint(10, 40000, (n,), generator=g)
+        mask = (torch.rand(n, generator=g) > 0.5).long()
+        mask[-1] = 1
+        out.append(SimpleNamespace(index=first + i, id=f"s{first + i}", input_ids=ids, loss_mask=mask))
+    return out
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def held_to_reference(out: Path, model) -> dict[int, dict]:
+    """Every sample of ``out`` against the HF forward over its own tokens; returns the items by sample id."""
+    ds = eagle_io.Dataset(out)
+    assert eagle_io.Dataset.verify(out) == [] and ds.manifest["complete"]
+    items = {}
+    for i in range(len(ds)):
+        item, sid = ds[i], ds.entry(i).sample_id
+        with torch.no_grad():
+            hs = model(item["input_ids"][None], output_hidden_states=True).hidden_states
+        aux = torch.cat([hs[j][0] for j in (2, 4, 5)], -1)  # SGLang's default [2, N//2, N-3] for 8 layers
+        final = hs[-1][0]  # post-norm
+        assert rel(item["aux_hidden_states"], aux) <= 0.01, sid
+        assert rel(item["hidden_states"], final) <= 0.01, sid
+        items[sid] = item
+    return items
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_prompts_are_captured_whole_with_chunked_prefill_and_the_radix_cache_on(server, tmp_path):
+    """Prompts split over chunks, two of them sharing an 80-token prefix with a third (the radix cache would serve
+    it), sent while plain requests of other users run: every prompt state is computed and stored, in order; the plain
+    traffic leaves no trace; nothing was served from the cache."""
+    url, _, model = server
+    info = http_json(f"{url}/server_info")
+    assert info["disable_radix_cache"] is False and info["chunked_prefill_size"] == 32  # SGLang's cache on
+    todo = samples([5, 40, 100, 31, 64, 7])
+    for j in (6, 7):
+        ids = torch.cat([todo[2].input_ids[:80], torch.randint(10, 40000, (10,))])
+        todo.append(SimpleNamespace(index=j, id=f"s{j}", input_ids=ids, loss_mask=torch.ones(90, dtype=torch.long)))
+    plain = threading.Thread(
+        target=lambda: [
+            eagle_io.capturing.sglang.server.http_json(
+                f"{url}/generate",
+                {"input_ids": todo[2].input_ids[:90].tolist(), "sampling_params": {"max_new_tokens": 4}},
+            )
+            for _ in range(3)
+        ]
+    )
+    plain.start()
+    with eagle_io.capture(url, tmp_path / "out", concurrency=3) as cap:
+        cap.submit(todo[:4])
+        cap.submit(todo[4:])
+    plain.join()
+    st = cap.stats()
+    assert st["sent"] == 8 and st["prefix_tokens_reused"] == 0 and st["scheduler_written"] == 8
+    assert st["scheduler_incomplete"] == st["scheduler_refused"] == 0
+    items = held_to_reference(tmp_path / "out", model)
+    assert sorted(items) == list(range(8))
+    for s in todo:
+        assert torch.equal(items[s.index]["input_ids"], s.input_ids)
+        assert torch.equal(items[s.index]["loss_mask"], s.loss_mask.to(torch.uint8))
+    meta = eagle_io.Dataset(tmp_path / "out").metadata
+    assert meta["aux_layer_ids"] == [2, 4, 5] and meta["capture_backend"].startswith("sglang ")
+    assert cap.aux_layer_ids == [2, 4, 5]
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_the_servers_own_answers_are_captured_in_the_same_request(server, tmp_path):
+    """``max_new_tokens`` 12: each sample is its prompt plus the 11 first generated tokens (the 12th's state is never
+    computed), the answer greedy-equal to the HF model's, the loss mask 1 over it, the decode forwards' states those
+    of the HF forward over the whole sequence."""
+    url, _, model = server
+    todo = samples([16, 51, 3], seed=1)
+    with eagle_io.capture(url, tmp_path / "ans", sampling_params={"max_new_tokens": 12, "temperature": 0}) as cap:
+        cap.submit(todo)
+    items = held_to_reference(tmp_path / "ans", model)
+    for s in todo:
+        item, n = items[s.index], len(s.input_ids)
+        assert item["input_ids"].shape[0] == n + 11 and torch.equal(item["input_ids"][:n], s.input_ids)
+        greedy = model.generate(s.input_ids[None], max_new_tokens=11, do_sample=False)[0, n:]
+        assert torch.equal(item["input_ids"][n:], greedy)
+        assert item["loss_mask"].tolist() == s.loss_mask.tolist() + [1] * 11
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_generate_server_then_resume(server, tmp_path):
+    """``eagle-io generate --server URL`` on the real ShareGPT slice, then ``--resume`` to more records: only the
+    missing samples are sent."""
+    url, _, model = server
+    out = tmp_path / "gen"
+    base = [sys.executable, "-m", "eagle_io.cli", "generate", "--server", url, "--dataset", str(FIXTURE)]
+    base += ["--out", str(out), "--max-length", "160", "--batch-size", "3"]
+    r = subprocess.run([*base, "--limit", "5", "--summary-json", str(tmp_path / "a.json")], capture_output=True,
+                       text=True, timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = json.loads((tmp_path / "a.json").read_text())
+    r = subprocess.run([*base, "--limit", "9", "--resume", "--summary-json", str(tmp_path / "b.json")],
+                       capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    second = json.loads((tmp_path / "b.json").read_text())
+    assert first["samples_written"] > 0 and second["already_committed_skipped"] == first["samples_written"]
+    ds = eagle_io.Dataset(out)
+    assert len(ds) == first["samples_written"] + second["samples_written"]
+    held_to_reference(out, model)
+    assert ds.metadata["target_model"]["model_id"] == "tiny" and ds.metadata["source_dataset"] == FIXTURE.name
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_the_preflight_names_what_the_server_cannot_capture(server, tmp_path):
+    url, _, _ = server
+    with pytest.raises(InvalidArgumentError, match=rf"{url} captures aux layers \[2, 4, 5\] .*not \[1, 4, 6\]"):
+        eagle_io.capture(url, tmp_path / "x", aux_layer_ids=[1, 4, 6])
+    from eagle_io.capturing.sglang.server import server_facts
+
+    with pytest.raises(InvalidArgumentError, match=rf"{url} serves .*tiny, not the model asked for \(/elsewhere\)"):
+        server_facts(url, model="/elsewhere")
+    facts = server_facts(url)
+    assert facts.target_info == {"num_layers": 8, "hidden_size": 64, "vocab_size": 49152,
+                                 "architecture": "LlamaForCausalLM", "model_id": "tiny"}  # fmt: skip
+    assert not list((tmp_path).iterdir()), "nothing written by a refused capture"
+
+
+# ------------------------------------------------------------------------------------- the client's own logic
+
+
+class _Fake(http.server.BaseHTTPRequestHandler):
+    """TEST-ONLY: answers as a one-rank eagle-io SGLang server would, with ``fail`` HTTP errors queued for
+    /generate."""
+
+    state: ClassVar[dict] = {}
+
+    def log_message(self, *a):  # quiet
+        pass
+
+    def _send(self, code: int, body) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        st = self.state
+        if self.path == "/model_info":
+            return self._send(200, {"model_path": "/m/tiny", "tokenizer_path": None})
+        target = {"architecture": "LlamaForCausalLM", "num_layers": 8, "hidden_size": 64, "vocab_size": 50000,
+                  "layers": [2, 4, 5], "writers": 1, "writes": True, "speculative_algorithm": None}  # fmt: skip
+        cap = {"target": target, **st["capture"]}
+        return self._send(200, {**st["info"], "internal_states": [{"eagle_io_capture": cap} if st["plugin"] else {}]})
+
+    def do_POST(self):
+        st = self.state
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/set_internal_state":
+            (key,) = body["server_args"]
+            cmd = json.loads(key.removeprefix("eagle_io:"))
+            if cmd["op"] == "start":
+                st["capture"] = {"state": "failed", "token": cmd["token"], "error": st["start_error"]} if st[
+                    "start_error"] else {"state": "capturing", "token": cmd["token"]}  # fmt: skip
+            else:
+                st["capture"] = {**st["capture"], "state": "stopped", "stop_token": cmd["token"], "counts": {}}
+            return self._send(200, [True])
+        st["sent"].append(body)
+        if st["fail"]:
+            return self._send(st["fail"].pop(0), {"error": "busy"})
+        return self._send(200, {"meta_info": {"cached_tokens": 0}})
+
+
+@pytest.fixture
+def fake():
+    _Fake.state = {"info": {"enable_return_aux_hidden_states": True, "pp_size": 1}, "plugin": True,
+                   "capture": {"state": "idle"}, "start_error": None, "fail": [], "sent": []}  # fmt: skip
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", _Fake.state
+    srv.shutdown()
+
+
+def test_requests_are_retried_with_backoff_and_a_failure_names_the_sample_and_url(fake, tmp_path):
+    from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.sglang.server import ServerCapture
+
+    url, st = fake
+    st["fail"] = [503, 429]
+    cap = ServerCapture(url, str(tmp_path / "o"), CaptureOptions(), retries=2, backoff_s=0.01, concurrency=2)
+    cap.submit(samples([4, 6], first=3))
+    assert cap.counts["retried"] == 2 and cap.counts["sent"] == 2 and len(st["sent"]) == 4
+    keys = [b["extra_key"] for b in st["sent"]]
+    assert len(set(keys)) == 4, "each attempt in its own radix-cache namespace"
+    assert {b["sampling_params"]["custom_params"]["eagle_io_sample_id"] for b in st["sent"]} == {3, 4}
+    st["fail"] = [400]
+    with pytest.raises(SGLangError, match=rf"sample 9: {url}/generate: HTTP 400: .*busy.* \(after 1 attempt\(s\)\)"):
+        cap.submit(samples([4], first=9))
+    st["fail"] = [503, 503, 503]
+    with pytest.raises(SGLangError, match=r"sample 10: .*HTTP 503.*after 3 attempt"):
+        cap.submit(samples([4], first=10))
+    cap.close()
+    assert cap.answers and cap.answers[0]["state"] == "stopped"
+
+
+def test_the_preflight_refuses_servers_it_cannot_capture_from(fake, tmp_path):
+    url, st = fake
+    st["plugin"] = False
+    with pytest.raises(InvalidArgumentError, match=rf"cannot capture from {url}: it does not run eagle-io's SGLang"):
+        eagle_io.capture(url, tmp_path / "o")
+    st["plugin"], st["info"] = True, {"enable_return_aux_hidden_states": False, "pp_size": 2, "use_ray": True}
+    with pytest.raises(InvalidArgumentError) as e:
+        eagle_io.capture(url, tmp_path / "o")
+    assert all(w in str(e.value) for w in ("pipeline parallelism (pp_size 2)", "Ray (--use-ray)", "no aux capture"))
+    st["info"] = {"enable_return_aux_hidden_states": True}
+    st["start_error"] = "InvalidArgumentError: aux_layer_ids [1] were asked for"
+    with pytest.raises(InvalidArgumentError, match=rf"{url} DP rank 0: the capture's start failed: .*\[1\] were"):
+        eagle_io.capture(url, tmp_path / "o")
+    with pytest.raises(InvalidArgumentError, match="a server is named by its URL"):
+        eagle_io.capture("localhost:30000", tmp_path / "o")
+    with pytest.raises(InvalidArgumentError, match="sampling_params are a server capture's"):
+        eagle_io.capture(torch.nn.Linear(2, 2), tmp_path / "o", target_info={}, sampling_params={"max_new_tokens": 2})
