@@ -98,13 +98,26 @@ def _export_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory (SpecForge's --train-hidden-states-path)")
     p.add_argument("--gzip", action="store_true", help="write .ckpt.gz (gzip level 6, SpecForge's --compress)")
     p.add_argument("--overwrite", action="store_true", help="replace existing data_{idx}.ckpt[.gz] files")
+    p.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        help="also write vocab_mapping/vocab_mapping.pt (eagle-io vocab-map's mapping) for SpecForge's "
+        "model.vocab_mapping_path",
+    )
 
 
 def _export_run(args: argparse.Namespace) -> int:
     from ..interop.specforge import export_specforge
 
     with callback("file", "export") as progress:
-        res = export_specforge(args.path, args.out, gzip=args.gzip, overwrite=args.overwrite, progress=progress)
+        res = export_specforge(
+            args.path,
+            args.out,
+            gzip=args.gzip,
+            overwrite=args.overwrite,
+            draft_vocab_size=args.draft_vocab_size,
+            progress=progress,
+        )
     print(json.dumps(res, indent=2))
     return 0
 
