@@ -29,7 +29,7 @@ for where in sorted({".", tempfile.gettempdir()}):
 endef
 export DISK_CHECK
 
-$(VENV)/.installed: requirements/dev.txt requirements/embedded.txt requirements/sglang.txt
+$(VENV)/.installed: requirements/dev.txt requirements/embedded.txt requirements/sglang.txt requirements/speculators.txt
 	@$(PY) -c "$$DISK_CHECK"
 	@$(MAKE) --no-print-directory chromium
 	$(PY) -m venv $(VENV)
@@ -37,6 +37,7 @@ $(VENV)/.installed: requirements/dev.txt requirements/embedded.txt requirements/
 	$(VPY) -m pip install -q -r requirements/dev.txt
 	$(VPY) -m pip install -q --no-deps -r requirements/embedded.txt
 	$(VPY) -m pip install -q --no-deps -r requirements/sglang.txt
+	$(VPY) -m pip install -q --no-deps -r requirements/speculators.txt
 	touch $@
 
 venv: $(VENV)/.installed

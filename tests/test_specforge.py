@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import io
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -355,3 +356,27 @@ def test_import_and_the_writer_share_their_defaults_byte_for_byte(tmp_path):
     for s in shards:
         assert s.read_bytes() == (tmp_path / "written" / "shards" / s.name).read_bytes(), s.name
     assert ds.manifest["codec"]["zstd_level"] == defaults.ZSTD_LEVEL == -1000
+
+
+def test_export_writes_the_vocab_mapping_specforge_loads(tmp_path, cli):
+    """``export-specforge --draft-vocab-size`` writes ``vocab_mapping/vocab_mapping.pt``: `eagle-io vocab-map`'s
+    mapping, loaded by SpecForge's own ``Eagle3DraftModel.load_vocab_mapping`` (``model.vocab_mapping_path``)."""
+    pytest.importorskip("specforge", reason="SpecForge not installed (pip install --no-deps specforge==0.2.0)")
+    from specforge.modeling.draft.base import Eagle3DraftModel
+
+    samples = {i: make_sample(i, 30) for i in range(6)}
+    with eagle_io.ShardWriter(tmp_path / "ds", eagle_io.eagle3_schema(32), {"vocab_size": 49152}, threads=1) as w:
+        for sid, s in samples.items():
+            w.write(sid, s)
+    args = ["export-specforge", str(tmp_path / "ds"), "--out", str(tmp_path / "sf"), "--draft-vocab-size", "100"]
+    assert cli(args) == 0
+    assert cli(["vocab-map", str(tmp_path / "ds"), "--draft-vocab-size", "100", "--out", str(tmp_path / "v.pt")]) == 0
+    draft = types.SimpleNamespace(d2t=torch.zeros(100, dtype=torch.int64), t2d=torch.zeros(49152, dtype=torch.bool))
+    Eagle3DraftModel.load_vocab_mapping(draft, str(tmp_path / "sf" / "vocab_mapping" / "vocab_mapping.pt"))
+    theirs = torch.load(tmp_path / "v.pt", weights_only=True)
+    assert torch.equal(draft.d2t, theirs["d2t"]) and torch.equal(draft.t2d, theirs["t2d"])
+    masked = torch.cat([s["input_ids"][s["loss_mask"] == 1] for s in samples.values()])
+    top = int(torch.bincount(masked).argmax())
+    assert int(draft.t2d.sum()) == 100 and bool(draft.t2d[top]) and masked.unique().numel() > 100
+    files, _ = list_specforge_files(tmp_path / "sf")
+    assert len(files) == 6  # the mapping is not taken for a feature file

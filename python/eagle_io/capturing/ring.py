@@ -142,14 +142,7 @@ class RingSink:
             ArgumentTypeError: a ``key`` that is not a string.
             RingTimeoutError: the ring stayed full for ``timeout_s``.
         """
-        if self._error is not None:
-            raise self._error
-        if type(sample_id) is not int or not 0 <= sample_id < 1 << 64:
-            raise SchemaError.for_sample(sample_id, "sample ids are integers in [0, 2**64)")
-        if sample_id in self._ids:
-            raise SchemaError.for_sample(sample_id, "this sample id is already in the dataset (ids must be unique)")
-        if not isinstance(key, str):
-            raise ArgumentTypeError(f"sample {sample_id}: key must be a str, not {type(key).__name__}")
+        self._check_id(sample_id, key)
         ts = []
         for spec in self.schema:
             t = tensors.get(spec.name) if isinstance(tensors, Mapping) else None
@@ -186,6 +179,64 @@ class RingSink:
             self._done.put((event, slot, sample_id, key, n, clamped))
         self._ids.add(sample_id)
         self.quantized_before_copy += quantize
+        return True
+
+    def _check_id(self, sample_id: int, key: str) -> None:
+        """Raises the error a previous commit left, or SchemaError / ArgumentTypeError for a bad id or key."""
+        if self._error is not None:
+            raise self._error
+        if type(sample_id) is not int or not 0 <= sample_id < 1 << 64:
+            raise SchemaError.for_sample(sample_id, "sample ids are integers in [0, 2**64)")
+        if sample_id in self._ids:
+            raise SchemaError.for_sample(sample_id, "this sample id is already in the dataset (ids must be unique)")
+        if not isinstance(key, str):
+            raise ArgumentTypeError(f"sample {sample_id}: key must be a str, not {type(key).__name__}")
+
+    def put_stored(self, sample_id: int, tensors: Mapping[str, torch.Tensor], key: str = "") -> bool:
+        """:meth:`put` for CPU tensors whose FP8 tensors are already quantised: each FP8 tensor ``name`` is given as
+        ``Dataset(..., dequantize=False)`` returns it, ``name`` ``[L, width]`` float8_e4m3fn and ``name + "_scales"``
+        ``[L, S]`` float32 (docs/FORMAT.md 3.1), and stored as given, bit for bit (an FP8 copy from another format
+        keeps its bytes and scales); the other tensors as for :meth:`put`. Returns as :meth:`put`.
+
+        Raises:
+            SchemaError: a bad or repeated id, a missing tensor, or one of the wrong dtype or shape (named).
+            ArgumentTypeError: a ``key`` that is not a string.
+            RingTimeoutError: the ring stayed full for ``timeout_s``.
+        """
+        self._check_id(sample_id, key)
+        rows, n = [], None
+        for spec, q in zip(self.schema, self._fp8, strict=True):
+            t = tensors.get(spec.name)
+            parts = [(spec.name, t, spec.dtype, spec.width)]
+            if q:
+                parts = [
+                    (spec.name + "_scales", tensors.get(spec.name + "_scales"), "float32", fp8.scales_per_row(spec))
+                ]
+                parts.append((spec.name, t, "float8_e4m3fn", spec.width))
+            for name, x, dtype, width in parts:
+                n = x.shape[0] if n is None and isinstance(x, torch.Tensor) and x.dim() else n
+                want = (n,) if width is None else (n, width)
+                if not isinstance(x, torch.Tensor) or str(x.dtype).removeprefix("torch.") != dtype or x.shape != want:
+                    got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else repr(type(x).__name__)
+                    raise SchemaError.for_sample(
+                        sample_id, f"tensor {name!r} is {got}; stored rows need {dtype} {want}"
+                    )
+            if q:
+                s = tensors[spec.name + "_scales"].contiguous()
+                rows.append(torch.cat([s.view(torch.uint8), t.contiguous().view(torch.uint8)], 1))
+            else:
+                rows.append(t)
+        sizes = [n * rb for rb in self._stored_row_bytes]
+        slot = self._sink.reserve(sum(sizes), self._timeout_s, self._drop)
+        if slot is None:
+            return False
+        try:
+            self._copy_into(slot, rows, sizes, False, False)
+        except BaseException:
+            self._sink.commit(slot, sample_id, key, n, cancelled=True)
+            raise
+        self._sink.commit(slot, sample_id, key, n, fp8_clamped=0 if any(self._fp8) else None)
+        self._ids.add(sample_id)
         return True
 
     def _quantized(self, ts: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:

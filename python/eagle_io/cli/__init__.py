@@ -22,6 +22,7 @@ from . import (
 )
 from .layer_ids_arg import attach_id_lists
 from .specforge_cmd import export_cmd, import_cmd
+from .specforge_cmd import train_cmd as specforge_train_cmd
 from .speculators_cmd import export_cmd as export_speculators_cmd
 from .speculators_cmd import import_cmd as import_speculators_cmd
 
@@ -34,6 +35,7 @@ COMMANDS = {
     "check-serving": check_serving_cmd,
     "import-specforge": import_cmd,
     "export-specforge": export_cmd,
+    "specforge-train": specforge_train_cmd,
     "import-speculators": import_speculators_cmd,
     "export-speculators": export_speculators_cmd,
     "vocab-map": vocab_cmd,

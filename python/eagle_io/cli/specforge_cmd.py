@@ -1,6 +1,7 @@
-"""SpecForge interop: `import-specforge` (its .ckpt/.ckpt.gz files into verified shards) and
-`export-specforge` (shards into its rows_*/data_{idx}.ckpt layout). This module exposes two subcommands:
-:data:`import_cmd` and :data:`export_cmd`."""
+"""SpecForge interop: `import-specforge` (its .ckpt/.ckpt.gz files into verified shards),
+`export-specforge` (shards into its rows_*/data_{idx}.ckpt layout) and `specforge-train` (SpecForge's own
+`specforge train` reading the shards, no export). This module exposes three subcommands: :data:`import_cmd`,
+:data:`export_cmd` and :data:`train_cmd`."""
 
 from __future__ import annotations
 
@@ -98,13 +99,26 @@ def _export_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory (SpecForge's --train-hidden-states-path)")
     p.add_argument("--gzip", action="store_true", help="write .ckpt.gz (gzip level 6, SpecForge's --compress)")
     p.add_argument("--overwrite", action="store_true", help="replace existing data_{idx}.ckpt[.gz] files")
+    p.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        help="also write vocab_mapping/vocab_mapping.pt (eagle-io vocab-map's mapping) for SpecForge's "
+        "model.vocab_mapping_path",
+    )
 
 
 def _export_run(args: argparse.Namespace) -> int:
     from ..interop.specforge import export_specforge
 
     with callback("file", "export") as progress:
-        res = export_specforge(args.path, args.out, gzip=args.gzip, overwrite=args.overwrite, progress=progress)
+        res = export_specforge(
+            args.path,
+            args.out,
+            gzip=args.gzip,
+            overwrite=args.overwrite,
+            draft_vocab_size=args.draft_vocab_size,
+            progress=progress,
+        )
     print(json.dumps(res, indent=2))
     return 0
 
@@ -118,4 +132,36 @@ export_cmd = SimpleNamespace(
     __doc__="Export an eagle-io dataset as SpecForge offline EAGLE-3 files (rows_*/data_{idx}.ckpt[.gz]).",
     add_parser=_export_parser,
     run=_export_run,
+)
+
+
+def _train_parser(p: argparse.ArgumentParser) -> None:
+    # `specforge train`'s own options (specforge/cli.py, 0.2.0), passed on unchanged.
+    p.add_argument(
+        "-c",
+        "--config",
+        required=True,
+        help="SpecForge's YAML/JSON run config; data.hidden_states_path "
+        "(and data.eval_hidden_states_path) may name an eagle-io dataset",
+    )
+    p.add_argument("--role", help="SpecForge's launch role (auto, all, producer, consumer, both)")
+    p.add_argument("--node-rank", type=int, help="SpecForge's node-local rank for a multi-node launch")
+    p.add_argument("--plan", action="store_true", help="print SpecForge's process plan without starting workers")
+    p.add_argument("overrides", nargs="*", help="SpecForge's dotted overrides, e.g. training.learning_rate=1e-4")
+
+
+def _train_run(args: argparse.Namespace) -> int:
+    from ..interop.specforge_train import main
+
+    argv = ["--config", args.config]
+    argv += ["--role", args.role] if args.role else []
+    argv += ["--node-rank", str(args.node_rank)] if args.node_rank is not None else []
+    argv += ["--plan"] if args.plan else []
+    return main([*argv, *args.overrides])
+
+
+train_cmd = SimpleNamespace(
+    __doc__="Run SpecForge 0.2.0's `specforge train` with eagle-io datasets read in place (no export).",
+    add_parser=_train_parser,
+    run=_train_run,
 )

@@ -471,6 +471,7 @@ def export_specforge(
     compresslevel: int = GZIP_LEVEL,
     group_size: int = FILE_GROUP_SIZE,
     overwrite: bool = False,
+    draft_vocab_size: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Writes an eagle-io dataset in SpecForge's offline layout, for its trainer unchanged.
@@ -486,12 +487,19 @@ def export_specforge(
         gzip: write ``.ckpt.gz`` (gzip level ``compresslevel``, SpecForge's ``--compress``).
         overwrite: replace existing files; otherwise an existing ``data_{idx}.ckpt[.gz]`` (either suffix)
             is an error naming it.
+        draft_vocab_size: also write ``out/vocab_mapping/vocab_mapping.pt``, eagle-io's mapping of that size
+            (:func:`eagle_io.interop.vocab.build_vocab_mapping`, what ``eagle-io vocab-map`` writes: ``d2t``, ``t2d``
+            and its key), for SpecForge's ``model.vocab_mapping_path`` (its ``load_vocab_mapping`` reads it), so it
+            trains with the mapping eagle-io's tools use instead of deriving its own. SpecForge lists only
+            ``.ckpt[.gz]`` files as features, so the file beside them is not read as a sample.
 
     Returns:
-        ``{"files": n, "bytes": total file bytes, "tokens": n_tokens, "out": out}``.
+        ``{"files": n, "bytes": total file bytes, "tokens": n_tokens, "out": out}``, plus ``"vocab_mapping"``
+        (its path) with ``draft_vocab_size``.
 
     Raises:
-        InvalidArgumentError: an output file exists and ``overwrite`` is False.
+        InvalidArgumentError: an output file exists and ``overwrite`` is False; a ``draft_vocab_size`` outside
+            ``[1, vocab_size]`` or a dataset without a recorded ``vocab_size``.
         IncompatibleDatasetError: the dataset's schema lacks an EAGLE-3 tensor or contradicts its metadata.
     """
     from ..store.eagle3 import check_eagle3_dataset
@@ -519,4 +527,11 @@ def export_specforge(
         tokens += int(item["input_ids"].shape[0])
         if progress:
             progress(pos + 1, n)
-    return {"files": n, "bytes": total_bytes, "tokens": tokens, "out": out}
+    res: dict[str, Any] = {"files": n, "bytes": total_bytes, "tokens": tokens, "out": out}
+    if draft_vocab_size is not None:
+        from .vocab import build_vocab_mapping
+
+        path = os.path.join(out, "vocab_mapping", "vocab_mapping.pt")
+        build_vocab_mapping(ds.manifest_path, draft_vocab_size).save(path)
+        res["vocab_mapping"] = path
+    return res
