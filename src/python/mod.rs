@@ -8,6 +8,7 @@ use crate::dataset::WriterOptions;
 use crate::ring::{DEFAULT_RESERVE_TIMEOUT_S, DEFAULT_RING_BATCH, DEFAULT_RING_BYTES};
 
 mod args;
+mod blocking;
 mod buffers;
 mod errors;
 mod layout;
