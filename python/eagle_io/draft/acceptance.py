@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidArgumentError
+from .batches import Teacher, check_finite_batch, make_batch
 
 __all__ = ["AcceptHistogram", "OfflineAccept", "mean_of_request_means", "offline_accept"]
 
@@ -256,14 +257,12 @@ def offline_accept(
         dataset: an :class:`eagle_io.feed.ShardDataset` (batches through :func:`eagle_io.draft.make_batch`: the
             shift contract, ``max_length`` truncation).
         num_steps: drafts per verify step (SGLang's ``--speculative-num-steps``).
-        teacher: the teacher's argmax per position (:class:`eagle_io.draft.train.Teacher`; share one between calls
+        teacher: the teacher's argmax per position (:class:`eagle_io.draft.batches.Teacher`; share one between calls
             on the same dataset object); built when None.
 
     Raises:
-        NonFiniteTrainingError: states holding NaN/Inf (:func:`eagle_io.draft.train.check_finite_batch`).
+        NonFiniteTrainingError: states holding NaN/Inf (:func:`eagle_io.draft.batches.check_finite_batch`).
     """
-    from .train import Teacher, check_finite_batch, make_batch
-
     teacher = teacher or Teacher(head_w.float())
     out = OfflineAccept(AcceptHistogram(num_steps), [0] * num_steps, [0] * num_steps)
     was_training = model.training

@@ -33,7 +33,7 @@ from ..store import layout
 from ..store.eagle3 import check_eagle3_dataset
 from ..store.manifest import read_manifest
 from ..store.reader import Dataset, check_flag
-from .dataset import ON_CORRUPT, SkippedRecord, UnsupervisedSample, _check_compatible, expand_paths, read_item
+from .items import ON_CORRUPT, SkippedRecord, UnsupervisedSample, _check_compatible, expand_paths, read_item
 
 log = logging.getLogger("eagle_io.feed")
 
