@@ -32,6 +32,7 @@ FLOORS: dict[str, float] = {
     "serving": 6,
     "draft": 6,
     "spec": 6.5,  # the reference speculative decoder: a draft (draft) loaded as SGLang would serve it (serving)
+    "sglang_plugin": 6.5,  # the SGLang entry point: the guard (serving) and the capture's hooks (capturing)
     "cli": 7,
     "__init__": 8,  # the package's face: re-exports, imported by nothing inside the package
 }
