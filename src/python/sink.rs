@@ -50,7 +50,7 @@ impl CaptureSink {
         let ring = me.inner.ring();
         let r = blocking(py, |interrupt| ring.reserve(nbytes, timeout, drop_when_full, interrupt))?;
         let base = ring.arena.as_ptr() as usize;
-        Ok(r.map(|s| RingSlot::new(slf.clone().unbind(), s.id, base + s.offset, nbytes)))
+        Ok(r.map(|s| RingSlot::new(slf.clone().into_any().unbind(), s.id, base + s.offset, nbytes)))
     }
 
     /// Hands `slot` (its bytes fully written, no view of it written again) to the writer, or
@@ -76,7 +76,7 @@ impl CaptureSink {
         let sample_id: u64 = unsigned(sample_id, "sample_id")?;
         let n_tokens: u64 = unsigned(n_tokens, "n_tokens")?;
         let fp8_clamped: Option<u64> = unsigned_opt(fp8_clamped, "fp8_clamped")?;
-        if !slot.reserved_by(slf) {
+        if !slot.reserved_by(slf.as_any()) {
             let e = Error::InvalidArgument(format!("ring slot {} was reserved by another capture sink", slot.id()));
             return Err(PyErr::from(e));
         }
