@@ -1,7 +1,7 @@
 """Accept length: how many tokens the target accepts per verify step of a chain (top-k 1) draft, counted SGLang's
 way, live (:mod:`eagle_io.spec`) or offline from stored shards (:func:`offline_accept`).
 
-Definitions (the field uses at least four; /work/shared/reference/peers.md, "Acceptance metrics in the field"):
+Definitions (the field uses at least four):
 
 * One verify step of ``S = num_steps`` drafts accepts ``j`` leading drafts (``0 <= j <= S``) plus the target's own
   next token (the *bonus* token): its accept length is ``j + 1``. SGLang counts it so (PR #24081: ``accept_*``
