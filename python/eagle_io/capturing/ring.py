@@ -84,7 +84,7 @@ class RingSink:
         ring_bytes: int = defaults.RING_BYTES,
         batch: int = defaults.RING_BATCH,
         timeout_s: float = defaults.RING_TIMEOUT_S,
-        drop_when_full: bool = False,
+        drop_when_full: bool = defaults.DROP_WHEN_FULL,
         quantize_on_device: bool | None = None,
     ) -> None:
         check_ring_options(

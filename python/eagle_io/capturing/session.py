@@ -145,7 +145,7 @@ def capture(
     implausible: str = "raise",
     ring_bytes: int = defaults.RING_BYTES,
     timeout_s: float = defaults.RING_TIMEOUT_S,
-    drop_when_full: bool = False,
+    drop_when_full: bool = defaults.DROP_WHEN_FULL,
     **writer_options: Any,
 ) -> CaptureSession | SGLangCaptureSession:
     """Starts capturing EAGLE-3 training data from ``target`` into ``out_dir``: a directory, or an object-storage
