@@ -141,11 +141,13 @@ def load_target_head(model: str | os.PathLike[str] | None = None) -> TargetHead:
 class TrainConfig:
     """Training settings. Lengths are tokens; ``lr`` is AdamW's peak learning rate (linear warm-up over
     ``warmup_steps``, cosine decay to 10% at ``steps``). ``ttt_length``: TTT unroll steps (module docstring);
-    ``accept_steps``: draft steps of the held-out offline accept length (0: not measured)."""
+    ``accept_steps``: draft steps of the held-out offline accept length (0: not measured); ``seq_length``: the
+    longest sequence trained on (``train-draft --max-length``): the feed's cut (``ShardDataset(max_length=)``) of
+    datasets given as paths, and the bound of the unroll lengths."""
 
     steps: int = 300
     batch_size: int = 4
-    max_length: int = 512
+    seq_length: int = 512
     lr: float = 1e-3
     weight_decay: float = 0.0
     warmup_steps: int = 20
@@ -162,31 +164,31 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Every setting checked here, where it enters (before a dataset is read or anything is written): each
-        bounded as it can be used, the unroll lengths by ``max_length`` (a TTT step or draft step k reads the
-        token k positions on, so ``max_length - 1`` is the most that trains or measures anything).
+        bounded as it can be used, the unroll lengths by ``seq_length`` (a TTT step or draft step k reads the
+        token k positions on, so ``seq_length - 1`` is the most that trains or measures anything).
 
         Raises:
             InvalidArgumentError: names each setting out of its bounds (as its train-draft option), with the bound.
         """
         bad = []
 
-        def whole(name: str, value: Any, low: int, high: int | None = None, why: str = "") -> None:
+        def whole(name: str, value: Any, low: int, high: int | None = None, why: str = "", option: str = "") -> None:
             ok = type(value) is int and value >= low and (high is None or value <= high)
             if not ok:
                 span = f">= {low}" if high is None else f"in [{low}, {high}]"
-                bad.append(f"--{name.replace('_', '-')} {value!r} (must be an integer {span}{why})")
+                bad.append(f"{option or '--' + name.replace('_', '-')} {value!r} (must be an integer {span}{why})")
 
         whole("steps", self.steps, 1)
         whole("batch_size", self.batch_size, 1)
-        whole("max_length", self.max_length, 2, why=": one token and the next it predicts")
+        whole("seq_length", self.seq_length, 2, why=": one token and the next it predicts", option="--max-length")
         whole("warmup_steps", self.warmup_steps, 0)
         whole("eval_every", self.eval_every, 0)
         whole("log_every", self.log_every, 0)
         whole("seed", self.seed, 0)
         unroll = (
-            f" for --max-length {self.max_length}: step k predicts k tokens on" if type(self.max_length) is int else ""
+            f" for --max-length {self.seq_length}: step k predicts k tokens on" if type(self.seq_length) is int else ""
         )
-        top = max(self.max_length - 1, 1) if type(self.max_length) is int else None
+        top = max(self.seq_length - 1, 1) if type(self.seq_length) is int else None
         whole("ttt_length", self.ttt_length, 1, top, unroll)
         whole("accept_steps", self.accept_steps, 0, top, unroll)
         for name in ("eval_samples", "threads", "intermediate_size"):
@@ -489,7 +491,7 @@ def train_draft(
 
     Args:
         dataset: a path (or list of paths) or an :class:`eagle_io.feed.ShardDataset` (EAGLE-3 schema; metadata
-            ``hidden_size``, ``aux_layer_ids``); paths are opened with ``max_length=config.max_length``. A
+            ``hidden_size``, ``aux_layer_ids``); paths are opened with ``max_length=config.seq_length``. A
             ``ShardDataset(..., on_corrupt="skip")`` trains past bad records; ``skipped_records`` counts them
             (distinct sample ids) and ``empty_steps`` the steps whose every sample was one (no update). Samples
             that ``max_length`` truncates to no supervised token are left out of their batches and counted
@@ -516,7 +518,7 @@ def train_draft(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    ds = dataset if isinstance(dataset, ShardDataset) else ShardDataset(dataset, max_length=cfg.max_length)
+    ds = dataset if isinstance(dataset, ShardDataset) else ShardDataset(dataset, max_length=cfg.seq_length)
     if mapping.target_vocab_size != head.config["vocab_size"]:
         raise IncompatibleDatasetError(
             f"vocab mapping target_vocab_size {mapping.target_vocab_size} != target vocab {head.config['vocab_size']}"

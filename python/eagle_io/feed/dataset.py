@@ -11,15 +11,15 @@ import numpy as np
 import torch
 
 from ..defaults import CACHE_BYTES
-from ..errors import CorruptRecordError, IncompatibleDatasetError, InvalidArgumentError, SampleNotFoundError
+from ..errors import CorruptRecordError, IncompatibleDatasetError, SampleNotFoundError
 from ..store.eagle3 import check_eagle3_dataset
 from ..store.reader import Dataset, SampleInfo, check_flag, check_output_shape
 from .follow import FollowingShardDataset
 from .items import (
-    ON_CORRUPT,
     SkippedRecord,
     UnsupervisedSample,
     _check_compatible,
+    check_feed_options,
     expand_paths,
     read_item,
 )
@@ -112,10 +112,7 @@ class ShardDataset(torch.utils.data.Dataset):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_bytes: int = CACHE_BYTES,
     ) -> None:
-        if max_length is not None and max_length < 1:
-            raise InvalidArgumentError(f"max_length must be >= 1 or None, got {max_length}")
-        if on_corrupt not in ON_CORRUPT:
-            raise InvalidArgumentError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
+        check_feed_options(max_length, on_corrupt)
         mix_precisions = check_flag("mix_precisions", mix_precisions)
         self.paths = expand_paths(paths)
         self.max_length = max_length

@@ -35,6 +35,20 @@ _ABSENT = "<absent>"
 #: What a batch does with a record that fails its checks: ``"raise"`` (default) or ``"skip"`` and count it.
 ON_CORRUPT = ("raise", "skip")
 
+
+def check_feed_options(max_length: int | None, on_corrupt: str) -> None:
+    """The options both feeds take (``ShardDataset``, ``FollowingShardDataset``), checked once where they enter:
+    ``max_length`` (the feed's cut: tokens of each sample kept, None = all) and ``on_corrupt``.
+
+    Raises:
+        InvalidArgumentError: ``max_length < 1``, or ``on_corrupt`` not in :data:`ON_CORRUPT`.
+    """
+    if max_length is not None and max_length < 1:
+        raise InvalidArgumentError(f"max_length must be >= 1 or None, got {max_length}")
+    if on_corrupt not in ON_CORRUPT:
+        raise InvalidArgumentError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
+
+
 #: The reason an item is left out of a batch when ``max_length`` truncation leaves it no supervised token.
 TRUNCATED_UNSUPERVISED = "no_supervised_token_within_max_length"
 
@@ -142,13 +156,14 @@ def _check_compatible(first: Dataset, other: Dataset, mix_precisions: bool = Fal
         )
 
 
-def read_item(ds: Dataset, pos: int, dataset_index: int, max_length: int | None) -> dict[str, Any]:
-    """Sample ``pos`` of ``ds`` as a feed item (see :class:`ShardDataset`): tensors truncated to ``max_length``,
-    ``loss_mask`` as int64, ``sample_id`` and ``dataset_index`` added. Raises CorruptRecordError on a bad record."""
+def read_item(ds: Dataset, pos: int, dataset_index: int, cut: int | None) -> dict[str, Any]:
+    """Sample ``pos`` of ``ds`` as a feed item (see :class:`ShardDataset`): tensors truncated to ``cut`` tokens (the
+    feed's ``max_length``), ``loss_mask`` as int64, ``sample_id`` and ``dataset_index`` added. Raises
+    CorruptRecordError on a bad record."""
     sample = ds.read(pos)
     sample_id = sample.pop("sample_id")
-    if max_length is not None and sample["input_ids"].shape[0] > max_length:
-        sample = {k: v[:max_length] for k, v in sample.items()}
+    if cut is not None and sample["input_ids"].shape[0] > cut:
+        sample = {k: v[:cut] for k, v in sample.items()}
     sample["loss_mask"] = sample["loss_mask"].to(torch.int64)
     sample["sample_id"] = sample_id
     sample["dataset_index"] = dataset_index
