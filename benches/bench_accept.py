@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from eagle_io.capturing.models import end_of_turn_ids, load_target
     from eagle_io.draft import offline_accept
-    from eagle_io.draft.train import Teacher
+    from eagle_io.draft.batches import Teacher
     from eagle_io.feed import ShardDataset
     from eagle_io.interop.speculation_profile import read_training_samples
     from eagle_io.spec import load_served_draft

@@ -2,7 +2,7 @@
 raw bytes, and eagle-io (ShardWriter -> Dataset.read_into). Ratio = bf16 state bytes / bytes on disk; MB/s = MB of
 bf16 state bytes (aux + final) per second, best of --repeat runs; on threads=1 and threads=2.
 
-    /work/venv/bin/python benches/bench_codec.py [-n 44] [--repeat 3]    # prints and writes benches/README.md
+    .venv/bin/python benches/bench_codec.py [-n 44] [--repeat 3]    # prints and writes benches/README.md
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def main():
     table = render(results, raw)
     rebuilt = NATIVE.stat().st_mtime != native_mtime
     section = (
-        f"Command: `cd /work/main && /work/venv/bin/python benches/bench_codec.py -n {args.n} --repeat {args.repeat}`"
+        f"Command: `.venv/bin/python benches/bench_codec.py -n {args.n} --repeat {args.repeat}`"
         f" (run {time.strftime('%Y-%m-%d %H:%M %Z')}, {time.perf_counter() - t_start:.0f} s wall)\n\n"
         f"eagle-io measured: {build} ({NATIVE.name} built {time.ctime(native_mtime)}"
         f"{'; REBUILT DURING THE RUN' if rebuilt else ''}); writer settings (manifest `codec`): "

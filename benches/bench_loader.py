@@ -7,7 +7,7 @@ decode alone (``Dataset.read_into`` into reused and into fresh buffers) and the 
 construction time and file opens at 10k and 100k samples.
 
     .venv/bin/python benches/bench_loader.py            # prints, and writes its section of benches/README.md
-    .venv/bin/python benches/bench_loader.py --dataset /work/data/smollm2-sharegpt --limit 60   # the main job's data
+    .venv/bin/python benches/bench_loader.py --dataset runs/smollm2-sharegpt --limit 60   # the main job's data
     .venv/bin/python benches/bench_loader.py --quick    # smaller: no 100k construction, one round
     .venv/bin/python benches/bench_loader.py --smoke    # tiny synthetic data, every row once (CI)
 

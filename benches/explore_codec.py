@@ -3,7 +3,7 @@ decoded bytes per chunk, whole rows). Prototype only: transforms in numpy, zstd 
 (python `zstandard` does not expose ZSTD_c_literalCompressionMode). Prints markdown tables and writes them to
 benches/README.md under their own heading.
 
-    /work/venv/bin/python benches/explore_codec.py [-n 44]
+    .venv/bin/python benches/explore_codec.py [-n 44]
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def main():
         "model, zstd setting",
     )
     body = (
-        f"Command: `cd /work/main && /work/venv/bin/python benches/explore_codec.py -n {args.n}` "
+        f"Command: `.venv/bin/python benches/explore_codec.py -n {args.n}` "
         f"(run {time.strftime('%Y-%m-%d %H:%M %Z')}, {time.perf_counter() - t_start:.0f} s wall; 2 cores shared with "
         f"other jobs). Data: {desc}; {len(chunk_list)} chunks of <= 1 MiB.\n\n"
         f"### Entropies (whole data set, plug-in estimates, bits per element)\n\n{ent}\n"

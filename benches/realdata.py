@@ -7,7 +7,7 @@ here against a hook on ``model.model.norm``) -> [L, H] bf16. Cached to ``.bench-
 dicts (input_ids int64, loss_mask uint8, aux_hidden_states, hidden_states, key). Default N = 44: most ShareGPT
 conversations reach the 1024-token cap, so 44 give ~39k tokens ~ 180 MB of bf16 states (120-200 would be 0.5-0.8 GB).
 
-    /work/venv/bin/python benches/realdata.py [-n 44]          # prints the data description and timing
+    .venv/bin/python benches/realdata.py [-n 44]          # prints the data description and timing
     from realdata import load_states; samples, desc = load_states(44)   # used by the other benches
 """
 

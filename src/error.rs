@@ -53,6 +53,10 @@ pub enum Error {
     /// not start, or a thread's channel closed unexpectedly.
     #[error("internal error: {0}")]
     Internal(String),
+    /// A wait its caller interrupted (Ctrl-C reaching a producer blocked on a full ring, or a
+    /// capture sink's close): the wait returned having changed nothing (`crate::interrupt`).
+    #[error("interrupted")]
+    Interrupted,
     /// An error that already happened, raised again under `context` (a writer that failed
     /// accepts nothing more): `cause` keeps its own variant, so it reaches Python as its own
     /// class with its fields (a full disk stays a `StorageError` with its errno).
@@ -126,6 +130,7 @@ impl Error {
                 message: message.clone(),
             },
             Error::Internal(m) => Error::Internal(m.clone()),
+            Error::Interrupted => Error::Interrupted,
             Error::Earlier { context, cause } => Error::Earlier {
                 context,
                 cause: Box::new(cause.duplicate()),

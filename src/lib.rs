@@ -7,6 +7,7 @@ pub mod dataset;
 pub mod dtype;
 pub mod error;
 pub mod format;
+pub mod interrupt;
 pub mod layout;
 pub mod pool;
 pub mod quant;

@@ -65,10 +65,12 @@ def test_train_draft_bounds_are_checked_before_anything_is_read_or_written(tmp_p
     assert not out.exists(), "nothing written before the options were checked"
 
 
-def test_train_config_bounds_the_unroll_by_max_length():
-    TrainConfig(max_length=8, ttt_length=7, accept_steps=7)
+def test_train_config_bounds_the_unroll_by_its_sequence_length():
+    TrainConfig(seq_length=8, ttt_length=7, accept_steps=7)
     with pytest.raises(InvalidArgumentError, match=r"--ttt-length 8 .*\[1, 7\]"):
-        TrainConfig(max_length=8, ttt_length=8)
+        TrainConfig(seq_length=8, ttt_length=8)
+    with pytest.raises(InvalidArgumentError, match=r"--max-length 1 \(must be an integer >= 2"):
+        TrainConfig(seq_length=1)
 
 
 def test_train_draft_on_a_capture_with_nothing_committed_says_so_and_writes_nothing(tmp_path, capsys):

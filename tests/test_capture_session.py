@@ -220,6 +220,22 @@ def test_generate_cli_then_resume_then_verify(tiny_model_dir, tmp_path, capsys):
     assert "verified" in capsys.readouterr().out
 
 
+def test_drop_when_full_goes_from_the_command_line_to_the_capture_options(tiny_model_dir):
+    """``generate --drop-when-full`` / ``--no-drop-when-full`` reach the capture's options; left out, the default of
+    eagle_io.defaults (the ring's own, _native.DEFAULTS)."""
+    from transformers import AutoTokenizer
+
+    from eagle_io import _native, defaults
+    from eagle_io.cli import build_parser
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert defaults.DROP_WHEN_FULL is _native.DEFAULTS["drop_when_full"] is False
+    for flags, want in (([], False), (["--drop-when-full"], True), (["--no-drop-when-full"], False)):
+        args = build_parser().parse_args(["generate", "--out", "unused", *flags])
+        args.remote = None  # run() sets it (the --out URL, or None)
+        assert generate_cmd._capture_options(args, "d.json", None, {}, tok).drop_when_full is want, flags
+
+
 @pytest.mark.slow
 def test_generate_on_the_embedded_real_model_and_sharegpt(tmp_path, capsys):
     out = tmp_path / "real"

@@ -8,6 +8,7 @@ same idea as polars' ``py-polars/tests/unit/test_polars_import.py``, which pins 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ FLOORS: dict[str, float] = {
     "serving": 6,
     "draft": 6,
     "spec": 6.5,  # the reference speculative decoder: a draft (draft) loaded as SGLang would serve it (serving)
+    "sglang_plugin": 6.5,  # the SGLang entry point: the guard (serving) and the capture's hooks (capturing)
     "cli": 7,
     "__init__": 8,  # the package's face: re-exports, imported by nothing inside the package
 }
@@ -111,3 +113,113 @@ def test_the_rule_catches_an_upward_import(tmp_path, monkeypatch):
     found = imports_of(probe)
     assert found == [(1, "eagle_io.serving.plugin"), (4, "eagle_io")]
     assert [room_of(t) for _, t in found] == ["serving", "__init__"]
+
+
+#: Rooms on floors that allow the import but must stay independent of each other (docs/ARCHITECTURE.md): the SGLang
+#: serving guard and the capture (the plugin entry point, :mod:`eagle_io.sglang_plugin`, registers both), and the
+#: training feed and the capture (the feed reads what any capture committed, through ``store``).
+INDEPENDENT: list[tuple[str, str]] = [("serving", "capturing"), ("feed", "capturing")]
+
+
+def import_graph(sources: list[Path]) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (a package import is an edge to its ``__init__``)."""
+    names = {module_name(p) for p in sources}
+    return {module_name(p): {t for _, t in imports_of(p) if t in names} for p in sources}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (or a module importing itself), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while (w := stack.pop()) != v:
+                on_stack.discard(w)
+                scc.append(w)
+            on_stack.discard(v)
+            scc.append(v)
+            if len(scc) > 1 or v in graph[v]:
+                found.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_circles_even_inside_a_room():
+    """No module reaches itself through imports, function-local imports included (a circle hidden in a function is
+    still two modules that cannot be read one before the other)."""
+    assert cycles(import_graph(SOURCES)) == []
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_independent_rooms_do_not_import_each_other(path):
+    here = room_of(module_name(path))
+    apart = {b for a, b in INDEPENDENT if a == here} | {a for a, b in INDEPENDENT if b == here}
+    bad = [f"line {line}: {target}" for line, target in imports_of(path) if room_of(target) in apart]
+    assert not bad, f"{path.relative_to(PACKAGE)} (room {here}) imports a room it must stay independent of: {bad}"
+
+
+def test_the_cycle_check_finds_a_circle_hidden_in_a_function():
+    graph = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": {"a.x"}, "a.v": {"a.v"}}
+    assert cycles(graph) == [["a.v"], ["a.x", "a.y", "a.z"]]
+    assert cycles({"a.x": {"a.y"}, "a.y": set()}) == []
+
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+def rust_module(path: Path, src: Path) -> str:
+    """``src/ring/sink.rs`` -> ``ring.sink``; ``src/ring/mod.rs`` -> ``ring``; ``src/lib.rs`` -> ``crate``."""
+    parts = list(path.relative_to(src).with_suffix("").parts)
+    if parts[-1] in ("mod", "lib"):
+        parts.pop()
+    return ".".join(parts) or "crate"
+
+
+def rust_graph(src: Path) -> dict[str, set[str]]:
+    """Module (one ``.rs`` file) -> the crate's modules its code names through ``crate::`` or ``super::`` paths
+    (comments and ``mod tests`` left out; a path to a module's own ancestor is no edge: a child may use what its
+    parent defines)."""
+    files = {rust_module(p, src): p for p in src.rglob("*.rs")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        text = re.sub(r"#\[cfg\(test\)\]\s*mod tests \{.*", "", path.read_text(), flags=re.S)
+        text = re.sub(r"//.*", "", text)
+        here = [] if mod == "crate" else mod.split(".")
+        edges = set()
+        for m in re.finditer(r"\b(?:crate|super)(?:::\w+)+", text):
+            segs = m.group(0).split("::")
+            base = [] if segs[0] == "crate" else here
+            while segs and segs[0] in ("crate", "super"):
+                base = base[:-1] if segs.pop(0) == "super" else base
+            # the longest prefix of the path that names a module of the crate
+            known = [".".join(base + segs[:i]) or "crate" for i in range(len(segs) + 1)]
+            target = [k for k in known if k in files][-1:]
+            if target and target[0] != mod and not (mod + ".").startswith(target[0] + "."):
+                edges.add(target[0])
+        graph[mod] = edges
+    return graph
+
+
+def test_no_circles_between_the_rust_cores_modules():
+    """The Rust equivalent of the check above: no two files of src/ name each other, even through a third."""
+    graph = rust_graph(SRC)
+    assert {"ring.sink", "python.sink", "python.slot", "error"} <= set(graph), "the walk finds the crate's files"
+    assert "python.slot" in graph["python.sink"] and "error" in graph["ring.slots"], "and their paths"
+    assert cycles(graph) == []

@@ -119,8 +119,9 @@ def test_writer_refuses_an_overlong_key(tmp_path):
     w.close()
 
 
-@pytest.mark.parametrize("sample_id", [-1, 2**64])
+@pytest.mark.parametrize("sample_id", [-1, 2**64, True])
 def test_writer_refuses_sample_ids_outside_u64_with_a_schema_error(tmp_path, sample_id):
+    """The writer's id check is the capture's (store.writer.check_sample_id): a bool is no id (it was taken as 1)."""
     w = eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(HIDDEN), {}, threads=1)
     with pytest.raises(eagle_io.SchemaError, match=str(sample_id)):
         w.write(sample_id, make_sample(1, 3, hidden=HIDDEN))

@@ -36,6 +36,7 @@ from test_serving_preflight import H, eagle3_draft, kimi_k25, llama_target
 
 import eagle_io
 import eagle_io.errors
+from eagle_io import sglang_plugin
 from eagle_io.serving import plugin
 from eagle_io.sglang import compat, probe
 from eagle_io.sglang import hooks as targets
@@ -388,7 +389,7 @@ def hooks():
         plugin._RUNTIME = plugin._Runtime()
 
     clean()
-    plugin.register()
+    sglang_plugin.register()
     HookRegistry.apply_hooks()
     yield HookRegistry
     for target in set(plugin._REGISTERED):
@@ -629,7 +630,7 @@ def _installed_declares_entry_point() -> bool:
     from importlib.metadata import entry_points
 
     return any(
-        ep.value == "eagle_io.serving.plugin:register" and ep.dist is not None and ep.dist.name == "eagle-io"
+        ep.value == "eagle_io.sglang_plugin:register" and ep.dist is not None and ep.dist.name == "eagle-io"
         for ep in entry_points(group="sglang.srt.plugins")
     )
 
@@ -925,7 +926,7 @@ def test_installed_wheel_declares_the_entry_point():
     from importlib.metadata import entry_points
 
     (ep,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "eagle_io"]
-    assert ep.load() is plugin.register
+    assert ep.load() is sglang_plugin.register
 
 
 class _SlowSink:
@@ -1232,7 +1233,7 @@ def test_a_startup_target_that_does_not_resolve_stops_the_launch_at_scheduler_in
     plugin._REGISTERED.clear()
     moved = "sglang.srt.managers.scheduler.Scheduler.init_all_cuda_graphs_renamed"
     monkeypatch.setattr(targets, "STARTUP_HOOK", moved)
-    plugin.register()
+    sglang_plugin.register()
     HookRegistry.apply_hooks()
     assert {targets.SCHEDULER_INIT_HOOK} == plugin._REGISTERED  # nothing else placed
     with pytest.raises(eagle_io.errors.SGLangCompatError) as e:
@@ -1267,7 +1268,7 @@ def test_an_sglang_outside_the_supported_range_stops_the_launch_unless_allowed(h
         monkeypatch.setattr(compat, "sglang_version", lambda: "0.7.0")
         if allow:
             monkeypatch.setenv(plugin.ENV_ALLOW_SGLANG, allow)
-        plugin.register()
+        sglang_plugin.register()
         hooks.apply_hooks()
         if stopped:
             with pytest.raises(eagle_io.errors.SGLangCompatError, match=r"SGLang 0\.7\.0 is outside") as e:

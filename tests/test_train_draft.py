@@ -347,7 +347,7 @@ def test_draft_trained_on_real_smollm2_states_agrees_far_more(tmp_path):
     del model
     t_capture = time.perf_counter() - t0
     mapping = build_vocab_mapping(root, 2048)
-    cfg = TrainConfig(steps=REAL_STEPS, batch_size=4, max_length=REAL_MAX_LENGTH, warmup_steps=10, eval_samples=8)
+    cfg = TrainConfig(steps=REAL_STEPS, batch_size=4, seq_length=REAL_MAX_LENGTH, warmup_steps=10, eval_samples=8)
     r = train_draft(root, head, mapping, cfg)
     print(json.dumps({**r.summary(), "capture_seconds": round(t_capture, 1), "vocab": dict(mapping.key)}, indent=2))
     # Measured (docs/TRAINING.md): 0.000 -> 0.219 with exactly these settings; 0.12 leaves margin.

@@ -103,7 +103,7 @@ def test_a_held_out_set_without_supervision_is_refused_before_training(tmp_path,
             hid = torch.randn(30, H, generator=g).bfloat16()
             w.write(i, {"input_ids": torch.randint(0, V, (30,), generator=g), "loss_mask": mask,
                         "aux_hidden_states": torch.cat([hid] * 3, 1), "hidden_states": hid})  # fmt: skip
-    cfg = TrainConfig(**{**CFG.__dict__, "eval_samples": 2, "max_length": 16, "steps": 2})
+    cfg = TrainConfig(**{**CFG.__dict__, "eval_samples": 2, "seq_length": 16, "steps": 2})
     with pytest.raises(eagle_io.IncompatibleDatasetError, match=r"the 2 held-out samples .*none of the 2 samples"):
         train_draft(root, head, build_vocab_mapping(root, 16), cfg, log=None)
     _cli(monkeypatch, head)

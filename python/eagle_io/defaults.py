@@ -26,6 +26,8 @@ RING_BATCH: int = _CORE["ring_batch"]
 """Committed samples the sink thread encodes together."""
 RING_TIMEOUT_S: float = _CORE["ring_timeout_s"]
 """Seconds a producer waits on a full ring before ``RingTimeoutError``."""
+DROP_WHEN_FULL: bool = _CORE["drop_when_full"]
+"""Whether a producer facing a full ring drops the sample (counted, ``dropped_samples``) instead of waiting."""
 FOLLOW_POLL_S: float = _CORE["follow_poll_s"]
 """Seconds between two looks at a followed capture's manifest (``ShardDataset(..., follow=True)``)."""
 FOLLOW_TIMEOUT_S: float = _CORE["follow_timeout_s"]

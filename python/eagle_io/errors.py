@@ -1,10 +1,11 @@
 """The exception hierarchy: every error eagle-io raises derives from :class:`EagleIOError`.
 
 The native core's ``Error`` enum (``src/error.rs``) maps variant by variant to one class here
-(``src/python/errors.rs``); the other classes are raised by the Python package. Each class also derives from the
-built-in exception a caller would catch without knowing eagle-io (``ValueError``, ``OSError``, ``TimeoutError``...),
-so ``except ValueError`` keeps working. ``tests/test_errors.py`` checks that the mapping is one-to-one and that
-every ``raise`` in the package raises one of these.
+(``src/python/errors.rs``, one ``From<Error> for PyErr``; ``Interrupted``, a native wait cut short by a signal, is
+the ``KeyboardInterrupt`` the signal's handler raised); the other classes are raised by the Python package. Each
+class also derives from the built-in exception a caller would catch without knowing eagle-io (``ValueError``,
+``OSError``, ``TimeoutError``...), so ``except ValueError`` keeps working. ``tests/test_errors.py`` checks that
+the mapping is one-to-one and that every ``raise`` in the package raises one of these.
 
 ::
 

@@ -4,6 +4,7 @@
 //! older settings stays readable. Layout: docs/FORMAT.md, "Chunks".
 
 mod fp8;
+mod fp8_rows;
 mod fused;
 mod mode_delta;
 mod payload_pool;
@@ -14,7 +15,8 @@ use std::cell::RefCell;
 
 use crate::dtype::DType;
 
-pub use fp8::{encode as encode_fp8, geometry as fp8_geometry};
+pub use fp8::geometry as fp8_geometry;
+pub use fp8_rows::{encode_fp8_rows, Fp8Input};
 pub use payload_pool::give_back as recycle_payload;
 
 thread_local! {

@@ -19,12 +19,12 @@ use rayon::prelude::*;
 use super::manifest::{CodecInfo, Manifest, MANIFEST_FORMAT};
 use super::options::WriterOptions;
 use super::resume;
-use crate::codec::{encode_chunk, encode_fp8, recycle_payload, CodecOptions, EncodedChunk};
+use crate::codec::{encode_chunk, encode_fp8_rows, recycle_payload, EncodedChunk, Fp8Input};
 use crate::error::{catch_panic, Error, Result};
 use crate::format::{record, FORMAT_VERSION, MAX_KEY_BYTES};
 use crate::layout;
 use crate::pool;
-use crate::quant::{self, Precision, QuantCounts};
+use crate::quant::QuantCounts;
 use crate::schema::{Schema, TensorSpec};
 use crate::shard::ShardBuilder;
 
@@ -39,7 +39,7 @@ pub struct SampleRef<'a> {
     /// `Some(clamped)`: every tensor with FP8 storage is given quantised already, as its stored
     /// rows (per token `S` f32 scales then `W` e4m3fn bytes, docs/FORMAT.md 3.1), by a quantiser
     /// with the core's rules (`eagle_io.store.fp8`, on the source device before its copy) that
-    /// saturated `clamped` values; the writer checks the rows (`quant::check_quantised`) and
+    /// saturated `clamped` values; the writer checks the rows (`codec::encode_fp8_rows`) and
     /// codes them as given. `None`: every tensor is given in its dtype (FP8 ones quantised here).
     pub prequantised: Option<u64>,
 }
@@ -400,10 +400,13 @@ impl DatasetWriter {
                             message,
                         };
                         match &spec.precision {
-                            Some(p) if s.prequantised.is_some() => {
-                                encode_quantised_rows(data, row, rows as usize, spec, p, &codec).map_err(schema_err)
+                            Some(p) => {
+                                let input = match s.prequantised {
+                                    Some(_) => Fp8Input::Quantised,
+                                    None => Fp8Input::Unquantised,
+                                };
+                                encode_fp8_rows(data, input, row, rows as usize, spec, p, &codec).map_err(schema_err)
                             }
-                            Some(p) => encode_fp8_rows(data, row, rows as usize, spec, p, &codec).map_err(schema_err),
                             None => Ok((
                                 encode_chunk(data, rows as u32, spec.dtype, &codec),
                                 QuantCounts::default(),
@@ -514,76 +517,6 @@ fn chunk_rows(chunk_bytes: u64, row_bytes: u64, unquantised: bool) -> u64 {
         rows
     };
     rows.clamp(1, u32::MAX as u64 / row_bytes)
-}
-
-fn encode_fp8_rows(
-    data: &[u8],
-    first: u64,
-    rows: usize,
-    spec: &TensorSpec,
-    p: &Precision,
-    codec: &CodecOptions,
-) -> std::result::Result<(EncodedChunk, QuantCounts), String> {
-    let width = spec.elems_per_row() as usize;
-    FP8_ROWS.with_borrow_mut(|q| {
-        // `quantize` writes every byte: only growth is zero-filled.
-        let n = rows * spec.stored_row_bytes() as usize;
-        q.resize(n, 0);
-        quantize_and_encode(data, first, rows, width, spec, p, codec, &mut q[..n])
-    })
-}
-
-thread_local! {
-    /// The encoding thread's quantised rows, reused across chunks (a fresh buffer per chunk
-    /// would cost a page fault per page).
-    static FP8_ROWS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Checks `rows` stored rows quantised on the source device (starting at row `first`) and
-/// entropy-codes them as given (chunk layout 3): the chunk is the one `encode_fp8_rows` makes of
-/// the same values. The error names the token and scale at fault.
-fn encode_quantised_rows(
-    q: &[u8],
-    first: u64,
-    rows: usize,
-    spec: &TensorSpec,
-    p: &Precision,
-    codec: &CodecOptions,
-) -> std::result::Result<(EncodedChunk, QuantCounts), String> {
-    let width = spec.elems_per_row() as usize;
-    let counts = quant::check_quantised(q, rows, width, p).map_err(|(row, what)| {
-        format!(
-            "tensor {:?} given quantised (FP8 scales and bytes), token {}: {what}",
-            spec.name,
-            first + row
-        )
-    })?;
-    let n_scales = p.scales_per_row(width as u64) as usize;
-    Ok((encode_fp8(q, rows, width, n_scales, codec), counts))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn quantize_and_encode(
-    data: &[u8],
-    first: u64,
-    rows: usize,
-    width: usize,
-    spec: &TensorSpec,
-    p: &Precision,
-    codec: &CodecOptions,
-    q: &mut [u8],
-) -> std::result::Result<(EncodedChunk, QuantCounts), String> {
-    let counts = quant::quantize(data, spec.dtype, rows, width, p, q).map_err(|nf| {
-        format!(
-            "tensor {:?} holds a NaN or Inf at token {}, channel {}: FP8 storage cannot hold it \
-             (the capture's nonfinite policy skips or refuses such samples before writing)",
-            spec.name,
-            first + nf.row,
-            nf.channel
-        )
-    })?;
-    let n_scales = p.scales_per_row(width as u64) as usize;
-    Ok((encode_fp8(q, rows, width, n_scales, codec), counts))
 }
 
 impl Drop for DatasetWriter {

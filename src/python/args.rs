@@ -9,7 +9,6 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
-use super::errors::py_err;
 use crate::error::Error;
 
 /// An unsigned integer type an argument converts to, with its range as the error names it.
@@ -40,7 +39,7 @@ pub fn unsigned<T: Unsigned>(value: &Bound<'_, PyAny>, name: &str) -> PyResult<T
     let py = value.py();
     let index = py.import("operator")?.getattr("index")?;
     match index.call1((value,)) {
-        Ok(int) => Err(py_err(py)(Error::InvalidArgument(format!(
+        Ok(int) => Err(PyErr::from(Error::InvalidArgument(format!(
             "{name} must be an integer in {}, not {int}",
             T::RANGE
         )))),
@@ -58,13 +57,13 @@ pub fn unsigned_opt<T: Unsigned>(value: Option<&Bound<'_, PyAny>>, name: &str) -
 
 /// `seconds` (the argument `name`) as a duration: negative counts as 0; NaN, infinite or
 /// beyond `Duration`'s range (about 5.8e11 years) is an `InvalidArgumentError`.
-pub fn seconds(py: Python<'_>, seconds: f64, name: &str) -> PyResult<Duration> {
+pub fn seconds(seconds: f64, name: &str) -> PyResult<Duration> {
     let duration = match seconds.is_nan() {
         true => None,
         false => Duration::try_from_secs_f64(seconds.max(0.0)).ok(),
     };
     duration.ok_or_else(|| {
-        py_err(py)(Error::InvalidArgument(format!(
+        PyErr::from(Error::InvalidArgument(format!(
             "{name} must be a finite number of seconds, not {seconds}"
         )))
     })

@@ -1,8 +1,11 @@
-//! Maps each core `Error` variant to its Python exception class (defined in
-//! `python/eagle_io/errors.py`, so classes can also derive from `ValueError`, `OSError`...)
-//! and attaches the fields (path, sample id, byte offset) as attributes. An `Error::Earlier`
-//! (an error raised again under a context) takes its cause's class and fields.
+//! `From<Error> for PyErr`: maps each core `Error` variant to its Python exception class
+//! (defined in `python/eagle_io/errors.py`, so classes can also derive from `ValueError`,
+//! `OSError`...) and attaches the fields (path, sample id, byte offset) as attributes. An
+//! `Error::Earlier` (an error raised again under a context) takes its cause's class and fields;
+//! `Error::Interrupted` (a wait cut short by a signal) is a `KeyboardInterrupt`, no error.
+//! Bindings raise core errors with `?`.
 
+use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
@@ -12,11 +15,12 @@ use crate::error::Error;
 /// The Python class of each variant, in `class_of`'s order, imported once per process.
 static CLASSES: [PyOnceLock<Py<PyType>>; 10] = [const { PyOnceLock::new() }; 10];
 
-/// The index into `CLASSES` and the `eagle_io.errors` class name of `err`'s variant (of its
-/// cause, for `Error::Earlier`).
-fn class_of(err: &Error) -> (usize, &'static str) {
-    match err.root() {
+/// The Python class of `err`'s variant (of its cause, for `Error::Earlier`): an
+/// `eagle_io.errors` class, imported once into its slot of `CLASSES`.
+fn class_of<'py>(py: Python<'py>, err: &Error) -> PyResult<Bound<'py, PyType>> {
+    let (index, name) = match err.root() {
         Error::Earlier { .. } => unreachable!("root() unwraps Earlier"),
+        Error::Interrupted => return Ok(py.get_type::<PyKeyboardInterrupt>()),
         Error::Io { .. } => (0, "StorageError"),
         Error::Corrupt { .. } => (1, "CorruptRecordError"),
         Error::FormatVersion { .. } => (2, "FormatVersionError"),
@@ -27,7 +31,8 @@ fn class_of(err: &Error) -> (usize, &'static str) {
         Error::Timeout(_) => (7, "RingTimeoutError"),
         Error::Internal(_) => (8, "InternalError"),
         Error::Storage { .. } => (9, "ObjectStorageError"),
-    }
+    };
+    CLASSES[index].import(py, "eagle_io.errors", name).cloned()
 }
 
 fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
@@ -64,26 +69,21 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
         | Error::InvalidArgument(_)
         | Error::Timeout(_)
         | Error::Internal(_)
+        | Error::Interrupted
         | Error::Earlier { .. } => {}
     }
-    let (index, name) = class_of(err);
-    let exc = CLASSES[index]
-        .import(py, "eagle_io.errors", name)?
-        .call1((err.to_string(),))?;
+    let exc = class_of(py, err)?.call1((err.to_string(),))?;
     for (k, v) in attrs.iter() {
         exc.setattr(k.extract::<String>()?, v)?;
     }
     Ok(PyErr::from_value(exc))
 }
 
-/// The Python exception for a core error.
-pub fn to_py(py: Python<'_>, err: Error) -> PyErr {
-    build(py, &err).unwrap_or_else(|e| e)
-}
-
-/// `map_err` helper: `result.map_err(py_err(py))`.
-pub fn py_err(py: Python<'_>) -> impl Fn(Error) -> PyErr + '_ {
-    move |e| to_py(py, e)
+impl From<Error> for PyErr {
+    /// The Python exception for a core error.
+    fn from(err: Error) -> PyErr {
+        Python::attach(|py| build(py, &err).unwrap_or_else(|e| e))
+    }
 }
 
 /// `eagle_io.errors.RingSlotError` (a `BufferError`: raised from the buffer protocol) with `msg`.

@@ -9,7 +9,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::args::unsigned;
-use super::errors::py_err;
 use crate::error::Error;
 use crate::layout;
 
@@ -29,11 +28,11 @@ pub fn constants(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 /// The manifest name of writer `rank` of `world_size`; `InvalidArgumentError` unless
 /// `rank < world_size` (`manifest_name(3, 2)` named a file merge never reads).
 #[pyfunction]
-pub fn manifest_name(py: Python<'_>, rank: &Bound<'_, PyAny>, world_size: &Bound<'_, PyAny>) -> PyResult<String> {
+pub fn manifest_name(rank: &Bound<'_, PyAny>, world_size: &Bound<'_, PyAny>) -> PyResult<String> {
     let (rank, world_size): (u32, u32) = (unsigned(rank, "rank")?, unsigned(world_size, "world_size")?);
     if rank >= world_size {
         let e = Error::InvalidArgument(format!("rank {rank} is outside [0, world_size = {world_size})"));
-        return Err(py_err(py)(e));
+        return Err(PyErr::from(e));
     }
     Ok(layout::manifest_name(rank, world_size))
 }
@@ -56,8 +55,8 @@ impl RootLock {
     /// Takes the lock the writer of `manifest_name` in `root` holds; fails at once (an
     /// `InvalidArgumentError` naming the manifest) when a live writer holds it.
     #[new]
-    fn new(py: Python<'_>, root: PathBuf, manifest_name: &str) -> PyResult<RootLock> {
-        let file = layout::lock_root(&root, manifest_name).map_err(py_err(py))?;
+    fn new(root: PathBuf, manifest_name: &str) -> PyResult<RootLock> {
+        let file = layout::lock_root(&root, manifest_name)?;
         Ok(RootLock { file: Some(file) })
     }
 

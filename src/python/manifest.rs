@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::errors::py_err;
+use super::blocking::blocking;
 use crate::dataset::Manifest;
 use crate::error::Error;
 
@@ -14,15 +14,14 @@ use crate::error::Error;
 /// JSON without its `checksum` member.
 #[pyfunction]
 pub fn load_manifest(py: Python<'_>, path: PathBuf) -> PyResult<String> {
-    let manifest = py.detach(|| Manifest::load(&path)).map_err(py_err(py))?;
+    let manifest = blocking(py, |_| Manifest::load(&path))?;
     Ok(serde_json::to_string(&manifest).expect("a manifest always serialises"))
 }
 
 /// The sealed file bytes of the manifest given as JSON (any `checksum` member is replaced).
 #[pyfunction]
 pub fn seal_manifest<'py>(py: Python<'py>, json: &str) -> PyResult<Bound<'py, PyBytes>> {
-    let manifest: Manifest = serde_json::from_str(json)
-        .map_err(|e| Error::InvalidArgument(format!("not a valid manifest: {e}")))
-        .map_err(py_err(py))?;
+    let manifest: Manifest =
+        serde_json::from_str(json).map_err(|e| Error::InvalidArgument(format!("not a valid manifest: {e}")))?;
     Ok(PyBytes::new(py, &manifest.to_sealed_bytes()))
 }

@@ -5,9 +5,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::dataset::WriterOptions;
-use crate::ring::{DEFAULT_RESERVE_TIMEOUT_S, DEFAULT_RING_BATCH, DEFAULT_RING_BYTES};
+use crate::ring::{DEFAULT_DROP_WHEN_FULL, DEFAULT_RESERVE_TIMEOUT_S, DEFAULT_RING_BATCH, DEFAULT_RING_BYTES};
 
 mod args;
+mod blocking;
 mod buffers;
 mod errors;
 mod layout;
@@ -67,6 +68,7 @@ fn defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("ring_bytes", DEFAULT_RING_BYTES)?;
     d.set_item("ring_batch", DEFAULT_RING_BATCH)?;
     d.set_item("ring_timeout_s", DEFAULT_RESERVE_TIMEOUT_S)?;
+    d.set_item("drop_when_full", DEFAULT_DROP_WHEN_FULL)?;
     d.set_item("follow_poll_s", FOLLOW_POLL_S)?;
     d.set_item("follow_timeout_s", FOLLOW_TIMEOUT_S)?;
     d.set_item("stop_timeout_s", STOP_TIMEOUT_S)?;

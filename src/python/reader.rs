@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 
 use super::args::{unsigned, unsigned_opt};
+use super::blocking::blocking;
 use super::buffers::{Borrowed, WriteProbe};
-use super::errors::{py_err, to_py};
 use crate::dataset::{Dataset, ReadOptions};
 use crate::error::Error;
 use crate::storage::{CacheOptions, DEFAULT_CACHE_BYTES};
@@ -58,7 +58,7 @@ impl Reader {
             dir,
             max_bytes: cache_bytes.unwrap_or(DEFAULT_CACHE_BYTES),
         });
-        let inner = py.detach(|| Dataset::open_with(&path, &options)).map_err(py_err(py))?;
+        let inner = blocking(py, |_| Dataset::open_with(&path, &options))?;
         Ok(Reader { inner })
     }
 
@@ -67,8 +67,8 @@ impl Reader {
     }
 
     /// `(sample_id, n_tokens, key)` of the sample at position `pos`.
-    fn entry(&self, py: Python<'_>, pos: &Bound<'_, PyAny>) -> PyResult<(u64, u64, String)> {
-        let e = self.inner.entry(unsigned(pos, "pos")?).map_err(py_err(py))?;
+    fn entry(&self, pos: &Bound<'_, PyAny>) -> PyResult<(u64, u64, String)> {
+        let e = self.inner.entry(unsigned(pos, "pos")?)?;
         Ok((e.sample_id, e.n_tokens, e.key.to_owned()))
     }
 
@@ -78,10 +78,11 @@ impl Reader {
     }
 
     /// Token counts of all samples, in position order.
-    fn lengths(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
-        (0..self.inner.len())
-            .map(|p| self.inner.entry(p).map(|e| e.n_tokens).map_err(py_err(py)))
-            .collect()
+    fn lengths(&self) -> PyResult<Vec<u64>> {
+        let lengths: Result<Vec<u64>, Error> = (0..self.inner.len())
+            .map(|p| self.inner.entry(p).map(|e| e.n_tokens))
+            .collect();
+        Ok(lengths?)
     }
 
     /// Decodes the sample at `pos` into `outs` (one writable C-contiguous buffer per schema
@@ -101,19 +102,19 @@ impl Reader {
     /// not overlap. Raises the error of the first failing item (a `CorruptRecordError` names its
     /// sample id, file and offset); the other items are decoded all the same.
     fn read_batch(&self, py: Python<'_>, items: Vec<(Bound<'_, PyAny>, Vec<Bound<'_, PyAny>>)>) -> PyResult<()> {
-        let probe = write_probe().map_err(py_err(py))?;
+        let probe = write_probe()?;
         let mut held = Vec::with_capacity(items.len());
         for (pos, outs) in &items {
             let pos: u64 = unsigned(pos, "pos")?;
-            held.push((pos, self.borrow_outputs(outs, &probe).map_err(py_err(py))?));
+            held.push((pos, self.borrow_outputs(outs, &probe)?));
         }
-        check_disjoint(held.iter().flat_map(|(_, bufs)| bufs.iter())).map_err(py_err(py))?;
+        check_disjoint(held.iter().flat_map(|(_, bufs)| bufs.iter()))?;
         let mut batch: Vec<(u64, Vec<&mut [u8]>)> = held
             .iter_mut()
             .map(|(pos, bufs)| (*pos, bufs.iter_mut().map(Borrowed::bytes_mut).collect()))
             .collect();
         let inner = &self.inner;
-        py.detach(|| inner.read_batch(&mut batch)).map_err(py_err(py))
+        blocking(py, |_| inner.read_batch(&mut batch))
     }
 
     /// Reads one tensor, `name`, of several samples with the GIL released, on the reader's
@@ -129,21 +130,19 @@ impl Reader {
         name: &str,
         items: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
     ) -> PyResult<Vec<Option<Py<pyo3::exceptions::PyBaseException>>>> {
-        let probe = write_probe().map_err(py_err(py))?;
+        let probe = write_probe()?;
         let mut held = Vec::with_capacity(items.len());
         for (pos, out) in &items {
             let pos: u64 = unsigned(pos, "pos")?;
-            held.push((pos, Borrowed::get_writable(out, name, &probe).map_err(py_err(py))?));
+            held.push((pos, Borrowed::get_writable(out, name, &probe)?));
         }
-        check_disjoint(held.iter().map(|(_, b)| b)).map_err(py_err(py))?;
+        check_disjoint(held.iter().map(|(_, b)| b))?;
         let mut batch: Vec<(u64, &mut [u8])> = held.iter_mut().map(|(pos, b)| (*pos, b.bytes_mut())).collect();
         let inner = &self.inner;
-        let results = py
-            .detach(|| inner.read_tensor_batch(name, &mut batch))
-            .map_err(py_err(py))?;
+        let results = blocking(py, |_| inner.read_tensor_batch(name, &mut batch))?;
         Ok(results
             .into_iter()
-            .map(|r| r.err().map(|e| to_py(py, e).into_value(py)))
+            .map(|r| r.err().map(|e| PyErr::from(e).into_value(py)))
             .collect())
     }
 
@@ -164,7 +163,7 @@ impl Reader {
     #[pyo3(signature = (path, threads = None))]
     fn verify(py: Python<'_>, path: PathBuf, threads: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<PyBadRecord>> {
         let threads: usize = unsigned_opt(threads, "threads")?.unwrap_or(0);
-        let bad = py.detach(|| Dataset::verify(&path, threads)).map_err(py_err(py))?;
+        let bad = blocking(py, |_| Dataset::verify(&path, threads))?;
         Ok(bad
             .into_iter()
             .map(|b| (b.shard.to_string_lossy().into_owned(), b.sample_id, b.offset, b.error))
@@ -187,16 +186,15 @@ impl Reader {
     }
 
     fn read(&self, py: Python<'_>, pos: u64, outs: Vec<Bound<'_, PyAny>>, dequantize: bool) -> PyResult<()> {
-        let probe = write_probe().map_err(py_err(py))?;
-        let mut bufs = self.borrow_outputs(&outs, &probe).map_err(py_err(py))?;
-        check_disjoint(bufs.iter()).map_err(py_err(py))?;
+        let probe = write_probe()?;
+        let mut bufs = self.borrow_outputs(&outs, &probe)?;
+        check_disjoint(bufs.iter())?;
         let mut slices: Vec<&mut [u8]> = bufs.iter_mut().map(Borrowed::bytes_mut).collect();
         let inner = &self.inner;
-        py.detach(|| match dequantize {
+        blocking(py, |_| match dequantize {
             true => inner.read_into(pos, &mut slices),
             false => inner.read_stored_into(pos, &mut slices),
         })
-        .map_err(py_err(py))
     }
 }
 

@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::args::{seconds, unsigned, unsigned_opt};
-use super::errors::py_err;
+use super::blocking::blocking;
 use super::slot::RingSlot;
 use super::writer::{stats_dict, Writer};
 use crate::error::Error;
@@ -23,14 +23,13 @@ impl CaptureSink {
     /// Raises `InvalidArgumentError` naming a negative or too large `ring_bytes` or `batch`.
     #[new]
     fn new(
-        py: Python<'_>,
         writer: &Bound<'_, Writer>,
         ring_bytes: &Bound<'_, PyAny>,
         batch: &Bound<'_, PyAny>,
     ) -> PyResult<CaptureSink> {
         let (ring_bytes, batch) = (unsigned(ring_bytes, "ring_bytes")?, unsigned(batch, "batch")?);
-        let w = writer.borrow_mut().take().map_err(py_err(py))?;
-        let inner = CoreSink::start(ring_bytes, w, batch).map_err(py_err(py))?;
+        let w = writer.borrow_mut().take()?;
+        let inner = CoreSink::start(ring_bytes, w, batch)?;
         Ok(CaptureSink { inner })
     }
 
@@ -46,14 +45,12 @@ impl CaptureSink {
     ) -> PyResult<Option<RingSlot>> {
         let py = slf.py();
         let nbytes: usize = unsigned(nbytes, "nbytes")?;
-        let timeout = seconds(py, timeout_s, "timeout_s")?;
+        let timeout = seconds(timeout_s, "timeout_s")?;
         let me = slf.borrow();
         let ring = me.inner.ring();
-        let r = py
-            .detach(|| ring.reserve(nbytes, timeout, drop_when_full))
-            .map_err(py_err(py))?;
+        let r = blocking(py, |interrupt| ring.reserve(nbytes, timeout, drop_when_full, interrupt))?;
         let base = ring.arena.as_ptr() as usize;
-        Ok(r.map(|s| RingSlot::new(slf.clone().unbind(), s.id, base + s.offset, nbytes)))
+        Ok(r.map(|s| RingSlot::new(slf.clone().into_any().unbind(), s.id, base + s.offset, nbytes)))
     }
 
     /// Hands `slot` (its bytes fully written, no view of it written again) to the writer, or
@@ -76,13 +73,12 @@ impl CaptureSink {
         cancelled: bool,
         fp8_clamped: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let py = slf.py();
         let sample_id: u64 = unsigned(sample_id, "sample_id")?;
         let n_tokens: u64 = unsigned(n_tokens, "n_tokens")?;
         let fp8_clamped: Option<u64> = unsigned_opt(fp8_clamped, "fp8_clamped")?;
-        if !slot.reserved_by(slf) {
+        if !slot.reserved_by(slf.as_any()) {
             let e = Error::InvalidArgument(format!("ring slot {} was reserved by another capture sink", slot.id()));
-            return Err(py_err(py)(e));
+            return Err(PyErr::from(e));
         }
         let me = slf.borrow();
         let (id, len) = (slot.id(), slot.len());
@@ -90,7 +86,7 @@ impl CaptureSink {
             .commit(id, len, sample_id, key, n_tokens, cancelled, fp8_clamped, || {
                 slot.hand_over()
             })
-            .map_err(py_err(py))
+            .map_err(PyErr::from)
     }
 
     /// `(address, nbytes)` of the whole arena, for registering it as pinned memory with CUDA
@@ -120,15 +116,13 @@ impl CaptureSink {
     #[pyo3(signature = (complete = true))]
     fn close(&mut self, py: Python<'_>, complete: bool) -> PyResult<String> {
         let inner = &mut self.inner;
-        let manifest = py
-            .detach(|| {
-                if complete {
-                    inner.close()
-                } else {
-                    inner.close_incomplete()
-                }
-            })
-            .map_err(py_err(py))?;
+        let manifest = blocking(py, |interrupt| {
+            if complete {
+                inner.close(interrupt)
+            } else {
+                inner.close_incomplete(interrupt)
+            }
+        })?;
         Ok(serde_json::to_string(&manifest).expect("a manifest always serialises"))
     }
 }

@@ -15,13 +15,13 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 
 use super::errors;
-use super::sink::CaptureSink;
 use crate::error::Error;
 
 #[pyclass(module = "eagle_io._native", frozen)]
 pub struct RingSlot {
-    /// Keeps the sink, hence the arena, alive while this slot (or a view of it) lives.
-    _sink: Py<CaptureSink>,
+    /// The `CaptureSink` that reserved the slot: keeps it, hence the arena, alive while this slot
+    /// (or a view of it) lives. Held as any object, so this module needs nothing of the sink's.
+    sink: Py<PyAny>,
     id: u64,
     /// Address of the slot's first byte in the arena.
     addr: usize,
@@ -30,9 +30,9 @@ pub struct RingSlot {
 }
 
 impl RingSlot {
-    pub fn new(sink: Py<CaptureSink>, id: u64, addr: usize, len: usize) -> RingSlot {
+    pub fn new(sink: Py<PyAny>, id: u64, addr: usize, len: usize) -> RingSlot {
         RingSlot {
-            _sink: sink,
+            sink,
             id,
             addr,
             len,
@@ -50,8 +50,8 @@ impl RingSlot {
     }
 
     /// Whether `sink` reserved this slot (a slot id of another sink names other bytes here).
-    pub fn reserved_by(&self, sink: &Bound<'_, CaptureSink>) -> bool {
-        self._sink.as_ptr() == sink.as_ptr()
+    pub fn reserved_by(&self, sink: &Bound<'_, PyAny>) -> bool {
+        self.sink.as_ptr() == sink.as_ptr()
     }
 
     /// Marks the slot handed back to the ring (committed, or abandoned with `cancelled`): no new

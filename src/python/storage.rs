@@ -5,8 +5,7 @@ use std::path::PathBuf;
 
 use pyo3::prelude::*;
 
-use super::errors::py_err;
-
+use super::blocking::blocking;
 /// `{"requests", "retried", "bytes", "cache_*"}`: HTTP requests sent (retries included), requests
 /// that failed transiently (5xx, 429, timeout) and were retried with backoff, payload bytes read;
 /// the read-through cache's `cache_hits`, `cache_fills`, `cache_evicted` (LRU), `cache_refetched`
@@ -34,9 +33,9 @@ pub fn storage_stats() -> std::collections::BTreeMap<&'static str, u64> {
 /// PUT). Returns `(uploaded shard files, skipped shard files, bytes uploaded)`.
 #[pyfunction]
 pub fn upload_dataset(py: Python<'_>, manifest: PathBuf, url: String) -> PyResult<(Vec<String>, Vec<String>, u64)> {
-    let r = py
-        .detach(|| crate::storage::upload_dataset(&manifest, std::path::Path::new(&url)))
-        .map_err(py_err(py))?;
+    let r = blocking(py, |_| {
+        crate::storage::upload_dataset(&manifest, std::path::Path::new(&url))
+    })?;
     Ok((r.uploaded, r.skipped, r.bytes))
 }
 
@@ -45,8 +44,7 @@ pub fn upload_dataset(py: Python<'_>, manifest: PathBuf, url: String) -> PyResul
 #[pyfunction]
 pub fn list_objects(py: Python<'_>, url: String, subs: Vec<String>) -> PyResult<Vec<(String, u64)>> {
     let subs: Vec<&str> = subs.iter().map(String::as_str).collect();
-    py.detach(|| crate::storage::list_objects(std::path::Path::new(&url), &subs))
-        .map_err(py_err(py))
+    blocking(py, |_| crate::storage::list_objects(std::path::Path::new(&url), &subs))
 }
 
 /// Puts the manifest `data` at the object URL `url` with a conditional PUT (create-only, or
@@ -55,6 +53,5 @@ pub fn list_objects(py: Python<'_>, url: String, subs: Vec<String>) -> PyResult<
 #[pyfunction]
 pub fn put_manifest(py: Python<'_>, data: &[u8], url: String) -> PyResult<()> {
     let data = data.to_vec();
-    py.detach(|| crate::storage::put_manifest(data, std::path::Path::new(&url)))
-        .map_err(py_err(py))
+    blocking(py, |_| crate::storage::put_manifest(data, std::path::Path::new(&url)))
 }

@@ -7,8 +7,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::args::unsigned;
+use super::blocking::blocking;
 use super::buffers::Borrowed;
-use super::errors::py_err;
 use crate::codec::CodecOptions;
 use crate::dataset::{DatasetWriter, SampleRef, WriterOptions, WriterStats};
 use crate::error::Error;
@@ -99,10 +99,10 @@ impl Writer {
         let chunk_bytes: u64 = unsigned(chunk_bytes, "chunk_bytes")?;
         let threads: usize = unsigned(threads, "threads")?;
         let queue_depth: usize = unsigned(queue_depth, "queue_depth")?;
-        let schema = Schema::from_json(schema_json.as_bytes())
-            .map_err(|e| py_err(py)(Error::InvalidArgument(format!("schema: {e}"))))?;
+        let schema =
+            Schema::from_json(schema_json.as_bytes()).map_err(|e| Error::InvalidArgument(format!("schema: {e}")))?;
         let metadata: serde_json::Value = serde_json::from_str(metadata_json)
-            .map_err(|e| py_err(py)(Error::InvalidArgument(format!("metadata is not JSON: {e}"))))?;
+            .map_err(|e| Error::InvalidArgument(format!("metadata is not JSON: {e}")))?;
         let opts = WriterOptions {
             shard_bytes,
             chunk_bytes,
@@ -114,22 +114,19 @@ impl Writer {
             resume,
             uploaded_to,
         };
-        let inner = py
-            .detach(|| DatasetWriter::create(&root, schema, metadata, opts))
-            .map_err(py_err(py))?;
+        let inner = blocking(py, |_| DatasetWriter::create(&root, schema, metadata, opts))?;
         Ok(Writer { inner: Some(inner) })
     }
 
     /// Validates, encodes and queues samples `[(sample_id, key, [(dtype, shape, buffer)])]`
     /// with the GIL released. Nothing is written when any sample is invalid.
     fn write_batch(&mut self, py: Python<'_>, samples: Vec<PySample<'_>>) -> PyResult<()> {
-        let inner = self.get().map_err(py_err(py))?;
+        let inner = self.get()?;
         let schema = inner.schema().clone();
         let borrowed = samples
             .iter()
             .map(|s| borrow_sample(&schema, s))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(py_err(py))?;
+            .collect::<Result<Vec<_>, _>>()?;
         let refs: Vec<SampleRef<'_>> = samples
             .iter()
             .zip(&borrowed)
@@ -141,7 +138,7 @@ impl Writer {
                 prequantised: None,
             })
             .collect();
-        py.detach(|| inner.write_batch(&refs)).map_err(py_err(py))
+        blocking(py, |_| inner.write_batch(&refs))
     }
 
     /// True when `sample_id` is committed or queued (including samples found on resume); False
@@ -155,13 +152,13 @@ impl Writer {
     }
 
     /// Sorted ids of every sample committed or queued (including samples found on resume).
-    fn sample_ids(&mut self, py: Python<'_>) -> PyResult<Vec<u64>> {
-        Ok(self.get().map_err(py_err(py))?.sample_ids())
+    fn sample_ids(&mut self) -> PyResult<Vec<u64>> {
+        Ok(self.get()?.sample_ids())
     }
 
     /// Counters as a dict (see `WriterStats`).
     fn stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-        let s = self.get().map_err(py_err(py))?.stats();
+        let s = self.get()?.stats();
         stats_dict(py, &s)
     }
 
@@ -169,16 +166,14 @@ impl Writer {
     /// manifest stays marked incomplete (an interrupted capture).
     #[pyo3(signature = (complete = true))]
     fn close(&mut self, py: Python<'_>, complete: bool) -> PyResult<String> {
-        let inner = self.get().map_err(py_err(py))?;
-        let manifest = py
-            .detach(|| {
-                if complete {
-                    inner.close()
-                } else {
-                    inner.close_incomplete()
-                }
-            })
-            .map_err(py_err(py))?;
+        let inner = self.get()?;
+        let manifest = blocking(py, |_| {
+            if complete {
+                inner.close()
+            } else {
+                inner.close_incomplete()
+            }
+        })?;
         Ok(serde_json::to_string(&manifest).expect("a manifest always serialises"))
     }
 }

@@ -19,3 +19,5 @@ pub const DEFAULT_RING_BYTES: usize = 256 << 20;
 pub const DEFAULT_RING_BATCH: usize = 16;
 /// Default time a producer waits on a full ring before `Error::Timeout` (seconds).
 pub const DEFAULT_RESERVE_TIMEOUT_S: f64 = 600.0;
+/// Default full-ring policy: wait (up to the timeout), do not drop the sample (`Ring::reserve`'s `drop_when_full`).
+pub const DEFAULT_DROP_WHEN_FULL: bool = false;

@@ -1,12 +1,14 @@
 //! The consumer side of the ring: one thread takes committed slots in order, hands them to
 //! the dataset writer as borrowed bytes (no copy before encoding), and releases them.
 
-use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use super::slots::{Committed, Ring, RingStats};
 use crate::dataset::{DatasetWriter, Manifest, SampleRef, StatsHandle, WriterStats};
 use crate::error::{catch_panic, Error, Result};
+use crate::interrupt::Interrupt;
 
 /// Ring and writer counters together.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +24,8 @@ pub struct CaptureSink {
     stored_token_bytes: u64,
     writer_stats: StatsHandle,
     thread: Option<JoinHandle<Result<Manifest>>>,
+    /// Disconnected when the sink thread ends (`close` waits on it in interruptible slices).
+    finished: Mutex<Receiver<()>>,
     /// The writer's `DatasetWriter::completion` flag (the writer lives on the sink thread).
     complete_on_close: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -81,10 +85,12 @@ impl CaptureSink {
         let stored_token_bytes = writer.schema().stored_token_bytes();
         let complete_on_close = writer.completion();
         let r = ring.clone();
+        let (finishing, finished) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("eagle-io-capture-sink".into())
             .spawn(move || {
-                // A panic fails the ring too, so producers stop waiting for room at once.
+                let _finishing = finishing; // dropped when the thread ends, however it ends
+                                            // A panic fails the ring too, so producers stop waiting for room at once.
                 let out = catch_panic("the capture sink thread", || pump(&r, writer, batch.max(1)));
                 if let Err(e @ Error::Internal(_)) = &out {
                     r.fail(e);
@@ -98,6 +104,7 @@ impl CaptureSink {
             stored_token_bytes,
             writer_stats,
             thread: Some(thread),
+            finished: Mutex::new(finished),
             complete_on_close,
         })
     }
@@ -154,28 +161,35 @@ impl CaptureSink {
     }
 
     /// As `close`, leaving the manifest marked incomplete (an interrupted capture).
-    pub fn close_incomplete(&mut self) -> Result<Manifest> {
+    pub fn close_incomplete(&mut self, interrupt: &Interrupt<'_>) -> Result<Manifest> {
         self.complete_on_close
             .store(false, std::sync::atomic::Ordering::Relaxed);
-        self.close()
+        self.close(interrupt)
     }
 
-    /// Drains committed slots, commits the last shard, and returns the manifest.
-    pub fn close(&mut self) -> Result<Manifest> {
+    /// Drains committed slots, commits the last shard, and returns the manifest. Asks
+    /// `interrupt` every `interrupt::SLICE` of the wait; `Error::Interrupted` leaves the ring
+    /// closed and the sink thread draining it: a later `close` (or the drop) waits for the rest.
+    pub fn close(&mut self, interrupt: &Interrupt<'_>) -> Result<Manifest> {
         self.ring.close();
-        match self.thread.take() {
-            Some(t) => t
-                .join()
-                .map_err(|payload| Error::panicked("the capture sink thread", &*payload))?,
-            None => Err(Error::InvalidArgument("the capture sink is closed".into())),
+        if self.thread.is_none() {
+            return Err(Error::InvalidArgument("the capture sink is closed".into()));
         }
+        let finished = self.finished.get_mut().unwrap_or_else(|p| p.into_inner());
+        while let Err(RecvTimeoutError::Timeout) = finished.recv_timeout(crate::interrupt::SLICE) {
+            interrupt.check()?;
+        }
+        let thread = self.thread.take().expect("checked above");
+        thread
+            .join()
+            .map_err(|payload| Error::panicked("the capture sink thread", &*payload))?
     }
 }
 
 impl Drop for CaptureSink {
     fn drop(&mut self) {
         if self.thread.is_some() {
-            let _ = self.close();
+            let _ = self.close(&Interrupt::NEVER);
         }
     }
 }

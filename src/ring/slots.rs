@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::arena::Arena;
 use crate::error::{Error, Result};
+use crate::interrupt::Interrupt;
 
 /// A committed sample waiting in the ring.
 #[derive(Debug, Clone)]
@@ -123,8 +124,15 @@ impl Ring {
 
     /// Reserves `len` bytes. When the ring is full: with `drop_when_full`, returns `None` at
     /// once and counts the drop; otherwise waits up to `timeout` and then fails with
-    /// `Error::Timeout`. Fails at once when `len` exceeds the capacity or the sink failed.
-    pub fn reserve(&self, len: usize, timeout: Duration, drop_when_full: bool) -> Result<Option<Reserved>> {
+    /// `Error::Timeout`, asking `interrupt` every `interrupt::SLICE` of the wait (`Error::Interrupted`:
+    /// nothing reserved). Fails at once when `len` exceeds the capacity or the sink failed.
+    pub fn reserve(
+        &self,
+        len: usize,
+        timeout: Duration,
+        drop_when_full: bool,
+        interrupt: &Interrupt<'_>,
+    ) -> Result<Option<Reserved>> {
         let cap = self.arena.capacity();
         if len.next_multiple_of(SLOT_ALIGN) > cap {
             return Err(Error::InvalidArgument(format!(
@@ -174,7 +182,19 @@ impl Ring {
                     timeout.as_secs_f64()
                 )));
             }
-            st = self.space.wait_timeout(st, left).unwrap_or_else(|p| p.into_inner()).0;
+            st = self
+                .space
+                .wait_timeout(st, Interrupt::slice(left))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            // Asked without the ring's lock: the answer may run Python code that commits a slot.
+            drop(st);
+            let asked = interrupt.check();
+            st = self.lock();
+            if let Err(e) = asked {
+                st.stats.producer_stall_seconds += start.elapsed().as_secs_f64();
+                return Err(e);
+            }
         }
     }
 
@@ -282,6 +302,7 @@ mod tests {
     use super::*;
 
     const T: Duration = Duration::from_millis(50);
+    const NEVER: &Interrupt<'static> = &Interrupt::NEVER;
 
     fn commit(r: &Ring, s: Reserved, id: u64) {
         r.commit(s.id, id, String::new(), 1, false, None).unwrap();
@@ -290,11 +311,11 @@ mod tests {
     #[test]
     fn fifo_wraps_and_reuses_released_space() {
         let r = Ring::new(4096);
-        let a = r.reserve(1500, T, false).unwrap().unwrap();
-        let b = r.reserve(1500, T, false).unwrap().unwrap();
+        let a = r.reserve(1500, T, false, NEVER).unwrap().unwrap();
+        let b = r.reserve(1500, T, false, NEVER).unwrap().unwrap();
         assert_eq!((a.offset, b.offset), (0, 1536), "slots start 64-byte aligned");
         // 1024 bytes left at the end, none at the start: a 1500-byte slot must wait.
-        assert!(matches!(r.reserve(1500, T, false), Err(Error::Timeout(_))));
+        assert!(matches!(r.reserve(1500, T, false, NEVER), Err(Error::Timeout(_))));
         commit(&r, b, 2);
         commit(&r, a, 1);
         let got = r.take(8);
@@ -304,10 +325,10 @@ mod tests {
             "reservation order"
         );
         r.release(1);
-        let c = r.reserve(1500, T, false).unwrap().unwrap();
+        let c = r.reserve(1500, T, false, NEVER).unwrap().unwrap();
         assert_eq!(c.offset, 0, "wrapped into the released head");
         // Wrapped: the only free region is [1536, 1536) until b is released; the end is skipped.
-        assert_eq!(r.reserve(100, T, true).unwrap(), None);
+        assert_eq!(r.reserve(100, T, true, NEVER).unwrap(), None);
         let st = r.stats();
         assert_eq!(st.slots_in_use, 2);
         assert_eq!(st.high_water_bytes, 3072);
@@ -319,34 +340,37 @@ mod tests {
         // Regression: an empty sample reserved right at the front slot's offset in a wrapped
         // ring made the ring look unwrapped, and later slots overlapped live ones.
         let r = Ring::new(4096);
-        let a = r.reserve(3000, T, false).unwrap().unwrap();
+        let a = r.reserve(3000, T, false, NEVER).unwrap().unwrap();
         commit(&r, a, 0);
         r.take(1);
-        let b = r.reserve(320, T, false).unwrap().unwrap(); // at 3008
+        let b = r.reserve(320, T, false, NEVER).unwrap().unwrap(); // at 3008
         r.release(1);
-        let c = r.reserve(3008, T, false).unwrap().unwrap(); // wraps to 0, ends where b starts
-        let z = r.reserve(0, T, false).unwrap().unwrap(); // at 3008 == b's offset
+        let c = r.reserve(3008, T, false, NEVER).unwrap().unwrap(); // wraps to 0, ends where b starts
+        let z = r.reserve(0, T, false, NEVER).unwrap().unwrap(); // at 3008 == b's offset
         assert_eq!((b.offset, c.offset, z.offset), (3008, 0, 3008));
         // Nothing is free: a 200-byte slot must not fit anywhere (it would overlap b or c).
-        assert_eq!(r.reserve(200, T, true).unwrap(), None);
+        assert_eq!(r.reserve(200, T, true, NEVER).unwrap(), None);
         assert_eq!(r.stats().bytes_in_use, 320 + 3008);
     }
 
     #[test]
     fn full_ring_drops_and_counts_when_asked() {
         let r = Ring::new(4096);
-        r.reserve(4000, T, false).unwrap().unwrap();
-        assert_eq!(r.reserve(100, T, true).unwrap(), None);
+        r.reserve(4000, T, false, NEVER).unwrap().unwrap();
+        assert_eq!(r.reserve(100, T, true, NEVER).unwrap(), None);
         assert_eq!(r.stats().dropped_samples, 1);
-        assert!(matches!(r.reserve(5000, T, false), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            r.reserve(5000, T, false, NEVER),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 
     #[test]
     fn blocked_producer_wakes_on_release() {
         let r = std::sync::Arc::new(Ring::new(4096));
-        let a = r.reserve(4000, T, false).unwrap().unwrap();
+        let a = r.reserve(4000, T, false, NEVER).unwrap().unwrap();
         let r2 = r.clone();
-        let producer = std::thread::spawn(move || r2.reserve(4000, Duration::from_secs(10), false));
+        let producer = std::thread::spawn(move || r2.reserve(4000, Duration::from_secs(10), false, NEVER));
         std::thread::sleep(Duration::from_millis(50));
         commit(&r, a, 7);
         assert_eq!(r.take(1).len(), 1);
@@ -357,13 +381,31 @@ mod tests {
     #[test]
     fn close_abandons_uncommitted_slots_and_counts_them() {
         let r = Ring::new(4096);
-        let a = r.reserve(10, T, false).unwrap().unwrap();
-        r.reserve(10, T, false).unwrap().unwrap();
+        let a = r.reserve(10, T, false, NEVER).unwrap().unwrap();
+        r.reserve(10, T, false, NEVER).unwrap().unwrap();
         commit(&r, a, 1);
         r.close();
         let got = r.take(8);
         assert_eq!(got.iter().map(|c| c.cancelled).collect::<Vec<_>>(), vec![false, true]);
         assert_eq!(r.stats().abandoned_slots, 1);
-        assert!(r.reserve(10, T, false).is_err());
+        assert!(r.reserve(10, T, false, NEVER).is_err());
+    }
+
+    #[test]
+    fn an_interrupted_wait_reserves_nothing_and_counts_its_stall() {
+        let r = Ring::new(4096);
+        r.reserve(4000, T, false, NEVER).unwrap().unwrap();
+        let asked = std::sync::atomic::AtomicU32::new(0);
+        let stop = || asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 2;
+        let t0 = std::time::Instant::now();
+        let got = r.reserve(4000, Duration::from_secs(60), false, &Interrupt::new(&stop));
+        assert!(matches!(got, Err(Error::Interrupted)));
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "asked every slice, stopped at the third"
+        );
+        let stats = r.stats();
+        assert_eq!((stats.slots_in_use, stats.bytes_in_use), (1, 4032));
+        assert!(stats.producer_stall_seconds >= 2.0 * crate::interrupt::SLICE.as_secs_f64());
     }
 }

@@ -1,6 +1,6 @@
 """The one place tests get a real SGLang engine running on this CPU: the environment of the process that starts it
 (its scheduler processes inherit it) and the engine arguments of the speculative path
-(/work/shared/reference/sglang_cpu_spec.md has the recipe and why each setting)."""
+(sglang_cpu_spec.md in the project's shared reference notes has the recipe and why each setting)."""
 
 from __future__ import annotations
 

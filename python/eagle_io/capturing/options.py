@@ -62,7 +62,7 @@ class CaptureOptions:
     ring_bytes: int = defaults.RING_BYTES
     ring_batch: int = defaults.RING_BATCH
     timeout_s: float = defaults.RING_TIMEOUT_S
-    drop_when_full: bool = False
+    drop_when_full: bool = defaults.DROP_WHEN_FULL
     quantize_on_device: bool | None = None
     writer_options: Mapping[str, Any] = field(default_factory=dict)
 

@@ -28,7 +28,7 @@ from .. import _native, defaults
 from ..errors import ArgumentTypeError, InvalidArgumentError, SchemaError
 from ..store import fp8
 from ..store.host import available_memory, human_bytes
-from ..store.writer import ShardWriter
+from ..store.writer import ShardWriter, check_sample_id
 
 _FOREVER_S = 1e9
 """``timeout_s=inf`` waits this long (31 years): the core's wait takes a finite duration."""
@@ -84,7 +84,7 @@ class RingSink:
         ring_bytes: int = defaults.RING_BYTES,
         batch: int = defaults.RING_BATCH,
         timeout_s: float = defaults.RING_TIMEOUT_S,
-        drop_when_full: bool = False,
+        drop_when_full: bool = defaults.DROP_WHEN_FULL,
         quantize_on_device: bool | None = None,
     ) -> None:
         check_ring_options(
@@ -185,8 +185,7 @@ class RingSink:
         """Raises the error a previous commit left, or SchemaError / ArgumentTypeError for a bad id or key."""
         if self._error is not None:
             raise self._error
-        if type(sample_id) is not int or not 0 <= sample_id < 1 << 64:
-            raise SchemaError.for_sample(sample_id, "sample ids are integers in [0, 2**64)")
+        check_sample_id(sample_id)
         if sample_id in self._ids:
             raise SchemaError.for_sample(sample_id, "this sample id is already in the dataset (ids must be unique)")
         if not isinstance(key, str):

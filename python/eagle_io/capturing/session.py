@@ -146,7 +146,7 @@ def capture(
     implausible: str = "raise",
     ring_bytes: int = defaults.RING_BYTES,
     timeout_s: float = defaults.RING_TIMEOUT_S,
-    drop_when_full: bool = False,
+    drop_when_full: bool = defaults.DROP_WHEN_FULL,
     sampling_params: Mapping[str, Any] | None = None,
     concurrency: int = defaults.SERVER_CONCURRENCY,
     retries: int = defaults.SERVER_RETRIES,

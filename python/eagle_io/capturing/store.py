@@ -27,7 +27,7 @@ from ..store import layout, value_stats, values
 from ..store.metadata import eagle3_metadata
 from ..store.schema import eagle3_schema
 from ..store.upload import StagedUpload, local_dir, stage_remote_manifests
-from ..store.writer import ShardWriter
+from ..store.writer import ShardWriter, check_sample_id
 from .options import VALUE_POLICIES, CaptureOptions
 from .ring import RingSink
 
@@ -93,8 +93,7 @@ def check_sample(
     Raises:
         SchemaError: naming the sample and the problem (``sample_id`` attribute set).
     """
-    if type(sample_id) is not int or not 0 <= sample_id < 1 << 64:
-        raise SchemaError.for_sample(sample_id, "sample ids are integers in [0, 2**64)")
+    check_sample_id(sample_id)
     ids = torch.as_tensor(input_ids)
     mask = torch.as_tensor(loss_mask)
     n = int(ids.shape[0]) if ids.dim() else 0

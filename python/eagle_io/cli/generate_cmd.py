@@ -63,6 +63,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=defaults.THREADS, help="encoding threads (0 = one per CPU)")
     p.add_argument("--ring-bytes", type=int, default=defaults.RING_BYTES, help="capture ring size (bytes)")
     p.add_argument(
+        "--drop-when-full",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.DROP_WHEN_FULL,
+        help="on a full capture ring, drop the sample and count it (dropped_ring_full) instead of waiting",
+    )
+    p.add_argument(
         "--rank",
         type=int,
         default=int(os.environ.get("RANK", 0)),
@@ -252,6 +258,7 @@ def _capture_options(args, dataset: str, layer_ids, info, tokenizer, **extra: An
         implausible=args.implausible,
         metadata={"source_dataset": os.path.basename(dataset), **metadata},
         ring_bytes=args.ring_bytes,
+        drop_when_full=args.drop_when_full,
         writer_options={
             "shard_bytes": args.shard_bytes,
             "threads": args.threads,

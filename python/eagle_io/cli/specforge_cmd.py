@@ -41,7 +41,7 @@ def _import_parser(p: argparse.ArgumentParser) -> None:
 def _import_run(args: argparse.Namespace) -> int:
     from ..errors import InvalidArgumentError
     from ..interop.specforge import import_specforge
-    from ..sglang.setters import capturable_range, from_specforge
+    from ..sglang.setters import final_boundary_allowed, from_specforge
     from ..store.eagle3 import validate_aux_layer_ids
 
     meta: dict = {}
@@ -64,7 +64,7 @@ def _import_run(args: argparse.Namespace) -> int:
         arch = args.target_architecture or "LlamaForCausalLM"
         ids = from_specforge(sf_ids, arch, n)
         try:  # the layers SGLang's setter captured for SpecForge must be layers of the target
-            validate_aux_layer_ids(ids, n, final_boundary=capturable_range(arch, n)[1] == n)
+            validate_aux_layer_ids(ids, n, final_boundary=final_boundary_allowed(arch, n))
         except InvalidArgumentError as e:
             raise InvalidArgumentError(
                 f"{what} = {sf_ids} are captured by SGLang's {arch} setter as eagle-io ids {ids}, which a {n}-layer "

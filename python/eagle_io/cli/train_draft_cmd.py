@@ -30,7 +30,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--steps", type=int, default=300, help="optimizer steps (one batch each)")
     p.add_argument("--batch-size", type=int, default=4, help="samples per step")
-    p.add_argument("--max-length", type=int, default=512, help="truncate samples to this many tokens")
+    p.add_argument(
+        "--max-length", dest="seq_length", type=int, default=512, help="truncate samples to this many tokens"
+    )
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
     p.add_argument("--warmup-steps", type=int, default=20, help="steps of linear learning-rate warmup")
     p.add_argument("--eval-samples", type=int, help="held-out samples (default 10%% of the dataset)")
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
-        max_length=args.max_length,
+        seq_length=args.seq_length,
         lr=args.lr,
         warmup_steps=args.warmup_steps,
         eval_samples=args.eval_samples,
@@ -136,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         f"vocab     draft {mapping.draft_vocab_size} of {vocab} target ids, "
         f"coverage {mapping.key.get('coverage', float('nan')):.4f}, padded {mapping.key.get('padded')}"
     )
-    data = ShardDataset(args.path, max_length=args.max_length, on_corrupt=args.on_corrupt)
+    data = ShardDataset(args.path, max_length=cfg.seq_length, on_corrupt=args.on_corrupt)
     result = train_draft(data, head, mapping, cfg)
     fingerprint = dataset_fingerprint(args.path)
     provenance = {

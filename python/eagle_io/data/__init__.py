@@ -1,7 +1,7 @@
 """Dataset preparation: conversation sources, turn clean-up and chat-template tokenization.
 
-Imports only ``eagle_io.data.*`` (never the native ``eagle_io`` top level), so it can be used
-and tested from a source checkout with ``PYTHONPATH=python``.
+Floor 2 of the package (docs/ARCHITECTURE.md): imports only ``eagle_io.data.*`` and ``eagle_io.errors``. Importing
+it imports the ``eagle_io`` package first, hence the built native core: it needs an installed (or ``make dev``) build.
 """
 
 from eagle_io.data.chat import (

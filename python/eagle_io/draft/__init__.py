@@ -13,6 +13,7 @@
 """
 
 from .acceptance import AcceptHistogram, OfflineAccept, offline_accept
+from .batches import make_batch
 from .export import draft_config_json, load_draft, save_draft
 from .model import Eagle3Draft, Eagle3DraftConfig
 from .train import (
@@ -22,7 +23,6 @@ from .train import (
     build_draft,
     evaluate,
     load_target_head,
-    make_batch,
     split_positions,
     train_draft,
     write_summary,

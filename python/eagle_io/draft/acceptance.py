@@ -1,7 +1,7 @@
 """Accept length: how many tokens the target accepts per verify step of a chain (top-k 1) draft, counted SGLang's
 way, live (:mod:`eagle_io.spec`) or offline from stored shards (:func:`offline_accept`).
 
-Definitions (the field uses at least four; /work/shared/reference/peers.md, "Acceptance metrics in the field"):
+Definitions (the field uses at least four):
 
 * One verify step of ``S = num_steps`` drafts accepts ``j`` leading drafts (``0 <= j <= S``) plus the target's own
   next token (the *bonus* token): its accept length is ``j + 1``. SGLang counts it so (PR #24081: ``accept_*``
@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidArgumentError
+from .batches import Teacher, check_finite_batch, make_batch
 
 __all__ = ["AcceptHistogram", "OfflineAccept", "mean_of_request_means", "offline_accept"]
 
@@ -256,14 +257,12 @@ def offline_accept(
         dataset: an :class:`eagle_io.feed.ShardDataset` (batches through :func:`eagle_io.draft.make_batch`: the
             shift contract, ``max_length`` truncation).
         num_steps: drafts per verify step (SGLang's ``--speculative-num-steps``).
-        teacher: the teacher's argmax per position (:class:`eagle_io.draft.train.Teacher`; share one between calls
+        teacher: the teacher's argmax per position (:class:`eagle_io.draft.batches.Teacher`; share one between calls
             on the same dataset object); built when None.
 
     Raises:
-        NonFiniteTrainingError: states holding NaN/Inf (:func:`eagle_io.draft.train.check_finite_batch`).
+        NonFiniteTrainingError: states holding NaN/Inf (:func:`eagle_io.draft.batches.check_finite_batch`).
     """
-    from .train import Teacher, check_finite_batch, make_batch
-
     teacher = teacher or Teacher(head_w.float())
     out = OfflineAccept(AcceptHistogram(num_steps), [0] * num_steps, [0] * num_steps)
     was_training = model.training

@@ -45,6 +45,8 @@ import torch
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError, NonFiniteTrainingError
 from ..sglang.draft_build import fc_skip_problem
+from .acceptance import offline_accept
+from .batches import Teacher, check_finite_batch, make_batch
 from .model import Eagle3Draft, Eagle3DraftConfig
 
 __all__ = [
@@ -132,58 +134,6 @@ def load_target_head(model: str | os.PathLike[str] | None = None) -> TargetHead:
     return head
 
 
-# --- data: the feed's padded batches, shifted --------------------------------------------------------------
-
-
-def make_batch(dataset: Any, positions: Sequence[int]) -> dict[str, Any]:
-    """One right-padded, shifted training batch of ``dataset``'s items at ``positions``.
-
-    Args:
-        dataset: an :class:`eagle_io.feed.ShardDataset` (its ``max_length`` truncates each sample first).
-
-    Returns:
-        ``aux [B, T, k*H]`` (stored dtype), ``next_ids [B, T]`` int64 (``input_ids[t+1]``, 0 without one),
-        ``target_hidden [B, T, H]`` (``hidden_states[t+1]``, 0 without one), ``mask [B, T]`` bool
-        (``loss_mask[t+1] == 1`` and ``t+1`` is a real token of the same sample), ``lengths [B]`` int64,
-        ``positions`` (the dataset positions of the ``B`` rows, a list: without the records a dataset opened with
-        ``on_corrupt="skip"`` left out, so ``B`` can be smaller than ``len(positions)``), ``sample_ids`` (theirs, a
-        list). Built with
-        :class:`eagle_io.feed.PaddingCollator` and :func:`eagle_io.feed.shift_targets` (``loss_mask="target"``).
-    """
-    from ..feed import PaddingCollator, shift_targets
-
-    batch = shift_targets(PaddingCollator().collate_from(dataset, list(positions)), loss_mask="target")
-    left_out = {s["item"] for s in batch["skipped"] + batch["unsupervised"]}
-    return {
-        "aux": batch["aux_hidden_states"],
-        "next_ids": batch["next_input_ids"],
-        "target_hidden": batch["target_hidden_states"],
-        "mask": batch["loss_mask"] == 1,
-        "lengths": batch["lengths"],
-        "positions": [p for p in positions if p not in left_out],
-        "sample_ids": list(batch["sample_ids"]),
-    }
-
-
-def check_finite_batch(batch: dict[str, Any], where: str) -> None:
-    """Refuses a :func:`make_batch` batch whose states hold NaN/Inf: training on it gives a NaN loss and metrics
-    computed from NaN.
-
-    Raises:
-        NonFiniteTrainingError: naming ``where`` (e.g. ``"step 12"``) and the sample ids holding them.
-    """
-    bad = []
-    for name in ("aux", "target_hidden"):
-        x = batch[name]
-        rows = ~torch.isfinite(x.reshape(x.shape[0], -1)).all(-1)
-        bad += [sid for sid, b in zip(batch["sample_ids"], rows.tolist(), strict=True) if b and sid not in bad]
-    if bad:
-        raise NonFiniteTrainingError(
-            f"{where}: the states of sample id(s) {sorted(bad)} hold NaN/Inf; nothing is trained on them "
-            "(`eagle-io verify` lists every such sample)"
-        )
-
-
 # --- training -------------------------------------------------------------------------------------------
 
 
@@ -191,11 +141,13 @@ def check_finite_batch(batch: dict[str, Any], where: str) -> None:
 class TrainConfig:
     """Training settings. Lengths are tokens; ``lr`` is AdamW's peak learning rate (linear warm-up over
     ``warmup_steps``, cosine decay to 10% at ``steps``). ``ttt_length``: TTT unroll steps (module docstring);
-    ``accept_steps``: draft steps of the held-out offline accept length (0: not measured)."""
+    ``accept_steps``: draft steps of the held-out offline accept length (0: not measured); ``seq_length``: the
+    longest sequence trained on (``train-draft --max-length``): the feed's cut (``ShardDataset(max_length=)``) of
+    datasets given as paths, and the bound of the unroll lengths."""
 
     steps: int = 300
     batch_size: int = 4
-    max_length: int = 512
+    seq_length: int = 512
     lr: float = 1e-3
     weight_decay: float = 0.0
     warmup_steps: int = 20
@@ -212,31 +164,31 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Every setting checked here, where it enters (before a dataset is read or anything is written): each
-        bounded as it can be used, the unroll lengths by ``max_length`` (a TTT step or draft step k reads the
-        token k positions on, so ``max_length - 1`` is the most that trains or measures anything).
+        bounded as it can be used, the unroll lengths by ``seq_length`` (a TTT step or draft step k reads the
+        token k positions on, so ``seq_length - 1`` is the most that trains or measures anything).
 
         Raises:
             InvalidArgumentError: names each setting out of its bounds (as its train-draft option), with the bound.
         """
         bad = []
 
-        def whole(name: str, value: Any, low: int, high: int | None = None, why: str = "") -> None:
+        def whole(name: str, value: Any, low: int, high: int | None = None, why: str = "", option: str = "") -> None:
             ok = type(value) is int and value >= low and (high is None or value <= high)
             if not ok:
                 span = f">= {low}" if high is None else f"in [{low}, {high}]"
-                bad.append(f"--{name.replace('_', '-')} {value!r} (must be an integer {span}{why})")
+                bad.append(f"{option or '--' + name.replace('_', '-')} {value!r} (must be an integer {span}{why})")
 
         whole("steps", self.steps, 1)
         whole("batch_size", self.batch_size, 1)
-        whole("max_length", self.max_length, 2, why=": one token and the next it predicts")
+        whole("seq_length", self.seq_length, 2, why=": one token and the next it predicts", option="--max-length")
         whole("warmup_steps", self.warmup_steps, 0)
         whole("eval_every", self.eval_every, 0)
         whole("log_every", self.log_every, 0)
         whole("seed", self.seed, 0)
         unroll = (
-            f" for --max-length {self.max_length}: step k predicts k tokens on" if type(self.max_length) is int else ""
+            f" for --max-length {self.seq_length}: step k predicts k tokens on" if type(self.seq_length) is int else ""
         )
-        top = max(self.max_length - 1, 1) if type(self.max_length) is int else None
+        top = max(self.seq_length - 1, 1) if type(self.seq_length) is int else None
         whole("ttt_length", self.ttt_length, 1, top, unroll)
         whole("accept_steps", self.accept_steps, 0, top, unroll)
         for name in ("eval_samples", "threads", "intermediate_size"):
@@ -295,39 +247,6 @@ class TrainResult:
             "unsupervised_samples_skipped": self.unsupervised_samples,
             "ttt_length": self.ttt_length,
         }
-
-
-def _teacher_ids(head_w: torch.Tensor, target_hidden: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """Full-vocabulary argmax of ``target_hidden [L, H] @ head_w.T`` (float32), chunked over rows."""
-    out = torch.empty(target_hidden.shape[0], dtype=torch.int64)
-    for i in range(0, target_hidden.shape[0], chunk):
-        out[i : i + chunk] = (target_hidden[i : i + chunk].float() @ head_w.T).argmax(-1)
-    return out
-
-
-class Teacher:
-    """The teacher's full-vocabulary argmax per dataset position (``hidden_states @ head_w.T``, ``head_w [vocab, H]``
-    float32), computed on first use and cached (the target head is frozen); ``seconds`` accumulates that cost. Share
-    one between calls over the same dataset object (its positions are the keys)."""
-
-    def __init__(self, head_w: torch.Tensor) -> None:
-        self.head_w = head_w
-        self.cache: dict[int, torch.Tensor] = {}
-        self.seconds = 0.0
-
-    def add_target_ids(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Adds ``target_ids [B, T]`` int64 (0 where there is no target) to a :func:`make_batch` batch."""
-        t0 = time.perf_counter()
-        out = torch.zeros(batch["next_ids"].shape, dtype=torch.int64)
-        for b, pos in enumerate(batch["positions"]):
-            n = int(batch["lengths"][b])
-            ids = self.cache.get(pos)
-            if ids is None:
-                ids = self.cache[pos] = _teacher_ids(self.head_w, batch["target_hidden"][b, :n])
-            out[b, :n] = ids
-        batch["target_ids"] = out
-        self.seconds += time.perf_counter() - t0
-        return batch
 
 
 TTT_LOSS_DECAY = 0.8
@@ -451,8 +370,6 @@ def evaluate(
         "in_vocab_share": tot["n_train"] / max(tot["n_mask"], 1.0),
     }
     if accept_steps:
-        from .acceptance import offline_accept
-
         off = offline_accept(
             model, dataset, positions, teacher.head_w, accept_steps, batch_size=batch_size, teacher=teacher
         )
@@ -574,7 +491,7 @@ def train_draft(
 
     Args:
         dataset: a path (or list of paths) or an :class:`eagle_io.feed.ShardDataset` (EAGLE-3 schema; metadata
-            ``hidden_size``, ``aux_layer_ids``); paths are opened with ``max_length=config.max_length``. A
+            ``hidden_size``, ``aux_layer_ids``); paths are opened with ``max_length=config.seq_length``. A
             ``ShardDataset(..., on_corrupt="skip")`` trains past bad records; ``skipped_records`` counts them
             (distinct sample ids) and ``empty_steps`` the steps whose every sample was one (no update). Samples
             that ``max_length`` truncates to no supervised token are left out of their batches and counted
@@ -601,7 +518,7 @@ def train_draft(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    ds = dataset if isinstance(dataset, ShardDataset) else ShardDataset(dataset, max_length=cfg.max_length)
+    ds = dataset if isinstance(dataset, ShardDataset) else ShardDataset(dataset, max_length=cfg.seq_length)
     if mapping.target_vocab_size != head.config["vocab_size"]:
         raise IncompatibleDatasetError(
             f"vocab mapping target_vocab_size {mapping.target_vocab_size} != target vocab {head.config['vocab_size']}"

@@ -25,17 +25,9 @@ Typical use on rank ``r`` of ``W``::
 
 from ..store.eagle3 import REQUIRED_TENSORS
 from .collate import LOSS_MASK_ALIGNMENTS, PackingCollator, PaddingCollator, has_next_token, shift_targets
-from .dataset import (
-    COMPATIBILITY_KEYS,
-    ON_CORRUPT,
-    LazyItems,
-    ShardDataset,
-    SkippedRecord,
-    UnsupervisedSample,
-    expand_paths,
-    read_item,
-)
+from .dataset import LazyItems, ShardDataset
 from .follow import CaptureProgress, FollowingShardDataset, capture_progress, manifest_to_follow
+from .items import COMPATIBILITY_KEYS, ON_CORRUPT, SkippedRecord, UnsupervisedSample, expand_paths, read_item
 from .loader import Loader
 from .samplers import UNEVEN, LengthGroupedBatchSampler, RankSampler, permutation
 

@@ -33,7 +33,7 @@ from ..store import layout
 from ..store.eagle3 import check_eagle3_dataset
 from ..store.manifest import read_manifest
 from ..store.reader import Dataset, check_flag
-from .dataset import ON_CORRUPT, SkippedRecord, UnsupervisedSample, _check_compatible, expand_paths, read_item
+from .items import SkippedRecord, UnsupervisedSample, _check_compatible, check_feed_options, expand_paths, read_item
 
 log = logging.getLogger("eagle_io.feed")
 
@@ -135,10 +135,7 @@ class FollowingShardDataset(torch.utils.data.IterableDataset):
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        if max_length is not None and max_length < 1:
-            raise InvalidArgumentError(f"max_length must be >= 1 or None, got {max_length}")
-        if on_corrupt not in ON_CORRUPT:
-            raise InvalidArgumentError(f"on_corrupt must be one of {ON_CORRUPT}, got {on_corrupt!r}")
+        check_feed_options(max_length, on_corrupt)
         if not poll_s > 0 or (timeout_s is not None and not timeout_s > 0):
             raise InvalidArgumentError(f"poll_s and timeout_s must be > 0, got {poll_s}, {timeout_s}")
         if world_size < 1 or not 0 <= rank < world_size:

@@ -104,8 +104,8 @@ def state_figures(ds: Dataset, positions: list[int], progress: Callable[[int, in
     """Per-layer statistics (:mod:`eagle_io.report.states`) and ``eagle-io verify``'s value checks
     (:func:`value_figures`) over the samples at ``positions``."""
     lengths = ds.lengths()
-    max_length = max((lengths[p] for p in positions), default=1)
-    layers = [LayerStats(spec, max_length) for spec in layer_specs(ds.schema, ds.metadata)]
+    longest = max((lengths[p] for p in positions), default=1)
+    layers = [LayerStats(spec, longest) for spec in layer_specs(ds.schema, ds.metadata)]
     lay = value_layout(ds)
     group = []
     for i, pos in enumerate(positions):

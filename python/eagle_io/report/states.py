@@ -6,7 +6,8 @@ final (post-norm) ``hidden_states``. For every layer, over the samples read:
 * rows (tokens) holding any NaN or Inf in the layer are counted (``nonfinite_rows``, with ``nan`` / ``inf``
   element counts) and left out of every other figure;
 * ``rms_by_position[b]``: ``sqrt(sum x^2 / (rows x H))`` over the finite rows whose token position ``p`` falls in
-  bin ``b = p * bins // max_length``, all ``H`` channels (None for a bin without rows);
+  bin ``b = p * bins // longest`` (``longest``: the longest sample read, in tokens), all ``H`` channels (None for
+  a bin without rows);
   ``max_abs_by_position[b]``: the largest ``|x|`` there;
 * ``channel_rms[c]``: ``sqrt(sum over finite rows x_c^2 / rows)``; ``channel_max_abs[c]``;
 * ``top_channels``: the ``TOP`` channels of largest ``channel_rms``, with ``ratio`` = their rms over the median
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 TOP = 8
-MAX_BINS = 512  # position bins per layer: per-position figures up to max_length 512, binned beyond
+MAX_BINS = 512  # position bins per layer: per-position figures up to a longest sample of 512, binned beyond
 ROW_BLOCK = 1024  # rows converted at a time (bounds the temporaries: ROW_BLOCK x H x 4 bytes)
 
 
@@ -72,10 +73,10 @@ def float32_block(tensor: torch.Tensor, r0: int, r1: int, c0: int, c1: int) -> n
 class LayerStats:
     """Accumulates one layer's figures (module docstring) over the samples given to :meth:`add`."""
 
-    def __init__(self, spec: LayerSpec, max_length: int) -> None:
+    def __init__(self, spec: LayerSpec, longest: int) -> None:
         self.spec = spec
-        self.max_length = max(int(max_length), 1)
-        self.bins = min(self.max_length, MAX_BINS)
+        self.longest = max(int(longest), 1)
+        self.bins = min(self.longest, MAX_BINS)
         self.sumsq_pos = np.zeros(self.bins)
         self.rows_pos = np.zeros(self.bins, np.int64)
         self.max_pos = np.zeros(self.bins)
@@ -97,7 +98,7 @@ class LayerStats:
                 x, positions = x[good], positions[good]
             if not len(x):
                 continue
-            bins = positions * self.bins // self.max_length
+            bins = positions * self.bins // self.longest
             sq, a = np.square(x), np.abs(x)
             self.sumsq_pos += np.bincount(bins, weights=sq.sum(axis=1), minlength=self.bins)
             self.rows_pos += np.bincount(bins, minlength=self.bins)
@@ -124,7 +125,7 @@ class LayerStats:
             "inf": self.inf,
             "rms": math.sqrt(float(self.ch_sumsq.sum()) / (rows * s.width)) if rows else None,
             "max_abs": float(self.ch_max.max()) if rows else None,
-            "position_bins": {"count": self.bins, "max_length": self.max_length},
+            "position_bins": {"count": self.bins, "max_length": self.longest},  # key: the report's JSON
             "rms_by_position": [float(v) if h else None for v, h in zip(rms_pos, has, strict=True)],
             "max_abs_by_position": [float(v) if h else None for v, h in zip(self.max_pos, has, strict=True)],
             "channel_rms": [float(v) for v in channel_rms] if rows else [],

@@ -5,7 +5,10 @@ SGLang process that loads plugins (Engine/main, each ``run_scheduler_process``, 
 detokenizer), through the entry point::
 
     [project.entry-points."sglang.srt.plugins"]
-    eagle_io = "eagle_io.serving.plugin:register"
+    eagle_io = "eagle_io.sglang_plugin:register"
+
+(:mod:`eagle_io.sglang_plugin` calls this module's :func:`register` with the SGLang capture's hook installer, so
+this room never imports :mod:`eagle_io.capturing`.)
 
 ``SGLANG_PLUGINS=eagle_io`` (SGLang's own whitelist) selects it by that name. Hooks are installed only through
 ``sglang.srt.plugins.hook_registry.HookRegistry``:
@@ -521,10 +524,12 @@ def _version_problem() -> SGLangCompatError | None:
     )
 
 
-def register() -> None:
-    """The ``sglang.srt.plugins`` entry point: registers the startup guard (and the SGLang capture's hooks) in SGLang
-    processes that host a ``Scheduler`` (the module is already imported there; other processes are left alone, so
-    the detokenizer does not import the scheduler stack for nothing). Does nothing when ``EAGLE_IO_SGLANG_PLUGIN=0``.
+def register(install_capture: Callable[[str], list[str]] | None = None) -> None:
+    """Behind the ``sglang.srt.plugins`` entry point (:func:`eagle_io.sglang_plugin.register`): registers the startup
+    guard (and, through ``install_capture(switch)``, which returns the targets it hooked, the SGLang capture's hooks)
+    in SGLang processes that host a ``Scheduler`` (the module is already imported there; other processes are left
+    alone, so the detokenizer does not import the scheduler stack for nothing). Does nothing when
+    ``EAGLE_IO_SGLANG_PLUGIN=0``.
 
     Every target is resolved before it is registered (:func:`eagle_io.sglang.hooks.register`). SGLang's
     ``load_plugins`` only logs what this function raises, so a target that does not resolve, or an SGLang outside
@@ -542,10 +547,8 @@ def register() -> None:
             if hooks.STARTUP_HOOK not in _REGISTERED:
                 hooks.register(hooks.STARTUP_HOOK, _startup_guard, "BEFORE", switch=f"{ENV_PLUGIN}=0")
                 _REGISTERED.add(hooks.STARTUP_HOOK)
-            if _enabled(ENV_CAPTURE) and hooks.TP_FORWARD_HOOK not in _REGISTERED:
-                from ..capturing.sglang import scheduler as sglang_scheduler
-
-                _REGISTERED.update(sglang_scheduler.install(switch=f"{ENV_CAPTURE}=0"))
+            if install_capture is not None and _enabled(ENV_CAPTURE) and hooks.TP_FORWARD_HOOK not in _REGISTERED:
+                _REGISTERED.update(install_capture(f"{ENV_CAPTURE}=0"))
         except SGLangCompatError as e:
             problem = e
     if problem is not None:

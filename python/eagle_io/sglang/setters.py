@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
-from ..store.eagle3 import validate_aux_layer_ids
+from ..store.eagle3 import sglang_default_ids, validate_aux_layer_ids
 
 __all__ = [
     "DEEPSEEK_STYLE_SETTERS",
@@ -119,7 +119,7 @@ def default_capture_ids(num_layers: int, architecture: str | None = None) -> lis
     DeepSeek-V2/V3 and other setters use the same list; MiniMax-M3-VL's adds +1, see :data:`SETTER_RULES`).
     Not validated (see :func:`eagle_io.store.eagle3.default_aux_layer_ids`)."""
     shift = setter_for(architecture).default_shift if architecture else 0
-    return [i + shift for i in (2, num_layers // 2, num_layers - 3)]
+    return [i + shift for i in sglang_default_ids(num_layers)]
 
 
 def served_aux_layer_ids(architecture: str, num_layers: int | None, explicit_ids: Sequence[int] | None) -> list[int]:
@@ -169,6 +169,13 @@ def capturable_range(architecture: str, num_layers: int) -> tuple[int, int]:
     return 1, num_layers if setter_for(architecture).final_boundary else num_layers - 1
 
 
+def final_boundary_allowed(architecture: str, num_layers: int | None) -> bool:
+    """Whether id ``N`` (the final pre-norm boundary) is a capturable aux layer id on this target: its
+    :func:`capturable_range` reaches ``N`` (:data:`FINAL_BOUNDARY_SETTERS`); False when ``N`` is unknown. The one
+    statement of the rule every ``validate_aux_layer_ids(..., final_boundary=)`` of an SGLang target uses."""
+    return num_layers is not None and capturable_range(architecture, num_layers)[1] == num_layers
+
+
 def captured_ids(architecture: str, num_layers: int, layers_to_capture: Sequence[int]) -> list[int]:
     """The states an SGLang target actually records for ``layers_to_capture``, in the order they arrive.
 
@@ -192,7 +199,7 @@ def explicit_ids_for(architecture: str, num_layers: int | None, wanted: Sequence
             target's :func:`capturable_range` when ``num_layers`` is known, else only ``id >= 1``, distinct,
             ascending), so a negative or out-of-range id never turns into a "fix".
     """
-    final = num_layers is not None and capturable_range(architecture, num_layers)[1] == num_layers
+    final = final_boundary_allowed(architecture, num_layers)
     wanted = validate_aux_layer_ids(list(wanted), num_layers, final_boundary=final)
     for cand in ([i - 1 for i in wanted], wanted):
         if min(cand) >= 0 and served_aux_layer_ids(architecture, num_layers, cand) == wanted:

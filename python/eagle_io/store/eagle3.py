@@ -111,6 +111,13 @@ def validate_aux_layer_ids(ids: Sequence[int], num_layers: int | None, *, final_
     return [int(i) for i in ids]
 
 
+def sglang_default_ids(num_layers: int) -> list[int]:
+    """``[2, N//2, N-3]`` for a target of ``N`` decoder layers, unvalidated: SGLang's default EAGLE-3 aux layers
+    (``set_eagle3_layers_to_capture(None)``, ``srt/models/llama.py``), the one place eagle-io writes the list
+    (:func:`default_aux_layer_ids` validates it; :func:`eagle_io.sglang.setters.default_capture_ids` shifts it)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
 def default_aux_layer_ids(num_layers: int) -> list[int]:
     """SGLang's default EAGLE-3 aux layers ``[2, N//2, N-3]`` for a target with ``N`` decoder layers, validated:
     what ``set_eagle3_layers_to_capture(None)`` stores (``srt/models/llama.py``, ``LlamaForCausalLM``; the other
@@ -121,7 +128,7 @@ def default_aux_layer_ids(num_layers: int) -> list[int]:
         InvalidArgumentError: if the three ids collide or fall out of range (``N < 7``), e.g. N=6 gives [2, 3, 3];
             pass explicit ids for such tiny models.
     """
-    ids = [2, num_layers // 2, num_layers - 3]
+    ids = sglang_default_ids(num_layers)
     try:
         return validate_aux_layer_ids(ids, num_layers)
     except InvalidArgumentError as exc:

@@ -14,6 +14,17 @@ from ._tensors import as_native
 from .schema import TensorSpec, to_json
 
 
+def check_sample_id(sample_id: Any) -> None:
+    """The one sample-id check of every writer and capture path: an ``int`` (not ``bool``) in ``[0, 2**64)``, the
+    index's unsigned 64-bit id (docs/FORMAT.md).
+
+    Raises:
+        SchemaError: naming the id.
+    """
+    if type(sample_id) is not int or not 0 <= sample_id < 2**64:
+        raise SchemaError.for_sample(sample_id, "sample ids are integers in [0, 2**64)")
+
+
 class ShardWriter:
     """Writes samples into a dataset directory: ``root/shards/*.eio`` and ``root/<manifest_name>``.
 
@@ -103,8 +114,7 @@ class ShardWriter:
         self.manifest_path = os.path.join(self.root, manifest_name)
 
     def _convert(self, sample_id: int, tensors: Mapping[str, Any], key: str) -> tuple:
-        if not isinstance(sample_id, int) or not 0 <= sample_id < 2**64:
-            raise SchemaError.for_sample(sample_id, "sample ids are integers in [0, 2**64)")
+        check_sample_id(sample_id)
         names = [s.name for s in self.schema]
         if set(tensors) != set(names):
             missing, extra = sorted(set(names) - set(tensors)), sorted(set(tensors) - set(names))

@@ -50,15 +50,14 @@ def capture_layer_args(
     if ids is None:
         return {}
     from ...sglang.checkpoint import read_checkpoint
-    from ...sglang.setters import capturable_range, explicit_ids_for, setter_rule
-    from ...store.eagle3 import validate_aux_layer_ids
+    from ...sglang.setters import explicit_ids_for, setter_rule
 
     target = read_checkpoint(model_path)
     arch, n = target.architecture, target.num_layers
     if n is None:
         raise InvalidArgumentError(f"{target.path}/config.json has no num_hidden_layers: cannot place aux layer ids")
-    wanted = validate_aux_layer_ids(list(ids), n, final_boundary=capturable_range(arch, n)[1] == n)
-    explicit = explicit_ids_for(arch, n, wanted)
+    explicit = explicit_ids_for(arch, n, list(ids))  # validates the ids against this target (the one check)
+    wanted = [int(i) for i in ids]
     if explicit is None:
         raise InvalidArgumentError(f"SGLang's {arch} setter cannot capture eagle-io ids {wanted} ({setter_rule(arch)})")
     given = engine_args.get("return_aux_hidden_state_layer_ids")

@@ -1,7 +1,7 @@
 """What the two sides of eagle-io's SGLang capture exchange: the request parameters that make a request a sample,
 the start by environment and the stop file. The SGLang capture is the SGLang counterpart of the HF path.
 
-Scheduler side (:mod:`.scheduler` ; installed by the plugin, :func:`eagle_io.serving.plugin.register`, unless
+Scheduler side (:mod:`.scheduler` ; installed by the plugin, :func:`eagle_io.sglang_plugin.register`, unless
 ``EAGLE_IO_SGLANG_CAPTURE=0``): an AFTER hook on ``TpModelWorker.forward_batch_generation`` takes, for each
 prefill forward, the concatenated aux states (``LogitsProcessorOutput.hidden_states``, ``[T, k*H]``, FULL capture)
 and the final post-norm states (``.last_hidden_states``, ``[T, H]``) as tensors on the device, splits them per

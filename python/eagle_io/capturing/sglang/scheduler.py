@@ -1,5 +1,5 @@
 """The scheduler side of the SGLang capture: runs inside each SGLang scheduler process (installed by the plugin,
-:func:`eagle_io.serving.plugin.register`, unless ``EAGLE_IO_SGLANG_CAPTURE=0``). The protocol it speaks with the
+:func:`eagle_io.sglang_plugin.register`, unless ``EAGLE_IO_SGLANG_CAPTURE=0``). The protocol it speaks with the
 client (request parameters, start and stop over HTTP, by environment or by file, status) is in :mod:`.protocol`.
 
 An AFTER hook on ``TpModelWorker.forward_batch_generation`` takes, for each extend (prefill, chunked or not) and

@@ -3,7 +3,7 @@ engine run on a CPU without AMX, where no CPU build of sgl-kernel exists on PyPI
 CUDA-only). Put its parent directory on ``PYTHONPATH`` with ``SGLANG_USE_CPU_ENGINE=1`` (tests/helpers/sglang_cpu.py).
 
 It implements, in plain torch and from their semantics, the 11 sgl-kernel CPU ops that SGLang's EAGLE / EAGLE3
-path calls when the split attention backends are ``intel_amx`` (/work/shared/reference/sglang_cpu_spec.md lists
+path calls when the split attention backends are ``intel_amx`` (the project's sglang_cpu_spec.md lists
 them with their call sites): the two attention ops, registered with ``torch.library`` as
 ``torch.ops.sgl_kernel.extend_attention_cpu`` / ``decode_attention_cpu`` (:mod:`.attention`), the KV-cache row copy
 (:mod:`.kv_cache`), and the speculative bookkeeping: cache locations, the draft-decode table, the verify tree,
