@@ -170,26 +170,42 @@ def test_a_forward_costs_one_value_check(monkeypatch):
     assert len(calls) == 1 and sink.put_ids == [0, 1]
 
 
+def _scheduler_capture(store):
+    """A writing ``_SchedulerCapture`` over ``store`` (the fields ``__init__`` would set; no scheduler)."""
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    cap = object.__new__(sc._SchedulerCapture)
+    cap.writes, cap.store, cap.max_length, cap.vocab_size = True, store, 8, 100
+    cap.requests, cap.request_counts, cap.refusal, cap.token = (
+        sc.RequestStates(),
+        dict.fromkeys(sc.REQUEST_COUNTS, 0),
+        None,
+        None,
+    )
+    return cap
+
+
+def _prompt_request(sid, ids, n):
+    """A prompt-only request (``max_new_tokens`` 1) of ``n`` prompt tokens, finished after its prefill."""
+    params = {"eagle_io_sample_id": sid, "eagle_io_loss_mask": [1] * n}
+    return SimpleNamespace(rid=str(sid), prefix_len=0, extend_len=n, origin_input_ids=ids,
+                           sampling_params=SimpleNamespace(custom_params=params), finished=lambda: True,
+                           output_ids=[1], output_ids_through_stop=[1], finished_reason=None)  # fmt: skip
+
+
 def test_sglang_scheduler_forward_with_copied_request_rows():
     """The scheduler's hook hands a whole prefill forward to the capture core: a request whose rows are another
     request's is caught there too (skip policy: counted, the other request written)."""
-    from eagle_io.capturing.sglang import scheduler as sc
 
     store, sink = _store(implausible="skip")
-    cap = object.__new__(sc._SchedulerCapture)
-    cap.writes, cap.store, cap.max_length, cap.vocab_size = True, store, 8, 100
+    cap = _scheduler_capture(store)
     mode = SimpleNamespace(is_extend=lambda: True)
-
-    def req(sid, ids):
-        params = {"eagle_io_sample_id": sid, "eagle_io_loss_mask": [1] * len(ids)}
-        sp = SimpleNamespace(custom_params=params)
-        n = len(ids)
-        return SimpleNamespace(rid=str(sid), prefix_len=0, extend_len=n, origin_input_ids=ids, sampling_params=sp)
-
     aux, final, _ = _forward(2, 3)
     aux[3:6], final[3:6] = aux[0:3], final[0:3]  # request 8 got request 7's rows
-    batch = SimpleNamespace(forward_mode=mode, reqs=[req(7, [1, 2, 3]), req(8, [4, 5, 6])], extend_lens=[3, 3])
+    reqs = [_prompt_request(7, [1, 2, 3], 3), _prompt_request(8, [4, 5, 6], 3)]
+    batch = SimpleNamespace(forward_mode=mode, reqs=reqs, extend_lens=[3, 3])
     cap.on_forward(batch, SimpleNamespace(logits_output=SimpleNamespace(hidden_states=aux, last_hidden_states=final)))
+    cap.on_result(batch)  # both finished in the same forward: checked together
     assert sink.put_ids == [7] and store.counts["copied_rows_skipped"] == 1
 
 
@@ -197,7 +213,6 @@ def test_a_layer_captured_twice_is_caught_on_both_backends(tmp_path):
     """One layer's block written into another's slot, from row 1 on (aux layer 27 = aux layer 2): the SGLang
     scheduler's forward and the HF hooks both reach the capture core, which raises (or skips and counts); real states
     of two layers are never equal, and equal blocks in rows of two different samples are not this kind."""
-    from eagle_io.capturing.sglang import scheduler as sc
 
     aux, final, rows = _forward(2, 4)
     aux[5:8, 16:24] = aux[5:8, 0:8]  # sample 1, rows 1..3
@@ -207,16 +222,11 @@ def test_a_layer_captured_twice_is_caught_on_both_backends(tmp_path):
     assert (c["row"], c["rows"], c["layers"]) == (1, 3, ["aux layer 2", "aux layer 27"])
     assert "sample 1: aux layer 2 and aux layer 27 states are equal bit for bit at token row 1" in c["message"]
     store, sink = _store(implausible="skip")
-    cap = object.__new__(sc._SchedulerCapture)
-    cap.writes, cap.store, cap.max_length, cap.vocab_size = True, store, 8, 100
-    reqs = []
-    for r in rows:
-        params = {"eagle_io_sample_id": r.sample_id, "eagle_io_loss_mask": [1] * r.length}
-        sp = SimpleNamespace(custom_params=params)
-        reqs.append(SimpleNamespace(rid=str(r.sample_id), prefix_len=0, extend_len=r.length,
-                                    origin_input_ids=r.input_ids, sampling_params=sp))  # fmt: skip
+    cap = _scheduler_capture(store)
+    reqs = [_prompt_request(r.sample_id, r.input_ids, r.length) for r in rows]
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=reqs, extend_lens=[4, 4])
     cap.on_forward(batch, SimpleNamespace(logits_output=SimpleNamespace(hidden_states=aux, last_hidden_states=final)))
+    cap.on_result(batch)
     assert sink.put_ids == [0] and store.counts["copied_layers_skipped"] == 1
     # HF: a hook makes layer 4's output (eagle-io id 5) layer 1's (id 2) for sample 1.
     model, info = tiny_target()
