@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from ..defaults import CACHE_BYTES, REMOTE_IN_FLIGHT
 from ..errors import ArgumentTypeError, EagleIOError, InvalidArgumentError, SampleNotFoundError
 from . import fp8, layout
 from ._tensors import empty, writable_bytes
-from .schema import TensorSpec, from_json
+from .schema import TensorSpec
 
 
 def _check_threads(threads: object) -> None:
@@ -120,8 +119,9 @@ class Dataset:
         layout.manifest_file(self._path)  # an unmerged multi-writer root: say so, not "no manifest.json"
         self._native = _native.Reader(self._path, threads, in_flight, None, None, self._cache[0], cache_bytes)
         self.manifest_path: str = os.fspath(self._native.manifest_path)
-        self.manifest: dict[str, Any] = json.loads(self._native.manifest_json)
-        self.schema: list[TensorSpec] = from_json(json.dumps(self.manifest["schema"]))
+        # Typed values built by the native reader once per open (no JSON text crosses the boundary).
+        self.manifest: dict[str, Any] = self._native.manifest()
+        self.schema: list[TensorSpec] = [TensorSpec(*t) for t in self._native.schema()]
         self.metadata: dict[str, Any] = self.manifest["metadata"]
 
     def __getstate__(self) -> dict[str, Any]:
