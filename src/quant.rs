@@ -44,6 +44,15 @@ pub enum Fp8Type {
     E4m3fn,
 }
 
+impl Fp8Type {
+    /// The schema name, e.g. [`FLOAT8_E4M3FN`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Fp8Type::E4m3fn => FLOAT8_E4M3FN,
+        }
+    }
+}
+
 impl Precision {
     /// One scale per token (speculators-compatible).
     pub const PER_TOKEN: Precision = Precision {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -32,6 +34,21 @@ def test_roundtrip_bit_exact_with_keys_and_ids(small_dataset):
     assert ds.lengths() == [ds.entry(p).n_tokens for p in range(len(ds))]
     with pytest.raises(IndexError):
         ds[12]
+
+
+def test_manifest_and_schema_are_typed_values_equal_to_the_file(tmp_path):
+    """The native reader hands the manifest as a dict and the schema as tuples (no JSON text): they equal the
+    manifest file read by ``json``, FP8 precision and scale block included."""
+    specs = [TensorSpec("ids", "int64"), TensorSpec("x", "bfloat16", 64, "float8_e4m3fn", 32)]
+    meta = {"hidden_size": 64, "eps": 1e-05, "big": 2**63 + 1, "neg": -3, "ids": [2, 16], "none": None, "ok": True}
+    with eagle_io.ShardWriter(tmp_path, specs, meta, threads=1) as w:
+        w.write(7, {"ids": torch.arange(3), "x": torch.ones(3, 64, dtype=torch.bfloat16)})
+    ds = eagle_io.Dataset(tmp_path)
+    on_disk = json.loads((tmp_path / "manifest.json").read_text())
+    assert ds.manifest == {k: v for k, v in on_disk.items() if k != "checksum"}
+    assert ds.metadata == meta and type(ds.metadata["eps"]) is float and type(ds.metadata["big"]) is int
+    assert ds.schema == specs
+    assert ds._native.schema() == [("ids", "int64", None, None, None), ("x", "bfloat16", 64, "float8_e4m3fn", 32)]
 
 
 def test_every_dtype_from_torch_numpy_and_memoryview(tmp_path):

@@ -17,6 +17,7 @@ mod reader;
 mod sink;
 mod slot;
 mod storage;
+mod values;
 mod writer;
 
 #[pymodule]

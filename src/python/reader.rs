@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use super::args::{unsigned, unsigned_opt};
 use super::blocking::blocking;
 use super::buffers::{Borrowed, WriteProbe};
+use super::values::{json_to_py, schema_tuples, PyTensorSpec};
 use crate::dataset::{Dataset, ReadOptions};
 use crate::error::Error;
 use crate::storage::{CacheOptions, DEFAULT_CACHE_BYTES};
@@ -146,9 +147,16 @@ impl Reader {
             .collect())
     }
 
-    #[getter]
-    fn manifest_json(&self) -> String {
-        serde_json::to_string(self.inner.manifest()).expect("a manifest always serialises")
+    /// The manifest (FORMAT.md 2) as the dict `json.loads` makes of its file, without `checksum`;
+    /// built from the opened manifest on each call (the Python wrapper calls it once per open).
+    fn manifest<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let value = serde_json::to_value(self.inner.manifest()).expect("a manifest always serialises");
+        json_to_py(py, &value)
+    }
+
+    /// The schema's tensors, in order: `[(name, dtype, width, precision, scale_block)]`.
+    fn schema(&self) -> Vec<PyTensorSpec> {
+        schema_tuples(self.inner.schema())
     }
 
     #[getter]

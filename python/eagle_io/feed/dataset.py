@@ -224,8 +224,9 @@ class ShardDataset(torch.utils.data.Dataset):
         """
         return self.read_many([(i, out)])[0]
 
-    def _plan(self, i: int, out: Mapping[str, torch.Tensor]) -> tuple[int, int, int, dict, list]:
-        """-> (dataset index, position, sample id, {name: tensor decoded into}, [(destination, temporary)])."""
+    def _plan(self, i: int, out: Mapping[str, torch.Tensor]) -> tuple[int, int, int, int, dict, list]:
+        """-> (dataset index, position, sample id, stored token count, {name: tensor decoded into},
+        [(destination, temporary)]), from one index lookup."""
         d, p = self.locate(i)
         ds = self.datasets[d]
         info = ds.entry(p)
@@ -242,7 +243,7 @@ class ShardDataset(torch.utils.data.Dataset):
                 direct[spec.name] = torch.empty(shape, dtype=getattr(torch, spec.dtype))
                 if dst is not None:
                     copies.append((dst, direct[spec.name]))
-        return d, p, info.sample_id, direct, copies
+        return d, p, info.sample_id, n, direct, copies
 
     def read_many(self, items: Sequence[tuple[int, Mapping[str, torch.Tensor]]]) -> list[tuple[int, int]]:
         """:meth:`read_into` for several items at once: ``[(i, out)]`` with the same rules, decoded in one
@@ -261,14 +262,14 @@ class ShardDataset(torch.utils.data.Dataset):
         for d, ks in groups.items():
             ds = self.datasets[d]
             try:
-                ds.read_batch([(plans[k][1], plans[k][3]) for k in ks])
+                ds.read_batch([(plans[k][1], plans[k][4]) for k in ks], n_tokens=[plans[k][3] for k in ks])
             except CorruptRecordError as e:  # the first bad item of this dataset, by its sample id
                 e.item = next((k for k in ks if plans[k][2] == e.sample_id), ks[0])
                 raise
         for *_head, copies in plans:
             for dst, tmp in copies:
                 dst.copy_(tmp[: dst.shape[0]])
-        return [(sid, d) for d, _p, sid, _direct, _copies in plans]
+        return [(sid, d) for d, _p, sid, _n, _direct, _copies in plans]
 
     def record_skip(self, i: int, error: CorruptRecordError) -> SkippedRecord:
         """Counts item ``i`` as skipped for ``error`` (see ``on_corrupt``) and logs it. Returns the record.

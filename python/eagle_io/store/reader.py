@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from ..defaults import CACHE_BYTES, REMOTE_IN_FLIGHT
 from ..errors import ArgumentTypeError, EagleIOError, InvalidArgumentError, SampleNotFoundError
 from . import fp8, layout
 from ._tensors import empty, writable_bytes
-from .schema import TensorSpec, from_json
+from .schema import TensorSpec
 
 
 def _check_threads(threads: object) -> None:
@@ -120,8 +119,9 @@ class Dataset:
         layout.manifest_file(self._path)  # an unmerged multi-writer root: say so, not "no manifest.json"
         self._native = _native.Reader(self._path, threads, in_flight, None, None, self._cache[0], cache_bytes)
         self.manifest_path: str = os.fspath(self._native.manifest_path)
-        self.manifest: dict[str, Any] = json.loads(self._native.manifest_json)
-        self.schema: list[TensorSpec] = from_json(json.dumps(self.manifest["schema"]))
+        # Typed values built by the native reader once per open (no JSON text crosses the boundary).
+        self.manifest: dict[str, Any] = self._native.manifest()
+        self.schema: list[TensorSpec] = [TensorSpec(*t) for t in self._native.schema()]
         self.metadata: dict[str, Any] = self.manifest["metadata"]
 
     def __getstate__(self) -> dict[str, Any]:
@@ -151,12 +151,12 @@ class Dataset:
 
     def read(self, pos: int, *, pin_memory: bool = False) -> dict[str, Any]:
         """Decodes the sample at ``pos`` into new CPU tensors (pinned when ``pin_memory``)."""
-        n = self.entry(pos).n_tokens
+        info = self.entry(pos)  # the one index lookup of this read
         if not self.dequantize and any(s.precision for s in self.schema):
-            return {**self._read_stored(pos, n), "sample_id": self.entry(pos).sample_id}
-        out = {s.name: empty(s, n, pin_memory) for s in self.schema}
-        self.read_into(pos, out)
-        return {**out, "sample_id": self.entry(pos).sample_id}
+            return {**self._read_stored(pos, info.n_tokens), "sample_id": info.sample_id}
+        out = {s.name: empty(s, info.n_tokens, pin_memory) for s in self.schema}
+        self._native.read_into(pos, self._out_buffers(pos, out, info.n_tokens))
+        return {**out, "sample_id": info.sample_id}
 
     def _read_stored(self, pos: int, n: int) -> dict[str, torch.Tensor]:
         """The sample with FP8 tensors as stored: FP8 bytes and f32 scales (see the class docstring)."""
@@ -192,9 +192,13 @@ class Dataset:
         """
         self._native.read_into(pos, self._out_buffers(pos, out))
 
-    def read_batch(self, items: Sequence[tuple[int, dict[str, torch.Tensor]]]) -> None:
+    def read_batch(
+        self, items: Sequence[tuple[int, dict[str, torch.Tensor]]], *, n_tokens: Sequence[int] | None = None
+    ) -> None:
         """:meth:`read_into` for several samples in one call: ``[(pos, out)]``, each ``out`` as for
-        :meth:`read_into`, no two outputs overlapping. All records are read (one positioned read each; from object
+        :meth:`read_into`, no two outputs overlapping. ``n_tokens``: the items' token counts, in order, when the
+        caller has them from :meth:`entry` (spares a second index lookup; a wrong count is refused as an output of
+        the wrong size). All records are read (one positioned read each; from object
         storage, a batch's adjacent records by one ranged GET, up to ``in_flight`` GETs at once), checksummed and
         decoded on the reader's ``threads`` with the GIL released once.
 
@@ -202,7 +206,11 @@ class Dataset:
             As :meth:`read_into`; CorruptRecordError: the first item (in ``items`` order) whose record fails; the
             others are decoded.
         """
-        self._native.read_batch([(pos, self._out_buffers(pos, out)) for pos, out in items])
+        if n_tokens is None:
+            self._native.read_batch([(pos, self._out_buffers(pos, out)) for pos, out in items])
+        else:
+            batch = zip(items, n_tokens, strict=True)
+            self._native.read_batch([(pos, self._out_buffers(pos, out, n)) for (pos, out), n in batch])
 
     def read_tensor(
         self, name: str, positions: Sequence[int], *, on_error: str = "raise"
@@ -242,14 +250,16 @@ class Dataset:
                 raise first
         return [t if e is None else e for t, e in zip(outs, errors, strict=True)]
 
-    def _out_buffers(self, pos: int, out: dict[str, torch.Tensor]) -> list:
+    def _out_buffers(self, pos: int, out: dict[str, torch.Tensor], n: int | None = None) -> list:
         """The writable bytes of ``out``'s tensors in schema order, after checking them against the sample at
-        ``pos`` (the native reader checks byte counts and overlaps only)."""
+        ``pos`` of ``n`` tokens (None: looked up in the index) (the native reader checks byte counts and overlaps
+        only)."""
         if isinstance(pos, bool) or not isinstance(pos, int):
             raise ArgumentTypeError(f"position must be an int, got {type(pos).__name__}")
         if not 0 <= pos < len(self):
             raise SampleNotFoundError(f"position {pos} out of range for a dataset of {len(self)} samples")
-        n = self.entry(pos).n_tokens
+        if n is None:
+            n = self.entry(pos).n_tokens
         buffers = []
         for s in self.schema:
             t = out.get(s.name)

@@ -106,17 +106,3 @@ def eagle3_schema(
 def to_json(specs: Iterable[TensorSpec]) -> str:
     """The schema JSON stored in shard headers and manifests."""
     return json.dumps({"tensors": [s.to_dict() for s in specs]})
-
-
-def from_json(text: str | bytes) -> list[TensorSpec]:
-    """Parses schema JSON."""
-    return [
-        TensorSpec(
-            t["name"],
-            t["dtype"],
-            t["width"],
-            (t.get("precision") or {}).get("storage"),
-            (t.get("precision") or {}).get("block"),
-        )
-        for t in json.loads(text)["tensors"]
-    ]
