@@ -253,6 +253,9 @@ class _Fake(http.server.BaseHTTPRequestHandler):
         st["sent"].append(body)
         if st["fail"]:
             return self._send(st["fail"].pop(0), {"error": "busy"})
+        if st.get("abort"):
+            abort = {"type": "abort", "message": "Abort before prefill", "status_code": 200}
+            return self._send(200, {"meta_info": {"cached_tokens": 0, "finish_reason": abort}})
         return self._send(200, {"meta_info": {"cached_tokens": 0}})
 
 
@@ -332,3 +335,21 @@ def test_only_the_starting_client_or_a_forced_stop_stops_a_capture():
         assert sorted(stops) == [("A", True, False), ("C", False, False)]
     finally:
         sc._ACTIVE = None
+
+
+def test_an_aborted_request_is_an_error_naming_the_sample_never_a_success(fake, tmp_path):
+    """SGLang answers an aborted request (``/abort_request``, a disconnect) with HTTP 200 and ``finish_reason``
+    ``abort``: nothing of it was stored, so ``submit`` raises naming the sample and does not count it done."""
+    from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.sglang.server import ServerCapture
+
+    url, st = fake
+    cap = ServerCapture(url, str(tmp_path / "o"), CaptureOptions(), retries=0)
+    st["abort"] = True
+    with pytest.raises(SGLangError, match=rf"sample 5: {url}/generate: the server aborted the request \(Abort bef"):
+        cap.submit(samples([4], first=5))
+    assert 5 not in cap.done and cap.counts["sent"] == 0
+    st["abort"] = False
+    cap.submit(samples([4], first=5))
+    assert 5 in cap.done and cap.counts["sent"] == 1
+    cap.close()

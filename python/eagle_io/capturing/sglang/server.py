@@ -274,6 +274,13 @@ class ServerCapture:
                 time.sleep(wait)
                 wait *= 2
         meta = (out[0] if isinstance(out, list) else out or {}).get("meta_info") or {}
+        finish = meta.get("finish_reason")
+        if isinstance(finish, dict) and finish.get("type") == "abort":  # answered 200, but nothing was stored
+            raise SGLangError(
+                f"sample {sample.index}: {server.url}/generate: the server aborted the request "
+                f"({finish.get('message')}); nothing of it was stored",
+                status=finish.get("status_code"),
+            )
         with self._lock:
             self.counts["sent"] += 1
             self.counts["prefix_tokens_reused"] += int(meta.get("cached_tokens") or 0)
@@ -286,8 +293,9 @@ class ServerCapture:
 
         Raises:
             SchemaError: a sample the capture cannot store (checked before anything is sent).
-            SGLangError: a request that failed after its retries, naming the sample and the URL (the samples sent
-                before stay captured).
+            SGLangError: a request that failed after its retries, or that the server aborted (``/abort_request``, a
+                request it could not serve: answered, but not stored; not retried), naming the sample and the URL (the
+                samples sent before stay captured; a failed sample is not counted done: submit it again).
             InvalidArgumentError: the capture is closed.
         """
         if self.manifest is not None:
