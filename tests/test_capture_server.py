@@ -353,3 +353,15 @@ def test_an_aborted_request_is_an_error_naming_the_sample_never_a_success(fake, 
     cap.submit(samples([4], first=5))
     assert 5 in cap.done and cap.counts["sent"] == 1
     cap.close()
+
+
+def test_a_request_of_several_answers_is_refused_up_front(fake, tmp_path):
+    """``n`` > 1: SGLang forks the request, each copy's prompt then served from the cache (counted incomplete) and a
+    prompt-only sample stored in place of the answer asked for; refused before anything is started."""
+    from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.sglang.server import ServerCapture
+
+    url, st = fake
+    with pytest.raises(InvalidArgumentError, match="sampling_params n=2: a sample request generates one answer"):
+        ServerCapture(url, str(tmp_path / "o"), CaptureOptions(), sampling_params={"max_new_tokens": 4, "n": 2})
+    assert st["capture"] == {"state": "idle"} and not st["sent"]

@@ -174,8 +174,9 @@ class ServerCapture:
         progress: show a progress bar (tqdm, on stderr) over the samples of each :meth:`submit`.
 
     Raises:
-        InvalidArgumentError: a preflight refusal (:func:`server_facts`), servers that disagree on the target, a
-            start a server refused (its status' error, naming the URL and rank).
+        InvalidArgumentError: a preflight refusal (:func:`server_facts`), servers that disagree on the target,
+            ``sampling_params`` ``n`` other than 1, a start a server refused (its status' error, naming the URL and
+            rank).
         SGLangError: a server that does not answer.
     """
 
@@ -217,6 +218,11 @@ class ServerCapture:
         self.options = options
         self.url = os.fspath(out_dir)
         self.sampling_params = {"max_new_tokens": 1, **(sampling_params or {})}
+        if self.sampling_params.get("n", 1) != 1:  # SGLang forks such a request: its copies get a cached prompt
+            raise InvalidArgumentError(
+                f"sampling_params n={self.sampling_params['n']}: a sample request generates one answer (n=1); submit "
+                "the sample under several ids for several answers"
+            )
         self.concurrency, self.retries, self.backoff_s = concurrency, retries, backoff_s
         self.request_timeout_s, self.progress = request_timeout_s, progress
         self.aux_layer_ids = list(first.target["layers"])
