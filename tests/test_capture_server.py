@@ -181,6 +181,34 @@ def test_the_preflight_names_what_the_server_cannot_capture(server, tmp_path):
     assert not list((tmp_path).iterdir()), "nothing written by a refused capture"
 
 
+@needs_sglang
+@pytest.mark.slow
+def test_a_capture_whose_client_died_is_stopped_by_force_then_resumed(server, tmp_path):
+    """A client killed mid-capture (no close) leaves its capture running: a new client is refused, naming
+    ``stop_server_capture``, which commits what the dead one sent (marked incomplete); ``resume=True`` then sends only
+    the missing samples."""
+    from eagle_io.capturing.sglang.server import stop_server_capture
+
+    url, _, model = server
+    out = tmp_path / "orphan"
+    dead = (
+        "import os, sys, torch; sys.path.insert(0, sys.argv[3]); import eagle_io; from test_capture_server import "
+        "samples; eagle_io.capture(sys.argv[1], sys.argv[2]).submit(samples([20, 30, 40])); os._exit(1)"
+    )
+    r = subprocess.run([sys.executable, "-c", dead, url, str(out), str(Path(__file__).parent)], capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 1, r.stderr[-2000:]
+    with pytest.raises(InvalidArgumentError, match=r"already capturing .*stop_server_capture\("):
+        eagle_io.capture(url, out, resume=True)
+    (st,) = stop_server_capture(url)
+    assert st["state"] == "stopped" and st["counts"]["written"] == 3
+    assert eagle_io.Dataset(out).manifest["complete"] is False
+    with eagle_io.capture(url, out, resume=True) as cap:
+        cap.submit(samples([20, 30, 40, 50]))
+    assert cap.counts["already_done"] == 3 and cap.counts["sent"] == 1
+    assert sorted(held_to_reference(out, model)) == [0, 1, 2, 3]
+
+
 # ------------------------------------------------------------------------------------- the client's own logic
 
 
@@ -225,6 +253,9 @@ class _Fake(http.server.BaseHTTPRequestHandler):
         st["sent"].append(body)
         if st["fail"]:
             return self._send(st["fail"].pop(0), {"error": "busy"})
+        if st.get("abort"):
+            abort = {"type": "abort", "message": "Abort before prefill", "status_code": 200}
+            return self._send(200, {"meta_info": {"cached_tokens": 0, "finish_reason": abort}})
         return self._send(200, {"meta_info": {"cached_tokens": 0}})
 
 
@@ -277,3 +308,60 @@ def test_the_preflight_refuses_servers_it_cannot_capture_from(fake, tmp_path):
         eagle_io.capture("localhost:30000", tmp_path / "o")
     with pytest.raises(InvalidArgumentError, match="sampling_params are a server capture's"):
         eagle_io.capture(torch.nn.Linear(2, 2), tmp_path / "o", target_info={}, sampling_params={"max_new_tokens": 2})
+
+
+def test_only_the_starting_client_or_a_forced_stop_stops_a_capture():
+    """A stop over HTTP carrying another client's token is not taken (that client's samples would silently stop
+    being stored); the starter's own token, or ``force`` (:func:`stop_server_capture`, its client gone), is."""
+    import time as _time
+
+    from eagle_io.capturing.sglang import scheduler as sc
+    from eagle_io.capturing.sglang.protocol import control_args
+
+    stops = []
+    cap = SimpleNamespace(writes=True, stopping=False, token="A", stop=lambda *a: stops.append(a))
+    sc._ACTIVE = cap
+    try:
+
+        def send(token, **kw):
+            req = SimpleNamespace(server_args=control_args("stop", token, **kw))
+            return sc._control_hook(None, None, req).updated
+
+        assert send("B") is False
+        _time.sleep(0.2)
+        assert stops == [], "another client's stop stopped the capture"
+        assert send("A") is True and send("C", complete=False, force=True) is True
+        _time.sleep(0.2)
+        assert sorted(stops) == [("A", True, False), ("C", False, False)]
+    finally:
+        sc._ACTIVE = None
+
+
+def test_an_aborted_request_is_an_error_naming_the_sample_never_a_success(fake, tmp_path):
+    """SGLang answers an aborted request (``/abort_request``, a disconnect) with HTTP 200 and ``finish_reason``
+    ``abort``: nothing of it was stored, so ``submit`` raises naming the sample and does not count it done."""
+    from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.sglang.server import ServerCapture
+
+    url, st = fake
+    cap = ServerCapture(url, str(tmp_path / "o"), CaptureOptions(), retries=0)
+    st["abort"] = True
+    with pytest.raises(SGLangError, match=rf"sample 5: {url}/generate: the server aborted the request \(Abort bef"):
+        cap.submit(samples([4], first=5))
+    assert 5 not in cap.done and cap.counts["sent"] == 0
+    st["abort"] = False
+    cap.submit(samples([4], first=5))
+    assert 5 in cap.done and cap.counts["sent"] == 1
+    cap.close()
+
+
+def test_a_request_of_several_answers_is_refused_up_front(fake, tmp_path):
+    """``n`` > 1: SGLang forks the request, each copy's prompt then served from the cache (counted incomplete) and a
+    prompt-only sample stored in place of the answer asked for; refused before anything is started."""
+    from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.sglang.server import ServerCapture
+
+    url, st = fake
+    with pytest.raises(InvalidArgumentError, match="sampling_params n=2: a sample request generates one answer"):
+        ServerCapture(url, str(tmp_path / "o"), CaptureOptions(), sampling_params={"max_new_tokens": 4, "n": 2})
+    assert st["capture"] == {"state": "idle"} and not st["sent"]

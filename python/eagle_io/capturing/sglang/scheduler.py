@@ -287,6 +287,7 @@ class _SchedulerCapture:
                     self.outcome = {"error": None, "stats": self.store.ring_stats(), "upload": self.store.upload_report}
                 except Exception as e:  # reported to the client through the answer file or the status
                     self.outcome = {"error": f"{type(e).__name__}: {e}"}
+                self.outcome["stopped_by"] = token  # a later stop (a retry, the starter after a forced stop) sees it
             answer = {
                 "token": token,
                 "writer_rank": self.writer_rank,
@@ -378,9 +379,11 @@ def _control_hook(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kw
                 threading.Thread(target=_start_over_http, args=(scheduler, cmd), daemon=True).start()
                 taken = True
         elif cmd["op"] == "stop" and cap is not None and cap.writes:
-            complete = cmd.get("complete") is not False
-            threading.Thread(target=cap.stop, args=(cmd["token"], complete, False), daemon=True).start()
-            taken = True
+            # only the client that started it stops a capture, unless forced (its client is gone)
+            if cap.token is None or cmd["token"] == cap.token or cmd.get("force") is True:
+                complete = cmd.get("complete") is not False
+                threading.Thread(target=cap.stop, args=(cmd["token"], complete, False), daemon=True).start()
+                taken = True
         elif cmd["op"] == "stop" and cap is not None:
             taken = True  # a rank that does not write has nothing to stop
     return SetInternalStateReqOutput(updated=taken)

@@ -42,7 +42,7 @@ from ..store import check_sample
 from .client import committed_ids, refuse_writer_ranks, sample_params
 from .protocol import STATUS_KEY, control_args
 
-__all__ = ["ServerCapture", "ServerFacts", "http_json", "server_facts"]
+__all__ = ["ServerCapture", "ServerFacts", "http_json", "server_facts", "stop_server_capture"]
 
 logger = logging.getLogger("eagle_io.capture")
 
@@ -174,8 +174,9 @@ class ServerCapture:
         progress: show a progress bar (tqdm, on stderr) over the samples of each :meth:`submit`.
 
     Raises:
-        InvalidArgumentError: a preflight refusal (:func:`server_facts`), servers that disagree on the target, a
-            start a server refused (its status' error, naming the URL and rank).
+        InvalidArgumentError: a preflight refusal (:func:`server_facts`), servers that disagree on the target,
+            ``sampling_params`` ``n`` other than 1, a start a server refused (its status' error, naming the URL and
+            rank).
         SGLangError: a server that does not answer.
     """
 
@@ -217,6 +218,11 @@ class ServerCapture:
         self.options = options
         self.url = os.fspath(out_dir)
         self.sampling_params = {"max_new_tokens": 1, **(sampling_params or {})}
+        if self.sampling_params.get("n", 1) != 1:  # SGLang forks such a request: its copies get a cached prompt
+            raise InvalidArgumentError(
+                f"sampling_params n={self.sampling_params['n']}: a sample request generates one answer (n=1); submit "
+                "the sample under several ids for several answers"
+            )
         self.concurrency, self.retries, self.backoff_s = concurrency, retries, backoff_s
         self.request_timeout_s, self.progress = request_timeout_s, progress
         self.aux_layer_ids = list(first.target["layers"])
@@ -245,53 +251,9 @@ class ServerCapture:
             return committed_ids(self.url, self.writers)
         return set()
 
-    def _statuses(self) -> list[tuple[str, int, dict[str, Any]]]:
-        out = []
-        for s in self.servers:
-            for i, st in enumerate(http_json(f"{s.url}/server_info").get("internal_states") or []):
-                cap = st.get(STATUS_KEY) or {}
-                if cap.get("writes", cap.get("target", {}).get("writes", True)):
-                    out.append((s.url, i, cap))
-        return out
-
     def _wait(self, states: set[str], key: str, timeout_s: float, what: str) -> list[dict[str, Any]]:
-        """Polls every server's ranks until each reports one of ``states`` under this client's token (``key``:
-        ``token`` for a start, ``stop_token`` for a stop); returns their statuses.
-
-        Raises:
-            InvalidArgumentError: a rank failed the start, or runs another client's capture (names URL and rank).
-            StorageError: a rank failed while stopping (its error, naming URL and rank).
-            CaptureStopTimeoutError: not every rank got there within ``timeout_s``.
-        """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            statuses = self._statuses()
-            pending = []
-            for url, rank, st in statuses:
-                mine = st.get(key) == self._token
-                if mine and st.get("state") == "failed":
-                    err = st.get("error")
-                    cls = StorageError if what == "stop" else InvalidArgumentError
-                    raise cls(f"{url} DP rank {rank}: the capture's {what} failed: {err}")
-                if not mine and what == "start" and st.get("state") in ("capturing", "starting", "stopping"):
-                    raise InvalidArgumentError(
-                        f"{url} DP rank {rank} is already capturing into {st.get('out_dir')} for another client: "
-                        "stop that capture first (its client's close())"
-                    )
-                if what == "stop" and st.get("state") == "idle":
-                    raise StorageError(
-                        f"{url} DP rank {rank} holds no capture to stop (was the server restarted?): what it had not "
-                        "committed is lost; --resume captures it again"
-                    )
-                if not (mine and st.get("state") in states):
-                    pending.append(f"{url} DP rank {rank} ({st.get('state')})")
-            if not pending:
-                return [st for _, _, st in statuses]
-            if time.monotonic() > deadline:
-                raise CaptureStopTimeoutError(
-                    f"the capture's {what} did not reach {', '.join(pending)} within {timeout_s:.0f} s"
-                )
-            time.sleep(0.2)
+        """:func:`_wait_ranks` over this capture's servers under its token."""
+        return _wait_ranks([s.url for s in self.servers], self._token, states, key, timeout_s, what)
 
     # ----------------------------------------------------------------------------------------------- submitting
 
@@ -318,6 +280,13 @@ class ServerCapture:
                 time.sleep(wait)
                 wait *= 2
         meta = (out[0] if isinstance(out, list) else out or {}).get("meta_info") or {}
+        finish = meta.get("finish_reason")
+        if isinstance(finish, dict) and finish.get("type") == "abort":  # answered 200, but nothing was stored
+            raise SGLangError(
+                f"sample {sample.index}: {server.url}/generate: the server aborted the request "
+                f"({finish.get('message')}); nothing of it was stored",
+                status=finish.get("status_code"),
+            )
         with self._lock:
             self.counts["sent"] += 1
             self.counts["prefix_tokens_reused"] += int(meta.get("cached_tokens") or 0)
@@ -330,8 +299,9 @@ class ServerCapture:
 
         Raises:
             SchemaError: a sample the capture cannot store (checked before anything is sent).
-            SGLangError: a request that failed after its retries, naming the sample and the URL (the samples sent
-                before stay captured).
+            SGLangError: a request that failed after its retries, or that the server aborted (``/abort_request``, a
+                request it could not serve: answered, but not stored; not retried), naming the sample and the URL (the
+                samples sent before stay captured; a failed sample is not counted done: submit it again).
             InvalidArgumentError: the capture is closed.
         """
         if self.manifest is not None:
@@ -420,6 +390,88 @@ class ServerCapture:
         except Exception as e:
             logger.error("eagle-io: could not stop the capture on %s after %s: %s",
                          [s.url for s in self.servers], exc_type.__name__, e)  # fmt: skip
+
+
+def _statuses(urls: Sequence[str]) -> list[tuple[str, int, dict[str, Any]]]:
+    """``(url, DP rank, eagle-io status)`` of every writing rank of the servers at ``urls``."""
+    out = []
+    for url in urls:
+        for i, st in enumerate(http_json(f"{url}/server_info").get("internal_states") or []):
+            cap = st.get(STATUS_KEY) or {}
+            if cap.get("writes", cap.get("target", {}).get("writes", True)):
+                out.append((url, i, cap))
+    return out
+
+
+def _wait_ranks(urls: Sequence[str], token: str, states: set[str], key: str, timeout_s: float, what: str,
+                forced: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    """Polls every writing rank of the servers at ``urls`` until each reports one of ``states`` under ``token``
+    (``key``: ``token`` for a start, ``stop_token`` for a stop; a ``forced`` stop also takes a rank with no capture);
+    returns their statuses.
+
+    Raises:
+        InvalidArgumentError: a rank failed the start, or runs another client's capture (names URL and rank).
+        StorageError: a rank failed while stopping (its error, naming URL and rank), holds no capture to stop, or
+            was stopped by another client's forced stop (:func:`stop_server_capture`) before this one's.
+        CaptureStopTimeoutError: not every rank got there within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        statuses = _statuses(urls)
+        pending = []
+        for url, rank, st in statuses:
+            mine = st.get(key) == token
+            if mine and st.get("state") == "failed":
+                cls = StorageError if what == "stop" else InvalidArgumentError
+                raise cls(f"{url} DP rank {rank}: the capture's {what} failed: {st.get('error')}")
+            if not mine and what == "start" and st.get("state") in ("capturing", "starting", "stopping"):
+                raise InvalidArgumentError(
+                    f"{url} DP rank {rank} is already capturing into {st.get('out_dir')} for another client: "
+                    "stop that capture first (its client's close(); if that client is gone, "
+                    f"eagle_io.capturing.sglang.server.stop_server_capture({url!r}) commits what it wrote, marked "
+                    "incomplete, and resume=True continues it)"
+                )
+            if what == "stop" and st.get("state") == "idle":
+                if forced:
+                    continue
+                raise StorageError(
+                    f"{url} DP rank {rank} holds no capture to stop (was the server restarted?): what it had not "
+                    "committed is lost; --resume captures it again"
+                )
+            if mine and what == "stop" and not forced and st.get("stopped_by") not in (None, token):
+                raise StorageError(
+                    f"{url} DP rank {rank}: this capture was stopped by another client's forced stop "
+                    "(stop_server_capture) before this client's: the samples sent after it were not stored; "
+                    "resume=True captures them again"
+                )
+            if not (mine and st.get("state") in states):
+                pending.append(f"{url} DP rank {rank} ({st.get('state')})")
+        if not pending:
+            return [st for _, _, st in statuses]
+        if time.monotonic() > deadline:
+            raise CaptureStopTimeoutError(
+                f"the capture's {what} did not reach {', '.join(pending)} within {timeout_s:.0f} s"
+            )
+        time.sleep(0.2)
+
+
+def stop_server_capture(url: str, timeout_s: float = defaults.STOP_TIMEOUT_S) -> list[dict[str, Any]]:
+    """Stops the capture running on the server at ``url`` whatever client started it: the recovery when that client
+    is gone (killed, its machine lost) and the server refuses new captures. Every writer drains, commits what it
+    wrote and leaves its manifest marked incomplete (``eagle_io.capture(url, out_dir, resume=True)`` continues it).
+    A client still running that capture finds it stopped at its ``close`` (a StorageError).
+
+    Returns:
+        Every writing DP rank's status (``state`` ``stopped``, or ``idle`` where none ran; ``counts``).
+
+    Raises:
+        SGLangError: the server does not answer.
+        StorageError: a rank failed while stopping (its error, naming URL and rank).
+        CaptureStopTimeoutError: not every rank stopped within ``timeout_s``.
+    """
+    url, token = url.rstrip("/"), uuid.uuid4().hex
+    http_json(f"{url}/set_internal_state", {"server_args": control_args("stop", token, complete=False, force=True)})
+    return _wait_ranks([url], token, {"stopped"}, "stop_token", timeout_s, "stop", forced=True)
 
 
 def _bar(total: int) -> Any:
