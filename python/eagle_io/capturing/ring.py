@@ -35,10 +35,12 @@ _FOREVER_S = 1e9
 
 
 def check_ring_options(
-    *, ring_bytes: int, batch: int, timeout_s: float, quantize_on_device: bool | None = None
+    *, ring_bytes: int, batch: int, timeout_s: float, quantize_on_device: bool | None = None, here: bool = True
 ) -> None:
     """Refuses ring options the core cannot take, before anything is created (a capture checks them before it
-    opens its writer, so a bad option leaves no dataset behind).
+    opens its writer, so a bad option leaves no dataset behind). ``here``: the ring is allocated in this process, so
+    its size is held to this machine's available memory (False for a client whose rings live in SGLang's schedulers,
+    which check it where they allocate them).
 
     Raises:
         InvalidArgumentError: ``ring_bytes`` or ``batch`` not an integer >= 1, ``ring_bytes`` more than the memory
@@ -48,7 +50,7 @@ def check_ring_options(
     for name, value in (("ring_bytes", ring_bytes), ("batch", batch)):
         if type(value) is not int or value < 1:
             raise InvalidArgumentError(f"{name} must be an integer >= 1, not {value!r}")
-    free = available_memory()
+    free = available_memory() if here else None
     if free is not None and ring_bytes > free:  # the arena is allocated at once: 10**15 aborted the process
         raise InvalidArgumentError(
             f"ring_bytes {ring_bytes:,} ({human_bytes(ring_bytes)}): the capture ring is allocated at once, and only "

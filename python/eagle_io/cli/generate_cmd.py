@@ -418,7 +418,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
         bad.append(f"--temperature {args.temperature} (must be a finite number >= 0)")
     if bad:
         raise InvalidArgumentError("out of bounds: " + "; ".join(bad))
-    check_ring_options(ring_bytes=args.ring_bytes, batch=defaults.RING_BATCH, timeout_s=defaults.RING_TIMEOUT_S)
+    here = args.backend == "hf" and not args.server  # else each SGLang scheduler allocates (and checks) its ring
+    check_ring_options(ring_bytes=args.ring_bytes, batch=defaults.RING_BATCH, timeout_s=defaults.RING_TIMEOUT_S,
+                       here=here)  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
