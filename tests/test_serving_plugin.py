@@ -437,6 +437,8 @@ def test_guard_passes_eagle3_and_installs_runtime_checks(tmp_path, hooks, monkey
         targets.SCHEDULER_INIT_HOOK,
         targets.TP_FORWARD_HOOK,
         targets.RESULT_HOOK,
+        targets.VERIFY_HOOK,
+        targets.REQUEST_HOOK,
         targets.SET_STATE_HOOK,
         targets.GET_STATE_HOOK,
         targets.DRAFT_EXTEND_PREFILL_HOOK,
@@ -590,7 +592,8 @@ def test_non_speculative_launch_is_left_alone(hooks):
     )
     Scheduler.init_all_cuda_graphs(sched)
     assert calls == ["target graphs"]
-    capture = {targets.TP_FORWARD_HOOK, targets.RESULT_HOOK, targets.SET_STATE_HOOK, targets.GET_STATE_HOOK}
+    capture = {targets.TP_FORWARD_HOOK, targets.RESULT_HOOK, targets.VERIFY_HOOK, targets.REQUEST_HOOK,
+               targets.SET_STATE_HOOK, targets.GET_STATE_HOOK}  # fmt: skip
     assert {targets.STARTUP_HOOK, targets.SCHEDULER_INIT_HOOK, *capture} == plugin._REGISTERED
 
 
@@ -660,6 +663,8 @@ def test_entry_point_loads_through_load_plugins(tmp_path):
         ],
         targets.TP_FORWARD_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
         targets.RESULT_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
+        targets.VERIFY_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
+        targets.REQUEST_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
         targets.SET_STATE_HOOK: [["around", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
         targets.GET_STATE_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
         targets.SCHEDULER_INIT_HOOK: [["before", "eagle_io.serving.plugin", "eagle_io"]],  # the hooks' check
@@ -887,28 +892,31 @@ def test_chunked_prefill_decode_and_retraction_assemble_one_sample_in_order(tmp_
     decode = SimpleNamespace(is_extend=lambda: False, is_decode=lambda: True)
     rows = {}
 
-    def forward(mode, positions, prefix=0):
+    def forward(mode, positions, prefix=0, generated=None, last=False):
+        """One forward over ``positions``, then SGLang's result processing: ``generated`` appended, ``last``
+        finishes the request; then the capture's result hook."""
         aux = torch.stack([1.0 + p + 0.5 * forward.n + 0.125 * torch.arange(6.0) for p in positions])
         for p, a in zip(positions, aux, strict=True):
             rows[p] = a
         forward.n += 1
         out = SimpleNamespace(hidden_states=aux, last_hidden_states=aux[:, :2] + 1)
         batch = SimpleNamespace(forward_mode=mode, reqs=[req], extend_lens=[len(positions)], prefix_lens=[prefix])
-        _serve(cap, batch, SimpleNamespace(logits_output=out))
+        _arrive(cap, batch)
+        cap.on_forward(batch, SimpleNamespace(logits_output=out))
+        if generated is not None:
+            req.output_ids.append(generated)
+        if last:
+            req.finished = lambda: True
+        cap.on_result(batch)
+        cap.handoff.wait_idle()
 
     forward.n = 0
     try:
         forward(extend, [0, 1, 2])  # chunk 1: not finished
-        forward(extend, [3, 4, 5, 6], prefix=3)  # chunk 2: generates token 100
-        req.output_ids.append(100)
-        forward(decode, [7])  # feeds 100, generates 101
-        req.output_ids.append(101)
-        forward(extend, [5, 6, 7, 8], prefix=5)  # retracted; prefilled again over 7 prompt + 2 generated
-        req.output_ids.append(102)
-        forward(decode, [9])  # feeds 102, generates 103: the end
-        req.output_ids.append(103)
-        req.finished = lambda: True
-        cap.on_result(SimpleNamespace(reqs=[req]))
+        forward(extend, [3, 4, 5, 6], prefix=3, generated=100)  # chunk 2: generates token 100
+        forward(decode, [7], generated=101)  # feeds 100, generates 101
+        forward(extend, [5, 6, 7, 8], prefix=5, generated=102)  # retracted; prefilled again over 7 prompt + 2 generated
+        forward(decode, [9], generated=103, last=True)  # feeds 102, generates 103: the end
         assert sink.put_ids == [5] and cap.request_counts == dict.fromkeys(sc.REQUEST_COUNTS, 0)
         t = sink.tensors[5]
         assert t["input_ids"].tolist() == [*range(10, 17), 100, 101, 102]  # 103's state: never computed
@@ -964,6 +972,8 @@ def _writing_capture(out: Path, sink: _SlowSink):
     cap.answer_lock, cap.requests, cap.refusal = threading.Lock(), sc.RequestStates(), None
     cap.token, cap.url = None, out
     cap.request_counts = dict.fromkeys(sc.REQUEST_COUNTS, 0)
+    cap.live, cap.admission, cap.admitted, cap.ready, cap.error = None, sc.Admission(None, 4), {}, None, None
+    cap.handoff = sc.Handoff(cap.store, slots=4, drop_when_full=False, stored=cap.admission.stored, fail=cap.fail)
     sc._ACTIVE = cap
     threading.Thread(target=cap._watch_stop, daemon=True).start()
     return cap
@@ -988,10 +998,21 @@ def _prefill(sample_id, n=3, prefix=0, rid="r"):
     return batch, SimpleNamespace(logits_output=out)
 
 
+def _arrive(cap, batch):
+    """The scheduler's hook on each request of ``batch`` it has not seen yet (``Scheduler._create_generation_req``)."""
+    for r in batch.reqs:
+        if not getattr(r, "arrived", False):
+            r.arrived = True
+            cap.on_request(r)
+
+
 def _serve(cap, batch, result):
-    """The scheduler's two hooks around one forward of ``batch``: after the forward, after its result."""
+    """The scheduler's hooks around one forward of ``batch``: a new request, after the forward, after its result;
+    then waits for the hand-off thread."""
+    _arrive(cap, batch)
     cap.on_forward(batch, result)
     cap.on_result(batch)
+    cap.handoff.wait_idle()
 
 
 def test_stop_protocol_ignores_a_stale_stop_answers_retries_and_counts_late_samples(tmp_path):

@@ -57,3 +57,11 @@ SERVER_BACKOFF_S: float = 1.0
 """The first retry's wait; each further one waits twice as long."""
 SERVER_REQUEST_TIMEOUT_S: float = 600.0
 """Seconds one HTTP request to the server may take (a sample request waits for its prefill, or its answer)."""
+
+# A capture inside a serving SGLang scheduler (eagle-io live, capturing/sglang/live.py and handoff.py).
+LIVE_MAX_INFLIGHT: int = 64
+"""Sampled requests of a live capture not finished yet (each holds its rows in device memory until it finishes)."""
+HANDOFF_SLOTS: int = 64
+"""Finished samples waiting for the capture's hand-off thread (value checks, ring copy); a live capture drops the
+sample when they are all taken (counted ``queue_full``), a client-driven one waits. SpecForge's online-live queue
+holds 64 too."""

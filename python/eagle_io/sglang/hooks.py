@@ -29,13 +29,16 @@ __all__ = [
     "ACCEPT_HOOK",
     "DRAFT_EXTEND_DECODE_HOOK",
     "DRAFT_EXTEND_PREFILL_HOOK",
+    "FINAL_STATE_HOOK",
     "GET_STATE_HOOK",
     "KNOWN_TARGETS",
+    "REQUEST_HOOK",
     "RESULT_HOOK",
     "SCHEDULER_INIT_HOOK",
     "SET_STATE_HOOK",
     "STARTUP_HOOK",
     "TP_FORWARD_HOOK",
+    "VERIFY_HOOK",
     "Placed",
     "defining_target",
     "forget",
@@ -78,6 +81,21 @@ RESULT_HOOK = "sglang.srt.managers.scheduler.Scheduler.process_batch_result"
 """``(self, batch: ScheduleBatch, result)``: after it, each request's ``output_ids`` and ``finished_reason`` are
 up to date (the capture stores the requests that finished)."""
 
+VERIFY_HOOK = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.verify"
+"""``(self, batch: ScheduleBatch, ...) -> GenerationBatchResult`` (EAGLE3 with a draft): the verify forward's
+``logits_output`` (``hidden_states`` with the accepted path at the front of each request's block,
+``last_hidden_states``) and ``accept_index``, before the draft extend reads them and before a CUDA-graph replay
+overwrites them (:func:`eagle_io.sglang.probe.verify_states`)."""
+
+FINAL_STATE_HOOK = "sglang.srt.layers.logits_processor.LogitsProcessor._get_last_hidden_states_to_store"
+"""``(self, hidden_states, aux_hidden_states, logits_metadata) -> Tensor | None``: the final post-norm states the
+target hands its ``lm_head`` become ``LogitsProcessorOutput.last_hidden_states``; SGLang keeps them only in
+capture-only mode (``keep_last_hidden_states``), not under EAGLE3 with a draft."""
+
+REQUEST_HOOK = "sglang.srt.managers.scheduler.Scheduler._create_generation_req"
+"""``(self, recv_req, *args, **kwargs) -> Req``, SGLang's "extension point for request-local state": every new
+generate request passes here once, before it is queued and before its radix-cache prefix is matched."""
+
 SET_STATE_HOOK = "sglang.srt.managers.scheduler.Scheduler.set_internal_state"
 """``(self, recv_req: SetInternalStateReq) -> SetInternalStateReqOutput``: what ``POST /set_internal_state`` reaches
 on every DP rank (bound into the scheduler's request dispatcher in ``__init__``, after plugins are applied)."""
@@ -101,6 +119,9 @@ KNOWN_TARGETS = (
     SCHEDULER_INIT_HOOK,
     TP_FORWARD_HOOK,
     RESULT_HOOK,
+    VERIFY_HOOK,
+    REQUEST_HOOK,
+    FINAL_STATE_HOOK,
     SET_STATE_HOOK,
     GET_STATE_HOOK,
     DRAFT_EXTEND_PREFILL_HOOK,

@@ -370,3 +370,58 @@ def forward_states(result: Any) -> tuple[Any, Any]:
     """``(aux [T, k*H], final [T, H])`` from a ``GenerationBatchResult`` (either may be None)."""
     lo = getattr(result, "logits_output", None)
     return getattr(lo, "hidden_states", None), getattr(lo, "last_hidden_states", None)
+
+
+def request_facts(req: Any) -> dict[str, Any]:
+    """A new ``Req`` (``Scheduler._create_generation_req``'s result): ``rid``, ``prompt_len``
+    (``len(origin_input_ids)``) and ``custom_params`` (``{}`` when unset)."""
+    return {
+        "rid": str(req.rid),
+        "prompt_len": len(req.origin_input_ids),
+        "custom_params": getattr(getattr(req, "sampling_params", None), "custom_params", None) or {},
+    }
+
+
+def isolate_from_radix_cache(req: Any) -> None:
+    """Gives ``req`` a radix-cache namespace of its own (``Req.extra_key``, which SGLang's ``RadixKey`` matches on,
+    keeping any key it had in front), so its whole prompt is computed: a prefix served from the cache brings no
+    states. Its cached prefix then serves no one else (LRU evicts it)."""
+    req.extra_key = f"{getattr(req, 'extra_key', None) or ''}|eagle-io:{req.rid}"
+
+
+def committed_rows(req: Any) -> int:
+    """States a running request's committed tokens need, after ``Scheduler.process_batch_result``: its prompt plus
+    its generated tokens (``output_ids_through_stop`` once finished) but the last, whose state no forward computed
+    yet."""
+    out = getattr(req, "output_ids_through_stop", None) if req.finished() else None
+    return len(req.origin_input_ids) + len(req.output_ids if out is None else out) - 1
+
+
+def verify_states(result: Any) -> tuple[Any, Any] | None:
+    """The states of the tokens an EAGLE verify forward fed and committed, per request of the batch:
+    ``(aux [bs, s, k*H], final [bs, s, H])`` with ``s = spec_steps + 1``; row j of request i is the state of its j-th
+    committed token this step (the previous step's bonus token first, then the accepted drafts); only the first
+    ``accept_len`` rows of a request are real (the scheduler learns how many from the request's committed length,
+    never by reading ``accept_lens`` off the device). None when the result holds no states.
+
+    Source: ``EAGLEWorkerV2.verify`` -> ``run_eagle_verify`` (speculative/eagle_worker_common.py): the verify
+    forward's ``logits_output.hidden_states`` (``[bs * num_draft_tokens, k*H]``) has the accepted path moved to the
+    front of each request's block (``_finalize_accept_tree_path`` for topk > 1; a chain already is), while
+    ``last_hidden_states`` (the final post-norm states before ``lm_head``) is not moved: gathered here by
+    ``accept_index`` (``[bs, s]`` node indices, -1 past the accepted ones, clamped: those rows are never used). Device
+    ops only, no host sync."""
+    import torch
+
+    lo = getattr(result, "logits_output", None)
+    aux, final = getattr(lo, "hidden_states", None), getattr(lo, "last_hidden_states", None)
+    index = getattr(result, "accept_index", None)
+    if aux is None or final is None or index is None or index.dim() != 2 or index.shape[0] == 0:
+        return None
+    bs, s = int(index.shape[0]), int(index.shape[1])
+    nd = int(aux.shape[0]) // bs
+    if nd * bs != int(aux.shape[0]) or int(final.shape[0]) != int(aux.shape[0]) or nd < s:
+        return None
+    front = aux.view(bs, nd, -1)[:, :s]
+    picked = final.index_select(0, index.clamp(min=0).reshape(-1).to(torch.int64)).view(bs, s, -1)
+    return front, picked
+

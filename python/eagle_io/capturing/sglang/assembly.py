@@ -4,12 +4,19 @@ SGLang with its defaults does not give a request's states in one forward:
 
 * **chunked prefill** splits a prompt over several extend forwards (``prefix_len`` = the tokens done before);
 * the **decode** forwards of a request that generates an answer each bring the state of the token fed in;
+* under speculative decoding (EAGLE3 with a draft), each **verify** forward brings the states of the tokens it fed
+  whose drafts were accepted: the last committed token (the previous step's bonus token) and the accepted draft
+  tokens, in commit order (:func:`eagle_io.sglang.probe.verify_rows`);
 * a **retracted** request (evicted under memory pressure, ``Req.reset_for_retract``) is prefilled again later, over
   its prompt and the tokens generated so far, possibly from a prefix it had cached itself.
 
 :class:`RequestStates` keeps, per request, the rows of every forward at their token positions: an extend at
 ``prefix_len = p`` replaces whatever was held from position ``p`` on (a retracted request's recomputed rows replace
-the first ones, so no row is held twice), a decode appends one row. An extend that starts past what is held (a prefix
+the first ones, so no row is held twice). A decode or verify forward *proposes* rows (:meth:`RequestStates.propose`:
+it cannot know yet how many tokens it commits without a host sync); once SGLang processed its result, the request's
+committed length says how many of them are real (:meth:`RequestStates.commit`: prompt plus generated tokens but the
+last, whose state no forward computed yet), oldest proposal first (an overlap scheduler runs the next forward
+before processing this one's result). An extend that starts past what is held (a prefix
 served from the radix cache that this capture never saw) makes the request incomplete: it is never stored, and
 counted. Rows are device tensors cloned right behind the forward (no host sync); they are joined when the request
 finishes (:meth:`RequestStates.take`).
@@ -19,6 +26,7 @@ Device memory held: ``rows * (k + 1) * H * itemsize`` per unfinished sampled req
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +38,14 @@ __all__ = ["Held", "RequestStates"]
 @dataclass
 class Held:
     """The rows held for one request: ``parts`` are ``(position, aux [n, k*H], final [n, H])`` in position order,
-    contiguous from 0; ``broken`` says why the request can no longer be stored (None: it can)."""
+    contiguous from 0; ``pending`` the proposals of forwards whose results are not processed yet, oldest first
+    (``(aux [m, k*H], final [m, H])``: m candidate rows from the next position on); ``broken`` says why the request
+    can no longer be stored (None: it can)."""
 
     sample_id: int
     params: dict[str, Any]
     parts: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    pending: deque[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=deque)
     broken: str | None = None
 
     @property
@@ -78,14 +89,29 @@ class RequestStates:
             )
             return
         h.cut(prefix_len)
+        h.pending.clear()  # a re-prefill (retraction) recomputes what earlier forwards proposed
         h.parts.append((prefix_len, aux, final))
 
-    def decode(self, rid: str, aux: torch.Tensor, final: torch.Tensor) -> None:
-        """A decode forward of ``rid``: one row, at the next position. A request not held (its prefill came before
-        the capture started) is ignored: it is never stored."""
+    def propose(self, rid: str, aux: torch.Tensor, final: torch.Tensor) -> None:
+        """A decode (one row) or verify forward (its accepted-path rows, at most ``spec_steps + 1``) of ``rid``:
+        candidate rows from the next position on, committed by :meth:`commit`. A request not held (its prefill came
+        before the capture started) is ignored: it is never stored."""
         h = self.held.get(rid)
         if h is not None and h.broken is None:
-            h.parts.append((h.rows, aux, final))
+            h.pending.append((aux, final))
+
+    def commit(self, rid: str, rows: int) -> None:
+        """SGLang processed the result of ``rid``'s oldest proposing forward, after which the request holds
+        ``rows`` computed states (prompt plus committed tokens but the last): that proposal's first rows up to
+        ``rows`` are kept, the rest (rejected drafts, tokens past a stop) dropped. No proposal: nothing to do (an
+        extend forward's rows are held already)."""
+        h = self.held.get(rid)
+        if h is None or not h.pending:
+            return
+        aux, final = h.pending.popleft()
+        n = min(int(aux.shape[0]), rows - h.rows)
+        if n > 0:
+            h.parts.append((h.rows, aux[:n], final[:n]))
 
     def take(self, rid: str, rows: int) -> tuple[Held, torch.Tensor | None, torch.Tensor | None]:
         """Forgets ``rid`` and returns what was held with its first ``rows`` rows joined (``[rows, k*H]``,
@@ -93,6 +119,7 @@ class RequestStates:
         says why). Rows past ``rows`` (a forward the overlap scheduler ran after the request finished) are left
         out."""
         h = self.held.pop(rid)
+        h.pending.clear()
         if h.broken is None and h.rows < rows:
             h.broken = f"{h.rows} token states were captured for its {rows} tokens"
         if h.broken is not None:

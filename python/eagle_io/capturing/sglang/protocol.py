@@ -57,9 +57,11 @@ from typing import Any
 from ...errors import CaptureRefusedError
 
 __all__ = [
+    "CAPTURE_PARAM",
     "CONTROL_PREFIX",
     "ENV_CAPTURE",
     "ENV_CAPTURE_DIR",
+    "ENV_CAPTURE_LIVE",
     "ENV_CAPTURE_OPTIONS",
     "KEY_PARAM",
     "MASK_PARAM",
@@ -78,7 +80,12 @@ __all__ = [
 ENV_CAPTURE = "EAGLE_IO_SGLANG_CAPTURE"
 ENV_CAPTURE_DIR = "EAGLE_IO_CAPTURE_DIR"
 ENV_CAPTURE_OPTIONS = "EAGLE_IO_CAPTURE_OPTIONS"
+ENV_CAPTURE_LIVE = "EAGLE_IO_CAPTURE_LIVE"
+"""JSON of a :class:`~.live.LivePolicy` for a capture started by environment: a live capture of served traffic."""
 SAMPLE_PARAM, MASK_PARAM, KEY_PARAM = "eagle_io_sample_id", "eagle_io_loss_mask", "eagle_io_key"
+CAPTURE_PARAM = "eagle_io_capture"
+"""A request's own say in a live capture (``custom_params``): ``true`` samples it whatever the rate (the caps still
+apply), ``false`` never (:mod:`.live`)."""
 STOP_FILE = ".eagle-io-stop"
 POLL_S = 0.2
 
@@ -112,7 +119,8 @@ CONTROL_PREFIX = "eagle_io:"
 
 def control_args(op: str, token: str, **payload: Any) -> dict[str, int]:
     """The ``server_args`` of a ``POST /set_internal_state`` that sends eagle-io command ``op`` (``"start"`` with
-    ``out_dir`` and ``options``, or ``"stop"`` with ``complete``) to every DP rank's scheduler."""
+    ``out_dir``, ``options`` and, for a live capture, ``live`` (:meth:`~.live.LivePolicy.to_json`); or ``"stop"``
+    with ``complete``) to every DP rank's scheduler."""
     return {CONTROL_PREFIX + json.dumps({"op": op, "token": token, **payload}, separators=(",", ":")): 1}
 
 

@@ -2,15 +2,23 @@
 :func:`eagle_io.sglang_plugin.register`, unless ``EAGLE_IO_SGLANG_CAPTURE=0``). The protocol it speaks with the
 client (request parameters, start and stop over HTTP, by environment or by file, status) is in :mod:`.protocol`.
 
-An AFTER hook on ``TpModelWorker.forward_batch_generation`` takes, for each extend (prefill, chunked or not) and
-decode forward that holds a sampled request, the concatenated aux states (``LogitsProcessorOutput.hidden_states``,
-``[T, k*H]``, FULL capture) and the final post-norm states (``.last_hidden_states``, ``[T, H]``) as tensors on the
-device, and keeps each sampled request's rows (:mod:`.assembly`: device clones queued behind the forward, no host
-sync). An AFTER hook on ``Scheduler.process_batch_result`` turns each finished sampled request into one sample for the
-capture core (:class:`eagle_io.capturing.store.SampleStore`), which copies it asynchronously into the capture ring.
-States never go through SGLang's float-list path. A sampled request the capture cannot store is counted and logged;
-a forward never fails for it. One process of each data-parallel rank (a replica, or an attention-DP group) writes:
-its attention-TP rank 0, as shard-writer rank ``replica * attn_dp_size + attn_dp_rank`` of ``dp_size *
+Which requests: an AFTER hook on ``Scheduler._create_generation_req`` decides once per new request
+(:class:`.live.Admission`: a client's sample request, or for a live capture the rate, the per-request flag and the
+caps) and gives a sampled request a radix-cache namespace of its own, so its whole prompt is computed. Nothing of
+another request is copied.
+
+Its states: an AFTER hook on ``TpModelWorker.forward_batch_generation`` takes, for each extend (prefill, chunked or
+not) and decode forward that holds a sampled request, the concatenated aux states
+(``LogitsProcessorOutput.hidden_states``, ``[T, k*H]``, FULL capture) and the final post-norm states
+(``.last_hidden_states``, ``[T, H]``); under EAGLE3 with a draft, an AFTER hook on ``EAGLEWorkerV2.verify`` takes the
+verify forward's accepted-path rows (:func:`eagle_io.sglang.probe.verify_states`). Each sampled request's rows are
+kept as device clones queued behind the forward, no host sync (:mod:`.assembly`). An AFTER hook on
+``Scheduler.process_batch_result`` commits the rows of the tokens SGLang committed and turns each finished sampled
+request into one sample, handed to a thread of eagle-io's own (:mod:`.handoff`) that checks its values and puts it
+into the capture ring (:class:`eagle_io.capturing.store.SampleStore`), which copies it asynchronously to the shard
+writer. States never go through SGLang's float-list path. A sampled request the capture cannot store is counted and
+logged; a forward never fails for it. One process of each data-parallel rank (a replica, or an attention-DP group)
+writes: its attention-TP rank 0, as shard-writer rank ``replica * attn_dp_size + attn_dp_rank`` of ``dp_size *
 attn_dp_size`` (:mod:`eagle_io.sglang.ranks`).
 """
 
@@ -25,6 +33,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from ... import defaults
 from ..._native import __version__
 from ...errors import InvalidArgumentError, SchemaError
 from ...sglang import compat, hooks, probe
@@ -34,8 +43,11 @@ from ..options import CaptureOptions
 from ..store import ForwardSample, SampleStore, check_sample
 from .assembly import RequestStates
 from .client import refuse_writer_ranks
+from .handoff import Finished, Handoff
+from .live import LIVE_ID_BASE, Admission, LivePolicy
 from .protocol import (
     ENV_CAPTURE_DIR,
+    ENV_CAPTURE_LIVE,
     ENV_CAPTURE_OPTIONS,
     KEY_PARAM,
     MASK_PARAM,
@@ -53,11 +65,12 @@ from .protocol import (
 logger = logging.getLogger("eagle_io.serving")
 
 
-REQUEST_COUNTS = ("incomplete", "refused", "aborted", "unfinished_at_stop")
-"""The scheduler's own counters, beside the store's (:data:`eagle_io.capturing.store.COUNTS`): sampled requests
-not stored because their states were not all captured (a prefix from the radix cache, a capture started mid-request);
-refused as declared (a bad loss mask, tokens past ``max_length``: the last reason is in the status' ``refusal``);
-aborted; still running when the capture stopped."""
+REQUEST_COUNTS = ("incomplete", "refused", "aborted", "unfinished_at_stop", "queue_full")
+"""The scheduler's own counters, beside the store's (:data:`eagle_io.capturing.store.COUNTS`) and a live capture's
+admission counters (:data:`eagle_io.capturing.sglang.live.LIVE_COUNTS`): sampled requests not stored because their
+states were not all captured (a prefix from the radix cache, a capture started mid-request); refused as declared (a
+bad loss mask, tokens past ``max_length``: the last reason is in the status' ``refusal``); aborted; still running
+when the capture stopped; dropped because the hand-off queue was full (a live capture only)."""
 
 
 class _SchedulerCapture:
@@ -71,10 +84,12 @@ class _SchedulerCapture:
         token: str | None = None,
         writer_offset: int = 0,
         all_writers: int | None = None,
+        live: Mapping[str, Any] | None = None,
     ) -> None:
         """``writer_offset`` / ``all_writers``: this server's first shard-writer rank and the writers of every server
         of the capture (a client driving several servers numbers them one after the other); default: this server's
-        own data-parallel layout."""
+        own data-parallel layout. ``live``: a :class:`~.live.LivePolicy` as JSON, for a capture of served traffic
+        (its samples may be dropped, never waited for); None: a client-driven capture of sample requests."""
         opts = CaptureOptions.from_json(options)  # the client's options, JSON through HTTP, the RPC or the environment
         refuse_writer_ranks(opts)
         v = compat.sglang_version()
@@ -82,17 +97,25 @@ class _SchedulerCapture:
             raise InvalidArgumentError(
                 f"eagle-io's SGLang capture needs SGLang >= {compat.CAPTURE_MIN_SGLANG} (capture-only mode), found {v}"
             )
+        self.live = LivePolicy.from_json(live) if live is not None else None
         t = probe.capture_target(scheduler)
-        if t["speculative_algorithm"] is not None:
+        algo = t["speculative_algorithm"]
+        if algo not in (None, "EAGLE3"):
             raise InvalidArgumentError(
-                f"this server runs speculative decoding ({t['speculative_algorithm']}): its verify forwards carry "
-                "draft rows, which this capture does not assemble; capture from a server launched with "
-                "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 and no draft"
+                f"this server runs --speculative-algorithm {algo}: its target captures no aux hidden states for an "
+                "EAGLE-3 draft; launch it with --speculative-algorithm EAGLE3 (with its EAGLE-3 draft, or "
+                "--enable-return-aux-hidden-states and no draft)"
             )
         if not t["capture_enabled"] or not t["layers"]:
             raise InvalidArgumentError(
-                "the target captures no aux states: launch SGLang in capture-only mode "
-                "(--enable-return-aux-hidden-states --speculative-algorithm EAGLE3, no draft)"
+                "the target captures no aux states: launch SGLang with --speculative-algorithm EAGLE3 (an EAGLE-3 "
+                "draft, or capture-only mode: --enable-return-aux-hidden-states and no draft)"
+            )
+        outer, _ = probe.draft_workers(scheduler)
+        if outer is not None and not _verify_hooked(outer):
+            raise InvalidArgumentError(
+                f"this server's speculative worker {type(outer).__name__} verifies with its own code, which this "
+                f"capture does not read (it reads {hooks.VERIFY_HOOK})"
             )
         wanted = opts.aux_layer_ids
         if wanted is not None and list(wanted) != list(t["layers"]):
@@ -111,9 +134,13 @@ class _SchedulerCapture:
         self.store: SampleStore | None = None
         self.outcome: dict[str, Any] | None = None
         self.requests = RequestStates()
+        self.admission = Admission(self.live, self.max_length)
+        self.admitted: dict[str, tuple[int, dict[str, Any]]] = {}  # sampled, no forward yet: rid -> (id, params)
         self.request_counts = dict.fromkeys(REQUEST_COUNTS, 0)
         self.refusal: str | None = None
         self.answer_lock = threading.Lock()
+        self.handoff: Handoff | None = None
+        self.ready: Any = None  # the CUDA event after the latest clone (None on a CPU)
         if not self.writes:
             return
         info = {
@@ -123,12 +150,21 @@ class _SchedulerCapture:
             "architecture": t["architecture"],
             **opts.target_info,
         }
-        launch = {"capture_backend": f"sglang {v}", "dp_size": t["dp_size"], "attn_dp_size": t["attn_dp_size"]}
+        launch = {"capture_backend": f"sglang {v}", "dp_size": t["dp_size"], "attn_dp_size": t["attn_dp_size"],
+                  "speculative_algorithm": algo}  # fmt: skip
+        if self.live is not None:
+            launch["live_capture"] = self.live.to_json()
         opts = opts.replace(
             metadata={**launch, **opts.metadata},
             writer_options={**opts.writer_options, "rank": self.writer_rank, "world_size": writers},
         )
+        if self.live is not None:
+            opts = opts.replace(drop_when_full=True)  # serving never waits for a full ring
         self.store = SampleStore.create(out_dir, opts, aux_layer_ids=list(t["layers"]), target_info=info)
+        base = LIVE_ID_BASE + self.writer_rank * 2**40
+        self.next_live_id = max([i + 1 for i in self.store.done if base <= i < base + 2**40] or [base])
+        self.handoff = Handoff(self.store, slots=defaults.HANDOFF_SLOTS, drop_when_full=self.live is not None,
+                               stored=self.admission.stored, fail=self.fail)  # fmt: skip
         # A stop file present now asks an earlier run to stop: only another token stops this one.
         self.stale_token = read_token(os.path.join(self.out_dir, STOP_FILE))
 
@@ -138,46 +174,104 @@ class _SchedulerCapture:
         self.refusal = f"sample {sid}: {why}; nothing of it was written"
         logger.error("eagle-io capture: %s", self.refusal)
 
+    def on_request(self, req: Any) -> None:
+        """A new request: decides whether it is sampled (:class:`.live.Admission`); a live sample gets its id (the
+        request id becomes its key) and a radix-cache namespace of its own."""
+        r = probe.request_facts(req)
+        rid, params = r["rid"], r["custom_params"]
+        if not self.admission.wants(rid, params):
+            return
+        if SAMPLE_PARAM in params:  # a client's sample request: its id, mask and key are given
+            self.admitted[rid] = (params[SAMPLE_PARAM], params)
+        elif self.admission.admit(r["prompt_len"], len(self.admitted) + len(self.requests)) is None:
+            sid, self.next_live_id = self.next_live_id, self.next_live_id + 1
+            self.admitted[rid] = (sid, {**params, KEY_PARAM: rid})
+        else:
+            return
+        probe.isolate_from_radix_cache(req)
+
+    def _sampled(self, rid: str) -> bool:
+        return rid in self.admitted or rid in self.requests.held
+
     def on_forward(self, batch: Any, result: Any) -> None:
         """After a target forward (extend or decode): clones the sampled requests' rows, behind the forward on the
-        device (:mod:`.assembly`). Traffic without eagle-io's ``custom_params`` is not touched."""
+        device (:mod:`.assembly`). Other traffic is not touched."""
         reqs = probe.batch_requests(batch)
-        if not any(SAMPLE_PARAM in r["custom_params"] for r in reqs):
+        if not any(self._sampled(r["rid"]) for r in reqs):
             return
         aux, final = probe.forward_states(result)
         decode = not probe.is_prefill(batch)
         total = len(reqs) if decode else sum(r["extend_len"] for r in reqs)
         if aux is None or final is None or aux.shape[0] != total or final.shape[0] != total:
             got = None if aux is None else tuple(aux.shape)
-            for r in reqs:
-                if SAMPLE_PARAM in r["custom_params"] and self.requests.forget(r["rid"]) is not None:
-                    self.request_counts["incomplete"] += 1
-            self.refusal = f"a forward brought aux states {got} for {total} tokens (FULL capture off?)"
-            logger.error("eagle-io capture: %s", self.refusal)
+            self._lose([r["rid"] for r in reqs], f"a forward brought aux states {got} for {total} tokens "
+                       "(FULL capture off?)")  # fmt: skip
             return
-        whole = all(SAMPLE_PARAM in r["custom_params"] for r in reqs)
+        whole = all(self._sampled(r["rid"]) for r in reqs)
         if whole:  # one copy for the forward, each request a view of it
             aux, final = aux.clone(), final.clone()
+        self.ready = _record_event(aux)
         offset = 0
         for r in reqs:
             n = 1 if decode else r["extend_len"]
             lo, offset = offset, offset + n
-            params = r["custom_params"]
-            if SAMPLE_PARAM not in params:
+            rid = r["rid"]
+            if not self._sampled(rid):
                 continue
             a, f = aux[lo : lo + n], final[lo : lo + n]
             if not whole:
                 a, f = a.clone(), f.clone()
             if decode:
-                self.requests.decode(r["rid"], a, f)
-            elif r["rid"] in self.requests.held or r["prefix_len"] == 0:
-                self.requests.extend(r["rid"], params[SAMPLE_PARAM], params, r["prefix_len"], a, f)
+                self.requests.propose(rid, a, f)
+            elif rid in self.requests.held or r["prefix_len"] == 0:
+                sid, params = self.admitted.pop(rid, None) or (None, None)
+                self.requests.extend(rid, sid, params, r["prefix_len"], a, f)
             else:  # a request this capture never saw the start of (its prefix from the radix cache)
+                self.admitted.pop(rid, None)
                 self.request_counts["incomplete"] += 1
+                continue
+
+    def on_verify(self, batch: Any, result: Any) -> None:
+        """After an EAGLE verify forward: proposes each sampled request's accepted-path rows
+        (:func:`eagle_io.sglang.probe.verify_states`), cloned behind the forward; :meth:`on_result` commits as many
+        as SGLang committed tokens."""
+        reqs = [str(r.rid) for r in getattr(batch, "reqs", None) or ()]
+        mine = [i for i, rid in enumerate(reqs) if rid in self.requests.held]
+        if not mine:
+            return
+        states = probe.verify_states(result)
+        if states is None or int(states[0].shape[0]) != len(reqs):
+            got = None if states is None else tuple(states[0].shape)
+            self._lose([reqs[i] for i in mine], f"a verify forward brought states {got} for {len(reqs)} requests")
+            return
+        front, picked = states
+        if len(mine) == len(reqs):
+            front, picked = front.clone(), picked.clone()
+            rows = [(front[i], picked[i]) for i in mine]
+        else:
+            rows = [(front[i].clone(), picked[i].clone()) for i in mine]
+        self.ready = _record_event(front)
+        for i, (a, f) in zip(mine, rows, strict=True):
+            self.requests.propose(reqs[i], a, f)
+
+    def _lose(self, rids: list[str], why: str) -> None:
+        """Forgets sampled requests whose states a forward did not bring (counted ``incomplete``)."""
+        for rid in rids:
+            if self.admitted.pop(rid, None) is not None or self.requests.forget(rid) is not None:
+                self.request_counts["incomplete"] += 1
+        self.refusal = why
+        logger.error("eagle-io capture: %s", why)
 
     def on_result(self, batch: Any) -> None:
-        """After SGLang processed a forward's result: every finished sampled request becomes one sample (its held
-        rows joined), all of them in one :meth:`SampleStore.put_forward` (one host sync for the value checks)."""
+        """After SGLang processed a forward's result: commits each sampled request's proposed rows up to its
+        committed length, then every finished sampled request becomes one sample (its held rows joined), all of
+        them handed to the hand-off thread together (:mod:`.handoff`)."""
+        for r in getattr(batch, "reqs", None) or ():
+            rid = str(r.rid)
+            if rid in self.requests.held:
+                self.requests.commit(rid, probe.committed_rows(r))
+            elif r.finished() and self.admitted.pop(rid, None) is not None:  # aborted before its first forward
+                self.request_counts["aborted"] += 1
         todo: list[ForwardSample] = []
         auxes: list[Any] = []
         finals: list[Any] = []
@@ -198,6 +292,8 @@ class _SchedulerCapture:
                 logger.warning("eagle-io capture: sample %s not stored: %s", sid, held.broken)
                 continue
             mask = params.get(MASK_PARAM)
+            if self.live is not None and mask is None:  # served traffic: the answer is what a draft learns
+                mask = [0] * len(prompt)
             if not isinstance(mask, list) or len(mask) != len(prompt):
                 self._refuse(sid, f"custom_params[{MASK_PARAM!r}] is not a list of 0/1 over its {len(prompt)} "
                                   "prompt tokens")  # fmt: skip
@@ -212,13 +308,8 @@ class _SchedulerCapture:
             auxes.append(aux)
             finals.append(fin)
             start += len(tokens)
-        if todo and self.store is not None:
-            import torch
-
-            try:
-                self.store.put_forward(torch.cat(auxes), torch.cat(finals), todo)
-            except Exception as e:  # a value policy's "raise", a writer that failed: the capture stops, serving not
-                self.fail(f"{type(e).__name__}: {e}")
+        if todo and self.handoff is not None and not self.handoff.put(Finished(todo, auxes, finals, self.ready)):
+            self.request_counts["queue_full"] += len(todo)
 
     def fail(self, error: str) -> None:
         """Stops this capture on an error (shown in the status, ``state`` ``failed``), committing what it wrote and
@@ -228,6 +319,10 @@ class _SchedulerCapture:
             logger.error("eagle-io capture stopped: %s", error)
             # under the start's token: a client stopping this capture over HTTP (same token) reads the error
             threading.Thread(target=self.stop, args=(self.token, False, self.token is None), daemon=True).start()
+
+    def counts(self) -> dict[str, int]:
+        """Every counter: the store's, the scheduler's and, for a live capture, the admission's."""
+        return {**(dict(self.store.counts) if self.store else {}), **self.request_counts, **self.admission.counts}
 
     def status(self) -> dict[str, Any]:
         """This capture's entry in ``/server_info``'s ``internal_states`` (:data:`.protocol.STATUS_KEY`)."""
@@ -242,8 +337,17 @@ class _SchedulerCapture:
             "writes": self.writes,
             "held_requests": len(self.requests),
             "refusal": self.refusal,
-            "counts": {**(dict(self.store.counts) if self.store else {}), **self.request_counts},
+            "counts": self.counts(),
+            "live": self.live.to_json() if self.live is not None else None,
         }
+        # the ring is read only when no stop holds it (never waiting: this runs on the scheduler's thread)
+        if self.store is not None and not self.stopping and self.answer_lock.acquire(blocking=False):
+            try:
+                ring = self.store.ring_stats()
+            finally:
+                self.answer_lock.release()
+            out["ring"] = {k: ring.get(k) for k in ("ring_capacity", "ring_high_water_bytes", "ring_bytes_in_use",
+                                                     "committed_bytes")}  # fmt: skip
         if self.outcome is not None:
             out.update(self.outcome)
         if self.error is not None:
@@ -280,9 +384,12 @@ class _SchedulerCapture:
         with self.answer_lock:
             self.stopping, self.stop_token = True, token
             if self.outcome is None:
-                self.request_counts["unfinished_at_stop"] += len(self.requests)
+                self.request_counts["unfinished_at_stop"] += len(self.requests) + len(self.admitted)
                 self.requests.held.clear()
+                self.admitted.clear()
                 try:
+                    if self.handoff is not None:
+                        self.handoff.close()  # what finished before the stop is put first
                     self.store.close(complete=complete)
                     self.outcome = {"error": None, "stats": self.store.ring_stats(), "upload": self.store.upload_report}
                 except Exception as e:  # reported to the client through the answer file or the status
@@ -292,7 +399,7 @@ class _SchedulerCapture:
                 "token": token,
                 "writer_rank": self.writer_rank,
                 **self.outcome,
-                "counts": {**self.store.counts, **self.request_counts},
+                "counts": self.counts(),
             }
         if answer_file:
             layout.write_atomic(ack_path(self.out_dir, self.writer_rank), json.dumps(answer, default=str).encode())
@@ -304,29 +411,96 @@ _STARTING: dict[str, Any] | None = None  # a start over HTTP in progress or fail
 _LOCK = threading.Lock()
 
 
-def _forward_hook(result: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER ``TpModelWorker.forward_batch_generation(self, batch, ...)``: extend and decode forwards."""
+def _running() -> _SchedulerCapture | None:
     cap = _ACTIVE
-    if cap is None or not cap.writes or cap.stopping:
+    return cap if cap is not None and cap.writes and not cap.stopping and cap.error is None else None
+
+
+def _guarded(cap: _SchedulerCapture, step: Any, *args: Any) -> None:
+    """Runs one of the capture's steps inside SGLang's loop: an error of eagle-io's own stops the capture (shown in
+    its status) and never reaches SGLang, whose request goes on being served."""
+    try:
+        step(*args)
+    except Exception as e:
+        logger.exception("eagle-io capture: %s failed", getattr(step, "__name__", step))
+        cap.fail(f"{type(e).__name__} in {getattr(step, '__name__', step)}: {e}")
+
+
+def _request_hook(result: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER ``Scheduler._create_generation_req(self, recv_req, ...) -> Req``: every new request, once."""
+    cap = _running()
+    if cap is not None and result is not None:
+        _guarded(cap, cap.on_request, result)
+    return result
+
+
+def _forward_hook(result: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER ``TpModelWorker.forward_batch_generation(self, batch, ...)``: extend and decode forwards (a verify
+    forward comes with ``batch=None``: :func:`_verify_hook`)."""
+    cap = _running()
+    if cap is None or not (cap.admitted or len(cap.requests)):
         return None
     batch = kwargs.get("batch", args[1] if len(args) > 1 else None)
     if batch is not None and (probe.is_prefill(batch) or probe.is_decode(batch)):
-        cap.on_forward(batch, result)
+        _guarded(cap, cap.on_forward, batch, result)
     return None
+
+
+def _verify_hook(result: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER ``EAGLEWorkerV2.verify(self, batch, ...)``: EAGLE3 verify forwards."""
+    cap = _running()
+    if cap is None or not len(cap.requests):
+        return result
+    batch = kwargs.get("batch", args[1] if len(args) > 1 else None)
+    if batch is not None:
+        _guarded(cap, cap.on_verify, batch, result)
+    return result
 
 
 def _result_hook(result: Any, *args: Any, **kwargs: Any) -> None:
-    """AFTER ``Scheduler.process_batch_result(self, batch, result)``: requests that finished are stored."""
-    cap = _ACTIVE
-    if cap is None or not cap.writes or cap.stopping or not len(cap.requests):
+    """AFTER ``Scheduler.process_batch_result(self, batch, result)``: committed rows, finished requests stored."""
+    cap = _running()
+    if cap is None or not (cap.admitted or len(cap.requests)):
         return None
     batch = kwargs.get("batch", args[1] if len(args) > 1 else None)
     if batch is not None:
-        cap.on_result(batch)
+        _guarded(cap, cap.on_result, batch)
     return None
 
 
-def _start(self: Any, out_dir: str, options: Mapping[str, Any], token: str | None = None, **writers: int) -> None:
+def _final_state_hook(result: Any, processor: Any, hidden_states: Any, aux_hidden_states: Any, metadata: Any,
+                      *args: Any, **kwargs: Any) -> Any:  # fmt: skip
+    """AFTER ``LogitsProcessor._get_last_hidden_states_to_store(self, hidden_states, aux_hidden_states,
+    logits_metadata)``: under EAGLE3 with a draft SGLang drops the final post-norm states the target hands its
+    ``lm_head``; where it captures aux states in FULL mode (the target's prefill and verify forwards), they are kept as
+    ``last_hidden_states`` too, as capture-only mode keeps them. A reference to a tensor the forward computed anyway:
+    no copy, no sync; kept whether or not a capture runs, so that CUDA graphs captured at startup hold it too."""
+    mode = getattr(metadata, "capture_hidden_mode", None)
+    if result is None and aux_hidden_states is not None and mode is not None and mode.is_full():
+        return hidden_states
+    return None
+
+
+def _verify_hooked(worker: Any) -> bool:
+    """Whether ``worker`` (the scheduler's speculative worker) verifies through :data:`hooks.VERIFY_HOOK`."""
+    cls = hooks.resolve(hooks.VERIFY_HOOK.rsplit(".", 1)[0])
+    return isinstance(worker, cls) and type(worker).verify is cls.verify
+
+
+def _record_event(t: Any) -> Any:
+    """A CUDA event recorded now on the current stream, when ``t`` is on a CUDA device (the hand-off waits for it);
+    None on a CPU."""
+    if not t.is_cuda:
+        return None
+    import torch
+
+    ev = torch.cuda.Event()
+    ev.record()
+    return ev
+
+
+def _start(self: Any, out_dir: str, options: Mapping[str, Any], token: str | None = None,
+           live: Mapping[str, Any] | None = None, **writers: int) -> None:  # fmt: skip
     """``Scheduler.eagle_io_capture_start`` (through ``Engine.collective_rpc``, at startup by environment, or over
     HTTP). A stopped capture stays active until the next start, so that requests reaching it are counted
     (``after_stop``)."""
@@ -336,7 +510,7 @@ def _start(self: Any, out_dir: str, options: Mapping[str, Any], token: str | Non
             raise InvalidArgumentError(
                 f"an eagle-io capture into {_ACTIVE.url} is already running in this scheduler; stop it first"
             )
-        _ACTIVE = _SchedulerCapture(self, out_dir, options, token, **writers)
+        _ACTIVE = _SchedulerCapture(self, out_dir, options, token, live=live, **writers)
         if _ACTIVE.writes and token is None:  # started by file or RPC: stopped by file
             threading.Thread(target=_ACTIVE._watch_stop, name="eagle-io-capture-stop", daemon=True).start()
 
@@ -345,7 +519,7 @@ def _start_over_http(scheduler: Any, cmd: Mapping[str, Any]) -> None:
     global _STARTING
     try:
         writers = {k: int(cmd[k]) for k in ("writer_offset", "all_writers") if cmd.get(k) is not None}
-        _start(scheduler, str(cmd["out_dir"]), cmd.get("options") or {}, cmd["token"], **writers)
+        _start(scheduler, str(cmd["out_dir"]), cmd.get("options") or {}, cmd["token"], cmd.get("live"), **writers)
         _STARTING = None
         logger.info("eagle-io capture started over HTTP into %s", cmd["out_dir"])
     except Exception as e:  # shown in the status: the client names it
@@ -394,7 +568,11 @@ def _status_hook(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
     (:data:`.protocol.STATUS_KEY`) to its ``internal_states`` entry."""
     state = getattr(result, "internal_state", None)
     if isinstance(state, dict):
-        state[STATUS_KEY] = status(scheduler)
+        try:
+            state[STATUS_KEY] = status(scheduler)
+        except Exception as e:  # never into SGLang's loop; the client names it
+            logger.exception("eagle-io capture: the status could not be read")
+            state[STATUS_KEY] = {"state": "unknown", "error": f"{type(e).__name__}: {e}"}
     return result
 
 
@@ -426,7 +604,9 @@ def _start_from_env(scheduler: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE ``Scheduler.init_all_cuda_graphs``: starts the capture named by ``EAGLE_IO_CAPTURE_DIR``."""
     out_dir = os.environ.get(ENV_CAPTURE_DIR)
     if out_dir:
-        _start(scheduler, out_dir, json.loads(os.environ.get(ENV_CAPTURE_OPTIONS) or "{}"))
+        live = os.environ.get(ENV_CAPTURE_LIVE)
+        _start(scheduler, out_dir, json.loads(os.environ.get(ENV_CAPTURE_OPTIONS) or "{}"),
+               live=json.loads(live) if live else None)  # fmt: skip
         logger.info("eagle-io capture started from %s=%s", ENV_CAPTURE_DIR, out_dir)
         _ignore_terminal_interrupt()
     return None
@@ -453,9 +633,13 @@ def install(*, switch: str) -> list[str]:
     sched_cls = hooks.resolve(hooks.STARTUP_HOOK.rsplit(".", 1)[0])
     hooks.register(hooks.TP_FORWARD_HOOK, _forward_hook, "AFTER", switch=switch)
     hooks.register(hooks.RESULT_HOOK, _result_hook, "AFTER", switch=switch)
+    hooks.register(hooks.VERIFY_HOOK, _verify_hook, "AFTER", switch=switch)
+    hooks.register(hooks.REQUEST_HOOK, _request_hook, "AFTER", switch=switch)
+    hooks.register(hooks.FINAL_STATE_HOOK, _final_state_hook, "AFTER", switch=switch)
     hooks.register(hooks.STARTUP_HOOK, _start_from_env, "BEFORE", switch=switch)
     hooks.register(hooks.SET_STATE_HOOK, _control_hook, "AROUND", switch=switch)
     hooks.register(hooks.GET_STATE_HOOK, _status_hook, "AFTER", switch=switch)
     if not hasattr(sched_cls, "eagle_io_capture_start"):
         sched_cls.eagle_io_capture_start = _start
-    return [hooks.TP_FORWARD_HOOK, hooks.RESULT_HOOK, hooks.STARTUP_HOOK, hooks.SET_STATE_HOOK, hooks.GET_STATE_HOOK]
+    return [hooks.TP_FORWARD_HOOK, hooks.RESULT_HOOK, hooks.VERIFY_HOOK, hooks.REQUEST_HOOK, hooks.FINAL_STATE_HOOK,
+            hooks.STARTUP_HOOK, hooks.SET_STATE_HOOK, hooks.GET_STATE_HOOK]  # fmt: skip

@@ -40,6 +40,7 @@ from ...store.manifest import read_manifest
 from ..options import CaptureOptions
 from ..store import check_sample
 from .client import committed_ids, refuse_writer_ranks, sample_params
+from .live import LivePolicy
 from .protocol import STATUS_KEY, control_args
 
 __all__ = ["ServerCapture", "ServerFacts", "http_json", "server_facts", "stop_server_capture"]
@@ -104,10 +105,11 @@ def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[
 
     Raises:
         SGLangError: the server does not answer.
-        InvalidArgumentError: the server does not run eagle-io's plugin; was launched without aux capture
-            (``--enable-return-aux-hidden-states``), with pipeline parallelism, with Ray (its schedulers never load
-            plugins), with speculative decoding (a draft: the live-traffic capture's case); serves another model
-            than ``model``; captures other layers than ``aux_layer_ids``.
+        InvalidArgumentError: the server does not run eagle-io's plugin; its target captures no aux states (launched
+            without ``--speculative-algorithm EAGLE3``: with no draft that also needs
+            ``--enable-return-aux-hidden-states``; ``EAGLE`` / ``NEXTN`` named as the wrong flag); was launched with
+            pipeline parallelism or with Ray (its schedulers never load plugins); serves another model than
+            ``model``; captures other layers than ``aux_layer_ids``.
     """
     url = url.rstrip("/")
     info = http_json(f"{url}/server_info")
@@ -117,11 +119,6 @@ def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[
         problems.append(f"pipeline parallelism (pp_size {info['pp_size']}): only the last stage sees the states")
     if info.get("use_ray"):
         problems.append("Ray (--use-ray): SGLang's Ray scheduler actors never load plugins, so nothing captures")
-    if not info.get("enable_return_aux_hidden_states"):
-        problems.append(
-            "no aux capture: launch it with --enable-return-aux-hidden-states --speculative-algorithm EAGLE3 (SGLang's "
-            "capture-only mode: no draft)"
-        )
     states = info.get("internal_states") or []
     ranks = tuple(s.get(STATUS_KEY) for s in states if isinstance(s, dict))
     if not ranks or any(r is None for r in ranks):
@@ -135,10 +132,12 @@ def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[
     if "error" in target:
         raise InvalidArgumentError(f"cannot capture from {url}: its scheduler cannot read the target: {target['error']}"
                                    )  # fmt: skip
-    if target.get("speculative_algorithm"):
+    algo = target.get("speculative_algorithm")
+    if algo not in (None, "EAGLE3") or not target.get("capture_enabled") or not target.get("layers"):
+        wrong = f"it runs --speculative-algorithm {algo}, whose target captures no aux hidden states; " if algo else ""
         raise InvalidArgumentError(
-            f"cannot capture from {url}: it serves speculative decoding ({target['speculative_algorithm']}); capture "
-            "from a server in capture-only mode (no draft)"
+            f"cannot capture from {url}: {wrong}launch it with --speculative-algorithm EAGLE3 (serving an EAGLE-3 "
+            "draft, or SGLang's capture-only mode: --enable-return-aux-hidden-states and no draft)"
         )
     model_path = str(model_info.get("model_path") or info.get("model_path") or "")
     if model is not None and os.path.normpath(model) != os.path.normpath(model_path):
@@ -172,6 +171,9 @@ class ServerCapture:
         retries, backoff_s: retries of a request that failed to reach a server (connection error, 5xx, 429), the
             first after ``backoff_s``, each next twice as long.
         progress: show a progress bar (tqdm, on stderr) over the samples of each :meth:`submit`.
+        live: a live capture of the traffic the servers serve (:class:`~eagle_io.capturing.sglang.live.LivePolicy`:
+            the requests sampled, the caps); it runs until :meth:`close`. Its samples are dropped rather than waited
+            for (ring or hand-off queue full, counted). :meth:`submit` still sends sample requests of its own.
 
     Raises:
         InvalidArgumentError: a preflight refusal (:func:`server_facts`), servers that disagree on the target,
@@ -193,6 +195,7 @@ class ServerCapture:
         backoff_s: float = defaults.SERVER_BACKOFF_S,
         request_timeout_s: float = defaults.SERVER_REQUEST_TIMEOUT_S,
         progress: bool = False,
+        live: LivePolicy | None = None,
     ) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
@@ -238,7 +241,8 @@ class ServerCapture:
         offset = 0
         for s in self.servers:
             cmd = control_args("start", self._token, out_dir=self.url, options=options.to_json(),
-                               writer_offset=offset, all_writers=self.writers)  # fmt: skip
+                               writer_offset=offset, all_writers=self.writers,
+                               live=live.to_json() if live is not None else None)  # fmt: skip
             http_json(f"{s.url}/set_internal_state", {"server_args": cmd})
             offset += s.writers
         self._wait({"capturing"}, "token", defaults.STOP_TIMEOUT_S, "start")
@@ -392,6 +396,20 @@ class ServerCapture:
                          [s.url for s in self.servers], exc_type.__name__, e)  # fmt: skip
 
 
+def capture_status(url: str) -> list[dict[str, Any]]:
+    """The eagle-io capture status of every writing DP rank of the server at ``url`` (``GET /server_info``'s
+    ``internal_states[i]["eagle_io_capture"]``): ``state``, ``out_dir``, ``writer_rank``, ``live`` (the policy, None for
+    a client-driven capture), ``counts`` (the store's :data:`~eagle_io.capturing.store.COUNTS`, the scheduler's
+    :data:`~eagle_io.capturing.sglang.scheduler.REQUEST_COUNTS`, a live capture's
+    :data:`~eagle_io.capturing.sglang.live.LIVE_COUNTS`), ``ring`` (capacity, high-water mark, bytes in use and
+    committed), ``error``.
+
+    Raises:
+        SGLangError: the server does not answer.
+    """
+    return [{"url": u, "dp_rank": i, **st} for u, i, st in _statuses([url.rstrip("/")])]
+
+
 def _statuses(urls: Sequence[str]) -> list[tuple[str, int, dict[str, Any]]]:
     """``(url, DP rank, eagle-io status)`` of every writing rank of the servers at ``urls``."""
     out = []
@@ -455,11 +473,13 @@ def _wait_ranks(urls: Sequence[str], token: str, states: set[str], key: str, tim
         time.sleep(0.2)
 
 
-def stop_server_capture(url: str, timeout_s: float = defaults.STOP_TIMEOUT_S) -> list[dict[str, Any]]:
+def stop_server_capture(url: str, timeout_s: float = defaults.STOP_TIMEOUT_S, complete: bool = False
+                        ) -> list[dict[str, Any]]:  # fmt: skip
     """Stops the capture running on the server at ``url`` whatever client started it: the recovery when that client
-    is gone (killed, its machine lost) and the server refuses new captures. Every writer drains, commits what it
-    wrote and leaves its manifest marked incomplete (``eagle_io.capture(url, out_dir, resume=True)`` continues it).
-    A client still running that capture finds it stopped at its ``close`` (a StorageError).
+    is gone (killed, its machine lost) and the server refuses new captures, and the end of a live capture
+    (``complete=True``). Every writer drains, commits what it wrote and leaves its manifest marked incomplete unless
+    ``complete`` (``eagle_io.capture(url, out_dir, resume=True)`` continues it). A client still running that capture
+    finds it stopped at its ``close`` (a StorageError).
 
     Returns:
         Every writing DP rank's status (``state`` ``stopped``, or ``idle`` where none ran; ``counts``).
@@ -470,7 +490,7 @@ def stop_server_capture(url: str, timeout_s: float = defaults.STOP_TIMEOUT_S) ->
         CaptureStopTimeoutError: not every rank stopped within ``timeout_s``.
     """
     url, token = url.rstrip("/"), uuid.uuid4().hex
-    http_json(f"{url}/set_internal_state", {"server_args": control_args("stop", token, complete=False, force=True)})
+    http_json(f"{url}/set_internal_state", {"server_args": control_args("stop", token, complete=complete, force=True)})
     return _wait_ranks([url], token, {"stopped"}, "stop_token", timeout_s, "stop", forced=True)
 
 
