@@ -424,4 +424,3 @@ def verify_states(result: Any) -> tuple[Any, Any] | None:
     front = aux.view(bs, nd, -1)[:, :s]
     picked = final.index_select(0, index.clamp(min=0).reshape(-1).to(torch.int64)).view(bs, s, -1)
     return front, picked
-
