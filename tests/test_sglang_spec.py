@@ -29,7 +29,7 @@ import pytest
 import torch
 from helpers.s3server import free_port
 from helpers.sglang_cpu import SPEC_ENGINE_ARGS, cpu_engine_env
-from helpers.spec_fixture import NEW_TOKENS, PROMPTS, STEPS, build_spec_fixture
+from helpers.spec_fixture import NEW_TOKENS, PROMPTS, STEPS, shared_spec_fixture
 
 from eagle_io.cli import main
 from eagle_io.spec.served import engine_args
@@ -42,9 +42,9 @@ WATCH = {"EAGLE_IO_ACCEPT_WINDOW": "32"}  # a few windows per run instead of one
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """(target dir, dataset, draft dir, prompts, eos): :func:`helpers.spec_fixture.build_spec_fixture`."""
+    """(target dir, dataset, draft dir, prompts, eos): :func:`helpers.spec_fixture.shared_spec_fixture`."""
     torch.set_num_threads(1)
-    return build_spec_fixture(tmp_path_factory.mktemp("spec"))
+    return shared_spec_fixture(tmp_path_factory)
 
 
 def _spec(trained, algorithm: str, topk: int = 1) -> dict:
@@ -189,10 +189,10 @@ def _launch_flags(args: dict) -> list[str]:
     return flags
 
 
-def _server(args: dict, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+def _server(args: dict, log: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", *_launch_flags(args), *extra, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=cpu_engine_env())
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=cpu_engine_env(**(env or {})))
     return proc, f"http://127.0.0.1:{port}"
 
 

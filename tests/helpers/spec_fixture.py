@@ -49,3 +49,23 @@ def build_spec_fixture(root: Path) -> tuple[Path, Path, Path, list[list[int]], l
         raise RuntimeError(f"only {len(prompts)} held-out prompts in {ds}")
     eos = [int(json.loads((target / "config.json").read_text())["eos_token_id"])]
     return target, ds, draft, prompts, eos
+
+
+def shared_spec_fixture(tmp_path_factory) -> tuple[Path, Path, Path, list[list[int]], list[int]]:
+    """:func:`build_spec_fixture`, built once per test session and shared by every module and pytest-xdist worker
+    that asks (under the session's common base directory, behind a file lock): one ~2-minute build, not one per
+    module."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if base.name.startswith("popen-gw") else base) / "spec-fixture"
+    root.mkdir(exist_ok=True)
+    done = root / "fixture.json"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            target, ds, draft, prompts, eos = build_spec_fixture(root)
+            paths = {"target": str(target), "ds": str(ds), "draft": str(draft), "prompts": prompts, "eos": eos}
+            done.write_text(json.dumps(paths))
+    f = json.loads(done.read_text())
+    return Path(f["target"]), Path(f["ds"]), Path(f["draft"]), f["prompts"], f["eos"]

@@ -16,6 +16,7 @@ encode pass. Both give the same shard bytes.
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 from collections.abc import Mapping
@@ -29,6 +30,8 @@ from ..errors import ArgumentTypeError, InvalidArgumentError, SchemaError
 from ..store import fp8
 from ..store.host import available_memory, human_bytes
 from ..store.writer import ShardWriter, check_sample_id
+
+logger = logging.getLogger("eagle_io.capture")
 
 _FOREVER_S = 1e9
 """``timeout_s=inf`` waits this long (31 years): the core's wait takes a finite duration."""
@@ -97,6 +100,7 @@ class RingSink:
         self._sink = _native.CaptureSink(writer._native, ring_bytes, batch)
         self._timeout_s = min(float(timeout_s), _FOREVER_S)
         self._drop = drop_when_full
+        self._ring_bytes = ring_bytes
         self._row_bytes = [
             (s.width or 1) * torch.empty(0, dtype=getattr(torch, s.dtype)).element_size() for s in self.schema
         ]
@@ -136,13 +140,14 @@ class RingSink:
     def put(self, sample_id: int, tensors: Mapping[str, torch.Tensor], key: str = "") -> bool:
         """Copies one sample (CPU or CUDA tensors named by the schema, each ``[L]`` / ``[L, width]``,
         contiguous) into the ring and commits it. Returns False when the ring was full and the sink
-        drops (counted), True otherwise.
+        drops (counted; a sample larger than the whole ring too, which no wait would make room for), True otherwise.
 
         Raises:
             SchemaError: an id outside ``[0, 2**64)`` or already put (or in the resumed dataset), a missing tensor,
                 or one of the wrong type, dtype or shape. Nothing of the sample is put, and the ring goes on.
             ArgumentTypeError: a ``key`` that is not a string.
             RingTimeoutError: the ring stayed full for ``timeout_s``.
+            InvalidArgumentError: a sample larger than the whole ring, unless the sink drops.
         """
         self._check_id(sample_id, key)
         ts = []
@@ -164,6 +169,10 @@ class RingSink:
             self._quantize_on_device is None and all(t.is_cuda for t, q in zip(ts, self._fp8, strict=True) if q)
         )
         sizes = [n * rb for rb in (self._stored_row_bytes if quantize else self._row_bytes)]
+        if self._drop and sum(sizes) > self._ring_bytes:
+            logger.warning("eagle-io capture: sample %d (%d bytes) is larger than the capture ring (%d bytes); "
+                           "dropped (raise ring_bytes)", sample_id, sum(sizes), self._ring_bytes)  # fmt: skip
+            return False
         slot = self._sink.reserve(sum(sizes), self._timeout_s, self._drop)
         if slot is None:
             return False
@@ -203,6 +212,7 @@ class RingSink:
             SchemaError: a bad or repeated id, a missing tensor, or one of the wrong dtype or shape (named).
             ArgumentTypeError: a ``key`` that is not a string.
             RingTimeoutError: the ring stayed full for ``timeout_s``.
+            InvalidArgumentError: a sample larger than the whole ring, unless the sink drops.
         """
         self._check_id(sample_id, key)
         rows, n = [], None
