@@ -234,7 +234,8 @@ class _Fake(http.server.BaseHTTPRequestHandler):
         if self.path == "/model_info":
             return self._send(200, {"model_path": "/m/tiny", "tokenizer_path": None})
         target = {"architecture": "LlamaForCausalLM", "num_layers": 8, "hidden_size": 64, "vocab_size": 50000,
-                  "layers": [2, 4, 5], "writers": 1, "writes": True, "speculative_algorithm": None}  # fmt: skip
+                  "layers": [2, 4, 5], "writers": 1, "writes": True, "capture_enabled": st.get("capture_enabled", True),
+                  "speculative_algorithm": st.get("algorithm")}  # fmt: skip
         cap = {"target": target, **st["capture"]}
         return self._send(200, {**st["info"], "internal_states": [{"eagle_io_capture": cap} if st["plugin"] else {}]})
 
@@ -299,8 +300,18 @@ def test_the_preflight_refuses_servers_it_cannot_capture_from(fake, tmp_path):
     st["plugin"], st["info"] = True, {"enable_return_aux_hidden_states": False, "pp_size": 2, "use_ray": True}
     with pytest.raises(InvalidArgumentError) as e:
         eagle_io.capture(url, tmp_path / "o")
-    assert all(w in str(e.value) for w in ("pipeline parallelism (pp_size 2)", "Ray (--use-ray)", "no aux capture"))
+    assert all(w in str(e.value) for w in ("pipeline parallelism (pp_size 2)", "Ray (--use-ray)"))
     st["info"] = {"enable_return_aux_hidden_states": True}
+    st["capture_enabled"] = False  # a target that captures nothing: launched without EAGLE3
+    with pytest.raises(InvalidArgumentError, match=rf"{url}: launch it with --speculative-algorithm EAGLE3"):
+        eagle_io.capture(url, tmp_path / "o")
+    st["algorithm"] = "EAGLE"  # the classic wrong flag for an EAGLE-3 draft: named, EAGLE3 asked for
+    with pytest.raises(InvalidArgumentError, match=r"it runs --speculative-algorithm EAGLE, whose target captures no "
+                       r"aux hidden states; launch it with --speculative-algorithm EAGLE3"):  # fmt: skip
+        eagle_io.capture(url, tmp_path / "o")
+    st["capture_enabled"], st["algorithm"] = True, "EAGLE3"  # serving an EAGLE-3 draft: live traffic is captured
+    assert eagle_io.capturing.sglang.server.server_facts(url).target["speculative_algorithm"] == "EAGLE3"
+    st["algorithm"] = None
     st["start_error"] = "InvalidArgumentError: aux_layer_ids [1] were asked for"
     with pytest.raises(InvalidArgumentError, match=rf"{url} DP rank 0: the capture's start failed: .*\[1\] were"):
         eagle_io.capture(url, tmp_path / "o")
