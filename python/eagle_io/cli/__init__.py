@@ -13,6 +13,7 @@ from . import (
     generate_cmd,
     inspect_cmd,
     interrupt,
+    live_cmd,
     merge_cmd,
     report_cmd,
     train_draft_cmd,
@@ -42,6 +43,7 @@ COMMANDS = {
     "train-draft": train_draft_cmd,
     "eval-draft": eval_draft_cmd,
     "transcode": transcode_cmd,
+    "live": live_cmd,
 }
 
 

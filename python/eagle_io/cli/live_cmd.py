@@ -1,0 +1,64 @@
+"""Capture the traffic running SGLang servers serve (an EAGLE-3 draft under EAGLE3, or capture-only mode): start
+a live capture, read its status, stop it (docs/SERVING.md, "Live capture of served traffic")."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from .. import defaults
+from ..capturing.options import CaptureOptions
+from ..capturing.sglang.live import LivePolicy
+from ..capturing.sglang.server import ServerCapture, capture_status, stop_server_capture
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", required=True, help="start, status or stop")
+    fmt = p.formatter_class
+    start = sub.add_parser("start", formatter_class=fmt,
+                           help="start a live capture on each server, then return (it runs until stopped)")  # fmt: skip
+    start.add_argument("urls", nargs="+", metavar="URL", help="each server's base URL (http://host:port)")
+    start.add_argument("--out", required=True, help="the dataset: a directory every server can write, or s3://...")
+    start.add_argument("--rate", type=float, default=0.0,
+                       help="fraction of requests sampled by a hash of their request id; 0: only requests with "
+                            "custom_params {\"eagle_io_capture\": true}")  # fmt: skip
+    start.add_argument("--max-samples-per-s", type=float, help="cap on sampled requests per second")
+    start.add_argument("--max-tokens-per-s", type=float, help="cap on prompt tokens of sampled requests per second")
+    start.add_argument("--max-bytes-per-hour", type=float, help="cap on bytes of states stored per hour")
+    start.add_argument("--max-inflight", type=int, default=defaults.LIVE_MAX_INFLIGHT,
+                       help="sampled requests not finished yet (each holds its rows in device memory)")  # fmt: skip
+    start.add_argument("--max-length", type=int, help="longest sample in tokens; longer ones are counted, not stored")
+    start.add_argument("--precision", choices=["bf16", "fp8"], help="stored precision (default bf16)")
+    start.add_argument("--ring-bytes", type=int, default=defaults.RING_BYTES,
+                       help="each writing scheduler's host ring; a sample finding it full is dropped")  # fmt: skip
+    status = sub.add_parser("status", formatter_class=fmt, help="print each DP rank's capture status as JSON")
+    status.add_argument("urls", nargs="+", metavar="URL", help="each server's base URL")
+    stop = sub.add_parser("stop", formatter_class=fmt,
+                          help="stop the capture on each server: drain, commit, mark it complete")  # fmt: skip
+    stop.add_argument("urls", nargs="+", metavar="URL", help="each server's base URL")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "status":
+        print(json.dumps([st for u in args.urls for st in capture_status(u)], indent=2))
+        return 0
+    if args.action == "stop":
+        out: list[dict[str, Any]] = []
+        for u in args.urls:
+            out += [{"url": u, **st} for st in stop_server_capture(u, complete=True)]
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    policy = LivePolicy(
+        sample_rate=args.rate,
+        max_samples_per_s=args.max_samples_per_s,
+        max_tokens_per_s=args.max_tokens_per_s,
+        max_bytes_per_hour=args.max_bytes_per_hour,
+        max_inflight=args.max_inflight,
+    )
+    options = CaptureOptions(max_length=args.max_length, precision=args.precision, ring_bytes=args.ring_bytes)
+    cap = ServerCapture(args.urls, os.fspath(args.out), options, live=policy)  # started; left running
+    print(json.dumps({"out": cap.url, "servers": [s.url for s in cap.servers], "writers": cap.writers,
+                      "live": policy.to_json()}))  # fmt: skip
+    return 0
