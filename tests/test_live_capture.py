@@ -234,3 +234,29 @@ def test_a_full_disk_stops_the_capture_and_the_server_serves_on(trained, chain, 
     assert eagle_io.Dataset.verify(out) == []
     stored = _stored(out)
     assert 0 < len(stored) < len(prompts) and set(stored) <= set(served)
+
+
+def test_the_cli_starts_reports_and_stops_a_live_capture(trained, chain, tmp_path, capsys):
+    """``eagle-io live start`` returns with the capture running; served requests are stored; ``live status`` shows
+    them counted; ``live stop`` commits a complete dataset."""
+    from eagle_io.cli import main
+
+    url, _ = chain
+    assert main(["live", "start", url, "--out", str(tmp_path / "cli"), "--rate", "1"]) == 0
+    started = json.loads(capsys.readouterr().out)
+    assert started["live"]["sample_rate"] == 1.0 and started["servers"] == [url]
+    served = _serve_all(url, trained[3][:2])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert main(["live", "status", url]) == 0
+        (status,) = json.loads(capsys.readouterr().out)
+        if status["counts"]["written"] == 2:
+            break
+        time.sleep(0.5)
+    assert status["state"] == "capturing" and status["counts"]["sampled"] == 2, status
+    assert status["ring"]["ring_high_water_bytes"] > 0
+    assert main(["live", "stop", url]) == 0
+    (stopped,) = json.loads(capsys.readouterr().out)
+    assert stopped["state"] == "stopped" and stopped["error"] is None
+    assert json.loads((tmp_path / "cli" / "manifest.json").read_text())["complete"] is True
+    assert set(_stored(tmp_path / "cli")) == set(served)
