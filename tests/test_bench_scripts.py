@@ -61,3 +61,34 @@ def test_bench_loader_smoke_measures_every_baseline_row(tmp_path, monkeypatch):
         (figures,) = row["rounds"]
         assert all(figures[k] > 0 for k in ("cold", "cold_cpu", "warm", "warm_cpu")), row
     assert torch.get_num_threads() == 1, "each row restores the 1-thread setting"
+
+
+def test_gpu_live_overhead_refuses_without_sglang(tmp_path):
+    """The lent GPU machines have no SGLang: the script says what it needs and runs nothing."""
+    import subprocess
+
+    script = BENCHES / "gpu" / "bench_live_overhead.sh"
+    r = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "PY": "false", "OUT": str(tmp_path)},
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 3, r.stderr
+    assert "SGLang is not importable" in r.stderr and "SGLang 0.5.23" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_live_overhead_summary_ratios_and_token_check():
+    """Medians over rounds, ratios to the capture-off rows of the same run, and the served-token comparison."""
+    mod = load(BENCHES / "bench_live_overhead.py")
+    rows = []
+    for k, (off, r0, r1) in enumerate([(10.0, 9.0, 8.0), (12.0, 12.0, 6.0), (20.0, 10.0, 7.0)]):
+        for s, tps in (("off", off), ("rate0", r0), ("rate1", r1)):
+            out = [[1, 2]] if (s, k) != ("rate1", 2) else [[1, 3]]
+            rows.append({"round": k, "setting": s, "tokens_per_s": tps, "p50_s": 1 / tps, "p99_s": 2 / tps,
+                         "server_cpu_s": 2.0, "output_tokens": 4, "cached_tokens": 0, "close_s": 0.1,
+                         "close_cpu_s": 0.1, "outputs": out})  # fmt: skip
+    s = mod.summarize(rows)
+    med = s["medians"]
+    assert med["off"]["tokens_per_s"] == 12.0 and med["rate0"]["tokens_per_s"] == 10.0
+    assert med["rate1"]["ratio_tokens_per_s"] == 7.0 / 12.0 and med["rate0"]["ratio_p50"] == (1 / 10) / (1 / 12)
+    assert med["rate1"]["server_cpu_ms_per_token"] == 500.0 and med["rate1"]["ratio_server_cpu_per_token"] == 1.0
+    assert s["same_tokens_as_off"] == {"off": True, "rate0": True, "rate1": False}
+    assert "| rate1 | 7.0 | 0.583 |" in mod.table(s, rows)
