@@ -1440,3 +1440,23 @@ def test_an_sglang_without_package_metadata_is_named_by_its_own_version(monkeypa
     assert plugin._version_problem() is None
     monkeypatch.delitem(sys.modules, "sglang")
     assert compat.sglang_version() is None
+
+
+def test_a_sampled_request_that_never_reaches_a_forward_is_forgotten_and_counted(tmp_path, monkeypatch):
+    """SGLang aborts a queued request without a hook the capture sees: once it has waited past
+    ``LIVE_ADMIT_TTL_S`` it is forgotten at the next arrival and counted ``never_started`` (else it would hold a
+    place under the in-flight cap for good)."""
+    from eagle_io import defaults
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    cap = _writing_capture(tmp_path, _SlowSink(0))
+    try:
+        first, _ = _prefill(1, rid="queued")
+        _arrive(cap, first)
+        assert list(cap.admitted) == ["queued"] and cap.request_counts["never_started"] == 0
+        monkeypatch.setattr(defaults, "LIVE_ADMIT_TTL_S", 0.0)
+        second, _ = _prefill(2, rid="next")
+        _arrive(cap, second)
+        assert list(cap.admitted) == ["next"] and cap.request_counts["never_started"] == 1
+    finally:
+        sc._ACTIVE = None

@@ -61,6 +61,9 @@ SERVER_REQUEST_TIMEOUT_S: float = 600.0
 # A capture inside a serving SGLang scheduler (eagle-io live, capturing/sglang/live.py and handoff.py).
 LIVE_MAX_INFLIGHT: int = 64
 """Sampled requests of a live capture not finished yet (each holds its rows in device memory until it finishes)."""
+LIVE_ADMIT_TTL_S: float = 600.0
+"""A sampled request not in any forward this long after it arrived is forgotten (counted ``never_started``): SGLang
+aborts waiting requests without a hook the capture sees."""
 HANDOFF_SLOTS: int = 64
 """Finished samples waiting for the capture's hand-off thread (value checks, ring copy); a live capture drops the
 sample when they are all taken (counted ``queue_full``), a client-driven one waits. SpecForge's online-live queue

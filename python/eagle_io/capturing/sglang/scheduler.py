@@ -65,12 +65,14 @@ from .protocol import (
 logger = logging.getLogger("eagle_io.serving")
 
 
-REQUEST_COUNTS = ("incomplete", "refused", "aborted", "unfinished_at_stop", "queue_full")
+REQUEST_COUNTS = ("incomplete", "refused", "aborted", "unfinished_at_stop", "queue_full", "never_started")
 """The scheduler's own counters, beside the store's (:data:`eagle_io.capturing.store.COUNTS`) and a live capture's
 admission counters (:data:`eagle_io.capturing.sglang.live.LIVE_COUNTS`): sampled requests not stored because their
 states were not all captured (a prefix from the radix cache, a capture started mid-request); refused as declared (a
 bad loss mask, tokens past ``max_length``: the last reason is in the status' ``refusal``); aborted; still running
-when the capture stopped; dropped because the hand-off queue was full (a live capture only)."""
+when the capture stopped; dropped because the hand-off queue was full (a live capture only); sampled but never in a
+forward within :data:`eagle_io.defaults.LIVE_ADMIT_TTL_S` (aborted while queued: SGLang's abort of a waiting
+request passes no hook of the capture's)."""
 
 
 class _SchedulerCapture:
@@ -135,7 +137,7 @@ class _SchedulerCapture:
         self.outcome: dict[str, Any] | None = None
         self.requests = RequestStates()
         self.admission = Admission(self.live, self.max_length)
-        self.admitted: dict[str, tuple[int, dict[str, Any]]] = {}  # sampled, no forward yet: rid -> (id, params)
+        self.admitted: dict[str, tuple[int, dict[str, Any], float]] = {}  # no forward yet: rid -> (id, params, since)
         self.request_counts = dict.fromkeys(REQUEST_COUNTS, 0)
         self.refusal: str | None = None
         self.answer_lock = threading.Lock()
@@ -179,13 +181,20 @@ class _SchedulerCapture:
         request id becomes its key) and a radix-cache namespace of its own."""
         r = probe.request_facts(req)
         rid, params = r["rid"], r["custom_params"]
+        now = time.monotonic()
+        while self.admitted:  # oldest first: requests aborted while queued never reach a forward
+            first = next(iter(self.admitted))
+            if now - self.admitted[first][2] < defaults.LIVE_ADMIT_TTL_S:
+                break
+            del self.admitted[first]
+            self.request_counts["never_started"] += 1
         if not self.admission.wants(rid, params):
             return
         if SAMPLE_PARAM in params:  # a client's sample request: its id, mask and key are given
-            self.admitted[rid] = (params[SAMPLE_PARAM], params)
+            self.admitted[rid] = (params[SAMPLE_PARAM], params, now)
         elif self.admission.admit(r["prompt_len"], len(self.admitted) + len(self.requests)) is None:
             sid, self.next_live_id = self.next_live_id, self.next_live_id + 1
-            self.admitted[rid] = (sid, {**params, KEY_PARAM: rid})
+            self.admitted[rid] = (sid, {**params, KEY_PARAM: rid}, now)
         else:
             return
         probe.isolate_from_radix_cache(req)
@@ -224,7 +233,7 @@ class _SchedulerCapture:
             if decode:
                 self.requests.propose(rid, a, f)
             elif rid in self.requests.held or r["prefix_len"] == 0:
-                sid, params = self.admitted.pop(rid, None) or (None, None)
+                sid, params, _ = self.admitted.pop(rid, None) or (None, None, None)
                 self.requests.extend(rid, sid, params, r["prefix_len"], a, f)
             else:  # a request this capture never saw the start of (its prefix from the radix cache)
                 self.admitted.pop(rid, None)
@@ -474,11 +483,22 @@ def _final_state_hook(result: Any, processor: Any, hidden_states: Any, aux_hidde
     logits_metadata)``: under EAGLE3 with a draft SGLang drops the final post-norm states the target hands its
     ``lm_head``; where it captures aux states in FULL mode (the target's prefill and verify forwards), they are kept as
     ``last_hidden_states`` too, as capture-only mode keeps them. A reference to a tensor the forward computed anyway:
-    no copy, no sync; kept whether or not a capture runs, so that CUDA graphs captured at startup hold it too."""
+    no copy, no sync; only while a capture runs (no result outlives its forward with it otherwise), and while a CUDA
+    graph is captured (a graph's outputs are fixed then)."""
     mode = getattr(metadata, "capture_hidden_mode", None)
-    if result is None and aux_hidden_states is not None and mode is not None and mode.is_full():
+    if result is not None or aux_hidden_states is None or mode is None or not mode.is_full():
+        return None
+    if _running() is not None or _graph_capturing():
         return hidden_states
     return None
+
+
+def _graph_capturing() -> bool:
+    """Whether a CUDA graph is being captured now (SGLang captures its graphs at startup, before any capture runs:
+    the states must be among each graph's outputs then)."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _verify_hooked(worker: Any) -> bool:
