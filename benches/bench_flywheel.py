@@ -94,7 +94,7 @@ def _prompts(tokenizer, start: int, count: int, max_tokens: int) -> tuple[list[d
             skipped["no_user_turn"] += 1
             continue
         ids = tokenizer.apply_chat_template([first], add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        ids = [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]  # a BatchEncoding in new versions
         if len(ids) > max_tokens:
             skipped["too_long"] += 1
             continue
@@ -143,7 +143,9 @@ def _serve_and_capture(args, target: Path, draft: Path, prompts: list[dict], out
         warm = {"input_ids": prompts[0]["input_ids"], "sampling_params": {"max_new_tokens": 1}}
         http_json(url + "/generate", warm, 1800)
         start_s = time.perf_counter() - t0
-        cap = ServerCapture(url, out, CaptureOptions(max_length=args.max_length), live=LivePolicy(sample_rate=1.0))
+        # A small ring: the default 256 MiB was refused once when other processes held the machine's memory.
+        opts = CaptureOptions(max_length=args.max_length, ring_bytes=32 << 20)
+        cap = ServerCapture(url, out, opts, live=LivePolicy(sample_rate=1.0))
         sp = {"max_new_tokens": args.answer_tokens, "temperature": 0}
 
         def one(p: dict) -> dict:
@@ -254,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     res["eval"] = {}
     for name in drafts:
         d = out / name
-        res["eval"][name] = {"sglang": _eval(args, d, ckpt, a, eval_file, out / f"eval_{name}.log")}
+        # Each draft with the dataset it trained on (its offline figure: that dataset's held-out samples): eval-draft
+        # refuses v1 with A, whose recorded target is the GGUF's name where B's (and v1's) is the checkpoint's.
+        res["eval"][name] = {"sglang": _eval(args, d, ckpt, drafts[name], eval_file, out / f"eval_{name}.log")}
         if args.offline_b:
             res["eval"][name]["offline_B"] = _eval(args, d, ckpt, out / "B", None, out / f"offline_B_{name}.log")
     res["total_s"] = round(time.perf_counter() - t_all, 1)
