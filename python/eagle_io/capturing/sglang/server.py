@@ -112,8 +112,9 @@ def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[
             ``model``; captures other layers than ``aux_layer_ids``.
     """
     url = url.rstrip("/")
-    info = http_json(f"{url}/server_info")
-    model_info = http_json(f"{url}/model_info")
+    # a busy server answers /server_info after the forwards queued before it (its own warm-up request included)
+    info = http_json(f"{url}/server_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S)
+    model_info = http_json(f"{url}/model_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S)
     problems = []
     if info.get("pp_size", 1) not in (None, 1):
         problems.append(f"pipeline parallelism (pp_size {info['pp_size']}): only the last stage sees the states")
@@ -414,7 +415,8 @@ def _statuses(urls: Sequence[str]) -> list[tuple[str, int, dict[str, Any]]]:
     """``(url, DP rank, eagle-io status)`` of every writing rank of the servers at ``urls``."""
     out = []
     for url in urls:
-        for i, st in enumerate(http_json(f"{url}/server_info").get("internal_states") or []):
+        answer = http_json(f"{url}/server_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S)
+        for i, st in enumerate(answer.get("internal_states") or []):
             cap = st.get(STATUS_KEY) or {}
             if cap.get("writes", cap.get("target", {}).get("writes", True)):
                 out.append((url, i, cap))
