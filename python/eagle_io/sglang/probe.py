@@ -374,11 +374,13 @@ def forward_states(result: Any) -> tuple[Any, Any]:
 
 def request_facts(req: Any) -> dict[str, Any]:
     """A new ``Req`` (``Scheduler._create_generation_req``'s result): ``rid``, ``prompt_len``
-    (``len(origin_input_ids)``) and ``custom_params`` (``{}`` when unset)."""
+    (``len(origin_input_ids)``) and ``custom_params`` (``{}`` when unset or not a dict: SGLang serves such a request
+    and reads none of its keys, ``isinstance(custom_params, dict)`` in its ``sampling_params``)."""
+    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
     return {
         "rid": str(req.rid),
         "prompt_len": len(req.origin_input_ids),
-        "custom_params": getattr(getattr(req, "sampling_params", None), "custom_params", None) or {},
+        "custom_params": params if isinstance(params, dict) else {},
     }
 
 

@@ -303,7 +303,11 @@ class _SchedulerCapture:
             mask = params.get(MASK_PARAM)
             if self.live is not None and mask is None:  # served traffic: the answer is what a draft learns
                 mask = [0] * len(prompt)
-            if not isinstance(mask, list) or len(mask) != len(prompt):
+            if (
+                not isinstance(mask, list)
+                or len(mask) != len(prompt)
+                or not all(isinstance(m, (int, float)) and m in (0, 1) for m in mask)
+            ):
                 self._refuse(sid, f"custom_params[{MASK_PARAM!r}] is not a list of 0/1 over its {len(prompt)} "
                                   "prompt tokens")  # fmt: skip
                 continue
