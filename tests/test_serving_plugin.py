@@ -439,6 +439,7 @@ def test_guard_passes_eagle3_and_installs_runtime_checks(tmp_path, hooks, monkey
         targets.RESULT_HOOK,
         targets.VERIFY_HOOK,
         targets.REQUEST_HOOK,
+        targets.FINAL_STATE_HOOK,
         targets.SET_STATE_HOOK,
         targets.GET_STATE_HOOK,
         targets.DRAFT_EXTEND_PREFILL_HOOK,
@@ -593,7 +594,7 @@ def test_non_speculative_launch_is_left_alone(hooks):
     Scheduler.init_all_cuda_graphs(sched)
     assert calls == ["target graphs"]
     capture = {targets.TP_FORWARD_HOOK, targets.RESULT_HOOK, targets.VERIFY_HOOK, targets.REQUEST_HOOK,
-               targets.SET_STATE_HOOK, targets.GET_STATE_HOOK}  # fmt: skip
+               targets.FINAL_STATE_HOOK, targets.SET_STATE_HOOK, targets.GET_STATE_HOOK}  # fmt: skip
     assert {targets.STARTUP_HOOK, targets.SCHEDULER_INIT_HOOK, *capture} == plugin._REGISTERED
 
 
@@ -665,6 +666,7 @@ def test_entry_point_loads_through_load_plugins(tmp_path):
         targets.RESULT_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
         targets.VERIFY_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
         targets.REQUEST_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
+        targets.FINAL_STATE_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
         targets.SET_STATE_HOOK: [["around", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
         targets.GET_STATE_HOOK: [["after", "eagle_io.capturing.sglang.scheduler", "eagle_io"]],
         targets.SCHEDULER_INIT_HOOK: [["before", "eagle_io.serving.plugin", "eagle_io"]],  # the hooks' check

@@ -52,23 +52,30 @@ class Handoff:
         self._stored, self._fail = stored, fail
         self._queue: queue.Queue[Finished | None] = queue.Queue(maxsize=slots)
         self.failed = self.closed = False
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="eagle-io-capture-handoff", daemon=True)
         self._thread.start()
 
     def put(self, item: Finished) -> bool:
-        """Queues ``item``; False when the queue is full under ``drop_when_full`` (the caller counts it). After
-        :meth:`close`, the store counts the samples (``after_stop``) and writes nothing."""
-        if self.closed:
-            self._put_joined(item.samples, item.aux, item.final)
+        """Queues ``item``; False when the queue is full under ``drop_when_full``, or a stop is closing it right now
+        (the caller counts it: a live capture never waits). After :meth:`close`, the store counts the samples
+        (``after_stop``) and writes nothing."""
+        if not self._lock.acquire(blocking=not self.drop_when_full):
+            return False
+        try:
+            if self.closed:
+                self._put_joined(item.samples, item.aux, item.final)
+                return True
+            if self.drop_when_full:
+                try:
+                    self._queue.put_nowait(item)
+                except queue.Full:
+                    return False
+                return True
+            self._queue.put(item)
             return True
-        if self.drop_when_full:
-            try:
-                self._queue.put_nowait(item)
-            except queue.Full:
-                return False
-            return True
-        self._queue.put(item)
-        return True
+        finally:
+            self._lock.release()
 
     def wait_idle(self) -> None:
         """Waits until every sample queued so far was put (or dropped after a failure)."""
@@ -76,10 +83,12 @@ class Handoff:
 
     def close(self) -> None:
         """Waits until every queued sample was put (or dropped after a failure), then ends the thread."""
-        if not self.closed:
+        with self._lock:  # no put lands behind the end mark
+            if self.closed:
+                return
             self.closed = True
             self._queue.put(None)
-            self._thread.join()
+        self._thread.join()
 
     def _run(self) -> None:
         stream = torch.cuda.Stream() if torch.cuda.is_available() else None

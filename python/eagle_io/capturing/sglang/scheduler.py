@@ -397,9 +397,8 @@ class _SchedulerCapture:
         with self.answer_lock:
             self.stopping, self.stop_token = True, token
             if self.outcome is None:
+                # counted here; forgotten by the scheduler's own thread (_running), which may be iterating them now
                 self.request_counts["unfinished_at_stop"] += len(self.requests) + len(self.admitted)
-                self.requests.held.clear()
-                self.admitted.clear()
                 try:
                     if self.handoff is not None:
                         self.handoff.close()  # what finished before the stop is put first
@@ -425,8 +424,17 @@ _LOCK = threading.Lock()
 
 
 def _running() -> _SchedulerCapture | None:
+    """The capture the hooks feed, or None. Called on the scheduler's thread only: a stopped capture's held rows are
+    forgotten here (device memory), where no hook is iterating them."""
     cap = _ACTIVE
-    return cap if cap is not None and cap.writes and not cap.stopping and cap.error is None else None
+    if cap is None or not cap.writes:
+        return None
+    if cap.stopping or cap.error is not None:
+        if cap.stopping and (cap.admitted or len(cap.requests)):
+            cap.admitted.clear()
+            cap.requests.held.clear()
+        return None
+    return cap
 
 
 def _guarded(cap: _SchedulerCapture, step: Any, *args: Any) -> None:
