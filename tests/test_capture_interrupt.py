@@ -143,6 +143,7 @@ def test_sglang_stop_carries_incomplete_to_the_scheduler(tmp_path):
     cap.store = SampleStore(sink, state_dtype=torch.bfloat16, max_length=4, vocab_size=100)
     cap.stale_token, cap.outcome = protocol.read_token(str(tmp_path / protocol.STOP_FILE)), None
     cap.answer_lock, cap.requests, cap.request_counts = threading.Lock(), sc.RequestStates(), {"unfinished_at_stop": 0}
+    cap.admitted, cap.handoff, cap.live, cap.admission = {}, None, None, sc.Admission(None, 4)
     sc._ACTIVE = cap
     threading.Thread(target=cap._watch_stop, daemon=True).start()
     try:
