@@ -182,7 +182,19 @@ def _scheduler_capture(store):
         None,
         None,
     )
+    cap.live, cap.admission, cap.admitted, cap.ready, cap.error = None, sc.Admission(None, 8), {}, None, None
+    cap.handoff = sc.Handoff(store, slots=4, drop_when_full=False, stored=cap.admission.stored, fail=cap.fail)
     return cap
+
+
+def _serve(cap, batch, aux, final):
+    """The scheduler's hooks around one prefill forward: each request arrives, the forward, its result; then the
+    hand-off thread puts what finished."""
+    for r in batch.reqs:
+        cap.on_request(r)
+    cap.on_forward(batch, SimpleNamespace(logits_output=SimpleNamespace(hidden_states=aux, last_hidden_states=final)))
+    cap.on_result(batch)
+    cap.handoff.wait_idle()
 
 
 def _prompt_request(sid, ids, n):
@@ -204,8 +216,7 @@ def test_sglang_scheduler_forward_with_copied_request_rows():
     aux[3:6], final[3:6] = aux[0:3], final[0:3]  # request 8 got request 7's rows
     reqs = [_prompt_request(7, [1, 2, 3], 3), _prompt_request(8, [4, 5, 6], 3)]
     batch = SimpleNamespace(forward_mode=mode, reqs=reqs, extend_lens=[3, 3])
-    cap.on_forward(batch, SimpleNamespace(logits_output=SimpleNamespace(hidden_states=aux, last_hidden_states=final)))
-    cap.on_result(batch)  # both finished in the same forward: checked together
+    _serve(cap, batch, aux, final)  # both finished in the same forward: checked together
     assert sink.put_ids == [7] and store.counts["copied_rows_skipped"] == 1
 
 
@@ -225,8 +236,7 @@ def test_a_layer_captured_twice_is_caught_on_both_backends(tmp_path):
     cap = _scheduler_capture(store)
     reqs = [_prompt_request(r.sample_id, r.input_ids, r.length) for r in rows]
     batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=reqs, extend_lens=[4, 4])
-    cap.on_forward(batch, SimpleNamespace(logits_output=SimpleNamespace(hidden_states=aux, last_hidden_states=final)))
-    cap.on_result(batch)
+    _serve(cap, batch, aux, final)
     assert sink.put_ids == [0] and store.counts["copied_layers_skipped"] == 1
     # HF: a hook makes layer 4's output (eagle-io id 5) layer 1's (id 2) for sample 1.
     model, info = tiny_target()
