@@ -129,6 +129,7 @@ def test_an_attention_dp_capture_merges_to_each_sample_once(tmp_path, monkeypatc
     runner = SimpleNamespace(model=model, model_config=SimpleNamespace(hf_text_config=text))
     sched = SimpleNamespace(
         tp_worker=SimpleNamespace(model_runner=runner),
+        draft_worker=None,
         server_args=SimpleNamespace(chunked_prefill_size=-1, disable_radix_cache=True, dp_size=1, attn_dp_size=2),
     )
     caps = []
@@ -151,6 +152,7 @@ def test_an_attention_dp_capture_merges_to_each_sample_once(tmp_path, monkeypatc
         out = SimpleNamespace(hidden_states=torch.randn(n, 3 * H, generator=g), last_hidden_states=torch.randn(n, H))
         for cap, ctx in zip(caps, contexts, strict=True):
             if ctx.attn_dp_rank == group:
+                cap.on_request(req)  # Scheduler._create_generation_req: the request arrives
                 cap.on_forward(batch, SimpleNamespace(logits_output=out))
                 cap.on_result(batch)  # SGLang processed the result: the prompt-only request finished
     answers = [cap.stop("token") for cap in caps if cap.writes]
