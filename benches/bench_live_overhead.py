@@ -20,7 +20,7 @@ On this CPU: the tiny float32 Llama target + trained draft of tests/helpers/spec
 (tests/helpers/sglang_cpu.py). On a GPU: benches/gpu/bench_live_overhead.sh (``--device cuda``, ``--target`` /
 ``--draft`` real models, prompts tokenized from ``--prompts-file``).
 
-    .venv/bin/python benches/bench_live_overhead.py --fixture /work/scratch/spec.json --rounds 3 [--readme]
+    .venv/bin/python benches/bench_live_overhead.py --fixture FIXTURE.json --rounds 3 [--readme]
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ def test_the_sglang_scheduler_honours_drop_when_full(tmp_path, monkeypatch):
     runner = SimpleNamespace(model=model, model_config=SimpleNamespace(hf_text_config=text))
     sched = SimpleNamespace(
         tp_worker=SimpleNamespace(model_runner=runner),
+        draft_worker=None,
         server_args=SimpleNamespace(chunked_prefill_size=-1, disable_radix_cache=True),
     )
     sent = CaptureOptions(drop_when_full=True, ring_bytes=1 << 16, max_length=64, nonfinite="skip").to_json()
