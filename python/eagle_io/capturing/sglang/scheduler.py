@@ -275,9 +275,10 @@ class _SchedulerCapture:
         """After SGLang processed a forward's result: commits each sampled request's proposed rows up to its
         committed length, then every finished sampled request becomes one sample (its held rows joined), all of
         them handed to the hand-off thread together (:mod:`.handoff`)."""
+        decode = not probe.is_prefill(batch)  # an extend's rows are held already; decode/verify forwards propose
         for r in getattr(batch, "reqs", None) or ():
             rid = str(r.rid)
-            if rid in self.requests.held:
+            if rid in self.requests.held and decode:
                 self.requests.commit(rid, probe.committed_rows(r))
             elif r.finished() and self.admitted.pop(rid, None) is not None:  # aborted before its first forward
                 self.request_counts["aborted"] += 1
