@@ -33,7 +33,7 @@ from eagle_io.spec.served import engine_args
 
 pytestmark = [needs_sglang, pytest.mark.slow]
 
-ANSWER = 24
+ANSWER = 16
 DISK_FULL = "diskfull-live"  # the one output directory whose shard writes fail (ENOSPC, sticky) in the chain server
 
 
@@ -197,7 +197,7 @@ def test_a_full_ring_drops_and_counts_and_serving_never_waits(trained, chain, tm
     url, _ = chain
     prompts = trained[3][:3]
     before = [o for _, o in _serve_all(url, prompts).values()]
-    opts = CaptureOptions(ring_bytes=4096)  # a 24-token answer alone is 24 x (192 + 64) x 2 bytes of states
+    opts = CaptureOptions(ring_bytes=4096)  # a 16-token answer alone is 16 x (192 + 64) x 2 bytes of states
     with ServerCapture(url, tmp_path / "small", opts, live=LivePolicy(sample_rate=1.0)) as cap:
         during = [o for _, o in _serve_all(url, prompts).values()]
         (status,) = capture_status(url)
