@@ -45,6 +45,7 @@ from benchkit import write_section  # noqa: E402
 
 import eagle_io  # noqa: E402
 from eagle_io.capturing.options import CaptureOptions  # noqa: E402
+from eagle_io.capturing.sglang.launch import server_flags  # noqa: E402
 from eagle_io.capturing.sglang.live import LivePolicy  # noqa: E402
 from eagle_io.capturing.sglang.server import ServerCapture, capture_status, http_json  # noqa: E402
 from eagle_io.errors import SGLangError  # noqa: E402
@@ -63,24 +64,12 @@ TEXT_PROMPTS = (
 )
 
 
-def launch_flags(args: dict) -> list[str]:
-    """``sglang.Engine`` keyword arguments as ``sglang.launch_server`` flags (True: the bare flag)."""
-    flags = []
-    for k, v in args.items():
-        flag = "--" + k.replace("_", "-")
-        if v is True:
-            flags.append(flag)
-        elif v is not False and v is not None:
-            flags += [flag, str(v)]
-    return flags
-
-
 def start_server(args: dict, env: dict, log: Path, timeout_s: float = 900) -> tuple[subprocess.Popen, str]:
     """A ``launch_server`` on a free port, once it answers ``/server_info``; exits with its log's tail if it dies."""
     from helpers.s3server import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "sglang.launch_server", *launch_flags(args), "--port", str(port)]
+    cmd = [sys.executable, "-m", "sglang.launch_server", *server_flags(args), "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s

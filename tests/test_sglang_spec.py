@@ -31,6 +31,7 @@ from helpers.s3server import free_port
 from helpers.sglang_cpu import SPEC_ENGINE_ARGS, cpu_engine_env
 from helpers.spec_fixture import NEW_TOKENS, PROMPTS, STEPS, shared_spec_fixture
 
+from eagle_io.capturing.sglang.launch import server_flags
 from eagle_io.cli import main
 from eagle_io.spec.served import engine_args
 
@@ -177,21 +178,9 @@ def test_the_reference_decoder_matches_sglang_verify_for_verify(engines, trained
     assert [h.counts for h in out.per_request] == sg["histograms"]
 
 
-def _launch_flags(args: dict) -> list[str]:
-    """``sglang.Engine`` keyword arguments as ``sglang.launch_server`` flags (True: the bare flag)."""
-    flags = []
-    for k, v in args.items():
-        flag = "--" + k.replace("_", "-")
-        if v is True:
-            flags.append(flag)
-        elif v is not False and v is not None:
-            flags += [flag, str(v)]
-    return flags
-
-
 def _server(args: dict, log: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "sglang.launch_server", *_launch_flags(args), *extra, "--port", str(port)]
+    cmd = [sys.executable, "-m", "sglang.launch_server", *server_flags(args), *extra, "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=cpu_engine_env(**(env or {})))
     return proc, f"http://127.0.0.1:{port}"
 
