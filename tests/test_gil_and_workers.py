@@ -34,15 +34,29 @@ def max_main_thread_gap(work) -> tuple[float, float]:
     return span["s"], gap
 
 
+def least_stalled(work, attempts: int = 3) -> tuple[float, float]:
+    """The (seconds, gap) of the attempt whose gap was the smallest share of its duration. A call that holds the GIL
+    stalls this thread in every attempt; a busy machine that deschedules it (2 shared cores, a second pytest worker)
+    does so at random, and three times in a row only rarely (CI once saw a 0.48 s gap in a 0.67 s write)."""
+    return min((max_main_thread_gap(work) for _ in range(attempts)), key=lambda r: r[1] / r[0])
+
+
 @pytest.fixture
 def big_batch():
     return [(i, make_sample(i, 256, hidden=576), "") for i in range(12)]  # ~10 MB of bf16 states
 
 
 def test_write_batch_releases_the_gil(tmp_path, big_batch):
-    w = eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(576), {}, threads=1, zstd_level=9)
-    seconds, gap = max_main_thread_gap(lambda: w.write_batch(big_batch))
-    w.close()
+    writers = []
+
+    def write():  # each attempt its own dataset: a sample id is written once
+        root = tmp_path / str(len(writers))
+        writers.append(eagle_io.ShardWriter(root, eagle_io.eagle3_schema(576), {}, threads=1, zstd_level=9))
+        writers[-1].write_batch(big_batch)
+
+    seconds, gap = least_stalled(write)
+    for w in writers:
+        w.close()
     assert seconds > 0.1, "the call must be long enough for the test to mean something"
     assert gap < seconds / 2, f"main thread stalled {gap:.3f}s during a {seconds:.3f}s write"
 
@@ -58,7 +72,7 @@ def test_read_into_releases_the_gil(tmp_path, big_batch):
             for p, out in enumerate(outs):
                 ds.read_into(p, {k: v for k, v in out.items() if k != "sample_id"})
 
-    seconds, gap = max_main_thread_gap(read_all)
+    seconds, gap = least_stalled(read_all)
     assert seconds > 0.1
     # Between two read_into calls the worker thread holds the GIL briefly; never for a whole decode.
     assert gap < seconds / 4, f"main thread stalled {gap:.3f}s during {seconds:.3f}s of reads"
