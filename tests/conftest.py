@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 
 import eagle_io
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Gives SIGINT back its default Python handler where the run inherited it ignored (a shell's background job
+    starts with SIGINT set to SIG_IGN, and Python keeps an ignored SIGINT ignored), in this process and so in every
+    child it spawns: the interrupt tests send real SIGINTs and would otherwise wait out their timeouts."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
