@@ -37,6 +37,27 @@ def test_the_per_request_flag_and_opt_out_come_before_the_rate():
     assert c.wants("x", {"eagle_io_sample_id": 3}) and not c.wants("y", {"eagle_io_capture": True}) and not c.counts
 
 
+def test_sglangs_own_health_check_is_never_sampled_and_is_counted():
+    """``GET /health`` runs a one-token request (rid ``HEALTH_CHECK_...``, input ``[0]``) on an idle SGLang: not
+    traffic, so not sampled at any rate, counted ``health_checks``; recognised by SGLang's own test of the rid."""
+    pytest.importorskip("sglang")
+    from types import SimpleNamespace
+
+    from sglang.srt.constants import HEALTH_CHECK_RID_PREFIX
+
+    from eagle_io.sglang.probe import request_facts
+
+    def req(rid):
+        return SimpleNamespace(rid=rid, origin_input_ids=[0], sampling_params=SimpleNamespace(custom_params=None))
+
+    probe, user = request_facts(req(f"{HEALTH_CHECK_RID_PREFIX}_0f3a")), request_facts(req("0f3a"))
+    assert probe["health_check"] is True and user["health_check"] is False
+    a = Admission(LivePolicy(sample_rate=1.0), max_length=None)
+    assert not a.wants(probe["rid"], probe["custom_params"], probe["health_check"])
+    assert a.wants(user["rid"], user["custom_params"], user["health_check"])
+    assert (a.counts["health_checks"], a.counts["not_sampled"]) == (1, 0)
+
+
 def test_each_cap_refuses_and_is_counted_under_its_name():
     a = Admission(LivePolicy(sample_rate=1.0, max_inflight=2), max_length=100)
     assert a.admit(101, 0) == "too_long"

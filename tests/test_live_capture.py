@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -169,8 +170,8 @@ def test_a_sampled_request_stores_its_prompt_and_answer_as_served(topk, trained,
 
 def test_only_sampled_requests_leave_a_trace_and_no_rate_changes_what_is_served(trained, chain, tmp_path):
     """Capture off, then rate 0 with one request flagged (``custom_params`` ``eagle_io_capture: true``), then rate 1
-    with one request opted out (``false``): the same greedy tokens in all three; rate 0 stores only the flagged
-    request, rate 1 all but the opted-out one; every request is counted."""
+    with one request opted out (``false``) and an idle ``/health`` probe: the same greedy tokens in all three; rate 0
+    stores only the flagged request, rate 1 all but the opted-out one and the probe; every request is counted."""
     url, _ = chain
     prompts = trained[3][:3]
     off = [o for _, o in _serve_all(url, prompts).values()]
@@ -180,6 +181,8 @@ def test_only_sampled_requests_leave_a_trace_and_no_rate_changes_what_is_served(
         _generate(url, prompts[0], flagged, custom_params={"eagle_io_capture": True})
     c0 = cap.stats()
     with ServerCapture(url, tmp_path / "r1", CaptureOptions(), live=LivePolicy(sample_rate=1.0)) as cap:
+        with urllib.request.urlopen(f"{url}/health", timeout=120) as r:  # idle: SGLang runs a one-token request
+            assert r.status == 200
         r1 = _serve_all(url, prompts)
         opted = f"t-{uuid.uuid4().hex[:12]}"
         _generate(url, prompts[1], opted, custom_params={"eagle_io_capture": False})
@@ -189,6 +192,7 @@ def test_only_sampled_requests_leave_a_trace_and_no_rate_changes_what_is_served(
     assert (c0["scheduler_sampled"], c0["scheduler_not_sampled"], c0["scheduler_written"]) == (1, 3, 1)
     assert set(_stored(tmp_path / "r1")) == set(r1)
     assert (c1["scheduler_sampled"], c1["scheduler_opted_out"], c1["scheduler_written"]) == (3, 1, 3)
+    assert c1["scheduler_health_checks"] == 1, "the /health probe is served, never sampled"
 
 
 def test_a_full_ring_drops_and_counts_and_serving_never_waits(trained, chain, tmp_path):

@@ -374,13 +374,18 @@ def forward_states(result: Any) -> tuple[Any, Any]:
 
 def request_facts(req: Any) -> dict[str, Any]:
     """A new ``Req`` (``Scheduler._create_generation_req``'s result): ``rid``, ``prompt_len``
-    (``len(origin_input_ids)``) and ``custom_params`` (``{}`` when unset or not a dict: SGLang serves such a request
-    and reads none of its keys, ``isinstance(custom_params, dict)`` in its ``sampling_params``)."""
+    (``len(origin_input_ids)``), ``custom_params`` (``{}`` when unset or not a dict: SGLang serves such a request
+    and reads none of its keys, ``isinstance(custom_params, dict)`` in its ``sampling_params``) and ``health_check``:
+    whether it is SGLang's own ``/health`` probe, one token generated for the input ``[0]`` on an idle server (its rid
+    prefix, ``sglang.srt.managers.utils.is_health_check_generate_req``), not traffic."""
+    from sglang.srt.managers.utils import is_health_check_generate_req
+
     params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
     return {
         "rid": str(req.rid),
         "prompt_len": len(req.origin_input_ids),
         "custom_params": params if isinstance(params, dict) else {},
+        "health_check": is_health_check_generate_req(req),
     }
 
 

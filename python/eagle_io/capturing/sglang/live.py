@@ -3,6 +3,8 @@ scheduler creates it (:class:`Admission`), before any forward.
 
 A request is sampled when, in this order:
 
+0. it is not SGLang's own health check (``GET /health`` runs a one-token request on an idle server: never sampled,
+   counted ``health_checks``);
 1. its ``custom_params`` (``sampling_params.custom_params`` on ``/generate``; ``extra_body={"custom_params": ...}``
    on ``/v1/chat/completions``) hold :data:`~.protocol.CAPTURE_PARAM` ``false``: never (the per-request opt-out);
 2. they hold it ``true``, or eagle-io's own :data:`~.protocol.SAMPLE_PARAM` (a client-driven capture): sampled;
@@ -35,14 +37,15 @@ LIVE_COUNTS = (
     "sampled",
     "not_sampled",
     "opted_out",
+    "health_checks",
     "capped_samples_per_s",
     "capped_tokens_per_s",
     "capped_bytes_per_hour",
     "capped_inflight",
     "too_long",
 )
-"""Admission counters of a live capture: requests sampled; left alone by the rate; opted out per request; refused
-by each cap; refused because the prompt alone is past ``max_length``."""
+"""Admission counters of a live capture: requests sampled; left alone by the rate; opted out per request; SGLang's
+own health checks; refused by each cap; refused because the prompt alone is past ``max_length``."""
 
 LIVE_ID_BASE = 1 << 62
 """Sample ids of live requests: ``LIVE_ID_BASE + writer_rank * 2**40 + n`` (n counts from the ids the dataset
@@ -129,8 +132,13 @@ class Admission:
         self._bytes_sum = 0
         self._lock = threading.Lock()  # stored() runs on the hand-off thread
 
-    def wants(self, rid: str, params: Mapping[str, Any]) -> bool:
-        """Whether request ``rid`` is asked for, before the caps: the opt-out, the flag, a client sample, the rate."""
+    def wants(self, rid: str, params: Mapping[str, Any], health_check: bool = False) -> bool:
+        """Whether request ``rid`` is asked for, before the caps: never SGLang's own health check, then the opt-out,
+        the flag, a client sample, the rate."""
+        if health_check:
+            if self.policy is not None:
+                self.counts["health_checks"] += 1
+            return False
         flag = params.get(CAPTURE_PARAM)
         if flag is False:
             if self.policy is not None:

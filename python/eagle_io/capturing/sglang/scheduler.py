@@ -188,7 +188,7 @@ class _SchedulerCapture:
                 break
             del self.admitted[first]
             self.request_counts["never_started"] += 1
-        if not self.admission.wants(rid, params):
+        if not self.admission.wants(rid, params, r["health_check"]):
             return
         if SAMPLE_PARAM in params:  # a client's sample request: its id, mask and key are given
             self.admitted[rid] = (params[SAMPLE_PARAM], params, now)
