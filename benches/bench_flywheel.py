@@ -104,44 +104,20 @@ def _prompts(tokenizer, start: int, count: int, max_tokens: int) -> tuple[list[d
 
 def _serve_and_capture(args, target: Path, draft: Path, prompts: list[dict], out: Path, log: Path) -> dict:
     """Dataset B: a real SGLang server with ``draft`` under EAGLE3 answers ``prompts``; the live capture stores each."""
-    from helpers.s3server import free_port
     from helpers.sglang_cpu import SPEC_ENGINE_ARGS
 
     import eagle_io
     from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.sglang.launch import launch_server, server_flags, stop_server
     from eagle_io.capturing.sglang.live import LivePolicy
     from eagle_io.capturing.sglang.server import ServerCapture, http_json
     from eagle_io.spec.served import engine_args
 
     extra = dict(SPEC_ENGINE_ARGS, max_running_requests=args.concurrency, max_total_tokens=16384)
-    flags: list[str] = []
-    for k, v in engine_args(target, draft, algorithm="EAGLE3", num_steps=3, topk=1, extra=extra).items():
-        f = "--" + k.replace("_", "-")
-        if v is True:
-            flags.append(f)
-        elif v not in (False, None):
-            flags += [f, str(v)]
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    flags = server_flags(engine_args(target, draft, algorithm="EAGLE3", num_steps=3, topk=1, extra=extra))
     t0 = time.perf_counter()
-    with log.open("wb") as f:
-        cmd = [sys.executable, "-m", "sglang.launch_server", *flags, "--port", str(port)]
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=_env(args.threads))
+    url, proc = launch_server(flags, log, env=_env(args.threads))  # answers /health once its warm-up request ended
     try:
-        while True:
-            try:
-                http_json(url + "/server_info")
-                break
-            except Exception:  # not up yet
-                if proc.poll() is not None:
-                    raise SystemExit(f"SGLang server exited {proc.returncode}: see {log}") from None
-                if time.perf_counter() - t0 > 900:
-                    raise SystemExit(f"SGLang server not up after 900 s: see {log}") from None
-                time.sleep(2)
-        # The server answers /server_info before its own warm-up request ends; under load the capture's 30 s
-        # /server_info call then times out (seen on this shared CPU): wait for one answered request first.
-        warm = {"input_ids": prompts[0]["input_ids"], "sampling_params": {"max_new_tokens": 1}}
-        http_json(url + "/generate", warm, 1800)
         start_s = time.perf_counter() - t0
         # A small ring: the default 256 MiB was refused once when other processes held the machine's memory.
         opts = CaptureOptions(max_length=args.max_length, ring_bytes=32 << 20)
@@ -159,8 +135,7 @@ def _serve_and_capture(args, target: Path, draft: Path, prompts: list[dict], out
         cap.close()
         stats = cap.stats()
     finally:
-        proc.terminate()
-        proc.wait(120)
+        stop_server(proc)
     completion = sum(m["completion_tokens"] for m in metas)
     verify = sum(m.get("spec_verify_ct") or 0 for m in metas)
     return {

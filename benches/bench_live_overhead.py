@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,10 +44,9 @@ from benchkit import write_section  # noqa: E402
 
 import eagle_io  # noqa: E402
 from eagle_io.capturing.options import CaptureOptions  # noqa: E402
-from eagle_io.capturing.sglang.launch import server_flags  # noqa: E402
+from eagle_io.capturing.sglang.launch import launch_server, server_flags, stop_server  # noqa: E402
 from eagle_io.capturing.sglang.live import LivePolicy  # noqa: E402
 from eagle_io.capturing.sglang.server import ServerCapture, capture_status, http_json  # noqa: E402
-from eagle_io.errors import SGLangError  # noqa: E402
 from eagle_io.spec.served import engine_args  # noqa: E402
 
 SETTINGS = {"off": None, "rate0": 0.0, "rate1": 1.0}
@@ -62,27 +60,6 @@ TEXT_PROMPTS = (
     "List the planets of the solar system in order from the sun.",
     "Translate 'good morning, how are you?' into French and Spanish.",
 )
-
-
-def start_server(args: dict, env: dict, log: Path, timeout_s: float = 900) -> tuple[subprocess.Popen, str]:
-    """A ``launch_server`` on a free port, once it answers ``/server_info``; exits with its log's tail if it dies."""
-    from helpers.s3server import free_port
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "sglang.launch_server", *server_flags(args), "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"sglang.launch_server exited {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            http_json(url + "/server_info", timeout_s=5)
-            return proc, url
-        except SGLangError:
-            time.sleep(1)
-    proc.terminate()
-    sys.exit(f"sglang.launch_server not ready after {timeout_s} s:\n{log.read_text()[-4000:]}")
 
 
 def tree_cpu(proc: psutil.Process) -> float:
@@ -291,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     target, draft, prompts, steps = fixture(a, work)
     args, env = server_env_args(a, target, draft, steps)
-    proc, url = start_server(args, env, out / "live_overhead_server.log")
+    url, proc = launch_server(server_flags(args), out / "live_overhead_server.log", env=env)
     rows = []
     try:
         server = psutil.Process(proc.pid)
@@ -304,11 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"p99 {row['p99_s']:.2f} s, server CPU {row['server_cpu_s']:.1f} s"
                       + (f", samples {row['samples']}" if "samples" in row else ""), flush=True)  # fmt: skip
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
     summary = summarize(rows)
     r1 = [r for r in rows if r["setting"] == "rate1"]
     keys = ("samples", "stored_tokens", "expected_tokens_if_all", "bytes_on_disk", "ring_high_water_bytes",

@@ -23,10 +23,11 @@ from helpers.sglang_cpu import SPEC_ENGINE_ARGS
 from helpers.spec_fixture import STEPS, shared_spec_fixture
 from test_capture_server import rel
 from test_serving_plugin import needs_sglang
-from test_sglang_spec import _server, _wait_ready
+from test_sglang_spec import launch_spec_server
 
 import eagle_io
 from eagle_io.capturing.options import CaptureOptions
+from eagle_io.capturing.sglang.launch import stop_server
 from eagle_io.capturing.sglang.live import LivePolicy
 from eagle_io.capturing.sglang.server import ServerCapture, capture_status, http_json
 from eagle_io.errors import StorageError
@@ -44,24 +45,10 @@ def trained(tmp_path_factory):
     return shared_spec_fixture(tmp_path_factory)
 
 
-def _launch(trained, tmp_path_factory, topk: int, env: dict[str, str] | None = None):
+def _launch(trained, tmp_path_factory, topk: int, env: dict[str, str] | None = None) -> tuple[str, object]:
     target, _, draft, _, _ = trained
     args = engine_args(target, draft, algorithm="EAGLE3", num_steps=STEPS, topk=topk, extra=SPEC_ENGINE_ARGS)
-    log = tmp_path_factory.mktemp(f"live{topk}") / "server.log"
-    proc, url = _server(args, log, env=env)
-    _wait_ready(proc, url, log)
-    deadline = time.monotonic() + 300  # SGLang's own warmup request is served after /server_info answers
-    while "ready to roll" not in log.read_text(errors="replace") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return proc, url, log
-
-
-def _stop(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except Exception:
-        proc.kill()
+    return launch_spec_server(args, tmp_path_factory.mktemp(f"live{topk}") / "server.log", env=env)
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +56,11 @@ def chain(trained, tmp_path_factory):
     """The chain server (topk 1), with the fault injector armed for :data:`DISK_FULL` when a C compiler exists."""
     so = build_fault_injector(tmp_path_factory.mktemp("injector"))
     env = {"LD_PRELOAD": so, "EIO_FAULT": f"ENOSPC:write:/{DISK_FULL}/shards/:3"} if so else None
-    proc, url, _ = _launch(trained, tmp_path_factory, topk=1, env=env)
+    url, proc = _launch(trained, tmp_path_factory, topk=1, env=env)
     try:
         yield url, so is not None
     finally:
-        _stop(proc)
+        stop_server(proc)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +121,7 @@ def test_a_sampled_request_stores_its_prompt_and_answer_as_served(topk, trained,
     if topk == 1:
         url = chain[0]
     else:
-        proc, url, _ = _launch(trained, tmp_path_factory, topk=topk)
+        url, proc = _launch(trained, tmp_path_factory, topk=topk)
     try:
         with ServerCapture(url, tmp_path / "live", CaptureOptions(), live=LivePolicy(sample_rate=1.0)) as cap:
             served = _serve_all(url, prompts)
@@ -165,7 +152,7 @@ def test_a_sampled_request_stores_its_prompt_and_answer_as_served(topk, trained,
             assert rel(live["hidden_states"], item["hidden_states"].float()) <= 0.01
     finally:
         if proc is not None:
-            _stop(proc)
+            stop_server(proc)
 
 
 def test_only_sampled_requests_leave_a_trace_and_no_rate_changes_what_is_served(trained, chain, tmp_path):

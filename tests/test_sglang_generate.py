@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -277,12 +275,6 @@ def post(url: str, body: dict) -> int:
         return r.status
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @needs_sglang
 @pytest.mark.slow
 def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs):
@@ -290,30 +282,20 @@ def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs
     eagle-io's ``custom_params`` are captured; other requests are not; ``stop_capture`` commits; the states are the
     engine run's, bit for bit."""
     from eagle_io.capturing.sglang.client import sample_params, stop_capture
-    from eagle_io.capturing.sglang.launch import CAPTURE_ENGINE_ARGS
+    from eagle_io.capturing.sglang.launch import CAPTURE_ENGINE_ARGS, launch_server, server_flags, stop_server
 
     tmp, *_ = runs
-    out, port = tmp / "server", free_port()
+    out = tmp / "server"
     env = sglang_env()
     env.update(EAGLE_IO_CAPTURE_DIR=str(out), EAGLE_IO_CAPTURE_OPTIONS=json.dumps({"metadata": {"via": "server"}}))
-    flags = [f"--{k.replace('_', '-')}" for k, v in CAPTURE_ENGINE_ARGS.items() if v is True]
-    flags += ["--speculative-algorithm", "EAGLE3", "--chunked-prefill-size", "-1"]
-    cpu = ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]
-    cpu += ["--max-total-tokens", "4096"]
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tmp / "tiny"), "--port", str(port)]
-    server = subprocess.Popen([*cmd, *flags, *cpu, "--mem-fraction-static", "0.3", "--log-level", "warning"], env=env)
+    cpu = {"device": "cpu", "attention_backend": "torch_native", "disable_cuda_graph": True, "max_total_tokens": 4096}
+    flags = [
+        "--model-path",
+        str(tmp / "tiny"),
+        *server_flags({**CAPTURE_ENGINE_ARGS, **cpu, "mem_fraction_static": 0.3}),
+    ]
+    url, server = launch_server(flags, tmp / "server.log", timeout_s=600, env=env)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "the server did not come up"
-            time.sleep(2)
         ref = eagle_io.Dataset(tmp / "one")
         wanted = ids(tmp / "one")[:4]
         for sid in wanted:
@@ -326,8 +308,7 @@ def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs
         assert post(f"{url}/generate", other) == 200  # not a sample: ignored
         (answer,) = stop_capture(out, writers=1, timeout_s=120)
     finally:
-        server.terminate()
-        server.wait(60)
+        stop_server(server)
     assert answer["error"] is None and answer["counts"]["written"] == 4 and answer["stats"]["samples"] == 4
     assert eagle_io.Dataset.verify(out) == [] and ids(out) == wanted
     ds = eagle_io.Dataset(out)

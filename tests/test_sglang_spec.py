@@ -21,18 +21,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
-from helpers.s3server import free_port
 from helpers.sglang_cpu import SPEC_ENGINE_ARGS, cpu_engine_env
 from helpers.spec_fixture import NEW_TOKENS, PROMPTS, STEPS, shared_spec_fixture
 
-from eagle_io.capturing.sglang.launch import server_flags
+from eagle_io.capturing.sglang.launch import launch_server, server_flags, stop_server
 from eagle_io.cli import main
+from eagle_io.errors import SGLangError
 from eagle_io.spec.served import engine_args
 
 pytestmark = pytest.mark.slow
@@ -178,41 +176,20 @@ def test_the_reference_decoder_matches_sglang_verify_for_verify(engines, trained
     assert [h.counts for h in out.per_request] == sg["histograms"]
 
 
-def _server(args: dict, log: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "sglang.launch_server", *server_flags(args), *extra, "--port", str(port)]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=cpu_engine_env(**(env or {})))
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def _wait_ready(proc: subprocess.Popen, url: str, log: Path, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"sglang.launch_server exited {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url + "/server_info", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise AssertionError(f"sglang.launch_server not ready after {timeout} s:\n{log.read_text()[-4000:]}")
+def launch_spec_server(args: dict, log: Path, *extra: str, env: dict[str, str] | None = None) -> tuple[str, object]:
+    """A real ``python -m sglang.launch_server`` for engine arguments ``args`` (plus raw ``extra`` flags) on SGLang's
+    CPU engine, once it answers ``/health``: ``(url, process)``, stopped by ``stop_server``."""
+    return launch_server([*server_flags(args), *extra], log, timeout_s=600, env=cpu_engine_env(**(env or {})))
 
 
 @pytest.fixture(scope="module")
 def server(trained, tmp_path_factory):
     """A real ``python -m sglang.launch_server`` serving the draft under EAGLE3 (chain), eagle-io's plugin on."""
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    proc, url = _server(_spec(trained, "EAGLE3"), log)
+    url, proc = launch_spec_server(_spec(trained, "EAGLE3"), tmp_path_factory.mktemp("server") / "server.log")
     try:
-        _wait_ready(proc, url, log)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
 
 
 def _eval(capsys, *argv: str) -> dict:
@@ -273,10 +250,7 @@ def test_an_abbreviated_eagle_flag_is_refused_at_startup(trained, tmp_path):
     args = _spec(trained, "EAGLE3")
     args.pop("speculative_algorithm")
     log = tmp_path / "server.log"
-    proc, _ = _server(args, log, "--speculative-algo", "EAGLE")
-    try:
-        rc = proc.wait(600)
-    finally:
-        proc.kill()
+    with pytest.raises(SGLangError, match="exited with"):
+        launch_spec_server(args, log, "--speculative-algo", "EAGLE")
     text = log.read_text(errors="replace")
-    assert rc != 0 and "ServingGuardError" in text and "EAGLE3" in text, text[-4000:]
+    assert "ServingGuardError" in text and "EAGLE3" in text, text[-4000:]

@@ -1,5 +1,6 @@
-"""Launching SGLang in capture-only mode: a server (:func:`launch_capture_server`, what ``eagle-io generate --backend
-sglang`` does before capturing through it over HTTP, as from any server), or an in-process ``sglang.Engine`` with
+"""Launching SGLang: a server on a free local port (:func:`launch_server`, :func:`stop_server`); in capture-only mode
+a server (:func:`launch_capture_server`, what ``eagle-io generate --backend sglang`` does before capturing through it
+over HTTP, as from any server), or an in-process ``sglang.Engine`` with
 eagle-io's capture started by environment in every scheduler process whatever ``tp_size`` / ``dp_size``
 (:func:`launch_capture_engine`).
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import InvalidArgumentError
@@ -150,20 +151,46 @@ def launch_capture_server(
     env: Mapping[str, str] | None = None,
     **engine_args: Any,
 ) -> tuple[str, Any]:
-    """Starts ``python -m sglang.launch_server`` over the HF checkpoint ``model_path`` in capture-only mode
+    """Starts a server (:func:`launch_server`) over the HF checkpoint ``model_path`` in capture-only mode
     (:data:`SERVER_CAPTURE_FLAGS`, plus ``--return-aux-hidden-state-layer-ids`` for ``options.aux_layer_ids``:
-    :func:`capture_layer_args`), SGLang's defaults otherwise (chunked prefill and the radix cache on), in a process
-    group of its own (a terminal's Ctrl-C does not reach it: the client stops the capture first), its output appended
-    to ``log_path``, in ``env`` (default: this process' environment); waits until ``/health`` answers. The capture
-    itself is started over HTTP
-    (:class:`~eagle_io.capturing.sglang.server.ServerCapture`), as for a server users launch.
+    :func:`capture_layer_args`), SGLang's defaults otherwise (chunked prefill and the radix cache on). The capture
+    itself is started over HTTP (:class:`~eagle_io.capturing.sglang.server.ServerCapture`), as for a server users
+    launch.
 
     Returns:
         ``(url, process)``; stop the server with :func:`stop_server`.
 
     Raises:
         InvalidArgumentError: what :func:`capture_layer_args` refuses; engine arguments that contradict the capture.
-        SGLangError: the server exited, or did not answer within ``timeout_s`` (the log's last lines quoted).
+        SGLangError: what :func:`launch_server` raises.
+    """
+    clash = {k for k in engine_args if k in ("enable_return_aux_hidden_states", "speculative_algorithm")}
+    if clash or engine_args.get("speculative_draft_model_path"):
+        raise InvalidArgumentError(f"engine arguments {sorted(clash)} are eagle-io's capture-only launch's own")
+    engine_args = {**engine_args, **capture_layer_args(model_path, options, engine_args)}
+    flags = ["--model-path", os.fspath(model_path), *SERVER_CAPTURE_FLAGS, *server_flags(engine_args)]
+    return launch_server(flags, log_path, timeout_s=timeout_s, env=env)
+
+
+def launch_server(
+    flags: Sequence[str],
+    log_path: str | os.PathLike[str],
+    *,
+    timeout_s: float = 900.0,
+    env: Mapping[str, str] | None = None,
+) -> tuple[str, Any]:
+    """Starts ``python -m sglang.launch_server`` with ``flags`` (:func:`server_flags` makes them from engine
+    arguments) on a free port of 127.0.0.1, in a process group of its own (a terminal's Ctrl-C does not reach it: the
+    client stops its capture first), its output appended to ``log_path``, in ``env`` (default: this process'
+    environment); waits until ``GET /health`` answers 200, which SGLang gives once its start-up warm-up request has
+    been served (``ServerStatus.Up``, ``_execute_server_warmup`` in ``sglang.srt.entrypoints.http_server``).
+
+    Returns:
+        ``(url, process)``; stop the server with :func:`stop_server`.
+
+    Raises:
+        SGLangError: the server exited (its exit status), or did not answer within ``timeout_s``; the command and the
+            log's last lines quoted.
     """
     import socket
     import subprocess
@@ -173,15 +200,10 @@ def launch_capture_server(
 
     from ...errors import SGLangError
 
-    clash = {k for k in engine_args if k in ("enable_return_aux_hidden_states", "speculative_algorithm")}
-    if clash or engine_args.get("speculative_draft_model_path"):
-        raise InvalidArgumentError(f"engine arguments {sorted(clash)} are eagle-io's capture-only launch's own")
-    engine_args = {**engine_args, **capture_layer_args(model_path, options, engine_args)}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", os.fspath(model_path), "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), *SERVER_CAPTURE_FLAGS, *server_flags(engine_args)]
+    cmd = [sys.executable, "-m", "sglang.launch_server", *flags, "--host", "127.0.0.1", "--port", str(port)]
     log = open(log_path, "ab")  # noqa: SIM115 (held by the server process for its life)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     log.close()
@@ -203,7 +225,7 @@ def launch_capture_server(
 
 
 def stop_server(proc: Any, timeout_s: float = 60.0) -> None:
-    """Ends a server :func:`launch_capture_server` started: SIGTERM to its process group, SIGKILL after
+    """Ends a server :func:`launch_server` started: SIGTERM to its process group, SIGKILL after
     ``timeout_s``."""
     import signal
     import subprocess
