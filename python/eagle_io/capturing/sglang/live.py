@@ -99,14 +99,16 @@ class LivePolicy:
 
 
 class _Bucket:
-    """A token bucket refilled at ``rate`` per second, holding at most one second's worth."""
+    """A token bucket refilled at ``rate`` per second, holding one second's worth, and at least 1 (a rate below 1
+    per second admits one every ``1 / rate`` seconds, not none)."""
 
     def __init__(self, rate: float) -> None:
-        self.rate, self.level, self.at = rate, rate, time.monotonic()
+        self.rate, self.size, self.at = rate, max(rate, 1.0), time.monotonic()
+        self.level = self.size
 
     def take(self, n: float) -> bool:
         now = time.monotonic()
-        self.level = min(self.rate, self.level + (now - self.at) * self.rate)
+        self.level = min(self.size, self.level + (now - self.at) * self.rate)
         self.at = now
         if self.level < n:
             return False
