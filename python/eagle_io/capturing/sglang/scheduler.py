@@ -577,6 +577,9 @@ def _control_hook(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kw
     taken = False
     with _LOCK:
         cap = _ACTIVE
+        if cmd["op"] == "stop" and _STARTING is not None and _STARTING["state"] == "failed":
+            # that start's client was answered; its record would hide the capture this stop stops from the status
+            _STARTING = None
         if cmd["op"] == "start":
             running = cap is not None and cap.writes and not cap.stopping
             if running and cap.token == cmd["token"]:
