@@ -246,6 +246,7 @@ class _Fake(http.server.BaseHTTPRequestHandler):
             (key,) = body["server_args"]
             cmd = json.loads(key.removeprefix("eagle_io:"))
             if cmd["op"] == "start":
+                st["out_dir"] = cmd["out_dir"]
                 st["capture"] = {"state": "failed", "token": cmd["token"], "error": st["start_error"]} if st[
                     "start_error"] else {"state": "capturing", "token": cmd["token"]}  # fmt: skip
             else:
@@ -387,6 +388,19 @@ def test_an_aborted_request_is_an_error_naming_the_sample_never_a_success(fake, 
     cap.submit(samples([4], first=5))
     assert 5 in cap.done and cap.counts["sent"] == 1
     cap.close()
+
+
+def test_a_relative_out_dir_is_sent_as_the_clients_absolute_path(fake, tmp_path, monkeypatch):
+    """The servers resolve a path in their own working directory: measured on a real CPU server before, ``eagle-io live
+    start URL --out out/cli`` run in another directory than the server's wrote the dataset under the server's one
+    (and printed ``"out": "out/cli"``)."""
+    from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.sglang.server import ServerCapture
+
+    url, st = fake
+    monkeypatch.chdir(tmp_path)
+    cap = ServerCapture(url, "rel/o", CaptureOptions())
+    assert st["out_dir"] == cap.url == str(tmp_path / "rel" / "o")
 
 
 def test_a_request_of_several_answers_is_refused_up_front(fake, tmp_path):
