@@ -66,6 +66,8 @@ def test_each_cap_refuses_and_is_counted_under_its_name():
         ({"sample_rate": 1.5}, "sample_rate 1.5: a fraction in [0, 1]"),
         ({"max_inflight": 0}, "max_inflight 0: a positive number"),
         ({"max_samples_per_s": True}, "max_samples_per_s True: a positive number"),
+        # before: accepted here, then the server's start failed on "metadata is not JSON: Out of range float values"
+        ({"max_tokens_per_s": float("inf")}, "max_tokens_per_s inf: a positive number"),
         ({"rate": 0.1}, "unknown live capture option(s) ['rate']"),
     ],
 )

@@ -18,6 +18,7 @@ in device memory until it finishes). A request a cap refuses is counted under th
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 from collections import deque
@@ -82,7 +83,7 @@ class LivePolicy:
             raise InvalidArgumentError(f"live capture sample_rate {self.sample_rate!r}: a fraction in [0, 1]")
         for name in ("max_samples_per_s", "max_tokens_per_s", "max_bytes_per_hour", "max_inflight"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
                 raise InvalidArgumentError(f"live capture {name} {v!r}: a positive number (or None: no cap)")
 
     def to_json(self) -> dict[str, Any]:
