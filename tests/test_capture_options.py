@@ -32,6 +32,10 @@ def test_options_round_trip_through_json_and_refuse_unknown_keys():
         o.replace(nonfinite="drop")
     with pytest.raises(eagle_io.InvalidArgumentError, match="aux_layer_ids must be a list of integers"):
         CaptureOptions(aux_layer_ids=[2, "15", 27])
+    # before: `eagle-io live start --max-length 0` started a capture that counted every request too_long
+    for bad in (0, -3, 8.5):
+        with pytest.raises(eagle_io.InvalidArgumentError, match=f"max_length must be an integer >= 1.*not {bad}"):
+            CaptureOptions(max_length=bad)
 
 
 def test_sglang_refuses_writer_ranks_and_options_it_would_not_use(tmp_path):

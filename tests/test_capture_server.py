@@ -246,6 +246,7 @@ class _Fake(http.server.BaseHTTPRequestHandler):
             (key,) = body["server_args"]
             cmd = json.loads(key.removeprefix("eagle_io:"))
             if cmd["op"] == "start":
+                st["out_dir"] = cmd["out_dir"]
                 st["capture"] = {"state": "failed", "token": cmd["token"], "error": st["start_error"]} if st[
                     "start_error"] else {"state": "capturing", "token": cmd["token"]}  # fmt: skip
             else:
@@ -348,6 +349,29 @@ def test_only_the_starting_client_or_a_forced_stop_stops_a_capture():
         sc._ACTIVE = None
 
 
+def test_a_stop_after_a_refused_start_reaches_the_capture_that_ran_before():
+    """A start over HTTP that the scheduler refused (e.g. ``live start`` into the directory of the capture just
+    stopped) leaves its ``failed`` record for its client; a later stop clears it, so the status shows the capture the
+    stop answers (measured on a real CPU server before: ``eagle-io live stop`` after such a start waited out its
+    600 s stop timeout, every status showing the refused start's error and no ``stop_token``)."""
+    from eagle_io.capturing.sglang import scheduler as sc
+    from eagle_io.capturing.sglang.protocol import control_args
+
+    stops = []
+    stopped = SimpleNamespace(writes=True, stopping=True, stopped=True, token="A", stop_token=None,
+                              stop=lambda token, *a: stops.append(token),
+                              status=lambda: {"state": "stopped", "token": "A"})  # fmt: skip
+    sc._ACTIVE, sc._FACTS = stopped, {}
+    sc._STARTING = {"state": "failed", "token": "B", "error": "InvalidArgumentError: already holds data"}
+    try:
+        assert sc.status(None)["state"] == "failed"  # the refused start's client reads its error
+        req = SimpleNamespace(server_args=control_args("stop", "C", complete=True, force=True))
+        assert sc._control_hook(None, None, req).updated is True
+        assert sc._STARTING is None and sc.status(None)["state"] == "stopped"
+    finally:
+        sc._ACTIVE, sc._STARTING, sc._FACTS = None, None, None
+
+
 def test_an_aborted_request_is_an_error_naming_the_sample_never_a_success(fake, tmp_path):
     """SGLang answers an aborted request (``/abort_request``, a disconnect) with HTTP 200 and ``finish_reason``
     ``abort``: nothing of it was stored, so ``submit`` raises naming the sample and does not count it done."""
@@ -364,6 +388,19 @@ def test_an_aborted_request_is_an_error_naming_the_sample_never_a_success(fake, 
     cap.submit(samples([4], first=5))
     assert 5 in cap.done and cap.counts["sent"] == 1
     cap.close()
+
+
+def test_a_relative_out_dir_is_sent_as_the_clients_absolute_path(fake, tmp_path, monkeypatch):
+    """The servers resolve a path in their own working directory: measured on a real CPU server before, ``eagle-io live
+    start URL --out out/cli`` run in another directory than the server's wrote the dataset under the server's one
+    (and printed ``"out": "out/cli"``)."""
+    from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.sglang.server import ServerCapture
+
+    url, st = fake
+    monkeypatch.chdir(tmp_path)
+    cap = ServerCapture(url, "rel/o", CaptureOptions())
+    assert st["out_dir"] == cap.url == str(tmp_path / "rel" / "o")
 
 
 def test_a_request_of_several_answers_is_refused_up_front(fake, tmp_path):

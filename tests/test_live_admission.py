@@ -63,6 +63,12 @@ def test_each_cap_refuses_and_is_counted_under_its_name():
     assert a.admit(101, 0) == "too_long"
     assert a.admit(10, 2) == "capped_inflight"
     assert a.admit(10, 1) is None
+    # a rate below 1 per second still admits one, then the next after 1 / rate seconds (a bucket holding only
+    # `rate` never reached 1: measured, --max-samples-per-s 0.5 sampled none of 3 requests 3 s apart)
+    slow = Admission(LivePolicy(sample_rate=1.0, max_samples_per_s=0.5), None)
+    assert [slow.admit(5, 0) for _ in range(2)] == [None, "capped_samples_per_s"]
+    slow._samples.at -= 2.0  # two seconds later
+    assert slow.admit(5, 0) is None
     s = Admission(LivePolicy(sample_rate=1.0, max_samples_per_s=2), None)
     assert [s.admit(5, 0) for _ in range(3)] == [None, None, "capped_samples_per_s"]
     t = Admission(LivePolicy(sample_rate=1.0, max_tokens_per_s=100), None)
@@ -81,6 +87,8 @@ def test_each_cap_refuses_and_is_counted_under_its_name():
         ({"sample_rate": 1.5}, "sample_rate 1.5: a fraction in [0, 1]"),
         ({"max_inflight": 0}, "max_inflight 0: a positive number"),
         ({"max_samples_per_s": True}, "max_samples_per_s True: a positive number"),
+        # before: accepted here, then the server's start failed on "metadata is not JSON: Out of range float values"
+        ({"max_tokens_per_s": float("inf")}, "max_tokens_per_s inf: a positive number"),
         ({"rate": 0.1}, "unknown live capture option(s) ['rate']"),
     ],
 )

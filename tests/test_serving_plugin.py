@@ -1492,3 +1492,60 @@ def test_a_served_requests_malformed_custom_params_never_stop_a_live_capture(tmp
             assert cap.refusal.startswith(f"sample {1 << 62}: custom_params['eagle_io_loss_mask']"), cap.refusal
     finally:
         sc._ACTIVE = None
+
+
+class FINISH_ABORT:  # TEST-ONLY stand-in: SGLang's class, matched by its name
+    pass
+
+
+def _live_capture(tmp_path, **policy):
+    """:func:`_writing_capture` running a live capture under ``policy``."""
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    cap = _writing_capture(tmp_path, _SlowSink(0))
+    cap.live = sc.LivePolicy(**policy)
+    cap.admission, cap.next_live_id = sc.Admission(cap.live, 4), 1 << 62
+    return cap
+
+
+def test_a_served_request_naming_its_own_sample_id_is_held_to_the_live_caps(tmp_path):
+    """During a live capture any user of the server can send eagle-io's ``eagle_io_sample_id``: such a request is held
+    to the caps like any other (measured on a real CPU server before: rate 0 and ``max_inflight`` 2, three such
+    requests were all stored, uncounted by ``sampled``), and an id in the live range (from 2**62) is refused, counted
+    (before: a user's id 2**62 took the next live sample's id, which was then dropped as ``already_done``)."""
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    cap = _live_capture(tmp_path, sample_rate=0.0, max_inflight=1)
+    try:
+        for rid, sid in (("live-range", 1 << 62), ("not-an-int", "abc"), ("ok", 7), ("second", 8)):
+            batch, _ = _prefill(sid, rid=rid)
+            cap.on_request(batch.reqs[0])
+        assert list(cap.admitted) == ["ok"]
+        counts = cap.counts()
+        assert (counts["refused"], counts["sampled"], counts["capped_inflight"]) == (2, 1, 1), counts
+        assert "an integer in [0, 2**62)" in cap.refusal
+    finally:
+        sc._ACTIVE = None
+
+
+def test_a_request_sglang_refuses_at_creation_frees_its_place_under_the_inflight_cap(tmp_path):
+    """SGLang refuses some requests right after creating them, never queued (``return_sampling_mask`` under
+    speculative decoding: HTTP 400): a sampled one is forgotten at the next arrival and counted ``aborted`` (measured
+    on a real CPU server before: with ``max_inflight`` 1 it held the only place, and every later request was counted
+    ``capped_inflight`` for LIVE_ADMIT_TTL_S, 600 s)."""
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    cap = _live_capture(tmp_path, sample_rate=1.0, max_inflight=1)
+    try:
+        refused, _ = _prefill(None, rid="refused")
+        refused.reqs[0].sampling_params.custom_params = {}
+        cap.on_request(refused.reqs[0])
+        refused.reqs[0].finished_reason = FINISH_ABORT()  # prepare_abort, after _create_generation_req
+        nxt, _ = _prefill(None, rid="next")
+        nxt.reqs[0].sampling_params.custom_params = {}
+        cap.on_request(nxt.reqs[0])
+        assert list(cap.admitted) == ["next"]
+        counts = cap.counts()
+        assert (counts["aborted"], counts["sampled"], counts["capped_inflight"]) == (1, 2, 0), counts
+    finally:
+        sc._ACTIVE = None

@@ -83,6 +83,9 @@ class CaptureOptions:
             quantize_on_device=self.quantize_on_device,
         )
         precision_name(self.precision)
+        m = self.max_length
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise InvalidArgumentError(f"max_length must be an integer >= 1 (or None: no limit), not {m!r}")
         if self.aux_layer_ids is not None:
             ids = self.aux_layer_ids
             if not isinstance(ids, Sequence) or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):

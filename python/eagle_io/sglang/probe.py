@@ -360,10 +360,16 @@ def finished_requests(batch: Any) -> list[dict[str, Any]]:
                 "rid": str(r.rid),
                 "input_ids": [int(t) for t in r.origin_input_ids],
                 "output_ids": [int(t) for t in (r.output_ids if ids is None else ids)],
-                "aborted": type(r.finished_reason).__name__ == "FINISH_ABORT",
+                "aborted": is_aborted(r),
             }
         )
     return out
+
+
+def is_aborted(req: Any) -> bool:
+    """Whether a ``Req`` was aborted (``finished_reason`` is ``FINISH_ABORT``): by ``/abort_request`` while running,
+    or refused by the scheduler right after it was created (``set_finish_with_abort``, ``prepare_abort``)."""
+    return type(getattr(req, "finished_reason", None)).__name__ == "FINISH_ABORT"
 
 
 def forward_states(result: Any) -> tuple[Any, Any]:

@@ -20,6 +20,7 @@ in device memory until it finishes). A request a cap refuses is counted under th
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 from collections import deque
@@ -85,7 +86,7 @@ class LivePolicy:
             raise InvalidArgumentError(f"live capture sample_rate {self.sample_rate!r}: a fraction in [0, 1]")
         for name in ("max_samples_per_s", "max_tokens_per_s", "max_bytes_per_hour", "max_inflight"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
                 raise InvalidArgumentError(f"live capture {name} {v!r}: a positive number (or None: no cap)")
 
     def to_json(self) -> dict[str, Any]:
@@ -102,14 +103,16 @@ class LivePolicy:
 
 
 class _Bucket:
-    """A token bucket refilled at ``rate`` per second, holding at most one second's worth."""
+    """A token bucket refilled at ``rate`` per second, holding one second's worth, and at least 1 (a rate below 1
+    per second admits one every ``1 / rate`` seconds, not none)."""
 
     def __init__(self, rate: float) -> None:
-        self.rate, self.level, self.at = rate, rate, time.monotonic()
+        self.rate, self.size, self.at = rate, max(rate, 1.0), time.monotonic()
+        self.level = self.size
 
     def take(self, n: float) -> bool:
         now = time.monotonic()
-        self.level = min(self.rate, self.level + (now - self.at) * self.rate)
+        self.level = min(self.size, self.level + (now - self.at) * self.rate)
         self.at = now
         if self.level < n:
             return False

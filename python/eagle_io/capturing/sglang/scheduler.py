@@ -137,7 +137,8 @@ class _SchedulerCapture:
         self.outcome: dict[str, Any] | None = None
         self.requests = RequestStates()
         self.admission = Admission(self.live, self.max_length)
-        self.admitted: dict[str, tuple[int, dict[str, Any], float]] = {}  # no forward yet: rid -> (id, params, since)
+        # no forward yet: rid -> (id, params, since, the Req)
+        self.admitted: dict[str, tuple[int, dict[str, Any], float, Any]] = {}
         self.request_counts = dict.fromkeys(REQUEST_COUNTS, 0)
         self.refusal: str | None = None
         self.answer_lock = threading.Lock()
@@ -188,13 +189,26 @@ class _SchedulerCapture:
                 break
             del self.admitted[first]
             self.request_counts["never_started"] += 1
+        # SGLang refuses some requests right after creating them (an abort answered at once, never queued): they
+        # would hold a place under the in-flight cap until LIVE_ADMIT_TTL_S
+        for gone in [k for k, (*_, q) in self.admitted.items() if probe.is_aborted(q)]:
+            del self.admitted[gone]
+            self.request_counts["aborted"] += 1
         if not self.admission.wants(rid, params, r["health_check"]):
             return
-        if SAMPLE_PARAM in params:  # a client's sample request: its id, mask and key are given
-            self.admitted[rid] = (params[SAMPLE_PARAM], params, now)
-        elif self.admission.admit(r["prompt_len"], len(self.admitted) + len(self.requests)) is None:
+        given = SAMPLE_PARAM in params  # a client's sample request: its id, mask and key are given
+        if given and self.live is not None:  # any user of a served server can send it: held to the caps
+            sid = params[SAMPLE_PARAM]
+            if isinstance(sid, bool) or not isinstance(sid, int) or not 0 <= sid < LIVE_ID_BASE:
+                self._refuse(sid, f"custom_params[{SAMPLE_PARAM!r}] of a request served during a live capture is "
+                                  "an integer in [0, 2**62) (live samples are numbered from 2**62)")  # fmt: skip
+                return
+        inflight = len(self.admitted) + len(self.requests)
+        if given and (self.live is None or self.admission.admit(r["prompt_len"], inflight) is None):
+            self.admitted[rid] = (params[SAMPLE_PARAM], params, now, req)
+        elif not given and self.admission.admit(r["prompt_len"], inflight) is None:
             sid, self.next_live_id = self.next_live_id, self.next_live_id + 1
-            self.admitted[rid] = (sid, {**params, KEY_PARAM: rid}, now)
+            self.admitted[rid] = (sid, {**params, KEY_PARAM: rid}, now, req)
         else:
             return
         probe.isolate_from_radix_cache(req)
@@ -233,7 +247,7 @@ class _SchedulerCapture:
             if decode:
                 self.requests.propose(rid, a, f)
             elif rid in self.requests.held or r["prefix_len"] == 0:
-                sid, params, _ = self.admitted.pop(rid, None) or (None, None, None)
+                sid, params, *_ = self.admitted.pop(rid, None) or (None, None)
                 self.requests.extend(rid, sid, params, r["prefix_len"], a, f)
             else:  # a request this capture never saw the start of (its prefix from the radix cache)
                 self.admitted.pop(rid, None)
@@ -577,6 +591,9 @@ def _control_hook(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kw
     taken = False
     with _LOCK:
         cap = _ACTIVE
+        if cmd["op"] == "stop" and _STARTING is not None and _STARTING["state"] == "failed":
+            # that start's client was answered; its record would hide the capture this stop stops from the status
+            _STARTING = None
         if cmd["op"] == "start":
             running = cap is not None and cap.writes and not cap.stopping
             if running and cap.token == cmd["token"]:

@@ -221,6 +221,8 @@ class ServerCapture:
             options = options.replace(target_info=first.target_info)
         self.options = options
         self.url = os.fspath(out_dir)
+        if not layout.is_url(self.url):  # the servers resolve a relative path in their own working directory
+            self.url = os.path.abspath(self.url)
         self.sampling_params = {"max_new_tokens": 1, **(sampling_params or {})}
         if self.sampling_params.get("n", 1) != 1:  # SGLang forks such a request: its copies get a cached prompt
             raise InvalidArgumentError(
