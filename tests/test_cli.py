@@ -45,3 +45,19 @@ def test_verify_ok_then_lists_every_bad_record(small_dataset, capsys):
 def test_errors_exit_2_with_a_message(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 2
     assert "StorageError" in capsys.readouterr().err
+
+
+def test_output_piped_into_a_reader_that_left_ends_quietly_with_sigpipe_status(small_dataset):
+    """``eagle-io inspect DS | head -1``: the reader goes, the next write breaks the pipe; the command ends as a shell's
+    tools do (128 + SIGPIPE), with no traceback (was: BrokenPipeError, a traceback from inspect_cmd, exit 1)."""
+    import os
+    import signal
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has already left
+    try:
+        r = subprocess.run([sys.executable, "-m", "eagle_io.cli", "inspect", str(small_dataset[0])], stdout=write_end,
+                           stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (r.returncode, r.stderr) == (128 + signal.SIGPIPE, "")

@@ -10,6 +10,8 @@ lets the commit finish: a second signal while it runs is told to wait instead of
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 import shlex
 import signal
 import sys
@@ -43,6 +45,16 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (``poll`` reports ``POLLERR`` on its write end)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or stdout is not a file
+        return False
+    return any(events & select.POLLERR for _, events in poll.poll(0))
+
+
 def run(command: str, body: Callable[[], int]) -> int:
     """``body()``'s exit code; an interrupt that reaches here (SIGINT, or SIGTERM, which raises a
     ``KeyboardInterrupt`` in the main thread while ``body`` runs) is one line on stderr and :func:`exit_code`.
@@ -53,6 +65,12 @@ def run(command: str, body: Callable[[], int]) -> int:
     except KeyboardInterrupt as e:
         print(f"eagle-io {command}: interrupted ({signal_name(e)})", file=sys.stderr)
         return exit_code(e)
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe or socket: not ours to hide
+        # the reader of our output left (``| head``): what a shell's own tools do, quietly; 128 + SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
