@@ -108,9 +108,9 @@ def _serve_and_capture(args, target: Path, draft: Path, prompts: list[dict], out
 
     import eagle_io
     from eagle_io.capturing.options import CaptureOptions
-    from eagle_io.capturing.sglang.launch import launch_server, server_flags, stop_server
+    from eagle_io.capturing.sglang.client import ServerCapture
     from eagle_io.capturing.sglang.live import LivePolicy
-    from eagle_io.capturing.sglang.server import ServerCapture, http_json
+    from eagle_io.sglang.servers import http_json, launch_server, server_flags, stop_server
     from eagle_io.spec.served import engine_args
 
     extra = dict(SPEC_ENGINE_ARGS, max_running_requests=args.concurrency, max_total_tokens=16384)

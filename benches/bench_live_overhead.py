@@ -44,9 +44,9 @@ from benchkit import write_section  # noqa: E402
 
 import eagle_io  # noqa: E402
 from eagle_io.capturing.options import CaptureOptions  # noqa: E402
-from eagle_io.capturing.sglang.launch import launch_server, server_flags, stop_server  # noqa: E402
+from eagle_io.capturing.sglang.client import ServerCapture, capture_status  # noqa: E402
 from eagle_io.capturing.sglang.live import LivePolicy  # noqa: E402
-from eagle_io.capturing.sglang.server import ServerCapture, capture_status, http_json  # noqa: E402
+from eagle_io.sglang.servers import http_json, launch_server, server_flags, stop_server  # noqa: E402
 from eagle_io.spec.served import engine_args  # noqa: E402
 
 SETTINGS = {"off": None, "rate0": 0.0, "rate1": 1.0}

@@ -10,7 +10,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -119,47 +118,10 @@ def test_a_writer_left_on_an_exception_commits_but_is_not_complete(tmp_path):
     assert read_manifest(tmp_path / "a" / "manifest.json")["complete"] is True
 
 
-class _Sink:
-    def __init__(self):
-        self.closed_complete: list[bool] = []
-
-    def close(self, complete=True):
-        self.closed_complete.append(complete)
-        return {}
-
-    def stats(self):
-        return {}
-
-
-def test_sglang_stop_carries_incomplete_to_the_scheduler(tmp_path):
-    """The SGLang session left on an interrupt stops its schedulers with complete=False, through the stop file."""
-    from eagle_io.capturing.sglang import client, protocol
-    from eagle_io.capturing.sglang import scheduler as sc
-    from eagle_io.capturing.store import SampleStore
-
-    sink = _Sink()
-    cap = object.__new__(sc._SchedulerCapture)
-    cap.out_dir, cap.writer_rank, cap.writes, cap.max_length, cap.vocab_size = str(tmp_path), 0, True, 4, 100
-    cap.store = SampleStore(sink, state_dtype=torch.bfloat16, max_length=4, vocab_size=100)
-    cap.stale_token, cap.outcome = protocol.read_token(str(tmp_path / protocol.STOP_FILE)), None
-    cap.answer_lock, cap.requests, cap.request_counts = threading.Lock(), sc.RequestStates(), {"unfinished_at_stop": 0}
-    cap.admitted, cap.handoff, cap.live, cap.admission = {}, None, None, sc.Admission(None, 4)
-    sc._ACTIVE = cap
-    threading.Thread(target=cap._watch_stop, daemon=True).start()
-    try:
-        session = object.__new__(client.SGLangCaptureSession)
-        session.manifest, session.out_dir, session.writers = None, str(tmp_path), 1
-        session.manifest_path = str(tmp_path / "manifest.json")
-        with pytest.raises(KeyboardInterrupt), session:
-            raise KeyboardInterrupt
-        assert sink.closed_complete == [False]
-    finally:
-        sc._ACTIVE = None
-
-
 def test_a_scheduler_started_by_environment_ignores_the_terminals_interrupt(tmp_path, monkeypatch):
-    """Ctrl-C reaches every process of the terminal's group: a capturing SGLang scheduler leaves the stop to the
-    launching process (which commits and marks the capture incomplete), instead of dying with its open shard."""
+    """Ctrl-C reaches every process of the terminal's group: a capturing SGLang scheduler leaves the stop to its
+    client over HTTP (which commits), instead of dying with its open shard. (A client left on an interrupt stops
+    the capture incomplete: tests/test_capture_sglang_scheduler.py.)"""
     from eagle_io.capturing.sglang import protocol
     from eagle_io.capturing.sglang import scheduler as sc
 

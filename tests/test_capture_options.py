@@ -11,7 +11,7 @@ import torch
 
 import eagle_io
 from eagle_io.capturing.options import CaptureOptions
-from eagle_io.capturing.sglang.client import SGLangCaptureSession
+from eagle_io.capturing.sglang.client import ServerCapture
 
 
 def test_options_round_trip_through_json_and_refuse_unknown_keys():
@@ -38,15 +38,24 @@ def test_options_round_trip_through_json_and_refuse_unknown_keys():
             CaptureOptions(max_length=bad)
 
 
-def test_sglang_refuses_writer_ranks_and_options_it_would_not_use(tmp_path):
-    """Before: ``rank``/``world_size`` reached the schedulers' writers and were overwritten by the DP layout, and an
-    attached session (``started=True``) dropped the options it was given."""
-    engine = SimpleNamespace(server_args=SimpleNamespace(dp_size=1))
+def test_sglang_refuses_writer_ranks_before_any_request(tmp_path):
+    """Before: ``rank``/``world_size`` reached the schedulers' writers and were overwritten by the DP layout. Refused
+    by the client before it sends anything (the URL answers nothing here), and by every scheduler on its own."""
     for key in ("rank", "world_size"):
+        opts = CaptureOptions(writer_options={key: 1})
         with pytest.raises(eagle_io.InvalidArgumentError, match=f"{key}=1 cannot be honoured by eagle-io's SGLang"):
-            SGLangCaptureSession(engine, tmp_path, CaptureOptions(writer_options={key: 1}))
-    with pytest.raises(eagle_io.InvalidArgumentError, match="options given: True, started: True"):
-        SGLangCaptureSession(engine, tmp_path, CaptureOptions(), started=True)
+            opts.refuse_writer_ranks()
+        with pytest.raises(eagle_io.InvalidArgumentError, match=f"{key}=1 cannot be honoured by eagle-io's SGLang"):
+            ServerCapture("http://127.0.0.1:9", tmp_path, opts)
+    CaptureOptions(writer_options={"shard_bytes": 1 << 20}).refuse_writer_ranks()
+
+
+def test_an_in_process_sglang_engine_is_refused_naming_the_server_path(tmp_path):
+    """HTTP is the one transport to SGLang: ``eagle_io.capture(engine)`` names the launcher and the URL path."""
+    engine_cls = type("Engine", (), {"__module__": "sglang.srt.entrypoints.engine"})
+    with pytest.raises(eagle_io.InvalidArgumentError, match=r"in-process sglang\.Engine: .*launch_capture_server"):
+        eagle_io.capture(engine_cls(), tmp_path, target_info={"num_layers": 8})
+    assert not list(tmp_path.iterdir()), "nothing written"
 
 
 def test_the_sglang_scheduler_honours_drop_when_full(tmp_path, monkeypatch):

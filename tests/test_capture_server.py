@@ -23,8 +23,8 @@ from test_capture_session import FIXTURE, tiny_target
 from test_serving_plugin import needs_sglang
 
 import eagle_io
-from eagle_io.capturing.sglang.server import http_json
 from eagle_io.errors import InvalidArgumentError, SGLangError
+from eagle_io.sglang.servers import http_json
 
 CPU = {"device": "cpu", "attention_backend": "torch_native", "disable_cuda_graph": True, "dtype": "float32"}
 CPU |= {"max_total_tokens": 4096, "mem_fraction_static": 0.3, "chunked_prefill_size": 32, "log_level": "info"}
@@ -34,8 +34,9 @@ CPU |= {"max_total_tokens": 4096, "mem_fraction_static": 0.3, "chunked_prefill_s
 def server(tmp_path_factory):
     """One real CPU server for the module: ``(url, model directory, HF model)``."""
     from eagle_io.capturing.options import CaptureOptions
-    from eagle_io.capturing.sglang.launch import launch_capture_server, stop_server
+    from eagle_io.capturing.sglang.launch import launch_capture_server
     from eagle_io.data import load_default_tokenizer
+    from eagle_io.sglang.servers import stop_server
 
     tmp = tmp_path_factory.mktemp("server")
     tok = load_default_tokenizer()
@@ -66,7 +67,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def held_to_reference(out: Path, model) -> dict[int, dict]:
-    """Every sample of ``out`` against the HF forward over its own tokens; returns the items by sample id."""
+    """Every sample of ``out`` against the HF forward over its own tokens (and not within reach of the off-by-one
+    layer sets); returns the items by sample id."""
     ds = eagle_io.Dataset(out)
     assert eagle_io.Dataset.verify(out) == [] and ds.manifest["complete"]
     items = {}
@@ -78,6 +80,8 @@ def held_to_reference(out: Path, model) -> dict[int, dict]:
         final = hs[-1][0]  # post-norm
         assert rel(item["aux_hidden_states"], aux) <= 0.01, sid
         assert rel(item["hidden_states"], final) <= 0.01, sid
+        for off_by_one in ([1, 3, 4], [3, 5, 6]):  # the bound tells the neighbouring layer sets apart
+            assert rel(item["aux_hidden_states"], torch.cat([hs[j][0] for j in off_by_one], -1)) > 0.2, sid
         items[sid] = item
     return items
 
@@ -97,7 +101,7 @@ def test_prompts_are_captured_whole_with_chunked_prefill_and_the_radix_cache_on(
         todo.append(SimpleNamespace(index=j, id=f"s{j}", input_ids=ids, loss_mask=torch.ones(90, dtype=torch.long)))
     plain = threading.Thread(
         target=lambda: [
-            eagle_io.capturing.sglang.server.http_json(
+            eagle_io.sglang.servers.http_json(
                 f"{url}/generate",
                 {"input_ids": todo[2].input_ids[:90].tolist(), "sampling_params": {"max_new_tokens": 4}},
             )
@@ -119,6 +123,7 @@ def test_prompts_are_captured_whole_with_chunked_prefill_and_the_radix_cache_on(
         assert torch.equal(items[s.index]["loss_mask"], s.loss_mask.to(torch.uint8))
     meta = eagle_io.Dataset(tmp_path / "out").metadata
     assert meta["aux_layer_ids"] == [2, 4, 5] and meta["capture_backend"].startswith("sglang ")
+    assert (meta["hidden_size"], meta["num_layers"], meta["dtype"]) == (64, 8, "bfloat16")
     assert cap.aux_layer_ids == [2, 4, 5]
 
 
@@ -171,7 +176,7 @@ def test_the_preflight_names_what_the_server_cannot_capture(server, tmp_path):
     url, _, _ = server
     with pytest.raises(InvalidArgumentError, match=rf"{url} captures aux layers \[2, 4, 5\] .*not \[1, 4, 6\]"):
         eagle_io.capture(url, tmp_path / "x", aux_layer_ids=[1, 4, 6])
-    from eagle_io.capturing.sglang.server import server_facts
+    from eagle_io.capturing.sglang.client import server_facts
 
     with pytest.raises(InvalidArgumentError, match=rf"{url} serves .*tiny, not the model asked for \(/elsewhere\)"):
         server_facts(url, model="/elsewhere")
@@ -187,7 +192,7 @@ def test_a_capture_whose_client_died_is_stopped_by_force_then_resumed(server, tm
     """A client killed mid-capture (no close) leaves its capture running: a new client is refused, naming
     ``stop_server_capture``, which commits what the dead one sent (marked incomplete); ``resume=True`` then sends only
     the missing samples."""
-    from eagle_io.capturing.sglang.server import stop_server_capture
+    from eagle_io.capturing.sglang.client import stop_server_capture
 
     url, _, model = server
     out = tmp_path / "orphan"
@@ -273,7 +278,7 @@ def fake():
 
 def test_requests_are_retried_with_backoff_and_a_failure_names_the_sample_and_url(fake, tmp_path):
     from eagle_io.capturing.options import CaptureOptions
-    from eagle_io.capturing.sglang.server import ServerCapture
+    from eagle_io.capturing.sglang.client import ServerCapture
 
     url, st = fake
     st["fail"] = [503, 429]
@@ -311,7 +316,7 @@ def test_the_preflight_refuses_servers_it_cannot_capture_from(fake, tmp_path):
                        r"aux hidden states; launch it with --speculative-algorithm EAGLE3"):  # fmt: skip
         eagle_io.capture(url, tmp_path / "o")
     st["capture_enabled"], st["algorithm"] = True, "EAGLE3"  # serving an EAGLE-3 draft: live traffic is captured
-    assert eagle_io.capturing.sglang.server.server_facts(url).target["speculative_algorithm"] == "EAGLE3"
+    assert eagle_io.capturing.sglang.client.server_facts(url).target["speculative_algorithm"] == "EAGLE3"
     st["algorithm"] = None
     st["start_error"] = "InvalidArgumentError: aux_layer_ids [1] were asked for"
     with pytest.raises(InvalidArgumentError, match=rf"{url} DP rank 0: the capture's start failed: .*\[1\] were"):
@@ -376,7 +381,7 @@ def test_an_aborted_request_is_an_error_naming_the_sample_never_a_success(fake, 
     """SGLang answers an aborted request (``/abort_request``, a disconnect) with HTTP 200 and ``finish_reason``
     ``abort``: nothing of it was stored, so ``submit`` raises naming the sample and does not count it done."""
     from eagle_io.capturing.options import CaptureOptions
-    from eagle_io.capturing.sglang.server import ServerCapture
+    from eagle_io.capturing.sglang.client import ServerCapture
 
     url, st = fake
     cap = ServerCapture(url, str(tmp_path / "o"), CaptureOptions(), retries=0)
@@ -395,7 +400,7 @@ def test_a_relative_out_dir_is_sent_as_the_clients_absolute_path(fake, tmp_path,
     start URL --out out/cli`` run in another directory than the server's wrote the dataset under the server's one
     (and printed ``"out": "out/cli"``)."""
     from eagle_io.capturing.options import CaptureOptions
-    from eagle_io.capturing.sglang.server import ServerCapture
+    from eagle_io.capturing.sglang.client import ServerCapture
 
     url, st = fake
     monkeypatch.chdir(tmp_path)
@@ -407,7 +412,7 @@ def test_a_request_of_several_answers_is_refused_up_front(fake, tmp_path):
     """``n`` > 1: SGLang forks the request, each copy's prompt then served from the cache (counted incomplete) and a
     prompt-only sample stored in place of the answer asked for; refused before anything is started."""
     from eagle_io.capturing.options import CaptureOptions
-    from eagle_io.capturing.sglang.server import ServerCapture
+    from eagle_io.capturing.sglang.client import ServerCapture
 
     url, st = fake
     with pytest.raises(InvalidArgumentError, match="sampling_params n=2: a sample request generates one answer"):

@@ -23,6 +23,7 @@ FLOORS: dict[str, float] = {
     "_native": 0,
     "errors": 1,
     "defaults": 1,
+    "host": 1,
     "data": 2,
     "store": 3,
     "sglang": 3.5,

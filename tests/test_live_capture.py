@@ -27,10 +27,10 @@ from test_sglang_spec import launch_spec_server
 
 import eagle_io
 from eagle_io.capturing.options import CaptureOptions
-from eagle_io.capturing.sglang.launch import stop_server
+from eagle_io.capturing.sglang.client import ServerCapture, capture_status
 from eagle_io.capturing.sglang.live import LivePolicy
-from eagle_io.capturing.sglang.server import ServerCapture, capture_status, http_json
 from eagle_io.errors import StorageError
+from eagle_io.sglang.servers import http_json, stop_server
 from eagle_io.spec.served import engine_args
 
 pytestmark = [needs_sglang, pytest.mark.slow]

@@ -279,22 +279,22 @@ def post(url: str, body: dict) -> int:
 @pytest.mark.slow
 def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs):
     """``python -m sglang.launch_server`` with ``EAGLE_IO_CAPTURE_DIR`` set: samples sent to ``/generate`` with
-    eagle-io's ``custom_params`` are captured; other requests are not; ``stop_capture`` commits; the states are the
-    engine run's, bit for bit."""
-    from eagle_io.capturing.sglang.client import sample_params, stop_capture
-    from eagle_io.capturing.sglang.launch import CAPTURE_ENGINE_ARGS, launch_server, server_flags, stop_server
+    eagle-io's ``custom_params`` are captured; other requests are not; a stop over HTTP (what ``eagle-io live stop``
+    sends: the capture has no client token) commits; the states are those of ``generate --backend sglang`` over the
+    same launch, bit for bit."""
+    from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.sglang.client import stop_server_capture
+    from eagle_io.capturing.sglang.launch import launch_capture_server
+    from eagle_io.capturing.sglang.protocol import sample_params
+    from eagle_io.cli.sglang_arg import parse_sglang_args
+    from eagle_io.sglang.servers import stop_server
 
     tmp, *_ = runs
     out = tmp / "server"
     env = sglang_env()
     env.update(EAGLE_IO_CAPTURE_DIR=str(out), EAGLE_IO_CAPTURE_OPTIONS=json.dumps({"metadata": {"via": "server"}}))
-    cpu = {"device": "cpu", "attention_backend": "torch_native", "disable_cuda_graph": True, "max_total_tokens": 4096}
-    flags = [
-        "--model-path",
-        str(tmp / "tiny"),
-        *server_flags({**CAPTURE_ENGINE_ARGS, **cpu, "mem_fraction_static": 0.3}),
-    ]
-    url, server = launch_server(flags, tmp / "server.log", timeout_s=600, env=env)
+    url, server = launch_capture_server(tmp / "tiny", CaptureOptions(), tmp / "server.log", timeout_s=600, env=env,
+                                        **parse_sglang_args(CPU_ENGINE))  # fmt: skip
     try:
         ref = eagle_io.Dataset(tmp / "one")
         wanted = ids(tmp / "one")[:4]
@@ -306,10 +306,11 @@ def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs
             assert post(f"{url}/generate", body) == 200
         other = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
         assert post(f"{url}/generate", other) == 200  # not a sample: ignored
-        (answer,) = stop_capture(out, writers=1, timeout_s=120)
+        (answer,) = stop_server_capture(url, timeout_s=120, complete=True)
     finally:
         stop_server(server)
     assert answer["error"] is None and answer["counts"]["written"] == 4 and answer["stats"]["samples"] == 4
+    assert answer["state"] == "stopped" and answer["token"] is None, "started by environment: no client's token"
     assert eagle_io.Dataset.verify(out) == [] and ids(out) == wanted
     ds = eagle_io.Dataset(out)
     assert ds.metadata["via"] == "server" and ds.manifest["complete"]

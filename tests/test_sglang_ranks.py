@@ -9,7 +9,7 @@ that many answers at stop. The per-process ranks below come from SGLang 0.5.23's
 
 from __future__ import annotations
 
-import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -80,34 +80,29 @@ def test_the_deprecated_enable_dp_attention_spelling_counts_groups_not_replicas(
         capture_ranks(SimpleNamespace(dp_size=1, attn_dp_size=1, attn_cp_size=2))
 
 
-def test_a_stop_waits_for_every_writer_and_names_the_missing_one(tmp_path):
-    """The stop protocol with attention DP of 2: both writers' answers are collected; a missing one is named."""
-    import threading
-    import time
+def test_a_stop_waits_for_every_writer_and_names_the_missing_one(monkeypatch):
+    """A stop over HTTP with attention DP of 2 (two writing ranks in ``/server_info``): the client waits for both
+    ranks' statuses under its token and returns them in rank order; a rank still stopping is named."""
+    from eagle_io.capturing.sglang import client
 
-    from eagle_io.capturing.sglang import client, protocol
+    stopped = {0: time.monotonic(), 1: time.monotonic() + 0.4}  # when each rank reports its stop
 
-    def answer(rank: int, delay: float) -> None:
-        stop = tmp_path / protocol.STOP_FILE
-        while not stop.exists():
-            time.sleep(0.01)
-        time.sleep(delay)
-        token = json.loads(stop.read_text())["token"]
-        ack = {"token": token, "writer_rank": rank, "error": None, "counts": {"written": rank + 1}}
-        eagle_io.store.layout.write_atomic(protocol.ack_path(str(tmp_path), rank), json.dumps(ack).encode())
+    def http_json(url, body=None, timeout_s=30.0):
+        if url.endswith("/set_internal_state"):
+            return {"updated": True}
+        ranks = []
+        for rank, at in stopped.items():
+            state = "stopped" if time.monotonic() >= at else "stopping"
+            ranks.append({"eagle_io_capture": {"state": state, "stop_token": "tok", "writes": True,
+                                               "counts": {"written": rank + 1}}})  # fmt: skip
+        return {"internal_states": ranks}
 
-    threads = [threading.Thread(target=answer, args=(r, 0.2 * r)) for r in (0, 1)]
-    for t in threads:
-        t.start()
-    answers = client.stop_capture(tmp_path, writers=2, timeout_s=30)
-    for t in threads:
-        t.join()
-    assert [a["writer_rank"] for a in answers] == [0, 1] and [a["counts"]["written"] for a in answers] == [1, 2]
-    t = threading.Thread(target=answer, args=(0, 0.0))
-    t.start()
-    with pytest.raises(eagle_io.errors.CaptureStopTimeoutError, match=r"shard writers \[1\] of 2 did not stop"):
-        client.stop_capture(tmp_path, writers=2, timeout_s=1.0)
-    t.join()
+    monkeypatch.setattr(client, "http_json", http_json)
+    answers = client._wait_ranks(["http://h"], "tok", {"stopped"}, "stop_token", 30, "stop")
+    assert [a["counts"]["written"] for a in answers] == [1, 2]
+    stopped[1] = time.monotonic() + 60
+    with pytest.raises(eagle_io.errors.CaptureStopTimeoutError, match=r"reach http://h DP rank 1 \(stopping\)"):
+        client._wait_ranks(["http://h"], "tok", {"stopped"}, "stop_token", 1.0, "stop")
 
 
 @needs_sglang

@@ -28,9 +28,9 @@ import torch
 from helpers.sglang_cpu import SPEC_ENGINE_ARGS, cpu_engine_env
 from helpers.spec_fixture import NEW_TOKENS, PROMPTS, STEPS, shared_spec_fixture
 
-from eagle_io.capturing.sglang.launch import launch_server, server_flags, stop_server
 from eagle_io.cli import main
 from eagle_io.errors import SGLangError
+from eagle_io.sglang.servers import launch_server, server_flags, stop_server
 from eagle_io.spec.served import engine_args
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 """The options of one capture, defined and checked once: :class:`CaptureOptions` is built by
 :func:`eagle_io.capture` (or ``eagle-io generate``) and carried unchanged to the capture core
 (:meth:`eagle_io.capturing.store.SampleStore.create`) on both backends: in process for Hugging Face, as JSON to
-every SGLang scheduler (``Engine.collective_rpc`` or ``EAGLE_IO_CAPTURE_OPTIONS``, :meth:`CaptureOptions.to_json`).
+every SGLang scheduler (the start command over HTTP or ``EAGLE_IO_CAPTURE_OPTIONS``, :meth:`CaptureOptions.to_json`).
 What a backend cannot honour is refused there (:meth:`CaptureOptions.refuse`), never ignored.
 """
 
@@ -129,3 +129,13 @@ class CaptureOptions:
         for key, why in unsupported.items():
             if key in self.writer_options:
                 raise InvalidArgumentError(f"{key}={self.writer_options[key]!r} cannot be honoured by {backend}: {why}")
+
+    def refuse_writer_ranks(self) -> None:
+        """Refuses shard-writer ranks set by hand for an SGLang capture: each scheduler's comes from its
+        data-parallel layout (:mod:`eagle_io.sglang.ranks`).
+
+        Raises:
+            InvalidArgumentError: ``writer_options`` holds ``rank`` or ``world_size``.
+        """
+        why = "SGLang's data-parallel layout numbers the writers (eagle_io.sglang.ranks); leave it out"
+        self.refuse("eagle-io's SGLang capture", rank=why, world_size=why)

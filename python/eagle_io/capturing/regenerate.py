@@ -123,7 +123,7 @@ def server_replies(url: str, options: RegenerateOptions) -> Replies:
     Raises:
         SGLangError: the server did not answer, or not as SGLang does (names the URL).
     """
-    from .sglang.server import http_json
+    from ..sglang.servers import http_json
 
     def replies(prompts: list[list[int]], rooms: list[int], seeds: list[int]) -> list[tuple[list[int], bool]]:
         params = []

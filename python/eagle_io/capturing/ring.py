@@ -27,8 +27,8 @@ import torch
 
 from .. import _native, defaults
 from ..errors import ArgumentTypeError, InvalidArgumentError, SchemaError
+from ..host import available_memory, human_bytes
 from ..store import fp8
-from ..store.host import available_memory, human_bytes
 from ..store.writer import ShardWriter, check_sample_id
 
 logger = logging.getLogger("eagle_io.capture")

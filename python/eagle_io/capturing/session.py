@@ -17,8 +17,7 @@ from .options import CaptureOptions
 from .store import ForwardSample, SampleStore
 
 if TYPE_CHECKING:
-    from .sglang.client import SGLangCaptureSession
-    from .sglang.server import ServerCapture
+    from .sglang.client import ServerCapture
 
 
 class CaptureSession:
@@ -152,18 +151,19 @@ def capture(
     retries: int = defaults.SERVER_RETRIES,
     progress: bool = False,
     **writer_options: Any,
-) -> CaptureSession | SGLangCaptureSession | ServerCapture:
+) -> CaptureSession | ServerCapture:
     """Starts capturing EAGLE-3 training data from ``target`` into ``out_dir``: a directory, or an object-storage
     prefix ``s3://bucket/run`` (docs/STORAGE.md: written to a local staging directory, each shard uploaded when it
     commits and its staged copy removed, the manifest last with a conditional PUT; ``staging=`` and
     ``staging_bytes=`` among ``writer_options`` set the directory and the bound on committed shards awaiting upload,
     default :data:`eagle_io.defaults.STAGING_BYTES`).
 
-    ``target`` is a Hugging Face Llama-like model (the reference path, :mod:`eagle_io.capturing.hf`), a running
-    SGLang server's URL ``"http://host:port"`` or a list of them (:class:`~eagle_io.capturing.sglang.server
+    ``target`` is a Hugging Face Llama-like model (the reference path, :mod:`eagle_io.capturing.hf`), or a running
+    SGLang server's URL ``"http://host:port"`` or a list of them (:class:`~eagle_io.capturing.sglang.client
     .ServerCapture`: launched with ``--enable-return-aux-hidden-states --speculative-algorithm EAGLE3`` and SGLang's
-    other defaults, eagle-io installed beside it; docs/SERVING.md section 3), or an ``sglang.Engine`` launched in
-    capture-only mode (:mod:`eagle_io.capturing.sglang`). Each
+    other defaults, eagle-io installed beside it; docs/SERVING.md section 3). HTTP is the one way to an SGLang
+    target: an in-process ``sglang.Engine`` is refused (launch a server,
+    :func:`eagle_io.capturing.sglang.launch.launch_capture_server`, and capture from its URL). Each
     :meth:`CaptureSession.submit` runs one batched forward and stores, per sample, ``input_ids [L]`` int64,
     ``loss_mask [L]`` uint8, ``aux_hidden_states [L, k*H]`` and ``hidden_states [L, H]`` (post-norm) in
     ``state_dtype``; padding is never stored. On exit (also on an exception) the ring is drained and the
@@ -175,7 +175,7 @@ def capture(
 
     Args:
         target_info: facts about the target (``load_target``'s info: ``num_layers``, ``hidden_size``, ...); required
-            for a model or an engine; a server's come from the server when not given.
+            for a model; a server's come from the server when not given.
         tokenizer_identity: :func:`eagle_io.data.chat_template_identity`, recorded in the manifest.
         aux_layer_ids: eagle-io ids (input of decoder layer i); None = SGLang's default ``[2, N//2, N-3]``.
         state_dtype: stored dtype (float32 forwards are rounded to nearest-even); float16 (stored, or the target's
@@ -194,16 +194,14 @@ def capture(
             after each prompt; refused for the other targets.
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
             ``world_size``, ``resume``, ...), and ``staging`` / ``staging_bytes`` for an object-storage ``out_dir``.
-            An SGLang engine sets ``rank`` / ``world_size`` from its data-parallel layout and refuses them here.
+            A server capture sets ``rank`` / ``world_size`` from the servers' data-parallel layout and refuses them.
 
     Raises:
         InvalidArgumentError: an option :class:`~eagle_io.capturing.options.CaptureOptions` refuses, or one the
-            backend cannot honour.
+            backend cannot honour; an ``sglang.Engine`` target.
         ObjectStorageError: a request to the object store failed (names the URL and the HTTP status), at start
             (resume), while capturing or at exit.
     """
-    from .sglang import client as sglang_client
-
     urls = [target] if isinstance(target, str) else target if isinstance(target, (list, tuple)) else None
     if urls is not None and not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
         raise InvalidArgumentError(
@@ -213,8 +211,14 @@ def capture(
     if urls is None and sampling_params is not None:
         raise InvalidArgumentError("sampling_params are a server capture's (a URL target): a model's forward generates "
                                    "nothing")  # fmt: skip
+    if urls is None and _is_sglang_engine(target):
+        raise InvalidArgumentError(
+            "cannot capture from an in-process sglang.Engine: eagle-io drives SGLang over HTTP only; launch a server "
+            "(eagle_io.capturing.sglang.launch.launch_capture_server, or python -m sglang.launch_server with "
+            "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3) and pass its URL to eagle_io.capture"
+        )
     if urls is None and target_info is None:
-        raise InvalidArgumentError("target_info is required for a model or an engine (load_target's info)")
+        raise InvalidArgumentError("target_info is required for a model (load_target's info)")
     options = CaptureOptions(
         target_info=target_info or {},
         tokenizer_identity=tokenizer_identity,
@@ -231,10 +235,13 @@ def capture(
         writer_options=writer_options,
     )
     if urls is not None:
-        from .sglang.server import ServerCapture
+        from .sglang.client import ServerCapture
 
         return ServerCapture(urls, out_dir, options, sampling_params=sampling_params, concurrency=concurrency,
                              retries=retries, progress=progress)  # fmt: skip
-    if sglang_client.is_sglang_engine(target):
-        return sglang_client.SGLangCaptureSession(target, out_dir, options)
     return CaptureSession(target, out_dir, options)
+
+
+def _is_sglang_engine(obj: Any) -> bool:
+    """Whether ``obj`` is an ``sglang.Engine`` (checked by module, without importing SGLang)."""
+    return any(c.__module__.startswith("sglang.") and c.__name__ == "Engine" for c in type(obj).__mro__)

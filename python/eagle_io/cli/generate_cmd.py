@@ -320,8 +320,9 @@ def _sglang_session(args, dataset: str, layer_ids):
     (SGLang's defaults otherwise), then captures through it as from any server (:func:`_server_session`)."""
     from ..capturing.models import target_checkpoint
     from ..capturing.options import CaptureOptions
-    from ..capturing.sglang.launch import launch_capture_server, stop_server
-    from ..capturing.sglang.server import server_facts
+    from ..capturing.sglang.client import server_facts
+    from ..capturing.sglang.launch import launch_capture_server
+    from ..sglang.servers import stop_server
 
     if args.world_size != 1:
         raise InvalidArgumentError("--backend sglang runs one server: use --dp-size / --tp-size, not --world-size")
@@ -343,8 +344,8 @@ def _sglang_session(args, dataset: str, layer_ids):
 
 def _server_session(args, dataset: str, layer_ids, tokenizer, info: dict):
     """Captures through the servers :func:`run` read (``args.server_facts``) into ``--out``:
-    :class:`~eagle_io.capturing.sglang.server.ServerCapture`; ``--regenerate`` answers come from the first."""
-    from ..capturing.sglang.server import ServerCapture
+    :class:`~eagle_io.capturing.sglang.client.ServerCapture`; ``--regenerate`` answers come from the first."""
+    from ..capturing.sglang.client import ServerCapture
 
     servers = args.server_facts
     print(f"servers   {', '.join(s.url for s in servers)}: {servers[0].model_path}, {args.writers} shard writer(s)")
@@ -440,7 +441,7 @@ def run(args: argparse.Namespace) -> int:
     if remote is not None and remote.rstrip("/").endswith(".json"):
         raise InvalidArgumentError(f"--out {remote}: name the dataset's prefix (s3://bucket/run), not a manifest")
     if args.server:
-        from ..capturing.sglang.server import server_facts
+        from ..capturing.sglang.client import server_facts
 
         if args.backend != "hf":
             raise InvalidArgumentError(

@@ -10,8 +10,8 @@ from typing import Any
 
 from .. import defaults
 from ..capturing.options import CaptureOptions
+from ..capturing.sglang.client import ServerCapture, capture_status, stop_server_capture
 from ..capturing.sglang.live import LivePolicy
-from ..capturing.sglang.server import ServerCapture, capture_status, stop_server_capture
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:

@@ -451,7 +451,7 @@ def check_draft_memory(head: TargetHead, metadata: dict[str, Any], draft_vocab: 
     Raises:
         InvalidArgumentError: names the estimate, what it is made of and the memory available.
     """
-    from ..store.host import available_memory, human_bytes
+    from ..host import available_memory, human_bytes
 
     h, vocab = int(head.config["hidden_size"]), int(head.config["vocab_size"])
     inter = int(intermediate or head.config["intermediate_size"])

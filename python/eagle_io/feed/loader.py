@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import ArgumentTypeError, InvalidArgumentError
-from ..store.host import available_memory
+from ..host import available_memory
 from ..store.manifest import data_fingerprint
 from .collate import PaddingCollator, _Collator
 from .dataset import ShardDataset

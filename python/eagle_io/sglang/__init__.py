@@ -8,7 +8,8 @@ other.
 * :mod:`.setters`: each target's ``set_eagle3_layers_to_capture`` rule and what its forward captures;
 * :mod:`.draft_build`: the draft SGLang builds from a ``config.json`` (class, ``fc``, every parameter);
 * :mod:`.checkpoint`: ``config.json`` and safetensors headers of the directories SGLang loads;
-* :mod:`.probe`: what eagle-io reads off SGLang's live objects in a scheduler process.
+* :mod:`.probe`: what eagle-io reads off SGLang's live objects in a scheduler process;
+* :mod:`.servers`: JSON over HTTP to a server, and the one server launcher.
 
 Nothing here imports SGLang at module import time, so ``eagle-io check-serving`` runs without it.
 """

@@ -17,11 +17,8 @@ server); ``stop_token_ids`` end a request as the reference decoder's ``eos_token
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,6 +26,7 @@ from typing import Any
 
 from ..draft.acceptance import AcceptHistogram
 from ..errors import InvalidArgumentError, SGLangError
+from ..sglang.servers import http_json
 from ..sglang.spec_params import speculative_param_problems
 
 __all__ = ["ServedRun", "engine_args", "run_engine", "run_server"]
@@ -217,23 +215,6 @@ def _run(info: dict[str, Any], outs: Sequence[dict[str, Any]], seconds: float, w
     return ServedRun(num_steps, tokens, completion, verify, hists, seconds, server)
 
 
-def _http(url: str, payload: dict | None, timeout: float) -> dict[str, Any]:
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            body = r.read()
-    except urllib.error.HTTPError as e:
-        detail = e.read().decode(errors="replace")[:500]
-        raise SGLangError(f"{url}: HTTP {e.code}: {detail}") from e
-    except (urllib.error.URLError, OSError) as e:
-        raise SGLangError(f"{url}: no answer ({e})") from e
-    try:
-        return json.loads(body)
-    except ValueError as e:
-        raise SGLangError(f"{url}: the answer is not JSON ({body[:200]!r})") from e
-
-
 def run_server(
     url: str,
     prompts: Sequence[Sequence[int]],
@@ -252,7 +233,7 @@ def run_server(
             another one than ``algorithm`` (its ``speculative_algorithm`` named).
     """
     base = url.rstrip("/")
-    info = _http(base + "/server_info", None, timeout)
+    info = http_json(base + "/server_info", timeout_s=timeout)
     served = info.get("speculative_algorithm")
     if not served or "speculative_num_steps" not in info:
         raise SGLangError(
@@ -264,7 +245,8 @@ def run_server(
     sampling = _sampling(max_new_tokens, stop_token_ids)
 
     def one(prompt: Sequence[int]) -> dict[str, Any]:
-        return _http(base + "/generate", {"input_ids": list(map(int, prompt)), "sampling_params": sampling}, timeout)
+        body = {"input_ids": list(map(int, prompt)), "sampling_params": sampling}
+        return http_json(base + "/generate", body, timeout_s=timeout)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(prompts)))) as pool:

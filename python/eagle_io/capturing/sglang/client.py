@@ -1,50 +1,50 @@
-"""The client side of the SGLang capture: drive an ``sglang.Engine`` whose schedulers capture (see
-:mod:`.scheduler`), with :class:`eagle_io.CaptureSession`'s interface, and stop it through the stop file
-(:mod:`.protocol`)."""
+"""Capturing from running SGLang servers over HTTP only: :class:`ServerCapture`, what
+``eagle_io.capture("http://host:30000", out_dir)`` returns and ``eagle-io generate --server URL`` drives.
+
+The server is one users launch themselves, with SGLang's own flags for aux capture and every other setting at its
+default (chunked prefill and the radix cache on)::
+
+    python -m sglang.launch_server --model-path M --enable-return-aux-hidden-states --speculative-algorithm EAGLE3
+
+with eagle-io installed in its environment (the plugin, :mod:`eagle_io.serving.plugin`, loads in every scheduler).
+Nothing is shared between client and server but HTTP (:mod:`.protocol`): the preflight reads ``GET /server_info``
+(the resolved launch settings, and each DP rank's eagle-io status with the target's facts) and ``GET /model_info``;
+start and stop go through ``POST /set_internal_state``, which SGLang fans out to every DP rank; samples are
+``POST /generate`` requests carrying eagle-io's ``custom_params``, each with a unique ``extra_key`` (SGLang's radix
+cache then never serves a sample's prompt from another request's cache: every prompt state is computed), with
+``routed_dp_rank`` fixed by the sample id (a resumed capture sends each sample to the rank that holds its
+manifest). Several servers are several groups of shard writers, numbered one after the other, writing into the one
+``out_dir`` (a path each server can write, or an ``s3://`` prefix); ``close`` merges their manifests where the client
+can reach them.
+"""
 
 from __future__ import annotations
 
-import glob
-import json
 import logging
 import os
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from ... import defaults
-from ...errors import CaptureStopTimeoutError, InvalidArgumentError, ObjectStorageError, StorageError
-from ...sglang.ranks import writers_of
+from ...errors import CaptureStopTimeoutError, InvalidArgumentError, ObjectStorageError, SGLangError, StorageError
+from ...sglang.servers import http_json
 from ...store import layout
 from ...store.manifest import read_manifest
-from ...store.upload import local_dir
 from ..options import CaptureOptions
-from .protocol import (
-    ENV_CAPTURE_DIR,
-    ENV_CAPTURE_OPTIONS,
-    KEY_PARAM,
-    MASK_PARAM,
-    POLL_S,
-    SAMPLE_PARAM,
-    STOP_FILE,
-    ack_path,
-)
+from ..store import check_sample
+from .live import LivePolicy
+from .protocol import STATUS_KEY, control_args, sample_params
 
-logger = logging.getLogger("eagle_io.serving")
+__all__ = ["ServerCapture", "ServerFacts", "capture_status", "committed_ids", "server_facts", "stop_server_capture"]
 
+logger = logging.getLogger("eagle_io.capture")
 
-def sample_params(sample: Any) -> dict[str, Any]:
-    """The ``custom_params`` that make a request the sample ``sample`` (``index``, ``loss_mask [L]``, optional
-    ``id`` stored as the key); put them in the request's ``sampling_params``."""
-    params: dict[str, Any] = {SAMPLE_PARAM: int(sample.index), MASK_PARAM: [int(v) for v in sample.loss_mask.tolist()]}
-    if getattr(sample, "id", None):
-        params[KEY_PARAM] = str(sample.id)
-    return params
-
-
-def _manifests(out_dir: str, writers: int) -> list[str]:
-    return [os.path.join(out_dir, layout.manifest_name(r, writers)) for r in range(writers)]
+_RETRYABLE = {429, 500, 502, 503, 504}
 
 
 def committed_ids(out_dir: str | os.PathLike[str], writers: int = 1) -> set[int]:
@@ -60,7 +60,8 @@ def committed_ids(out_dir: str | os.PathLike[str], writers: int = 1) -> set[int]
 
     ids: set[int] = set()
     remote = layout.is_url(out_dir)
-    for m in _manifests(os.fspath(out_dir), writers):
+    for r in range(writers):
+        m = os.path.join(os.fspath(out_dir), layout.manifest_name(r, writers))
         if not remote and not os.path.exists(m):
             continue
         try:
@@ -73,191 +74,436 @@ def committed_ids(out_dir: str | os.PathLike[str], writers: int = 1) -> set[int]
     return ids
 
 
-def stop_capture(
-    out_dir: str | os.PathLike[str],
-    writers: int = 1,
-    timeout_s: float = defaults.STOP_TIMEOUT_S,
-    staging: str | os.PathLike[str] | None = None,
-    complete: bool = True,
-) -> list[dict[str, Any]]:
-    """Asks every writing scheduler of the capture into ``out_dir`` to drain, commit and answer (see the module
-        docstring); waits for the answers of the ``writers`` shard writers (one per data-parallel rank:
-    :func:`eagle_io.sglang.ranks.writers_of`) and returns them, in writer-rank order. For an object-storage
-        ``out_dir`` (``s3://...``) the stop and answer files live in its local ``staging`` directory (the capture's
-        ``writer_options["staging"]``, default ``./eagle-io-staging/BUCKET/PREFIX``). ``complete=False``: the
-        capture was interrupted; each writer commits what it holds and leaves its manifest marked incomplete.
+@dataclass(frozen=True)
+class ServerFacts:
+    """What the preflight read from one server.
 
-        Raises:
-            StorageError: a writer failed while closing (the answer's error, naming the rank).
-            CaptureStopTimeoutError: not every writer answered within ``timeout_s`` (a scheduler died, or no capture
-                runs; a ``TimeoutError``).
+    Attributes:
+        url: the server's base URL.
+        model_path: ``/model_info``'s ``model_path`` (what the server was launched with).
+        tokenizer_path: ``/model_info``'s ``tokenizer_path``.
+        target: the target's facts as the scheduler sees them (:func:`eagle_io.sglang.probe.capture_target`:
+            ``architecture``, ``num_layers``, ``hidden_size``, ``vocab_size``, ``layers`` (eagle-io ids), ``writers``).
+        ranks: the DP ranks' eagle-io statuses (``internal_states[i]["eagle_io_capture"]``), in SGLang's order.
     """
-    out_dir = local_dir(out_dir, staging)
-    token = uuid.uuid4().hex
-    for old in glob.glob(os.path.join(glob.escape(out_dir), f"{STOP_FILE}.r*.json")):
-        os.remove(old)
-    stop = os.path.join(out_dir, STOP_FILE)
-    layout.write_atomic(stop, json.dumps({"token": token, "complete": complete}).encode())
-    deadline = time.monotonic() + timeout_s
-    answers: dict[int, dict[str, Any]] = {}
-    try:
-        while len(answers) < writers:
-            for r in range(writers):
-                try:
-                    with open(ack_path(out_dir, r), encoding="utf-8") as f:
-                        a = json.load(f)
-                except (OSError, ValueError):
-                    continue
-                if a.get("token") == token:
-                    answers[r] = a
-            if len(answers) < writers:
-                if time.monotonic() > deadline:
-                    missing = [r for r in range(writers) if r not in answers]
-                    raise CaptureStopTimeoutError(
-                        f"{out_dir}: shard writers {missing} of {writers} did not stop their capture in "
-                        f"{timeout_s:.0f} s"
-                    )
-                time.sleep(POLL_S)
-    finally:
-        os.remove(stop)
-        for r in answers:
-            os.remove(ack_path(out_dir, r))
-    bad = [f"writer {r}: {a['error']}" for r, a in sorted(answers.items()) if a.get("error")]
-    if bad:
-        raise StorageError(f"{out_dir}: the capture failed while closing: " + "; ".join(bad))
-    return [answers[r] for r in range(writers)]
+
+    url: str
+    model_path: str
+    tokenizer_path: str | None
+    target: Mapping[str, Any]
+    ranks: tuple[Mapping[str, Any], ...]
+
+    @property
+    def writers(self) -> int:
+        return int(self.target["writers"])
+
+    @property
+    def target_info(self) -> dict[str, Any]:
+        t = self.target
+        info = {k: t[k] for k in ("num_layers", "hidden_size", "vocab_size", "architecture")}
+        return {**info, "model_id": os.path.basename(self.model_path.rstrip("/")) or self.model_path}
 
 
-class SGLangCaptureSession:
-    """A capture through an ``sglang.Engine``, with :class:`eagle_io.CaptureSession`'s interface (``submit``,
-    ``close``, context manager, ``done``, ``counts``, ``stats``, ``manifest``), so ``eagle_io.capture`` can hand it
-    out for an engine. ``aux_layer_ids`` are the captured layers, from the writers' manifests.
-
-    With ``options`` it starts the scheduler-side capture through ``Engine.collective_rpc("eagle_io_capture_start",
-    ...)`` (one data-parallel rank only); with ``started=True`` it attaches to a capture the engine started at launch
-    by environment (``EAGLE_IO_CAPTURE_DIR``, options from ``EAGLE_IO_CAPTURE_OPTIONS``:
-    :func:`eagle_io.capturing.sglang.launch.launch_capture_engine`), and takes no options of its own. Each
-    :meth:`submit` runs one prefill per sample (``max_new_tokens=1``) whose ``custom_params`` carry the sample id and
-    loss mask; :meth:`close` stops every writing scheduler and waits for their manifests (:func:`stop_capture`).
-
-    Args:
-        engine: an ``sglang.Engine`` in capture-only mode.
-        options: the capture's :class:`~eagle_io.capturing.options.CaptureOptions`, carried to every scheduler's
-            capture core. ``aux_layer_ids``, when given, must equal the layers the target captures (SGLang sets them
-            at launch). ``writer_options`` ``rank`` / ``world_size`` are refused: the data-parallel layout sets them.
-        staging: the local directory of an object-storage ``out_dir`` (an attached session; else
-            ``options.writer_options["staging"]``).
+def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[int] | None = None) -> ServerFacts:
+    """The preflight of one server: reads ``/server_info`` and ``/model_info`` and refuses, naming the URL, what
+    this capture cannot use.
 
     Raises:
-        InvalidArgumentError: ``options`` with several data-parallel ranks, or with ``started=True``; neither; a
-            writer rank set by hand; or, from the schedulers, a launch that is not capture-only mode, chunked prefill
-            or the radix cache on, other aux layers than ``aux_layer_ids``.
+        SGLangError: the server does not answer.
+        InvalidArgumentError: the server does not run eagle-io's plugin; its target captures no aux states (launched
+            without ``--speculative-algorithm EAGLE3``: with no draft that also needs
+            ``--enable-return-aux-hidden-states``; ``EAGLE`` / ``NEXTN`` named as the wrong flag); was launched with
+            pipeline parallelism or with Ray (its schedulers never load plugins); serves another model than
+            ``model``; captures other layers than ``aux_layer_ids``.
+    """
+    url = url.rstrip("/")
+    # a busy server answers /server_info after the forwards queued before it (its own warm-up request included)
+    info = http_json(f"{url}/server_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S)
+    model_info = http_json(f"{url}/model_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S)
+    problems = []
+    if info.get("pp_size", 1) not in (None, 1):
+        problems.append(f"pipeline parallelism (pp_size {info['pp_size']}): only the last stage sees the states")
+    if info.get("use_ray"):
+        problems.append("Ray (--use-ray): SGLang's Ray scheduler actors never load plugins, so nothing captures")
+    states = info.get("internal_states") or []
+    ranks = tuple(s.get(STATUS_KEY) for s in states if isinstance(s, dict))
+    if not ranks or any(r is None for r in ranks):
+        problems.append(
+            "it does not run eagle-io's SGLang plugin (install eagle-io in the server's environment; SGLANG_PLUGINS, "
+            "when set, must name eagle_io; EAGLE_IO_SGLANG_PLUGIN and EAGLE_IO_SGLANG_CAPTURE must not be 0)"
+        )
+    if problems:
+        raise InvalidArgumentError(f"cannot capture from {url}: " + "; ".join(problems))
+    target = ranks[0]["target"]
+    if "error" in target:
+        raise InvalidArgumentError(f"cannot capture from {url}: its scheduler cannot read the target: {target['error']}"
+                                   )  # fmt: skip
+    algo = target.get("speculative_algorithm")
+    if algo not in (None, "EAGLE3") or not target.get("capture_enabled") or not target.get("layers"):
+        wrong = f"it runs --speculative-algorithm {algo}, whose target captures no aux hidden states; " if algo else ""
+        raise InvalidArgumentError(
+            f"cannot capture from {url}: {wrong}launch it with --speculative-algorithm EAGLE3 (serving an EAGLE-3 "
+            "draft, or SGLang's capture-only mode: --enable-return-aux-hidden-states and no draft)"
+        )
+    model_path = str(model_info.get("model_path") or info.get("model_path") or "")
+    if model is not None and os.path.normpath(model) != os.path.normpath(model_path):
+        raise InvalidArgumentError(f"{url} serves {model_path}, not the model asked for ({model})")
+    if aux_layer_ids is not None and list(aux_layer_ids) != list(target["layers"]):
+        raise InvalidArgumentError(
+            f"{url} captures aux layers {target['layers']} (eagle-io ids: input of layer i), not "
+            f"{list(aux_layer_ids)}; "
+            "launch it with --return-aux-hidden-state-layer-ids in SGLang's convention (eagle-io check-serving "
+            "prints them)"
+        )
+    return ServerFacts(url, model_path, model_info.get("tokenizer_path"), target, ranks)
+
+
+class ServerCapture:
+    """A capture through running SGLang servers, with :class:`eagle_io.CaptureSession`'s interface (``submit``,
+    ``stats``, ``close``, context manager, ``done``, ``counts``, ``aux_layer_ids``, ``manifest``).
+
+    Args:
+        urls: one server's base URL or several (each its own group of shard writers), or their
+            :func:`server_facts` (a preflight already made).
+        out_dir: the dataset: a directory every server can write (the same path on each), or ``s3://bucket/run``.
+        options: the capture's options; ``target_info`` and ``aux_layer_ids`` default to the servers' (which must
+            agree); ``writer_options`` ``rank`` / ``world_size`` are refused (the servers' layout numbers them).
+        sampling_params: SGLang sampling parameters of every sample request. The default,
+            ``{"max_new_tokens": 1}``, stores the prompt only; with ``max_new_tokens`` above 1 a sample is the prompt
+            plus the answer the server generates (its decode forwards' states; the last generated token is not
+            stored, its state is never computed; the loss mask is 1 over the generated tokens).
+        model: refuse servers that serve another model path.
+        concurrency: sample requests in flight per server.
+        retries, backoff_s: retries of a request that failed to reach a server (connection error, 5xx, 429), the
+            first after ``backoff_s``, each next twice as long.
+        progress: show a progress bar (tqdm, on stderr) over the samples of each :meth:`submit`.
+        live: a live capture of the traffic the servers serve (:class:`~eagle_io.capturing.sglang.live.LivePolicy`:
+            the requests sampled, the caps); it runs until :meth:`close`. Its samples are dropped rather than waited
+            for (ring or hand-off queue full, counted). :meth:`submit` still sends sample requests of its own.
+
+    Raises:
+        InvalidArgumentError: a preflight refusal (:func:`server_facts`), servers that disagree on the target,
+            ``sampling_params`` ``n`` other than 1, a start a server refused (its status' error, naming the URL and
+            rank).
+        SGLangError: a server that does not answer.
     """
 
     def __init__(
         self,
-        engine: Any,
+        urls: str | Sequence[str] | Sequence[ServerFacts],
         out_dir: str | os.PathLike[str],
-        options: CaptureOptions | None = None,
+        options: CaptureOptions,
         *,
-        started: bool = False,
-        staging: str | os.PathLike[str] | None = None,
+        sampling_params: Mapping[str, Any] | None = None,
+        model: str | None = None,
+        concurrency: int = defaults.SERVER_CONCURRENCY,
+        retries: int = defaults.SERVER_RETRIES,
+        backoff_s: float = defaults.SERVER_BACKOFF_S,
+        request_timeout_s: float = defaults.SERVER_REQUEST_TIMEOUT_S,
+        progress: bool = False,
+        live: LivePolicy | None = None,
     ) -> None:
-        if started == (options is not None):
+        urls = [urls] if isinstance(urls, str) else list(urls)
+        if not urls:
+            raise InvalidArgumentError("capture from servers: no URL given")
+        if concurrency < 1 or retries < 0 or backoff_s < 0:
             raise InvalidArgumentError(
-                "an SGLang capture either starts with options, or attaches (started=True) to one the engine started "
-                f"at launch with its own ({ENV_CAPTURE_OPTIONS}); options given: {options is not None}, started: "
-                f"{started}"
+                f"concurrency {concurrency} (>= 1), retries {retries} (>= 0), backoff_s {backoff_s} (>= 0)"
             )
-        if options is not None:
-            refuse_writer_ranks(options)
-            staging = options.writer_options.get("staging")
-        self.engine = engine
-        self.url = os.fspath(out_dir)  # the dataset: a directory, or an object-storage prefix (staged locally)
-        self.out_dir = local_dir(self.url, staging)
-        self.writers = writers_of(engine.server_args)
-        self.manifest_path = _manifests(self.out_dir, self.writers)[0] if self.writers == 1 else self.out_dir
-        self.counts = dict.fromkeys(("submitted", "already_done"), 0)
+        options.refuse_writer_ranks()
+        self.servers = [
+            u if isinstance(u, ServerFacts) else server_facts(u, model=model, aux_layer_ids=options.aux_layer_ids)
+            for u in urls
+        ]
+        first = self.servers[0]
+        for s in self.servers[1:]:
+            if dict(s.target_info) != dict(first.target_info) or s.target["layers"] != first.target["layers"]:
+                raise InvalidArgumentError(
+                    f"{s.url} serves {s.target_info} (layers {s.target['layers']}), {first.url} serves "
+                    f"{first.target_info} (layers {first.target['layers']}): one capture needs one target"
+                )
+        if not options.target_info:
+            options = options.replace(target_info=first.target_info)
+        self.options = options
+        self.url = os.fspath(out_dir)
+        if not layout.is_url(self.url):  # the servers resolve a relative path in their own working directory
+            self.url = os.path.abspath(self.url)
+        self.sampling_params = {"max_new_tokens": 1, **(sampling_params or {})}
+        if self.sampling_params.get("n", 1) != 1:  # SGLang forks such a request: its copies get a cached prompt
+            raise InvalidArgumentError(
+                f"sampling_params n={self.sampling_params['n']}: a sample request generates one answer (n=1); submit "
+                "the sample under several ids for several answers"
+            )
+        self.concurrency, self.retries, self.backoff_s = concurrency, retries, backoff_s
+        self.request_timeout_s, self.progress = request_timeout_s, progress
+        self.aux_layer_ids = list(first.target["layers"])
+        self.writers = sum(s.writers for s in self.servers)
+        self.manifest_path = os.path.join(self.url, layout.MANIFEST) if self.writers == 1 else self.url
+        self.merge_warnings: list[str] | None = None  # after close, when several writers' manifests were merged
+        self.counts = dict.fromkeys(("submitted", "already_done", "sent", "retried", "prefix_tokens_reused"), 0)
         self.answers: list[dict[str, Any]] = []
         self.manifest: dict[str, Any] | None = None
-        if options is not None:
-            if self.writers > 1:
-                raise InvalidArgumentError(
-                    f"{self.writers} data-parallel ranks: SGLang's collective_rpc does not reach DP schedulers; start "
-                    f"the capture at launch by environment ({ENV_CAPTURE_DIR}, {ENV_CAPTURE_OPTIONS}) and pass "
-                    "started=True"
-                )
-            engine.collective_rpc("eagle_io_capture_start", out_dir=self.url, options=options.to_json())
-        self.done = committed_ids(self.url if layout.is_url(self.url) else self.out_dir, self.writers)
-        first = _manifests(self.out_dir, self.writers)[0]
-        self.aux_layer_ids = list(read_manifest(first)["metadata"]["aux_layer_ids"]) if os.path.exists(first) else []
+        self._lock = threading.Lock()
+        self.done = self._committed()
+        self._token = uuid.uuid4().hex
+        offset = 0
+        for s in self.servers:
+            cmd = control_args("start", self._token, out_dir=self.url, options=options.to_json(),
+                               writer_offset=offset, all_writers=self.writers,
+                               live=live.to_json() if live is not None else None)  # fmt: skip
+            http_json(f"{s.url}/set_internal_state", {"server_args": cmd})
+            offset += s.writers
+        self._wait({"capturing"}, "token", defaults.STOP_TIMEOUT_S, "start")
+
+    def _committed(self) -> set[int]:
+        """Sample ids the dataset's manifests already list, where this client can read them (an ``s3://`` prefix,
+        or a directory it shares with the servers); else none: each server's writer then skips what it holds,
+        counted as ``already_done`` in its counts."""
+        if layout.is_url(self.url) or os.path.isdir(self.url):
+            return committed_ids(self.url, self.writers)
+        return set()
+
+    def _wait(self, states: set[str], key: str, timeout_s: float, what: str) -> list[dict[str, Any]]:
+        """:func:`_wait_ranks` over this capture's servers under its token."""
+        return _wait_ranks([s.url for s in self.servers], self._token, states, key, timeout_s, what)
+
+    # ----------------------------------------------------------------------------------------------- submitting
+
+    def _send(self, server: ServerFacts, sample: Any, writer_in_server: int) -> None:
+        body: dict[str, Any] = {
+            "input_ids": [int(t) for t in sample.input_ids.tolist()],
+            "sampling_params": {**self.sampling_params, "custom_params": sample_params(sample)},
+        }
+        if server.writers > 1:
+            body["routed_dp_rank"] = writer_in_server
+        wait = self.backoff_s
+        for attempt in range(self.retries + 1):
+            body["extra_key"] = f"eagle-io-{uuid.uuid4().hex}"  # a fresh radix-cache namespace per attempt
+            try:
+                out = http_json(f"{server.url}/generate", body, timeout_s=self.request_timeout_s)
+                break
+            except SGLangError as e:
+                if attempt == self.retries or (e.status is not None and e.status not in _RETRYABLE):
+                    raise SGLangError(
+                        f"sample {sample.index}: {e} (after {attempt + 1} attempt(s))", status=e.status
+                    ) from e
+                with self._lock:
+                    self.counts["retried"] += 1
+                time.sleep(wait)
+                wait *= 2
+        meta = (out[0] if isinstance(out, list) else out or {}).get("meta_info") or {}
+        finish = meta.get("finish_reason")
+        if isinstance(finish, dict) and finish.get("type") == "abort":  # answered 200, but nothing was stored
+            raise SGLangError(
+                f"sample {sample.index}: {server.url}/generate: the server aborted the request "
+                f"({finish.get('message')}); nothing of it was stored",
+                status=finish.get("status_code"),
+            )
+        with self._lock:
+            self.counts["sent"] += 1
+            self.counts["prefix_tokens_reused"] += int(meta.get("cached_tokens") or 0)
 
     def submit(self, samples: Sequence[Any]) -> None:
-        """Each sample has ``index`` (sample id), ``input_ids [L]``, ``loss_mask [L]`` and optionally ``id`` (the
-        key), e.g. :class:`eagle_io.data.TokenizedSample`. Already committed samples are skipped and counted.
+        """Sends each sample (``index``, ``input_ids [L]``, ``loss_mask [L]``, optional ``id``, e.g.
+        :class:`eagle_io.data.TokenizedSample`) as one request, ``concurrency`` in flight per server; returns when
+        every server has answered every request. Sample ``i`` goes to server ``i % len(urls)``, and there to DP rank
+        ``(i // len(urls)) % writers``. Committed samples are skipped and counted.
 
         Raises:
-            InvalidArgumentError: the session is closed (the schedulers would count the samples, not write them).
+            SchemaError: a sample the capture cannot store (checked before anything is sent).
+            SGLangError: a request that failed after its retries, or that the server aborted (``/abort_request``, a
+                request it could not serve: answered, but not stored; not retried), naming the sample and the URL (the
+                samples sent before stay captured; a failed sample is not counted done: submit it again).
+            InvalidArgumentError: the capture is closed.
         """
         if self.manifest is not None:
-            raise InvalidArgumentError(f"the SGLang capture into {self.out_dir} is closed; start a new session")
+            raise InvalidArgumentError(f"the capture into {self.url} is closed; start a new one")
+        vocab = int(self.servers[0].target["vocab_size"])
+        for s in samples:
+            check_sample(s.index, s.input_ids, s.loss_mask, max_length=self.options.max_length, vocab_size=vocab)
         self.counts["submitted"] += len(samples)
         todo = [s for s in samples if int(s.index) not in self.done]
         self.counts["already_done"] += len(samples) - len(todo)
         if not todo:
             return
-        self.engine.generate(
-            input_ids=[[int(t) for t in s.input_ids.tolist()] for s in todo],
-            sampling_params=[{"max_new_tokens": 1, "temperature": 0, "custom_params": sample_params(s)} for s in todo],
-        )
+        n = len(self.servers)
+        bar = _bar(len(todo)) if self.progress else None
+        pools = [ThreadPoolExecutor(self.concurrency, thread_name_prefix="eagle-io-send") for _ in self.servers]
+        try:
+            futures = []
+            for s in todo:
+                i = int(s.index)
+                server = self.servers[i % n]
+                futures.append(pools[i % n].submit(self._send, server, s, (i // n) % server.writers))
+            first_error = None
+            for f in futures:
+                try:
+                    f.result()
+                except SGLangError as e:
+                    first_error = first_error or e
+                if bar is not None:
+                    bar.update(1)
+            if first_error is not None:
+                raise first_error
+        finally:
+            for p in pools:
+                p.shutdown(wait=True, cancel_futures=True)
+            if bar is not None:
+                bar.close()
         self.done.update(int(s.index) for s in todo)
 
+    # ------------------------------------------------------------------------------------------------- stopping
+
     def stats(self) -> dict[str, Any]:
-        """``counts``; after :meth:`close`, plus the writers' and rings' counters over the writers: summed, except
-        sizes and times per rank (``ring_capacity``, ``ring_high_water_bytes``, ``elapsed_seconds``: the largest);
-        the schedulers' counters (:data:`eagle_io.capturing.store.COUNTS`: ``written``, ``dropped``,
-        ``nonfinite_skipped`` and the other value skips, ``already_done``, ``after_stop``) as ``scheduler_*``."""
+        """``counts`` (``submitted``, ``already_done``, ``sent``, ``retried``, ``prefix_tokens_reused``: prompt
+        tokens SGLang served from its cache, 0 when every prompt was computed); after :meth:`close`, plus the writers'
+        counters summed (``scheduler_*``: :data:`eagle_io.capturing.store.COUNTS` and the scheduler's own
+        :data:`~eagle_io.capturing.sglang.scheduler.REQUEST_COUNTS`), and the rings' statistics (sizes and times per
+        rank: the largest)."""
         out: dict[str, Any] = dict(self.counts)
         per_rank = ("ring_capacity", "ring_high_water_bytes", "elapsed_seconds")
         for a in self.answers:
-            for k, v in {**a.get("stats", {}), **{f"scheduler_{k}": v for k, v in a["counts"].items()}}.items():
-                out[k] = max(out.get(k, 0), v) if k in per_rank else out.get(k, 0) + v
+            for k, v in {**(a.get("stats") or {}), **{f"scheduler_{k}": v for k, v in a["counts"].items()}}.items():
+                if isinstance(v, (int, float)):
+                    out[k] = max(out.get(k, 0), v) if k in per_rank else out.get(k, 0) + v
         return out
 
     def close(self, timeout_s: float = defaults.STOP_TIMEOUT_S, complete: bool = True) -> dict[str, Any]:
-        """Stops the capture in every writing scheduler (waiting up to ``timeout_s`` for them to commit); returns
-        ``manifest.json`` (``{}`` when several writers each wrote their ``manifest.rNNNNN.json``), marked complete
-        unless ``complete`` is False (an interrupted capture)."""
-        if self.manifest is None:
-            self.answers = stop_capture(self.out_dir, self.writers, timeout_s, complete=complete)
-            self.manifest = read_manifest(self.manifest_path) if self.writers == 1 else {}
+        """Stops the capture on every server (each writer drains its ring, commits and answers in its status);
+        merges several writers' manifests where this client can reach ``out_dir``. Returns the manifest (``{}``
+        when several writers' manifests are left to merge: ``eagle-io merge`` where the dataset is)."""
+        if self.manifest is not None:
+            return self.manifest
+        for s in self.servers:
+            stop = control_args("stop", self._token, complete=complete)
+            http_json(f"{s.url}/set_internal_state", {"server_args": stop})
+        self.answers = self._wait({"stopped"}, "stop_token", timeout_s, "stop")
+        self.manifest = {}
+        reachable = layout.is_url(self.url) or os.path.isdir(self.url)
+        if reachable and self.writers == 1 and not layout.is_url(self.url):
+            self.manifest = read_manifest(os.path.join(self.url, layout.MANIFEST))
+        elif reachable and complete and self.writers > 1:
+            from ...store.merge import merge_ranks
+
+            merged = merge_ranks(self.url)
+            self.manifest_path, self.merge_warnings = merged.manifest, list(merged.warnings)
+            self.manifest = read_manifest(merged.manifest) if not layout.is_url(self.url) else {}
         return self.manifest
 
-    def __enter__(self) -> SGLangCaptureSession:
+    def __enter__(self) -> ServerCapture:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None:
             self.close()
             return
-        # Commit what the schedulers hold, marked incomplete, without hiding the error (a dead engine never answers).
-        try:
+        try:  # commit what the servers hold, marked incomplete, without hiding the error
             self.close(timeout_s=120.0, complete=False)
         except Exception as e:
-            logger.error("eagle-io: could not stop the SGLang capture after %s: %s", exc_type.__name__, e)
+            logger.error("eagle-io: could not stop the capture on %s after %s: %s",
+                         [s.url for s in self.servers], exc_type.__name__, e)  # fmt: skip
 
 
-def refuse_writer_ranks(options: CaptureOptions) -> None:
-    """Refuses shard-writer ranks set by hand on SGLang: each scheduler's comes from its data-parallel layout
-    (:mod:`eagle_io.sglang.ranks`).
+def capture_status(url: str) -> list[dict[str, Any]]:
+    """The eagle-io capture status of every writing DP rank of the server at ``url`` (``GET /server_info``'s
+    ``internal_states[i]["eagle_io_capture"]``): ``state``, ``out_dir``, ``writer_rank``, ``live`` (the policy, None for
+    a client-driven capture), ``counts`` (the store's :data:`~eagle_io.capturing.store.COUNTS`, the scheduler's
+    :data:`~eagle_io.capturing.sglang.scheduler.REQUEST_COUNTS`, a live capture's
+    :data:`~eagle_io.capturing.sglang.live.LIVE_COUNTS`), ``ring`` (capacity, high-water mark, bytes in use and
+    committed), ``error``.
 
     Raises:
-        InvalidArgumentError: ``writer_options`` holds ``rank`` or ``world_size``.
+        SGLangError: the server does not answer.
     """
-    why = "SGLang's data-parallel layout numbers the writers (eagle_io.sglang.ranks); leave it out"
-    options.refuse("eagle-io's SGLang capture", rank=why, world_size=why)
+    return [{"url": u, "dp_rank": i, **st} for u, i, st in _statuses([url.rstrip("/")])]
 
 
-def is_sglang_engine(obj: Any) -> bool:
-    """Whether ``obj`` is an ``sglang.Engine`` (checked by module, without importing SGLang)."""
-    return any(c.__module__.startswith("sglang.") and c.__name__ == "Engine" for c in type(obj).__mro__)
+def _statuses(urls: Sequence[str]) -> list[tuple[str, int, dict[str, Any]]]:
+    """``(url, DP rank, eagle-io status)`` of every writing rank of the servers at ``urls``."""
+    out = []
+    for url in urls:
+        answer = http_json(f"{url}/server_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S)
+        for i, st in enumerate(answer.get("internal_states") or []):
+            cap = st.get(STATUS_KEY) or {}
+            if cap.get("writes", cap.get("target", {}).get("writes", True)):
+                out.append((url, i, cap))
+    return out
+
+
+def _wait_ranks(urls: Sequence[str], token: str, states: set[str], key: str, timeout_s: float, what: str,
+                forced: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    """Polls every writing rank of the servers at ``urls`` until each reports one of ``states`` under ``token``
+    (``key``: ``token`` for a start, ``stop_token`` for a stop; a ``forced`` stop also takes a rank with no capture);
+    returns their statuses.
+
+    Raises:
+        InvalidArgumentError: a rank failed the start, or runs another client's capture (names URL and rank).
+        StorageError: a rank failed while stopping (its error, naming URL and rank), holds no capture to stop, or
+            was stopped by another client's forced stop (:func:`stop_server_capture`) before this one's.
+        CaptureStopTimeoutError: not every rank got there within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        statuses = _statuses(urls)
+        pending = []
+        for url, rank, st in statuses:
+            mine = st.get(key) == token
+            if mine and st.get("state") == "failed":
+                cls = StorageError if what == "stop" else InvalidArgumentError
+                raise cls(f"{url} DP rank {rank}: the capture's {what} failed: {st.get('error')}")
+            if not mine and what == "start" and st.get("state") in ("capturing", "starting", "stopping"):
+                raise InvalidArgumentError(
+                    f"{url} DP rank {rank} is already capturing into {st.get('out_dir')} for another client: "
+                    "stop that capture first (its client's close(); if that client is gone, "
+                    f"eagle_io.capturing.sglang.client.stop_server_capture({url!r}) commits what it wrote, marked "
+                    "incomplete, and resume=True continues it)"
+                )
+            if what == "stop" and st.get("state") == "idle":
+                if forced:
+                    continue
+                raise StorageError(
+                    f"{url} DP rank {rank} holds no capture to stop (was the server restarted?): what it had not "
+                    "committed is lost; --resume captures it again"
+                )
+            if mine and what == "stop" and not forced and st.get("stopped_by") not in (None, token):
+                raise StorageError(
+                    f"{url} DP rank {rank}: this capture was stopped by another client's forced stop "
+                    "(stop_server_capture) before this client's: the samples sent after it were not stored; "
+                    "resume=True captures them again"
+                )
+            if not (mine and st.get("state") in states):
+                pending.append(f"{url} DP rank {rank} ({st.get('state')})")
+        if not pending:
+            return [st for _, _, st in statuses]
+        if time.monotonic() > deadline:
+            raise CaptureStopTimeoutError(
+                f"the capture's {what} did not reach {', '.join(pending)} within {timeout_s:.0f} s"
+            )
+        time.sleep(0.2)
+
+
+def stop_server_capture(url: str, timeout_s: float = defaults.STOP_TIMEOUT_S, complete: bool = False
+                        ) -> list[dict[str, Any]]:  # fmt: skip
+    """Stops the capture running on the server at ``url`` whatever client started it: the recovery when that client
+    is gone (killed, its machine lost) and the server refuses new captures, and the end of a live capture
+    (``complete=True``). Every writer drains, commits what it wrote and leaves its manifest marked incomplete unless
+    ``complete`` (``eagle_io.capture(url, out_dir, resume=True)`` continues it). A client still running that capture
+    finds it stopped at its ``close`` (a StorageError).
+
+    Returns:
+        Every writing DP rank's status (``state`` ``stopped``, or ``idle`` where none ran; ``counts``).
+
+    Raises:
+        SGLangError: the server does not answer.
+        StorageError: a rank failed while stopping (its error, naming URL and rank).
+        CaptureStopTimeoutError: not every rank stopped within ``timeout_s``.
+    """
+    url, token = url.rstrip("/"), uuid.uuid4().hex
+    http_json(f"{url}/set_internal_state", {"server_args": control_args("stop", token, complete=complete, force=True)})
+    return _wait_ranks([url], token, {"stopped"}, "stop_token", timeout_s, "stop", forced=True)
+
+
+def _bar(total: int) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="sample", desc="capture", dynamic_ncols=True)

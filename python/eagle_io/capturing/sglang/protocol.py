@@ -1,5 +1,6 @@
 """What the two sides of eagle-io's SGLang capture exchange: the request parameters that make a request a sample,
-the start by environment and the stop file. The SGLang capture is the SGLang counterpart of the HF path.
+the control commands over HTTP and the status, the start by environment. The SGLang capture is the SGLang
+counterpart of the HF path.
 
 Scheduler side (:mod:`.scheduler` ; installed by the plugin, :func:`eagle_io.sglang_plugin.register`, unless
 ``EAGLE_IO_SGLANG_CAPTURE=0``): an AFTER hook on ``TpModelWorker.forward_batch_generation`` takes, for each
@@ -13,45 +14,37 @@ attention-TP rank 0, as one of ``dp_size * attn_dp_size`` shard writers (:mod:`e
 
 A request is a sample when its ``sampling_params.custom_params`` hold ``eagle_io_sample_id`` (int) and
 ``eagle_io_loss_mask`` (0/1 per input token; optional ``eagle_io_key``): the mapping travels with the request, so it
-works through ``Engine.generate`` and a server's ``/generate`` alike, on any DP rank. Other traffic is ignored.
+works through a server's ``/generate`` on any DP rank (:func:`sample_params`). Other traffic is ignored, unless a
+live capture samples it (:mod:`.live`).
 
-Starting and stopping, either:
+Starting and stopping happen over HTTP only (what :class:`~eagle_io.capturing.sglang.client.ServerCapture` does):
+``POST /set_internal_state`` with ``{"server_args": {"eagle_io:<JSON>": 1}}``, the JSON being ``{"op": "start" |
+"stop", "token": ..., ...}`` (:func:`control_args`). SGLang 0.5.23 fans that request out to every DP rank's
+``Scheduler.set_internal_state`` (``managers/scheduler.py``), which eagle-io's hook answers (``updated``: the command
+was taken) before SGLang's own handlers see the key; its values must be numbers (``SetInternalStateReq.server_args:
+Dict[str, int | float]``), so the command travels in the key. Starting and stopping run on a thread of their own,
+never on the scheduler's. Each writing scheduler reports its capture in ``GET /server_info``'s ``internal_states``
+(one dict per DP rank, ``Scheduler.get_internal_state``) under :data:`STATUS_KEY`: ``state`` (``idle``,
+``starting``, ``capturing``, ``stopping``, ``stopped``, ``failed``), the ``token`` of the last command, ``error``,
+``counts``, and after a stop the writer's ``stats`` and ``upload``. No file is shared between client and server.
 
-* **over HTTP** (a running server, any ``dp_size``; what :class:`~eagle_io.capturing.sglang.server.ServerCapture`
-  does): ``POST /set_internal_state`` with ``{"server_args": {"eagle_io:<JSON>": 1}}``, the JSON being
-  ``{"op": "start" | "stop", "token": ..., ...}`` (:func:`control_args`). SGLang 0.5.23 fans that request out to
-  every DP rank's ``Scheduler.set_internal_state`` (``managers/scheduler.py``), which eagle-io's hook answers
-  (``updated``: the command was taken) before SGLang's own handlers see the key; its values must be numbers
-  (``SetInternalStateReq.server_args: Dict[str, int | float]``), so the command travels in the key. Starting and
-  stopping run on a thread of their own, never on the scheduler's. Each writing scheduler reports its capture in
-  ``GET /server_info``'s ``internal_states`` (one dict per DP rank, ``Scheduler.get_internal_state``) under
-  :data:`STATUS_KEY`: ``state`` (``idle``, ``starting``, ``capturing``, ``stopping``, ``stopped``, ``failed``), the
-  ``token`` of the last command, ``error``, ``counts``, and after a stop the writer's ``stats`` and ``upload``. No file
-  is shared between client and server.
-* ``Engine.collective_rpc("eagle_io_capture_start", out_dir=..., **options)`` on an in-process engine (a method the
-  plugin adds to ``Scheduler``; SGLang 0.5.23's ``collective_rpc`` reaches the schedulers only when ``dp_size`` is
-  1), which is what :class:`SGLangCaptureSession` does; or
-* by environment, for any launch: ``EAGLE_IO_CAPTURE_DIR=<out_dir>`` and optionally
-  ``EAGLE_IO_CAPTURE_OPTIONS=<JSON of the same options>``; each scheduler starts its capture at startup (before CUDA
-  graphs). ``eagle-io generate --backend sglang`` does this. Such a capture stops through a file:
-  ``<out_dir>/.eagle-io-stop`` (a JSON ``{"token": ..., "complete": bool}``; ``complete`` false for an interrupted
-  capture, whose manifest then stays marked incomplete) makes every writing scheduler close and answer in
-  ``<out_dir>/.eagle-io-stop.rNNNNN.json`` (``token``, ``writer_rank``, ``error``, ``counts``, ``stats``), one per
-  writer (:func:`~eagle_io.capturing.sglang.client.stop_capture`), or over HTTP as above.
+A capture may also start with the server, by environment: ``EAGLE_IO_CAPTURE_DIR=<out_dir>``, optionally
+``EAGLE_IO_CAPTURE_OPTIONS=<JSON of the options>`` and, for a live capture, ``EAGLE_IO_CAPTURE_LIVE=<JSON of the
+policy>``; each scheduler starts its capture at startup (before CUDA graphs). It has no client token, so any stop
+over HTTP stops it (``eagle-io live stop URL``: :func:`~eagle_io.capturing.sglang.client.stop_server_capture`).
 
 What a sample holds (:mod:`.assembly`): the request's prompt states from its prefill, chunked or not, and, when its
 ``max_new_tokens`` is above 1, the states of the answer the server generates, from the decode forwards: the sample's
 tokens are the prompt plus the generated tokens but the last, whose state no forward computed (the state before it,
 which predicts it, is stored); its loss mask is the client's over the prompt then 1 over the generated tokens. A
 request whose prompt was partly served from the radix cache would miss states: the client gives each sample request
-a unique ``extra_key`` (:func:`sample_request`), so SGLang's radix cache never matches it, and the scheduler refuses
+a unique ``extra_key``, so SGLang's radix cache never matches it, and the scheduler refuses
 (counts ``incomplete``) any that still arrives with a prefix it did not see.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from ...errors import CaptureRefusedError
@@ -65,16 +58,12 @@ __all__ = [
     "ENV_CAPTURE_OPTIONS",
     "KEY_PARAM",
     "MASK_PARAM",
-    "POLL_S",
     "SAMPLE_PARAM",
     "STATUS_KEY",
-    "STOP_FILE",
     "CaptureRefusedError",
-    "ack_path",
     "control_args",
     "parse_control",
-    "read_stop",
-    "read_token",
+    "sample_params",
 ]
 
 ENV_CAPTURE = "EAGLE_IO_SGLANG_CAPTURE"
@@ -86,29 +75,15 @@ SAMPLE_PARAM, MASK_PARAM, KEY_PARAM = "eagle_io_sample_id", "eagle_io_loss_mask"
 CAPTURE_PARAM = "eagle_io_capture"
 """A request's own say in a live capture (``custom_params``): ``true`` samples it whatever the rate (the caps still
 apply), ``false`` never (:mod:`.live`)."""
-STOP_FILE = ".eagle-io-stop"
-POLL_S = 0.2
 
 
-def read_stop(stop_file: str) -> tuple[Any, bool]:
-    """(token, complete) of a stop file: the token None when there is none (or it is being written); ``complete``
-    False only when the stop says the capture was interrupted (its manifest stays marked incomplete)."""
-    try:
-        with open(stop_file, encoding="utf-8") as f:
-            stop = json.load(f)
-        return stop.get("token"), stop.get("complete") is not False
-    except (OSError, ValueError, AttributeError):
-        return None, True
-
-
-def read_token(stop_file: str) -> Any:
-    """The token of a stop file, or None when there is none (or it is being written)."""
-    return read_stop(stop_file)[0]
-
-
-def ack_path(out_dir: str, writer_rank: int) -> str:
-    """Where shard writer ``writer_rank`` answers a stop: ``<out_dir>/.eagle-io-stop.rNNNNN.json``."""
-    return os.path.join(out_dir, f"{STOP_FILE}.r{writer_rank:05d}.json")
+def sample_params(sample: Any) -> dict[str, Any]:
+    """The ``custom_params`` that make a request the sample ``sample`` (``index``, ``loss_mask [L]``, optional
+    ``id`` stored as the key); put them in the request's ``sampling_params``."""
+    params: dict[str, Any] = {SAMPLE_PARAM: int(sample.index), MASK_PARAM: [int(v) for v in sample.loss_mask.tolist()]}
+    if getattr(sample, "id", None):
+        params[KEY_PARAM] = str(sample.id)
+    return params
 
 
 STATUS_KEY = "eagle_io_capture"

@@ -1,6 +1,6 @@
 """The scheduler side of the SGLang capture: runs inside each SGLang scheduler process (installed by the plugin,
 :func:`eagle_io.sglang_plugin.register`, unless ``EAGLE_IO_SGLANG_CAPTURE=0``). The protocol it speaks with the
-client (request parameters, start and stop over HTTP, by environment or by file, status) is in :mod:`.protocol`.
+client (request parameters, start and stop over HTTP or a start by environment, status) is in :mod:`.protocol`.
 
 Which requests: an AFTER hook on ``Scheduler._create_generation_req`` decides once per new request
 (:class:`.live.Admission`: a client's sample request, or for a live capture the rate, the per-request flag and the
@@ -37,12 +37,9 @@ from ... import defaults
 from ..._native import __version__
 from ...errors import InvalidArgumentError, SchemaError
 from ...sglang import compat, hooks, probe
-from ...store import layout
-from ...store.upload import local_dir
 from ..options import CaptureOptions
 from ..store import ForwardSample, SampleStore, check_sample
 from .assembly import RequestStates
-from .client import refuse_writer_ranks
 from .handoff import Finished, Handoff
 from .live import LIVE_ID_BASE, Admission, LivePolicy
 from .protocol import (
@@ -51,15 +48,10 @@ from .protocol import (
     ENV_CAPTURE_OPTIONS,
     KEY_PARAM,
     MASK_PARAM,
-    POLL_S,
     SAMPLE_PARAM,
     STATUS_KEY,
-    STOP_FILE,
     CaptureRefusedError,
-    ack_path,
     parse_control,
-    read_stop,
-    read_token,
 )
 
 logger = logging.getLogger("eagle_io.serving")
@@ -92,8 +84,8 @@ class _SchedulerCapture:
         of the capture (a client driving several servers numbers them one after the other); default: this server's
         own data-parallel layout. ``live``: a :class:`~.live.LivePolicy` as JSON, for a capture of served traffic
         (its samples may be dropped, never waited for); None: a client-driven capture of sample requests."""
-        opts = CaptureOptions.from_json(options)  # the client's options, JSON through HTTP, the RPC or the environment
-        refuse_writer_ranks(opts)
+        opts = CaptureOptions.from_json(options)  # the client's options, JSON through HTTP or the environment
+        opts.refuse_writer_ranks()
         v = compat.sglang_version()
         if not compat.capture_supported(v):
             raise InvalidArgumentError(
@@ -125,9 +117,7 @@ class _SchedulerCapture:
                 f"aux_layer_ids {list(wanted)} were asked for, but this SGLang target captures {list(t['layers'])} "
                 "(eagle-io ids: input of layer i); set them at launch (--return-aux-hidden-state-layer-ids)"
             )
-        # An object-storage out_dir (s3://...) is staged locally: the stop and answer files live in the staging.
-        staging = opts.writer_options.get("staging")
-        self.out_dir, self.writer_rank = local_dir(out_dir, staging), writer_offset + t["writer_rank"]
+        self.writer_rank = writer_offset + t["writer_rank"]
         writers = all_writers or t["writers"]
         self.url, self.token, self.error = out_dir, token, None
         self.max_length = opts.max_length
@@ -168,8 +158,6 @@ class _SchedulerCapture:
         self.next_live_id = max([i + 1 for i in self.store.done if base <= i < base + 2**40] or [base])
         self.handoff = Handoff(self.store, slots=defaults.HANDOFF_SLOTS, drop_when_full=self.live is not None,
                                stored=self.admission.stored, fail=self.fail)  # fmt: skip
-        # A stop file present now asks an earlier run to stop: only another token stops this one.
-        self.stale_token = read_token(os.path.join(self.out_dir, STOP_FILE))
 
     def _refuse(self, sid: Any, why: str) -> None:
         """Counts a sampled request this capture cannot store (serving goes on: a forward never fails for it)."""
@@ -183,17 +171,17 @@ class _SchedulerCapture:
         r = probe.request_facts(req)
         rid, params = r["rid"], r["custom_params"]
         now = time.monotonic()
-        while self.admitted:  # oldest first: requests aborted while queued never reach a forward
-            first = next(iter(self.admitted))
-            if now - self.admitted[first][2] < defaults.LIVE_ADMIT_TTL_S:
-                break
-            del self.admitted[first]
-            self.request_counts["never_started"] += 1
-        # SGLang refuses some requests right after creating them (an abort answered at once, never queued): they
-        # would hold a place under the in-flight cap until LIVE_ADMIT_TTL_S
-        for gone in [k for k, (*_, q) in self.admitted.items() if probe.is_aborted(q)]:
+        # Admitted requests that will never reach a forward give their place under the in-flight cap back: one
+        # SGLang refused right after creating it (an abort answered at once, never queued), and one aborted while
+        # queued (no hook sees that) once it has waited LIVE_ADMIT_TTL_S.
+        for gone, (*_, since, q) in list(self.admitted.items()):
+            if probe.is_aborted(q):
+                self.request_counts["aborted"] += 1
+            elif now - since >= defaults.LIVE_ADMIT_TTL_S:
+                self.request_counts["never_started"] += 1
+            else:
+                continue
             del self.admitted[gone]
-            self.request_counts["aborted"] += 1
         if not self.admission.wants(rid, params, r["health_check"]):
             return
         given = SAMPLE_PARAM in params  # a client's sample request: its id, mask and key are given
@@ -346,7 +334,7 @@ class _SchedulerCapture:
             self.error = error
             logger.error("eagle-io capture stopped: %s", error)
             # under the start's token: a client stopping this capture over HTTP (same token) reads the error
-            threading.Thread(target=self.stop, args=(self.token, False, self.token is None), daemon=True).start()
+            threading.Thread(target=self.stop, args=(self.token, False), daemon=True).start()
 
     def counts(self) -> dict[str, int]:
         """Every counter: the store's, the scheduler's and, for a live capture, the admission's."""
@@ -384,17 +372,6 @@ class _SchedulerCapture:
 
     stopping = False
 
-    def _watch_stop(self) -> None:
-        """Stops on the first new stop token, then answers every later token (a retried or repeated stop) with
-        the same outcome, until another capture starts in this process."""
-        path, answered = os.path.join(self.out_dir, STOP_FILE), self.stale_token
-        while _ACTIVE is self:
-            time.sleep(POLL_S)
-            token, complete = read_stop(path)
-            if token is not None and token != answered:
-                self.stop(token, complete=complete)
-                answered = token
-
     @property
     def stopped(self) -> bool:
         """Whether a stop reached this capture (samples reaching it later are counted, not written)."""
@@ -402,12 +379,12 @@ class _SchedulerCapture:
 
     error: str | None = None
 
-    def stop(self, token: Any, complete: bool = True, answer_file: bool = True) -> dict[str, Any]:
+    def stop(self, token: Any, complete: bool = True) -> dict[str, Any]:
         """Drains the ring and commits the manifest (the first time; marked complete unless ``complete`` is False:
         an interrupted capture); requests still running are forgotten and counted (``unfinished_at_stop``). Returns
-        this rank's answer for ``token``: the outcome, the counts, the writer's statistics and, for an
-        object-storage capture, what it uploaded (``SampleStore.upload_report``; None for a local one); written to
-        the answer file when ``answer_file`` (a stop by file), else shown in the status (a stop over HTTP)."""
+        this rank's answer for ``token``, which its status shows (``stop_token``): the outcome, the counts, the
+        writer's statistics and, for an object-storage capture, what it uploaded (``SampleStore.upload_report``; None
+        for a local one). A repeated stop gets the same outcome."""
         assert self.store is not None, "only the writing rank stops"
         with self.answer_lock:
             self.stopping, self.stop_token = True, token
@@ -419,7 +396,7 @@ class _SchedulerCapture:
                         self.handoff.close()  # what finished before the stop is put first
                     self.store.close(complete=complete)
                     self.outcome = {"error": None, "stats": self.store.ring_stats(), "upload": self.store.upload_report}
-                except Exception as e:  # reported to the client through the answer file or the status
+                except Exception as e:  # reported to the client through the status
                     self.outcome = {"error": f"{type(e).__name__}: {e}"}
                 self.outcome["stopped_by"] = token  # a later stop (a retry, the starter after a forced stop) sees it
             answer = {
@@ -428,8 +405,6 @@ class _SchedulerCapture:
                 **self.outcome,
                 "counts": self.counts(),
             }
-        if answer_file:
-            layout.write_atomic(ack_path(self.out_dir, self.writer_rank), json.dumps(answer, default=str).encode())
         return answer
 
 
@@ -548,9 +523,8 @@ def _record_event(t: Any) -> Any:
 
 def _start(self: Any, out_dir: str, options: Mapping[str, Any], token: str | None = None,
            live: Mapping[str, Any] | None = None, **writers: int) -> None:  # fmt: skip
-    """``Scheduler.eagle_io_capture_start`` (through ``Engine.collective_rpc``, at startup by environment, or over
-    HTTP). A stopped capture stays active until the next start, so that requests reaching it are counted
-    (``after_stop``)."""
+    """Starts this scheduler's capture (over HTTP, or at startup by environment). A stopped capture stays active until
+    the next start, so that requests reaching it are counted (``after_stop``)."""
     global _ACTIVE
     with _LOCK:
         if _ACTIVE is not None and _ACTIVE.writes and not _ACTIVE.stopped:
@@ -558,8 +532,6 @@ def _start(self: Any, out_dir: str, options: Mapping[str, Any], token: str | Non
                 f"an eagle-io capture into {_ACTIVE.url} is already running in this scheduler; stop it first"
             )
         _ACTIVE = _SchedulerCapture(self, out_dir, options, token, live=live, **writers)
-        if _ACTIVE.writes and token is None:  # started by file or RPC: stopped by file
-            threading.Thread(target=_ACTIVE._watch_stop, name="eagle-io-capture-stop", daemon=True).start()
 
 
 def _start_over_http(scheduler: Any, cmd: Mapping[str, Any]) -> None:
@@ -606,7 +578,7 @@ def _control_hook(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kw
             # only the client that started it stops a capture, unless forced (its client is gone)
             if cap.token is None or cmd["token"] == cap.token or cmd.get("force") is True:
                 complete = cmd.get("complete") is not False
-                threading.Thread(target=cap.stop, args=(cmd["token"], complete, False), daemon=True).start()
+                threading.Thread(target=cap.stop, args=(cmd["token"], complete), daemon=True).start()
                 taken = True
         elif cmd["op"] == "stop" and cap is not None:
             taken = True  # a rank that does not write has nothing to stop
@@ -664,23 +636,22 @@ def _start_from_env(scheduler: Any, *args: Any, **kwargs: Any) -> None:
 
 def _ignore_terminal_interrupt() -> None:
     """A capturing scheduler ignores SIGINT: a terminal's Ctrl-C reaches every process of the group, and a scheduler
-    it killed would lose its open shard and never answer the stop. The process that launched the capture stops it
-    through the stop file (``eagle-io generate`` interrupted: committed and left incomplete), and SGLang's own
-    shutdown still ends the process. Only in the process's main thread, where a handler can be set."""
+    it killed would lose its open shard and never answer the stop. A client stops the capture over HTTP (``eagle-io
+    live stop``: committed), and SGLang's own shutdown still ends the process. Only in the process's main thread,
+    where a handler can be set."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def install(*, switch: str) -> list[str]:
-    """Called by the plugin in scheduler processes: adds ``Scheduler.eagle_io_capture_start`` (a new attribute, so
-    not a HookRegistry hook) and registers, through ``HookRegistry``, the forward hook and the start by
+    """Called by the plugin in scheduler processes: registers, through ``HookRegistry``, the capture's hooks (the
+    request, forward, verify, result and final-state hooks), the control and status hooks and the start by
     environment; returns the targets registered (each resolved first: :func:`eagle_io.sglang.hooks.register`).
 
     Raises:
         SGLangCompatError: a target does not resolve on the installed SGLang (naming ``switch``, the setting that
             runs without the capture knowingly).
     """
-    sched_cls = hooks.resolve(hooks.STARTUP_HOOK.rsplit(".", 1)[0])
     hooks.register(hooks.TP_FORWARD_HOOK, _forward_hook, "AFTER", switch=switch)
     hooks.register(hooks.RESULT_HOOK, _result_hook, "AFTER", switch=switch)
     hooks.register(hooks.VERIFY_HOOK, _verify_hook, "AFTER", switch=switch)
@@ -689,7 +660,5 @@ def install(*, switch: str) -> list[str]:
     hooks.register(hooks.STARTUP_HOOK, _start_from_env, "BEFORE", switch=switch)
     hooks.register(hooks.SET_STATE_HOOK, _control_hook, "AROUND", switch=switch)
     hooks.register(hooks.GET_STATE_HOOK, _status_hook, "AFTER", switch=switch)
-    if not hasattr(sched_cls, "eagle_io_capture_start"):
-        sched_cls.eagle_io_capture_start = _start
     return [hooks.TP_FORWARD_HOOK, hooks.RESULT_HOOK, hooks.VERIFY_HOOK, hooks.REQUEST_HOOK, hooks.FINAL_STATE_HOOK,
             hooks.STARTUP_HOOK, hooks.SET_STATE_HOOK, hooks.GET_STATE_HOOK]  # fmt: skip

@@ -1,0 +1,122 @@
+"""Talking to SGLang servers: one JSON-over-HTTP call (:func:`http_json`) and one launcher (:func:`launch_server`,
+:func:`stop_server`, with :func:`server_flags` for its flags), shared by the capture client, the served accept
+length (``eagle_io.spec``), the tests and the benches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import SGLangError
+
+__all__ = ["http_json", "launch_server", "server_flags", "stop_server"]
+
+
+def http_json(url: str, body: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
+    """GET (``body`` None) or POST JSON to ``url``; the decoded JSON answer (None for an empty body).
+
+    Raises:
+        SGLangError: an HTTP error status (``status`` set; the body's first 500 characters in the message), no
+            connection (``status`` None), or an answer that is not JSON, naming the URL.
+    """
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            raw = r.read()
+    except urllib.error.HTTPError as e:
+        detail = e.read()[:500].decode(errors="replace")
+        raise SGLangError(f"{url}: HTTP {e.code}: {detail}", status=e.code) from e
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise SGLangError(f"{url}: no answer ({getattr(e, 'reason', e)})", status=None) from e
+    try:
+        return json.loads(raw or b"null")
+    except ValueError as e:
+        raise SGLangError(f"{url}: the answer is not JSON ({raw[:200]!r})", status=None) from e
+
+
+def server_flags(engine_args: Mapping[str, Any]) -> list[str]:
+    """``python -m sglang.launch_server`` flags of ``sglang.Engine`` keyword arguments: ``--key-with-dashes VALUE``,
+    a True boolean as the bare flag, False left out, a list or dict as JSON."""
+    out: list[str] = []
+    for k, v in engine_args.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif v is False or v is None:
+            continue
+        elif isinstance(v, (list, tuple)):
+            out += [flag, *(str(x) for x in v)]
+        else:
+            out += [flag, json.dumps(v) if isinstance(v, dict) else str(v)]
+    return out
+
+
+def launch_server(
+    flags: Sequence[str],
+    log_path: str | os.PathLike[str],
+    *,
+    timeout_s: float = 900.0,
+    env: Mapping[str, str] | None = None,
+) -> tuple[str, Any]:
+    """Starts ``python -m sglang.launch_server`` with ``flags`` (:func:`server_flags` makes them from engine
+    arguments) on a free port of 127.0.0.1, in a process group of its own (a terminal's Ctrl-C does not reach it: the
+    client stops its capture first), its output appended to ``log_path``, in ``env`` (default: this process'
+    environment); waits until ``GET /health`` answers 200, which SGLang gives once its start-up warm-up request has
+    been served (``ServerStatus.Up``, ``_execute_server_warmup`` in ``sglang.srt.entrypoints.http_server``).
+
+    Returns:
+        ``(url, process)``; stop the server with :func:`stop_server`.
+
+    Raises:
+        SGLangError: the server exited (its exit status), or did not answer within ``timeout_s``; the command and the
+            log's last lines quoted.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "sglang.launch_server", *flags, "--host", "127.0.0.1", "--port", str(port)]
+    log = open(log_path, "ab")  # noqa: SIM115 (held by the server process for its life)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    log.close()
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                if r.status == 200:
+                    return url, proc
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_server(proc)
+            with open(log_path, "rb") as f:
+                tail = f.read()[-3000:].decode(errors="replace")
+            why = f"exited with {proc.returncode}" if proc.returncode is not None else f"no answer in {timeout_s:.0f} s"
+            raise SGLangError(f"sglang.launch_server ({' '.join(cmd)}) {why}; its log {log_path} ends:\n{tail}")
+        time.sleep(1.0)
+
+
+def stop_server(proc: Any, timeout_s: float = 60.0) -> None:
+    """Ends a server :func:`launch_server` started: SIGTERM to its process group, SIGKILL after
+    ``timeout_s``."""
+    import signal
+
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,34 @@
+"""TEST-ONLY: the capture client's HTTP calls answered in this process by the scheduler side's own control and status
+hooks (``_control_hook``, ``_status_hook`` of ``eagle_io.capturing.sglang.scheduler``), as SGLang's
+``/set_internal_state`` and ``/server_info`` would answer them from one DP rank: the same commands and statuses, no
+server. SGLang's ``SetInternalStateReqOutput`` is imported by the hook, so SGLang must be importable."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+URL = "http://scheduler.test"
+
+
+def route_to_scheduler(monkeypatch: Any, scheduler: Any = None) -> str:
+    """Patches the client's ``http_json`` so that ``URL/set_internal_state`` and ``URL/server_info`` reach this
+    process's active scheduler capture; returns ``URL``. The target facts of the status are a writing rank's."""
+    from eagle_io.capturing.sglang import client
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    monkeypatch.setattr(sc, "_FACTS", {"writes": True, "writers": 1})
+
+    def http_json(url: str, body: Any = None, timeout_s: float = 30.0) -> Any:
+        if url == f"{URL}/set_internal_state":
+            req = SimpleNamespace(server_args=body["server_args"])
+            out = sc._control_hook(lambda *a, **k: SimpleNamespace(updated=False), scheduler, req)
+            return {"updated": out.updated}
+        if url == f"{URL}/server_info":
+            state: dict[str, Any] = {}
+            sc._status_hook(SimpleNamespace(internal_state=state), scheduler)
+            return {"internal_states": [state]}
+        raise AssertionError(f"no route for {url}")
+
+    monkeypatch.setattr(client, "http_json", http_json)
+    return URL
