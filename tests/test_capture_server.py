@@ -114,6 +114,7 @@ def test_prompts_are_captured_whole_with_chunked_prefill_and_the_radix_cache_on(
         cap.submit(todo[4:])
     plain.join()
     st = cap.stats()
+    assert isinstance(cap, eagle_io.Capture) and cap.forward_seconds is None and cap.upload_report is None
     assert st["sent"] == 8 and st["prefix_tokens_reused"] == 0 and st["scheduler_written"] == 8
     assert st["scheduler_incomplete"] == st["scheduler_refused"] == 0
     items = held_to_reference(tmp_path / "out", model)

@@ -57,6 +57,8 @@ def test_capture_stores_each_sample_unpadded_with_metadata(tmp_path):
     batch = samples([7, 7, 7, 7])
     with eagle_io.capture(model, tmp_path / "b", target_info=info, threads=1) as cap:
         cap.submit(batch)
+    assert isinstance(cap, eagle_io.Capture) and cap.merge_warnings is None and cap.upload_report is None
+    assert cap.forward_seconds > 0 and cap.stats()["samples"] == 4 and cap.counts["written"] == 4
     for s in batch:  # one forward per sample: the reference
         with eagle_io.capture(model, tmp_path / f"s{s.index}", target_info=info, threads=1) as cap:
             cap.submit([s])

@@ -6,7 +6,7 @@ The shard format is specified in docs/FORMAT.md.
 """
 
 from ._native import FORMAT_VERSION, __version__
-from .capturing.session import CaptureSession, capture
+from .capturing.session import Capture, CaptureSession, capture
 from .errors import (
     CorruptRecordError,
     EagleIOError,
@@ -37,6 +37,7 @@ from .store.writer import ShardWriter
 
 __all__ = [
     "FORMAT_VERSION",
+    "Capture",
     "CaptureSession",
     "CorruptRecordError",
     "Dataset",

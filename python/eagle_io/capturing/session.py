@@ -1,12 +1,14 @@
 """``eagle_io.capture``: attach to a target, stream every forward's per-sample aux and final hidden
-states through the capture ring into shards, and leave a committed manifest on exit."""
+states through the capture ring into shards, and leave a committed manifest on exit. Every backend's session is a
+:class:`Capture`: the Hugging Face one here (:class:`CaptureSession`), SGLang servers over HTTP
+(:class:`~eagle_io.capturing.sglang.client.ServerCapture`)."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -16,19 +18,68 @@ from .hf import HFCapture
 from .options import CaptureOptions
 from .store import ForwardSample, SampleStore
 
-if TYPE_CHECKING:
-    from .sglang.client import ServerCapture
+
+@runtime_checkable
+class Capture(Protocol):
+    """A capture in progress, whatever its backend: what :func:`capture` returns. Use as a context manager: leaving
+    it closes the capture, complete unless an exception left it.
+
+    Attributes:
+        done: ids of samples already in the dataset (on resume) or submitted since, which :meth:`submit` skips.
+        aux_layer_ids: the captured layers (eagle-io ids: input of decoder layer i).
+        counts: the session's own counters (``submitted``, ``already_done``, and the backend's).
+        manifest: None until :meth:`close`, then the committed manifest (``{}`` when several writers' manifests
+            are left to merge where the dataset is).
+        manifest_path: the manifest file (or the dataset directory of several writers' manifests).
+        merge_warnings: after a close that merged several writers' manifests, what the merge reported; else None.
+        upload_report: after the close of a capture into object storage, what was uploaded
+            (:func:`eagle_io.store.upload.combine_upload_reports`); else None.
+        forward_seconds, store_seconds: seconds in the target's forward and copying into the ring, where this
+            process runs the forward; None for a server capture.
+    """
+
+    done: set[int]
+    aux_layer_ids: list[int]
+    manifest: dict[str, Any] | None
+    manifest_path: str
+    merge_warnings: list[str] | None
+
+    @property
+    def counts(self) -> dict[str, int]: ...
+
+    @property
+    def upload_report(self) -> dict[str, Any] | None: ...
+
+    @property
+    def forward_seconds(self) -> float | None: ...
+
+    @property
+    def store_seconds(self) -> float | None: ...
+
+    def submit(self, samples: Sequence[Any]) -> None:
+        """Captures ``samples`` (each ``index``, ``input_ids [L]``, ``loss_mask [L]``, optional ``id``)."""
+
+    def stats(self) -> dict[str, Any]:
+        """:attr:`counts`, and after :meth:`close` the writers' and rings' counters."""
+
+    def close(self, complete: bool = True) -> dict[str, Any]:
+        """Commits what was captured; returns :attr:`manifest`, marked complete unless ``complete`` is False."""
+
+    def __enter__(self) -> Capture: ...
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None: ...
 
 
 class CaptureSession:
-    """A capture in progress; build it with :func:`capture`. Use as a context manager.
+    """A capture through a Hugging Face model's forward in this process (a :class:`Capture`); build it with
+    :func:`capture`.
 
     Attributes:
-        done: ids of samples already in the dataset (on resume), which :meth:`submit` skips.
-        aux_layer_ids: the captured layers (eagle-io ids: input of decoder layer i).
         counts: ``submitted`` plus the capture core's counters (:data:`eagle_io.capturing.store.COUNTS`).
         forward_seconds / store_seconds: time in the target's forward vs. copying into the ring.
     """
+
+    merge_warnings: list[str] | None = None  # one writer: nothing to merge
 
     def __init__(self, target: Any, out_dir: str | os.PathLike[str], options: CaptureOptions) -> None:
         if not isinstance(target, torch.nn.Module):
@@ -51,6 +102,10 @@ class CaptureSession:
     @property
     def counts(self) -> dict[str, int]:
         return {"submitted": self.submitted, **self._store.counts}
+
+    @property
+    def upload_report(self) -> dict[str, Any] | None:
+        return self._store.upload_report
 
     def submit(self, samples: Sequence[Any]) -> None:
         """Runs one batched forward over ``samples`` and stores each sample's states unpadded.
@@ -111,7 +166,7 @@ class CaptureSession:
     def stats(self) -> dict[str, Any]:
         """Counts, forward/store seconds and the writer's and ring's counters."""
         return {**self.counts, "forward_seconds": self.forward_seconds, "store_seconds": self.store_seconds,
-                **self._store.ring_stats()}  # fmt: skip
+                **self._store.stats()}  # fmt: skip
 
     def close(self, complete: bool = True) -> dict[str, Any]:
         """Removes the hooks, drains the ring and commits the last shard; returns the manifest, marked complete
@@ -151,7 +206,7 @@ def capture(
     retries: int = defaults.SERVER_RETRIES,
     progress: bool = False,
     **writer_options: Any,
-) -> CaptureSession | ServerCapture:
+) -> Capture:
     """Starts capturing EAGLE-3 training data from ``target`` into ``out_dir``: a directory, or an object-storage
     prefix ``s3://bucket/run`` (docs/STORAGE.md: written to a local staging directory, each shard uploaded when it
     commits and its staged copy removed, the manifest last with a conditional PUT; ``staging=`` and

@@ -459,13 +459,10 @@ class SampleStore:
         except OSError as e:  # the shards and manifest are committed; the stats are informational
             logger.warning("eagle-io capture: could not write %s: %s", path, e)
 
-    def ring_stats(self) -> dict[str, Any]:
-        """The ring's and the writer's counters (:meth:`~eagle_io.capturing.ring.RingSink.stats`)."""
-        return self._sink.stats()
-
     def stats(self) -> dict[str, Any]:
-        """:data:`COUNTS` plus :meth:`ring_stats`."""
-        return {**self.counts, **self.ring_stats()}
+        """The ring's and the writer's counters (:meth:`~eagle_io.capturing.ring.RingSink.stats`); the store's own
+        are :attr:`counts`."""
+        return self._sink.stats()
 
     def close(self, complete: bool = True) -> dict[str, Any]:
         """Drains the ring, commits the last shard and returns the manifest, marked ``complete`` unless

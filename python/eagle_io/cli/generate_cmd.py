@@ -24,6 +24,7 @@ from typing import Any
 
 from .. import defaults
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from ..host import human_bytes
 from ..sglang.ranks import writers_of
 from ..store import layout
 from ..store.schema import EXPECTED_RATIO, precision_name
@@ -187,18 +188,10 @@ def _disk_check(
     basis = f"{samples:,.0f} samples ({how}) of {mean_tokens:,.0f} tokens on average (max length {max_length})"
     if need > free:
         raise InvalidArgumentError(
-            f"estimated output {_size(need)} for {basis} exceeds free disk {_size(free)} "
+            f"estimated output {human_bytes(need)} for {basis} exceeds free disk {human_bytes(free)} "
             f"at {out} (pass --no-disk-check to try anyway)"
         )
-    return f"disk      estimated output {_size(need)} for {basis}; {_size(free)} free"
-
-
-def _size(n: float) -> str:
-    """Bytes in a readable unit (decimal: kB, MB, GB, TB)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:,.2f} {unit}"
-    return f"{n:,.0f} B"
+    return f"disk      estimated output {human_bytes(need)} for {basis}; {human_bytes(free)} free"
 
 
 def _template_kwargs(args, tokenizer) -> dict | None:
@@ -484,9 +477,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if shutdown is not None:
             shutdown()
-    if getattr(session, "merge_warnings", None) is not None:  # the servers' writers, merged at close
+    if session.merge_warnings is not None:  # the servers' writers, merged at close
         summary["manifest"], summary["merge_warnings"] = session.manifest_path, session.merge_warnings
-    uploaded = _upload_report(session)
+    uploaded = session.upload_report
     if uploaded is not None:
         summary["upload"] = uploaded
         print(
@@ -511,24 +504,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"eagle-io generate: {problem}", file=sys.stderr)
         return 1
     return 0
-
-
-def _upload_report(session) -> dict | None:
-    """What the capture's writers uploaded to object storage, each shard as it committed (``StagedUpload.finish``):
-    the HF backend's one writer, or the SGLang schedulers' (one per DP rank, from their stop answers) combined:
-    ``uploaded`` and ``bytes`` summed, ``blocked_seconds`` the largest. None for a local capture."""
-    store = getattr(session, "_store", None)
-    parts = [store.upload_report] if store is not None else [a.get("upload") for a in getattr(session, "answers", [])]
-    parts = [p for p in parts if p]
-    if not parts:
-        return None
-    return {
-        "url": parts[0]["url"],
-        "staging": parts[0]["staging"],
-        "uploaded": [f for p in parts for f in p["uploaded"]],
-        "bytes": sum(p["bytes"] for p in parts),
-        "blocked_seconds": max(p["blocked_seconds"] for p in parts),
-    }
 
 
 def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> dict:
@@ -574,7 +549,7 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
             # Records done: every record of this share up to the last one read, less those tokenized but not
             # yet submitted (the batching window reads ahead).
             done = len(range(args.rank, seen["last"] + 1, args.world_size)) - (seen["yielded"] - submitted)
-            forward, store = getattr(session, "forward_seconds", None), getattr(session, "store_seconds", None)
+            forward, store = session.forward_seconds, session.store_seconds
             return {
                 "records": max(done, 0),
                 "samples": submitted,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..host import human_bytes
+
 # Why a record yields no sample -> what to change (formatted with the run's arguments).
 HINTS = {
     "empty_loss_mask": "no assistant token lies within --max-length {max_length}: raise --max-length",
@@ -27,13 +29,6 @@ def _duration(seconds: float) -> str:
     m, s = divmod(round(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s" if m else f"{seconds:.1f} s"
-
-
-def _size(n: int) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:,.2f} {unit}"
-    return f"{n:,} bytes"
 
 
 def _reasons(counts: dict[str, int]) -> str:
@@ -58,7 +53,7 @@ def human_summary(summary: dict[str, Any]) -> str:
     lines = [
         f"done      {summary['samples_written']:,} samples, {summary['tokens_written']:,} tokens written in "
         f"{_duration(summary['total_seconds'])} (capture {_duration(summary['capture_seconds'])})",
-        f"bytes     {_size(summary['raw_bytes'])} raw -> {_size(summary['stored_bytes'])} stored"
+        f"bytes     {human_bytes(summary['raw_bytes'])} raw -> {human_bytes(summary['stored_bytes'])} stored"
         + (f" (ratio {summary['ratio']:.3f})" if summary["ratio"] else ""),
     ]
     if summary.get("tokens_per_s"):

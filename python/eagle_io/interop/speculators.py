@@ -41,13 +41,13 @@ import torch
 from .. import defaults
 from ..errors import IncompatibleDatasetError, InvalidArgumentError, SpeculatorsFileError
 from ..store import layout
+from ..store.eagle3 import sglang_default_ids
 
 __all__ = [
     "PRE_NORM",
     "SCALES",
     "SpeculatorsImport",
     "TargetNorm",
-    "default_target_layer_ids",
     "export_speculators",
     "import_speculators",
     "quantize_like_speculators",
@@ -97,12 +97,6 @@ class TargetNorm:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.to(x.dtype) * h.to(x.dtype)).to(x.dtype)
-
-
-def default_target_layer_ids(num_layers: int) -> list[int]:
-    """speculators' default aux layers ``[2, N//2, N-3]`` (``resolve_target_layer_ids``); the same ids in eagle-io's
-    convention (input of decoder layer ``i``, as vLLM's Llama captures them), SGLang's default too."""
-    return [2, num_layers // 2, num_layers - 3]
 
 
 def quantize_like_speculators(planes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,7 +200,7 @@ def _recorded_ids(aux_layer_ids: list[int] | None, num_layers: int | None, k: in
     if aux_layer_ids is None:
         if num_layers is None:
             return None
-        aux_layer_ids = default_target_layer_ids(num_layers)
+        aux_layer_ids = sglang_default_ids(num_layers)  # speculators resolve_target_layer_ids: the same list
         what = f"speculators' default [2, N//2, N-3] for N = {num_layers}"
     else:
         what = f"aux_layer_ids {list(aux_layer_ids)}"
@@ -402,7 +396,7 @@ def _planes_source(ds: Any) -> tuple[int, int, bool]:
     else:
         ids, n = meta.get("aux_layer_ids"), meta.get("num_layers")
         if not (meta.get("final_state_is_prenorm") and ids and isinstance(n, int) and ids[-1] == n):
-            want = ",".join(map(str, [*default_target_layer_ids(n), n])) if isinstance(n, int) else "2,N//2,N-3,N"
+            want = ",".join(map(str, [*sglang_default_ids(n), n])) if isinstance(n, int) else "2,N//2,N-3,N"
             raise IncompatibleDatasetError(
                 f"{ds.manifest_path}: no final pre-norm state (aux_layer_ids {ids}, no {PRE_NORM!r} tensor); "
                 "speculators stores its aux layers then the last layer's pre-norm output, and post-norm "

@@ -27,10 +27,26 @@ def default_staging(url: str) -> str:
 
 def local_dir(out_dir: str | os.PathLike[str], staging: str | os.PathLike[str] | None = None) -> str:
     """The local directory a capture into ``out_dir`` writes its files in: ``out_dir`` itself, or for an object URL
-    ``staging`` (default :func:`default_staging`), where the SGLang capture's stop and answer files also live."""
+    ``staging`` (default :func:`default_staging`)."""
     if not layout.is_url(out_dir):
         return os.fspath(out_dir)
     return os.fspath(staging) if staging is not None else default_staging(os.fspath(out_dir))
+
+
+def combine_upload_reports(parts: list[dict[str, object] | None]) -> dict[str, object] | None:
+    """One report of several writers' uploads to one dataset (:meth:`StagedUpload.finish`'s, one per writer; None
+    for a writer with nothing uploaded): ``uploaded`` joined, ``bytes`` summed, ``blocked_seconds`` the largest.
+    None when no writer uploaded (a local capture)."""
+    done = [p for p in parts if p]
+    if not done:
+        return None
+    return {
+        "url": done[0]["url"],
+        "staging": done[0]["staging"],
+        "uploaded": [f for p in done for f in p["uploaded"]],  # type: ignore[attr-defined]
+        "bytes": sum(p["bytes"] for p in done),  # type: ignore[misc]
+        "blocked_seconds": max(p["blocked_seconds"] for p in done),  # type: ignore[type-var]
+    }
 
 
 def fetch_remote_manifest(url: str, staging_manifest: str | os.PathLike[str]) -> bool:

@@ -35,6 +35,7 @@ from ...errors import CaptureStopTimeoutError, InvalidArgumentError, ObjectStora
 from ...sglang.servers import http_json
 from ...store import layout
 from ...store.manifest import read_manifest
+from ...store.upload import combine_upload_reports
 from ..options import CaptureOptions
 from ..store import check_sample
 from .live import LivePolicy
@@ -159,8 +160,7 @@ def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[
 
 
 class ServerCapture:
-    """A capture through running SGLang servers, with :class:`eagle_io.CaptureSession`'s interface (``submit``,
-    ``stats``, ``close``, context manager, ``done``, ``counts``, ``aux_layer_ids``, ``manifest``).
+    """A capture through running SGLang servers (a :class:`eagle_io.capturing.session.Capture`).
 
     Args:
         urls: one server's base URL or several (each its own group of shard writers), or their
@@ -254,6 +254,14 @@ class ServerCapture:
             http_json(f"{s.url}/set_internal_state", {"server_args": cmd})
             offset += s.writers
         self._wait({"capturing"}, "token", defaults.STOP_TIMEOUT_S, "start")
+
+    forward_seconds = store_seconds = None  # the forwards run in the servers
+
+    @property
+    def upload_report(self) -> dict[str, Any] | None:
+        """After :meth:`close` of a capture into object storage, what every writer uploaded
+        (:func:`eagle_io.store.upload.combine_upload_reports`); else None."""
+        return combine_upload_reports([a.get("upload") for a in self.answers])
 
     def _committed(self) -> set[int]:
         """Sample ids the dataset's manifests already list, where this client can read them (an ``s3://`` prefix,

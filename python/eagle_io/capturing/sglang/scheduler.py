@@ -359,7 +359,7 @@ class _SchedulerCapture:
         # the ring is read only when no stop holds it (never waiting: this runs on the scheduler's thread)
         if self.store is not None and not self.stopping and self.answer_lock.acquire(blocking=False):
             try:
-                ring = self.store.ring_stats()
+                ring = self.store.stats()
             finally:
                 self.answer_lock.release()
             out["ring"] = {k: ring.get(k) for k in ("ring_capacity", "ring_high_water_bytes", "ring_bytes_in_use",
@@ -395,7 +395,7 @@ class _SchedulerCapture:
                     if self.handoff is not None:
                         self.handoff.close()  # what finished before the stop is put first
                     self.store.close(complete=complete)
-                    self.outcome = {"error": None, "stats": self.store.ring_stats(), "upload": self.store.upload_report}
+                    self.outcome = {"error": None, "stats": self.store.stats(), "upload": self.store.upload_report}
                 except Exception as e:  # reported to the client through the status
                     self.outcome = {"error": f"{type(e).__name__}: {e}"}
                 self.outcome["stopped_by"] = token  # a later stop (a retry, the starter after a forced stop) sees it
