@@ -190,11 +190,16 @@ def test_generate_checks_every_number_before_anything_is_loaded_or_written(tmp_p
     assert not out.exists()
 
 
-def test_the_capture_ring_is_refused_past_the_memory_available():
+def test_the_capture_ring_is_refused_past_the_memory_available_by_the_process_that_allocates_it(tmp_path):
+    """The options travel to the process that allocates the ring (an SGLang scheduler, for a server capture), which
+    judges them against its own memory; the client's machine does not. Refused before anything is written."""
     from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.store import SampleStore
 
+    huge = CaptureOptions(ring_bytes=10**18 // 1000, target_info={"num_layers": 8, "hidden_size": 8, "vocab_size": 9})
     with pytest.raises(InvalidArgumentError, match=r"ring_bytes 1,000,000,000,000,000 \(1,000.00 TB\)"):
-        CaptureOptions(ring_bytes=10**18 // 1000)
+        SampleStore.create(tmp_path / "d", huge, aux_layer_ids=[2, 4, 5])
+    assert not (tmp_path / "d").exists()
 
 
 def test_a_draft_too_large_for_the_memory_is_refused_with_the_figures_before_it_is_built(tmp_path):

@@ -81,3 +81,8 @@ def test_the_sglang_scheduler_honours_drop_when_full(tmp_path, monkeypatch):
     assert sink._drop is True and sink.stats()["ring_capacity"] == 1 << 16
     assert (cap.store.nonfinite, cap.store.max_length) == ("skip", 64)
     cap.stop("t")
+    # the scheduler allocates the ring, so it judges its size against its own memory; the client did not
+    huge = CaptureOptions(ring_bytes=10**15).to_json()
+    with pytest.raises(eagle_io.InvalidArgumentError, match="the capture ring is allocated at once, and only"):
+        sc._SchedulerCapture(sched, str(tmp_path / "huge"), huge)
+    assert not (tmp_path / "huge").exists()

@@ -38,31 +38,39 @@ _FOREVER_S = 1e9
 
 
 def check_ring_options(
-    *, ring_bytes: int, batch: int, timeout_s: float, quantize_on_device: bool | None = None, here: bool = True
+    *, ring_bytes: int, batch: int, timeout_s: float, quantize_on_device: bool | None = None
 ) -> None:
     """Refuses ring options the core cannot take, before anything is created (a capture checks them before it
-    opens its writer, so a bad option leaves no dataset behind). ``here``: the ring is allocated in this process, so
-    its size is held to this machine's available memory (False for a client whose rings live in SGLang's schedulers,
-    which check it where they allocate them).
+    opens its writer, so a bad option leaves no dataset behind). Whether the ring fits in memory is judged by the
+    process that allocates it (:func:`check_ring_memory`), not by a client whose rings live in SGLang's schedulers.
 
     Raises:
-        InvalidArgumentError: ``ring_bytes`` or ``batch`` not an integer >= 1, ``ring_bytes`` more than the memory
-            available (the figures named), ``timeout_s`` not a number >= 0,
+        InvalidArgumentError: ``ring_bytes`` or ``batch`` not an integer >= 1, ``timeout_s`` not a number >= 0,
             ``quantize_on_device`` neither None nor a bool.
     """
     for name, value in (("ring_bytes", ring_bytes), ("batch", batch)):
         if type(value) is not int or value < 1:
             raise InvalidArgumentError(f"{name} must be an integer >= 1, not {value!r}")
-    free = available_memory() if here else None
-    if free is not None and ring_bytes > free:  # the arena is allocated at once: 10**15 aborted the process
-        raise InvalidArgumentError(
-            f"ring_bytes {ring_bytes:,} ({human_bytes(ring_bytes)}): the capture ring is allocated at once, and only "
-            f"{human_bytes(free)} of memory is available; the default is {human_bytes(defaults.RING_BYTES)}"
-        )
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s >= 0:
         raise InvalidArgumentError(f"timeout_s must be a number of seconds >= 0 (inf: no limit), not {timeout_s!r}")
     if quantize_on_device not in (None, True, False):
         raise InvalidArgumentError(f"quantize_on_device must be None, True or False, not {quantize_on_device!r}")
+
+
+def check_ring_memory(ring_bytes: int) -> None:
+    """Refuses a capture ring larger than the memory available to this process now (the arena is allocated at once:
+    10**15 bytes aborted the process). Called by the process that allocates it, before anything is created: the
+    Hugging Face capture's own, or each SGLang scheduler's (its refusal is the start's error in the server's status).
+
+    Raises:
+        InvalidArgumentError: naming ``ring_bytes`` and the memory available.
+    """
+    free = available_memory()
+    if free is not None and ring_bytes > free:
+        raise InvalidArgumentError(
+            f"ring_bytes {ring_bytes:,} ({human_bytes(ring_bytes)}): the capture ring is allocated at once, and only "
+            f"{human_bytes(free)} of memory is available; the default is {human_bytes(defaults.RING_BYTES)}"
+        )
 
 
 class RingSink:

@@ -29,7 +29,7 @@ from ..store.schema import eagle3_schema
 from ..store.upload import StagedUpload, local_dir, stage_remote_manifests
 from ..store.writer import ShardWriter, check_sample_id
 from .options import VALUE_POLICIES, CaptureOptions
-from .ring import RingSink
+from .ring import RingSink, check_ring_memory
 
 __all__ = ["COUNTS", "ForwardSample", "SampleStore", "check_sample"]
 
@@ -212,10 +212,12 @@ class SampleStore:
                 :meth:`put_forward` / :meth:`close`), naming the object's URL and the HTTP status.
             InvalidArgumentError: ``out_dir`` holds this writer's data without ``resume`` (or, an object-storage one,
                 a capture by another number of writers), a bad writer option, ``staging`` with a local ``out_dir``,
-                or a ``target_info`` without positive ``num_layers`` / ``hidden_size`` / ``vocab_size``.
+                a ``target_info`` without positive ``num_layers`` / ``hidden_size`` / ``vocab_size``, or a ring
+                larger than this process' available memory (:func:`~eagle_io.capturing.ring.check_ring_memory`).
             IncompatibleDatasetError: resuming a dataset of another schema or metadata, or from a staging directory
                 that is not the remote dataset's state nor a later one.
         """
+        check_ring_memory(options.ring_bytes)  # this process allocates the ring
         target_info = dict(options.target_info if target_info is None else target_info)
         writer_options = dict(options.writer_options)
         staging = writer_options.pop("staging", None)

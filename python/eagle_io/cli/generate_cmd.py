@@ -397,7 +397,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
     Raises:
         InvalidArgumentError: names each option out of bounds, with its bound.
     """
-    from ..capturing.ring import check_ring_options
+    from ..capturing.ring import check_ring_memory, check_ring_options
 
     bad = []
     for name, low in (("batch_size", 1), ("max_length", 1), ("shard_bytes", 1), ("threads", 0), ("tp_size", 1),
@@ -412,9 +412,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
         bad.append(f"--temperature {args.temperature} (must be a finite number >= 0)")
     if bad:
         raise InvalidArgumentError("out of bounds: " + "; ".join(bad))
-    here = args.backend == "hf" and not args.server  # else each SGLang scheduler allocates (and checks) its ring
-    check_ring_options(ring_bytes=args.ring_bytes, batch=defaults.RING_BATCH, timeout_s=defaults.RING_TIMEOUT_S,
-                       here=here)  # fmt: skip
+    check_ring_options(ring_bytes=args.ring_bytes, batch=defaults.RING_BATCH, timeout_s=defaults.RING_TIMEOUT_S)
+    if args.backend == "hf" and not args.server:  # this process allocates the ring (else each SGLang scheduler)
+        check_ring_memory(args.ring_bytes)
 
 
 def run(args: argparse.Namespace) -> int:
