@@ -176,6 +176,31 @@ def test_independent_rooms_do_not_import_each_other(path):
     assert not bad, f"{path.relative_to(PACKAGE)} (room {here}) imports a room it must stay independent of: {bad}"
 
 
+#: Walls inside a room, where two processes meet: modules on one side never import the other side. The SGLang
+#: capture's scheduler side runs inside SGLang's scheduler processes; its client side drives servers over HTTP. What
+#: both sides speak (``protocol``, ``live``) stands on its own.
+WALLS: list[tuple[str, set[str], set[str]]] = [
+    (
+        "eagle_io.capturing.sglang",
+        {"scheduler", "assembly", "handoff"},  # scheduler side
+        {"client", "launch"},  # client side
+    ),
+]
+
+
+@pytest.mark.parametrize("package,scheduler_side,client_side", WALLS)
+def test_the_scheduler_side_never_imports_the_client_side(package, scheduler_side, client_side):
+    where = PACKAGE.parent.joinpath(*package.split("."))
+    present = {p.stem for p in where.glob("*.py")}
+    assert scheduler_side | client_side <= present, "a module named in WALLS no longer exists"
+    both = present - scheduler_side - client_side - {"__init__"}
+    graph = import_graph(SOURCES)
+    for side, other in ((scheduler_side, client_side), (both, scheduler_side | client_side)):
+        for m in side:
+            bad = {t for t in graph[f"{package}.{m}"] if t.startswith(f"{package}.") and t.rsplit(".", 1)[1] in other}
+            assert not bad, f"{package}.{m} imports across the wall: {sorted(bad)}"
+
+
 def test_the_cycle_check_finds_a_circle_hidden_in_a_function():
     graph = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": {"a.x"}, "a.v": {"a.v"}}
     assert cycles(graph) == [["a.v"], ["a.x", "a.y", "a.z"]]
