@@ -328,56 +328,6 @@ def test_the_preflight_refuses_servers_it_cannot_capture_from(fake, tmp_path):
         eagle_io.capture(torch.nn.Linear(2, 2), tmp_path / "o", target_info={}, sampling_params={"max_new_tokens": 2})
 
 
-def test_only_the_starting_client_or_a_forced_stop_stops_a_capture():
-    """A stop over HTTP carrying another client's token is not taken (that client's samples would silently stop
-    being stored); the starter's own token, or ``force`` (:func:`stop_server_capture`, its client gone), is."""
-    import time as _time
-
-    from eagle_io.capturing.sglang import scheduler as sc
-    from eagle_io.capturing.sglang.protocol import control_args
-
-    stops = []
-    cap = SimpleNamespace(writes=True, stopping=False, token="A", stop=lambda *a: stops.append(a))
-    sc._ACTIVE = cap
-    try:
-
-        def send(token, **kw):
-            req = SimpleNamespace(server_args=control_args("stop", token, **kw))
-            return sc._control_hook(None, None, req).updated
-
-        assert send("B") is False
-        _time.sleep(0.2)
-        assert stops == [], "another client's stop stopped the capture"
-        assert send("A") is True and send("C", complete=False, force=True) is True
-        _time.sleep(0.2)
-        assert sorted(stops) == [("A", True, False), ("C", False, False)]
-    finally:
-        sc._ACTIVE = None
-
-
-def test_a_stop_after_a_refused_start_reaches_the_capture_that_ran_before():
-    """A start over HTTP that the scheduler refused (e.g. ``live start`` into the directory of the capture just
-    stopped) leaves its ``failed`` record for its client; a later stop clears it, so the status shows the capture the
-    stop answers (measured on a real CPU server before: ``eagle-io live stop`` after such a start waited out its
-    600 s stop timeout, every status showing the refused start's error and no ``stop_token``)."""
-    from eagle_io.capturing.sglang import scheduler as sc
-    from eagle_io.capturing.sglang.protocol import control_args
-
-    stops = []
-    stopped = SimpleNamespace(writes=True, stopping=True, stopped=True, token="A", stop_token=None,
-                              stop=lambda token, *a: stops.append(token),
-                              status=lambda: {"state": "stopped", "token": "A"})  # fmt: skip
-    sc._ACTIVE, sc._FACTS = stopped, {}
-    sc._STARTING = {"state": "failed", "token": "B", "error": "InvalidArgumentError: already holds data"}
-    try:
-        assert sc.status(None)["state"] == "failed"  # the refused start's client reads its error
-        req = SimpleNamespace(server_args=control_args("stop", "C", complete=True, force=True))
-        assert sc._control_hook(None, None, req).updated is True
-        assert sc._STARTING is None and sc.status(None)["state"] == "stopped"
-    finally:
-        sc._ACTIVE, sc._STARTING, sc._FACTS = None, None, None
-
-
 def test_an_aborted_request_is_an_error_naming_the_sample_never_a_success(fake, tmp_path):
     """SGLang answers an aborted request (``/abort_request``, a disconnect) with HTTP 200 and ``finish_reason``
     ``abort``: nothing of it was stored, so ``submit`` raises naming the sample and does not count it done."""
