@@ -51,6 +51,11 @@ impl Fp8Type {
             Fp8Type::E4m3fn => FLOAT8_E4M3FN,
         }
     }
+
+    /// Parses a schema name; `None` for names this build does not store.
+    pub fn parse(name: &str) -> Option<Fp8Type> {
+        (name == FLOAT8_E4M3FN).then_some(Fp8Type::E4m3fn)
+    }
 }
 
 impl Precision {

@@ -24,10 +24,10 @@ def test_options_round_trip_through_json_and_refuse_unknown_keys():
         writer_options={"shard_bytes": 1 << 20},
     )
     assert (o.state_dtype, o.aux_layer_ids) == ("float32", (2, 4, 5))
-    wire = json.loads(json.dumps(o.to_json()))
-    assert CaptureOptions.from_json(wire) == o and wire["aux_layer_ids"] == [2, 4, 5]
+    wire = json.loads(json.dumps(o.to_dict()))
+    assert CaptureOptions.from_dict(wire) == o and wire["aux_layer_ids"] == [2, 4, 5]
     with pytest.raises(eagle_io.InvalidArgumentError, match=r"unknown capture option\(s\) \['drop_when_ful'\]"):
-        CaptureOptions.from_json({**wire, "drop_when_ful": True})
+        CaptureOptions.from_dict({**wire, "drop_when_ful": True})
     with pytest.raises(eagle_io.InvalidArgumentError, match="nonfinite must be 'raise' or 'skip', not 'drop'"):
         o.replace(nonfinite="drop")
     with pytest.raises(eagle_io.InvalidArgumentError, match="aux_layer_ids must be a list of integers"):
@@ -75,14 +75,14 @@ def test_the_sglang_scheduler_honours_drop_when_full(tmp_path, monkeypatch):
         draft_worker=None,
         server_args=SimpleNamespace(chunked_prefill_size=-1, disable_radix_cache=True),
     )
-    sent = CaptureOptions(drop_when_full=True, ring_bytes=1 << 16, max_length=64, nonfinite="skip").to_json()
+    sent = CaptureOptions(drop_when_full=True, ring_bytes=1 << 16, max_length=64, nonfinite="skip").to_dict()
     cap = sc._SchedulerCapture(sched, str(tmp_path), sent)
     sink = cap.store._sink
     assert sink._drop is True and sink.stats()["ring_capacity"] == 1 << 16
     assert (cap.store.nonfinite, cap.store.max_length) == ("skip", 64)
     cap.stop("t")
     # the scheduler allocates the ring, so it judges its size against its own memory; the client did not
-    huge = CaptureOptions(ring_bytes=10**15).to_json()
+    huge = CaptureOptions(ring_bytes=10**15).to_dict()
     with pytest.raises(eagle_io.InvalidArgumentError, match="the capture ring is allocated at once, and only"):
         sc._SchedulerCapture(sched, str(tmp_path / "huge"), huge)
     assert not (tmp_path / "huge").exists()

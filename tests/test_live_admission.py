@@ -94,7 +94,7 @@ def test_each_cap_refuses_and_is_counted_under_its_name():
 )
 def test_a_bad_policy_is_refused_naming_the_option(bad, what):
     with pytest.raises(InvalidArgumentError) as e:
-        LivePolicy.from_json(bad)
+        LivePolicy.from_dict(bad)
     assert str(e.value).startswith(what if what.startswith("unknown") else f"live capture {what}"), str(e.value)
 
 

@@ -286,7 +286,7 @@ def test_import_skips_and_counts_bad_files_when_asked(tmp_path):
     s = import_specforge(sf, tmp_path / "out", skip_bad=True, threads=1)
     assert s.imported == 4
     assert sorted(p for p, _ in s.skipped) == sorted([*map(str, bad.values()), str(sf / "rows_0-2000" / "notes.ckpt")])
-    assert s.as_dict()["skipped"] == len(bad) + 1
+    assert s.to_dict()["skipped"] == len(bad) + 1
     assert len(eagle_io.Dataset(tmp_path / "out")) == 4
 
 

@@ -287,8 +287,8 @@ def test_reader_bindings_refuse_out_of_range_ints_naming_the_argument(small_data
         (
             lambda: _native.Writer(
                 str(root.parent / "x"),
-                "[]",
-                "{}",
+                [("input_ids", "int64", None, None, None)],
+                {},
                 shard_bytes=-1,
                 chunk_bytes=1,
                 threads=1,

@@ -7,6 +7,7 @@ use pyo3::types::PyDict;
 
 use super::args::{seconds, unsigned, unsigned_opt};
 use super::blocking::blocking;
+use super::manifest::manifest_to_py;
 use super::slot::RingSlot;
 use super::writer::{stats_dict, Writer};
 use crate::error::Error;
@@ -111,10 +112,10 @@ impl CaptureSink {
         Ok(d)
     }
 
-    /// Drains committed samples, commits the last shard and returns the manifest JSON; with
+    /// Drains committed samples, commits the last shard and returns the manifest (a dict); with
     /// `complete=False` the manifest stays marked incomplete (an interrupted capture).
     #[pyo3(signature = (complete = true))]
-    fn close(&mut self, py: Python<'_>, complete: bool) -> PyResult<String> {
+    fn close<'py>(&mut self, py: Python<'py>, complete: bool) -> PyResult<Bound<'py, PyAny>> {
         let inner = &mut self.inner;
         let manifest = blocking(py, |interrupt| {
             if complete {
@@ -123,6 +124,6 @@ impl CaptureSink {
                 inner.close_incomplete(interrupt)
             }
         })?;
-        Ok(serde_json::to_string(&manifest).expect("a manifest always serialises"))
+        manifest_to_py(py, &manifest)
     }
 }

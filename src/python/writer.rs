@@ -9,6 +9,8 @@ use pyo3::types::PyDict;
 use super::args::unsigned;
 use super::blocking::blocking;
 use super::buffers::Borrowed;
+use super::manifest::manifest_to_py;
+use super::values::{py_to_json, schema_of, PyTensorSpecIn};
 use crate::codec::CodecOptions;
 use crate::dataset::{DatasetWriter, SampleRef, WriterOptions, WriterStats};
 use crate::error::Error;
@@ -78,13 +80,13 @@ fn borrow_sample(schema: &Schema, (sample_id, _, tensors): &PySample<'_>) -> Res
 #[pymethods]
 impl Writer {
     #[new]
-    #[pyo3(signature = (root, schema_json, metadata_json, *, shard_bytes, chunk_bytes, threads, zstd_level, queue_depth, shard_prefix, manifest_name, resume, uploaded_to=None))]
+    #[pyo3(signature = (root, schema, metadata, *, shard_bytes, chunk_bytes, threads, zstd_level, queue_depth, shard_prefix, manifest_name, resume, uploaded_to=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         root: PathBuf,
-        schema_json: &str,
-        metadata_json: &str,
+        schema: Vec<PyTensorSpecIn>,
+        metadata: &Bound<'_, PyAny>,
         shard_bytes: &Bound<'_, PyAny>,
         chunk_bytes: &Bound<'_, PyAny>,
         threads: &Bound<'_, PyAny>,
@@ -99,10 +101,9 @@ impl Writer {
         let chunk_bytes: u64 = unsigned(chunk_bytes, "chunk_bytes")?;
         let threads: usize = unsigned(threads, "threads")?;
         let queue_depth: usize = unsigned(queue_depth, "queue_depth")?;
-        let schema =
-            Schema::from_json(schema_json.as_bytes()).map_err(|e| Error::InvalidArgument(format!("schema: {e}")))?;
-        let metadata: serde_json::Value = serde_json::from_str(metadata_json)
-            .map_err(|e| Error::InvalidArgument(format!("metadata is not JSON: {e}")))?;
+        let schema = schema_of(schema).map_err(|e| Error::InvalidArgument(format!("schema: {e}")))?;
+        let metadata =
+            py_to_json(metadata).map_err(|e| Error::InvalidArgument(format!("metadata is not JSON: {e}")))?;
         let opts = WriterOptions {
             shard_bytes,
             chunk_bytes,
@@ -162,10 +163,10 @@ impl Writer {
         stats_dict(py, &s)
     }
 
-    /// Commits the last shard and returns the final manifest as JSON; with `complete=False` the
+    /// Commits the last shard and returns the final manifest (a dict); with `complete=False` the
     /// manifest stays marked incomplete (an interrupted capture).
     #[pyo3(signature = (complete = true))]
-    fn close(&mut self, py: Python<'_>, complete: bool) -> PyResult<String> {
+    fn close<'py>(&mut self, py: Python<'py>, complete: bool) -> PyResult<Bound<'py, PyAny>> {
         let inner = self.get()?;
         let manifest = blocking(py, |_| {
             if complete {
@@ -174,7 +175,7 @@ impl Writer {
                 inner.close_incomplete()
             }
         })?;
-        Ok(serde_json::to_string(&manifest).expect("a manifest always serialises"))
+        manifest_to_py(py, &manifest)
     }
 }
 

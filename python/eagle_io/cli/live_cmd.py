@@ -60,5 +60,5 @@ def run(args: argparse.Namespace) -> int:
     options = CaptureOptions(max_length=args.max_length, precision=args.precision, ring_bytes=args.ring_bytes)
     cap = ServerCapture(args.urls, os.fspath(args.out), options, live=policy)  # started; left running
     print(json.dumps({"out": cap.url, "servers": [s.url for s in cap.servers], "writers": cap.writers,
-                      "live": policy.to_json()}))  # fmt: skip
+                      "live": policy.to_dict()}))  # fmt: skip
     return 0

@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     with callback("sample", "audit ranks") as progress:
         report = merge_ranks(args.root, expected, skipped=skipped, write=not args.no_write, progress=progress)
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        print(json.dumps(report.to_dict(), indent=2))
     else:
         print_report(report, source)
     return 0 if report.ok else 1

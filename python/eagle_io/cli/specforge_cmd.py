@@ -84,7 +84,7 @@ def _import_run(args: argparse.Namespace) -> int:
             threads=args.threads,
             progress=progress,
         )
-    out = summary.as_dict()
+    out = summary.to_dict()
     for path, reason in summary.skipped:
         print(f"skipped   {path}: {reason}", file=sys.stderr)
     print(json.dumps({k: v for k, v in out.items() if k != "skipped_files"}, indent=2))

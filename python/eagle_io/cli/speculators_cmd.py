@@ -102,7 +102,7 @@ def _import_run(args: argparse.Namespace) -> int:
             threads=args.threads,
             progress=progress,
         )
-    print(json.dumps(summary.as_dict(), indent=2))
+    print(json.dumps(summary.to_dict(), indent=2))
     return 0
 
 

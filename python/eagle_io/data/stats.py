@@ -47,7 +47,7 @@ class SkipStats:
         """Total number of skipped records over all reasons."""
         return sum(self.skipped.values())
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary: ``{"skipped": {...}, "modified": {...}, "examples": {...}}``."""
         return {
             "skipped": dict(sorted(self.skipped.items())),

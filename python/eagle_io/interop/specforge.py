@@ -309,7 +309,7 @@ class ImportSummary:
     num_aux_layers: int | None = None
     dtype: str | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "manifest": self.manifest,
             "imported": self.imported,

@@ -123,7 +123,7 @@ class SpeculatorsImport:
     post_norm: bool = False
     aux_layer_ids: list[int] | None = None
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 

@@ -31,7 +31,7 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         FormatVersionError: written by a newer format version.
         StorageError: the file cannot be read.
     """
-    return json.loads(_native.load_manifest(path))
+    return _native.load_manifest(path)
 
 
 def manifest_bytes(manifest: dict[str, Any]) -> bytes:
@@ -41,7 +41,7 @@ def manifest_bytes(manifest: dict[str, Any]) -> bytes:
     Raises:
         InvalidArgumentError: a field is missing or of the wrong type.
     """
-    return _native.seal_manifest(json.dumps(manifest))
+    return _native.seal_manifest(manifest)
 
 
 def data_fingerprint(manifests: Sequence[dict[str, Any]]) -> str:

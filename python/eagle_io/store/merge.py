@@ -75,7 +75,7 @@ class MergeReport:
         """No duplicate id, and no missing id (when an expected set was given)."""
         return not self.duplicates and not self.missing
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["duplicates"] = {str(k): v for k, v in self.duplicates.items()}
         out["skipped_by_source"] = {str(k): v for k, v in self.skipped_by_source.items()}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
@@ -50,15 +48,6 @@ class TensorSpec:
                 f"tensor {self.name!r}: scale_block {self.scale_block!r} needs FP8 precision and an integer >= 1"
             )
 
-    def to_dict(self) -> dict:
-        """The schema JSON object of this tensor."""
-        d: dict = {"name": self.name, "dtype": self.dtype, "width": self.width}
-        if self.precision is not None:
-            d["precision"] = {"storage": self.precision}
-            if self.scale_block is not None:
-                d["precision"]["block"] = self.scale_block
-        return d
-
 
 def precision_name(precision: str | None) -> str | None:
     """The schema's name for a storage precision given as ``None``/``"bf16"`` (lossless) or ``"fp8"``/
@@ -101,8 +90,3 @@ def eagle3_schema(
         TensorSpec("aux_hidden_states", dtype, num_aux_layers * hidden_size, precision_name(precision)),
         TensorSpec("hidden_states", dtype, hidden_size, precision_name(precision)),
     ]
-
-
-def to_json(specs: Iterable[TensorSpec]) -> str:
-    """The schema JSON stored in shard headers and manifests."""
-    return json.dumps({"tensors": [s.to_dict() for s in specs]})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -11,7 +10,7 @@ from .. import _native, defaults
 from ..errors import InvalidArgumentError, SchemaError
 from . import layout
 from ._tensors import as_native
-from .schema import TensorSpec, to_json
+from .schema import TensorSpec
 
 
 def check_sample_id(sample_id: Any) -> None:
@@ -84,10 +83,6 @@ class ShardWriter:
                 raise InvalidArgumentError(f"{name} must be an integer >= {low}, not {value!r}")
         if rank >= world_size:  # rank 2 of 2 wrote manifest.r00002.json, which merge never expects
             raise InvalidArgumentError(f"rank {rank} is outside [0, world_size = {world_size})")
-        try:
-            meta = json.dumps(metadata, sort_keys=True, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise InvalidArgumentError(f"metadata is not JSON: {e}") from None
         self.schema = list(schema)
         for i, spec in enumerate(self.schema):
             if not isinstance(spec, TensorSpec):  # a dict here ended in an AttributeError traceback
@@ -99,8 +94,8 @@ class ShardWriter:
         manifest_name = layout.manifest_name(rank, world_size)
         self._native = _native.Writer(
             self.root,
-            to_json(self.schema),
-            meta,
+            [(s.name, s.dtype, s.width, s.precision, s.scale_block) for s in self.schema],
+            metadata,
             shard_bytes=shard_bytes,
             chunk_bytes=chunk_bytes,
             threads=threads,
@@ -157,7 +152,7 @@ class ShardWriter:
     def close(self, complete: bool = True) -> dict[str, Any]:
         """Commits the last shard, marks the manifest complete (unless ``complete`` is False: a capture that stopped
         before its end, which ``resume`` continues and a ``follow=True`` reader waits on), and returns it."""
-        return json.loads(self._native.close(complete=complete))
+        return self._native.close(complete=complete)
 
     def __enter__(self) -> ShardWriter:
         return self

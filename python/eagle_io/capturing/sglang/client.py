@@ -248,9 +248,9 @@ class ServerCapture:
         self._token = uuid.uuid4().hex
         offset = 0
         for s in self.servers:
-            cmd = control_args("start", self._token, out_dir=self.url, options=options.to_json(),
+            cmd = control_args("start", self._token, out_dir=self.url, options=options.to_dict(),
                                writer_offset=offset, all_writers=self.writers,
-                               live=live.to_json() if live is not None else None)  # fmt: skip
+                               live=live.to_dict() if live is not None else None)  # fmt: skip
             http_json(f"{s.url}/set_internal_state", {"server_args": cmd})
             offset += s.writers
         self._wait({"capturing"}, "token", defaults.STOP_TIMEOUT_S, "start")

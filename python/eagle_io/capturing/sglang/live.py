@@ -89,11 +89,11 @@ class LivePolicy:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
                 raise InvalidArgumentError(f"live capture {name} {v!r}: a positive number (or None: no cap)")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> LivePolicy:
+    def from_dict(cls, d: Mapping[str, Any]) -> LivePolicy:
         """Raises InvalidArgumentError on an unknown key."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)

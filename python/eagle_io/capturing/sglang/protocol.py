@@ -94,7 +94,7 @@ CONTROL_PREFIX = "eagle_io:"
 
 def control_args(op: str, token: str, **payload: Any) -> dict[str, int]:
     """The ``server_args`` of a ``POST /set_internal_state`` that sends eagle-io command ``op`` (``"start"`` with
-    ``out_dir``, ``options`` and, for a live capture, ``live`` (:meth:`~.live.LivePolicy.to_json`); or ``"stop"``
+    ``out_dir``, ``options`` and, for a live capture, ``live`` (:meth:`~.live.LivePolicy.to_dict`); or ``"stop"``
     with ``complete``) to every DP rank's scheduler."""
     return {CONTROL_PREFIX + json.dumps({"op": op, "token": token, **payload}, separators=(",", ":")): 1}
 

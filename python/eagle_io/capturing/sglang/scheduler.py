@@ -84,14 +84,14 @@ class _SchedulerCapture:
         of the capture (a client driving several servers numbers them one after the other); default: this server's
         own data-parallel layout. ``live``: a :class:`~.live.LivePolicy` as JSON, for a capture of served traffic
         (its samples may be dropped, never waited for); None: a client-driven capture of sample requests."""
-        opts = CaptureOptions.from_json(options)  # the client's options, JSON through HTTP or the environment
+        opts = CaptureOptions.from_dict(options)  # the client's options, JSON through HTTP or the environment
         opts.refuse_writer_ranks()
         v = compat.sglang_version()
         if not compat.capture_supported(v):
             raise InvalidArgumentError(
                 f"eagle-io's SGLang capture needs SGLang >= {compat.CAPTURE_MIN_SGLANG} (capture-only mode), found {v}"
             )
-        self.live = LivePolicy.from_json(live) if live is not None else None
+        self.live = LivePolicy.from_dict(live) if live is not None else None
         t = probe.capture_target(scheduler)
         algo = t["speculative_algorithm"]
         if algo not in (None, "EAGLE3"):
@@ -146,7 +146,7 @@ class _SchedulerCapture:
         launch = {"capture_backend": f"sglang {v}", "dp_size": t["dp_size"], "attn_dp_size": t["attn_dp_size"],
                   "speculative_algorithm": algo}  # fmt: skip
         if self.live is not None:
-            launch["live_capture"] = self.live.to_json()
+            launch["live_capture"] = self.live.to_dict()
         opts = opts.replace(
             metadata={**launch, **opts.metadata},
             writer_options={**opts.writer_options, "rank": self.writer_rank, "world_size": writers},
@@ -354,7 +354,7 @@ class _SchedulerCapture:
             "held_requests": len(self.requests),
             "refusal": self.refusal,
             "counts": self.counts(),
-            "live": self.live.to_json() if self.live is not None else None,
+            "live": self.live.to_dict() if self.live is not None else None,
         }
         # the ring is read only when no stop holds it (never waiting: this runs on the scheduler's thread)
         if self.store is not None and not self.stopping and self.answer_lock.acquire(blocking=False):
