@@ -11,6 +11,7 @@ import torch
 
 import eagle_io
 from eagle_io.capturing.options import CaptureOptions
+from eagle_io.capturing.sglang import capture as cc
 from eagle_io.capturing.sglang.client import ServerCapture
 
 
@@ -64,8 +65,6 @@ def test_the_sglang_scheduler_honours_drop_when_full(tmp_path, monkeypatch):
     pytest.importorskip("sglang.srt.runtime_context")
     import sglang.srt.runtime_context as rc
 
-    from eagle_io.capturing.sglang import scheduler as sc
-
     monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(dp_size=1, attn_dp_size=1, attn_tp_rank=0))
     text = SimpleNamespace(hidden_size=8, num_hidden_layers=8, vocab_size=100)
     model = SimpleNamespace(capture_aux_hidden_states=True, model=SimpleNamespace(layers_to_capture=[2, 4, 5]))
@@ -76,7 +75,7 @@ def test_the_sglang_scheduler_honours_drop_when_full(tmp_path, monkeypatch):
         server_args=SimpleNamespace(chunked_prefill_size=-1, disable_radix_cache=True),
     )
     sent = CaptureOptions(drop_when_full=True, ring_bytes=1 << 16, max_length=64, nonfinite="skip").to_dict()
-    cap = sc._SchedulerCapture(sched, str(tmp_path), sent)
+    cap = cc.SchedulerCapture(sched, str(tmp_path), sent)
     sink = cap.store._sink
     assert sink._drop is True and sink.stats()["ring_capacity"] == 1 << 16
     assert (cap.store.nonfinite, cap.store.max_length) == ("skip", 64)
@@ -84,5 +83,5 @@ def test_the_sglang_scheduler_honours_drop_when_full(tmp_path, monkeypatch):
     # the scheduler allocates the ring, so it judges its size against its own memory; the client did not
     huge = CaptureOptions(ring_bytes=10**15).to_dict()
     with pytest.raises(eagle_io.InvalidArgumentError, match="the capture ring is allocated at once, and only"):
-        sc._SchedulerCapture(sched, str(tmp_path / "huge"), huge)
+        cc.SchedulerCapture(sched, str(tmp_path / "huge"), huge)
     assert not (tmp_path / "huge").exists()

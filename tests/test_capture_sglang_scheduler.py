@@ -19,6 +19,7 @@ from test_serving_plugin import needs_sglang
 
 import eagle_io
 import eagle_io.errors
+from eagle_io.capturing.sglang import capture as cc
 
 
 def test_a_request_the_capture_did_not_see_from_its_start_is_counted_never_written(tmp_path):
@@ -91,7 +92,7 @@ def test_chunked_prefill_decode_and_retraction_assemble_one_sample_in_order(tmp_
         forward(decode, [7], generated=101)  # feeds 100, generates 101
         forward(extend, [5, 6, 7, 8], prefix=5, generated=102)  # retracted; prefilled again over 7 prompt + 2 generated
         forward(decode, [9], generated=103, last=True)  # feeds 102, generates 103: the end
-        assert sink.put_ids == [5] and cap.request_counts == dict.fromkeys(sc.REQUEST_COUNTS, 0)
+        assert sink.put_ids == [5] and cap.request_counts == dict.fromkeys(cc.REQUEST_COUNTS, 0)
         t = sink.tensors[5]
         assert t["input_ids"].tolist() == [*range(10, 17), 100, 101, 102]  # 103's state: never computed
         assert t["loss_mask"].tolist() == [0, 0, 0, 1, 1, 1, 1, 1, 1, 1]
@@ -127,15 +128,15 @@ def _writing_capture(out: Path, sink: _SlowSink):
     from eagle_io.capturing.sglang import scheduler as sc
     from eagle_io.capturing.store import SampleStore
 
-    cap = object.__new__(sc._SchedulerCapture)
+    cap = object.__new__(cc.SchedulerCapture)
     cap.out_dir, cap.writer_rank, cap.writes, cap.max_length, cap.vocab_size = str(out), 0, True, 4, 100
     cap.store = SampleStore(sink, state_dtype=torch.bfloat16, max_length=4, vocab_size=100)
     cap.outcome = None
-    cap.answer_lock, cap.requests, cap.refusal = threading.Lock(), sc.RequestStates(), None
+    cap.answer_lock, cap.requests, cap.refusal = threading.Lock(), cc.RequestStates(), None
     cap.token, cap.url = None, out
-    cap.request_counts = dict.fromkeys(sc.REQUEST_COUNTS, 0)
-    cap.live, cap.admission, cap.admitted, cap.ready, cap.error = None, sc.Admission(None, 4), {}, None, None
-    cap.handoff = sc.Handoff(cap.store, slots=4, drop_when_full=False, stored=cap.admission.stored, fail=cap.fail)
+    cap.request_counts = dict.fromkeys(cc.REQUEST_COUNTS, 0)
+    cap.live, cap.admission, cap.admitted, cap.ready, cap.error = None, cc.Admission(None, 4), {}, None, None
+    cap.handoff = cc.Handoff(cap.store, slots=4, drop_when_full=False, stored=cap.admission.stored, fail=cap.fail)
     sc._ACTIVE = cap
     return cap
 
@@ -376,8 +377,8 @@ def test_a_served_requests_malformed_custom_params_never_stop_a_live_capture(tmp
 
     sink = _SlowSink(0)
     cap = _writing_capture(tmp_path, sink)
-    cap.live = sc.LivePolicy(sample_rate=1.0)
-    cap.admission, cap.next_live_id = sc.Admission(cap.live, 4), 1 << 62
+    cap.live = cc.LivePolicy(sample_rate=1.0)
+    cap.admission, cap.next_live_id = cc.Admission(cap.live, 4), 1 << 62
     try:
         for rid, params in (("odd", custom_params), ("next", {"eagle_io_loss_mask": [1, 1, 1]})):
             batch, result = _prefill(None, rid=rid)
@@ -399,11 +400,10 @@ class FINISH_ABORT:  # TEST-ONLY stand-in: SGLang's class, matched by its name
 
 def _live_capture(tmp_path, **policy):
     """:func:`_writing_capture` running a live capture under ``policy``."""
-    from eagle_io.capturing.sglang import scheduler as sc
 
     cap = _writing_capture(tmp_path, _SlowSink(0))
-    cap.live = sc.LivePolicy(**policy)
-    cap.admission, cap.next_live_id = sc.Admission(cap.live, 4), 1 << 62
+    cap.live = cc.LivePolicy(**policy)
+    cap.admission, cap.next_live_id = cc.Admission(cap.live, 4), 1 << 62
     return cap
 
 

@@ -14,6 +14,7 @@ import torch
 from test_capture_session import samples, stored, tiny_target
 
 import eagle_io
+from eagle_io.capturing.sglang import capture as cc
 from eagle_io.capturing.store import ForwardSample, SampleStore
 from eagle_io.store import value_stats, values
 
@@ -172,18 +173,17 @@ def test_a_forward_costs_one_value_check(monkeypatch):
 
 def _scheduler_capture(store):
     """A writing ``_SchedulerCapture`` over ``store`` (the fields ``__init__`` would set; no scheduler)."""
-    from eagle_io.capturing.sglang import scheduler as sc
 
-    cap = object.__new__(sc._SchedulerCapture)
+    cap = object.__new__(cc.SchedulerCapture)
     cap.writes, cap.store, cap.max_length, cap.vocab_size = True, store, 8, 100
     cap.requests, cap.request_counts, cap.refusal, cap.token = (
-        sc.RequestStates(),
-        dict.fromkeys(sc.REQUEST_COUNTS, 0),
+        cc.RequestStates(),
+        dict.fromkeys(cc.REQUEST_COUNTS, 0),
         None,
         None,
     )
-    cap.live, cap.admission, cap.admitted, cap.ready, cap.error = None, sc.Admission(None, 8), {}, None, None
-    cap.handoff = sc.Handoff(store, slots=4, drop_when_full=False, stored=cap.admission.stored, fail=cap.fail)
+    cap.live, cap.admission, cap.admitted, cap.ready, cap.error = None, cc.Admission(None, 8), {}, None, None
+    cap.handoff = cc.Handoff(store, slots=4, drop_when_full=False, stored=cap.admission.stored, fail=cap.fail)
     return cap
 
 

@@ -16,6 +16,7 @@ import pytest
 from test_serving_plugin import needs_sglang
 
 import eagle_io
+from eagle_io.capturing.sglang import capture as cc
 from eagle_io.sglang.ranks import capture_ranks, data_parallel_of, writers_of
 
 
@@ -114,7 +115,6 @@ def test_an_attention_dp_capture_merges_to_each_sample_once(tmp_path, monkeypatc
     import sglang.srt.runtime_context as rc
     import torch
 
-    from eagle_io.capturing.sglang import scheduler as sc
     from eagle_io.store.merge import merge_ranks
 
     H, layers = 8, 8
@@ -130,7 +130,7 @@ def test_an_attention_dp_capture_merges_to_each_sample_once(tmp_path, monkeypatc
     caps = []
     for c in contexts:
         monkeypatch.setattr(rc, "get_parallel", lambda c=c: c)
-        caps.append(sc._SchedulerCapture(sched, str(tmp_path), {"target_info": {"model_id": "stand-in"}}))
+        caps.append(cc.SchedulerCapture(sched, str(tmp_path), {"target_info": {"model_id": "stand-in"}}))
     assert [c.writes for c in caps] == [True, False, True, False]  # attn_tp_rank 0 of each group
     assert [c.writer_rank for c in caps] == [0, 0, 1, 1]
     g = torch.Generator().manual_seed(0)

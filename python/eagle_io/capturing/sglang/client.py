@@ -366,7 +366,7 @@ class ServerCapture:
         """``counts`` (``submitted``, ``already_done``, ``sent``, ``retried``, ``prefix_tokens_reused``: prompt
         tokens SGLang served from its cache, 0 when every prompt was computed); after :meth:`close`, plus the writers'
         counters summed (``scheduler_*``: :data:`eagle_io.capturing.store.COUNTS` and the scheduler's own
-        :data:`~eagle_io.capturing.sglang.scheduler.REQUEST_COUNTS`), and the rings' statistics (sizes and times per
+        :data:`~eagle_io.capturing.sglang.capture.REQUEST_COUNTS`), and the rings' statistics (sizes and times per
         rank: the largest)."""
         out: dict[str, Any] = dict(self.counts)
         per_rank = ("ring_capacity", "ring_high_water_bytes", "elapsed_seconds")
@@ -416,7 +416,7 @@ def capture_status(url: str) -> list[dict[str, Any]]:
     """The eagle-io capture status of every writing DP rank of the server at ``url`` (``GET /server_info``'s
     ``internal_states[i]["eagle_io_capture"]``): ``state``, ``out_dir``, ``writer_rank``, ``live`` (the policy, None for
     a client-driven capture), ``counts`` (the store's :data:`~eagle_io.capturing.store.COUNTS`, the scheduler's
-    :data:`~eagle_io.capturing.sglang.scheduler.REQUEST_COUNTS`, a live capture's
+    :data:`~eagle_io.capturing.sglang.capture.REQUEST_COUNTS`, a live capture's
     :data:`~eagle_io.capturing.sglang.live.LIVE_COUNTS`), ``ring`` (capacity, high-water mark, bytes in use and
     committed), ``error``.
 
