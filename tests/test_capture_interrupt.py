@@ -126,7 +126,7 @@ def test_a_scheduler_started_by_environment_ignores_the_terminals_interrupt(tmp_
     from eagle_io.capturing.sglang import scheduler as sc
 
     started = []
-    monkeypatch.setattr(sc, "_start", lambda sched, out, opts, live=None: started.append(out))
+    monkeypatch.setattr(sc, "_start", lambda sched, out, opts, secret=None, live=None: started.append(out))
     monkeypatch.setenv(protocol.ENV_CAPTURE_DIR, str(tmp_path))
     old = signal.getsignal(signal.SIGINT)
     try:

@@ -23,6 +23,7 @@ from test_capture_session import FIXTURE, tiny_target
 from test_serving_plugin import needs_sglang
 
 import eagle_io
+from eagle_io.capturing.sglang.protocol import capture_id
 from eagle_io.errors import InvalidArgumentError, SGLangError
 from eagle_io.sglang.servers import http_json
 
@@ -251,12 +252,13 @@ class _Fake(http.server.BaseHTTPRequestHandler):
         if self.path == "/set_internal_state":
             (key,) = body["server_args"]
             cmd = json.loads(key.removeprefix("eagle_io:"))
+            cid = capture_id(cmd["token"])  # the status shows the capture's id, never its secret
             if cmd["op"] == "start":
                 st["out_dir"] = cmd["out_dir"]
-                st["capture"] = {"state": "failed", "token": cmd["token"], "error": st["start_error"]} if st[
-                    "start_error"] else {"state": "capturing", "token": cmd["token"]}  # fmt: skip
+                st["capture"] = {"state": "failed", "id": cid, "error": st["start_error"]} if st[
+                    "start_error"] else {"state": "capturing", "id": cid}  # fmt: skip
             else:
-                st["capture"] = {**st["capture"], "state": "stopped", "stop_token": cmd["token"], "counts": {}}
+                st["capture"] = {**st["capture"], "state": "stopped", "stop_id": cid, "counts": {}}
             return self._send(200, [True])
         st["sent"].append(body)
         if st["fail"]:

@@ -20,6 +20,7 @@ from test_serving_plugin import needs_sglang
 import eagle_io
 import eagle_io.errors
 from eagle_io.capturing.sglang import capture as cc
+from eagle_io.capturing.sglang.protocol import sample_proof
 
 
 def test_a_request_the_capture_did_not_see_from_its_start_is_counted_never_written(tmp_path):
@@ -59,7 +60,11 @@ def test_chunked_prefill_decode_and_retraction_assemble_one_sample_in_order(tmp_
     sink.put = lambda sid, tensors, key="": (sink.put_ids.append(sid), sink.tensors.update({sid: tensors}))[1] is None
     cap = _writing_capture(tmp_path, sink)
     cap.max_length, cap.vocab_size = None, 1000
-    params = {"eagle_io_sample_id": 5, "eagle_io_loss_mask": [0, 0, 0, 1, 1, 1, 1]}
+    params = {
+        "eagle_io_sample_id": 5,
+        "eagle_io_loss_mask": [0, 0, 0, 1, 1, 1, 1],
+        "eagle_io_proof": sample_proof(SECRET, 5),
+    }
     req = SimpleNamespace(rid="q", origin_input_ids=list(range(10, 17)), sampling_params=SimpleNamespace(
         custom_params=params), finished=lambda: False, output_ids=[], finished_reason=None)  # fmt: skip
     req.output_ids_through_stop = req.output_ids
@@ -133,7 +138,7 @@ def _writing_capture(out: Path, sink: _SlowSink):
     cap.store = SampleStore(sink, state_dtype=torch.bfloat16, max_length=4, vocab_size=100)
     cap.outcome = None
     cap.answer_lock, cap.requests, cap.refusal = threading.Lock(), cc.RequestStates(), None
-    cap.token, cap.url = None, out
+    cap.token, cap.url = SECRET, out
     cap.request_counts = dict.fromkeys(cc.REQUEST_COUNTS, 0)
     cap.live, cap.admission, cap.admitted, cap.ready, cap.error = None, cc.Admission(None, 4), {}, None, None
     cap.handoff = cc.Handoff(cap.store, slots=4, drop_when_full=False, stored=cap.admission.stored, fail=cap.fail)
@@ -144,10 +149,17 @@ def _writing_capture(out: Path, sink: _SlowSink):
 _STATES = torch.Generator().manual_seed(0)
 
 
-def _prefill(sample_id, n=3, prefix=0, rid="r"):
+SECRET = "tok"  # the capture's secret in these tests
+ADMIN_KEYED = SimpleNamespace(server_args=SimpleNamespace(api_key=None, admin_api_key="k"))
+"""A scheduler of a server launched with --admin-api-key (SGLang checked the key of every control command)."""
+
+
+def _prefill(sample_id, n=3, prefix=0, rid="r", secret=SECRET):
     """A prefill forward of one prompt-only request (``max_new_tokens`` 1) over tokens ``[prefix, n)``, finished
-    once SGLang processed its result."""
+    once SGLang processed its result; an integer sample id comes with the proof of ``secret``'s capture."""
     params = {"eagle_io_sample_id": sample_id, "eagle_io_loss_mask": [1] * n}
+    if isinstance(sample_id, int) and not isinstance(sample_id, bool) and secret is not None:
+        params["eagle_io_proof"] = sample_proof(secret, sample_id)
     sp = SimpleNamespace(custom_params=params)
     req = SimpleNamespace(
         rid=rid, prefix_len=prefix, extend_len=n - prefix, origin_input_ids=list(range(n)), sampling_params=sp,
@@ -178,14 +190,15 @@ def _serve(cap, batch, result):
 
 
 def _client(url: str, out: Path):
-    """A capture client (``ServerCapture``) of one writing rank at ``url`` that started a capture under token
-    ``"tok"`` (the fields its start sets; the dataset directory is not one this client reads)."""
+    """A capture client (``ServerCapture``) of one writing rank at ``url`` that started a capture under the secret
+    :data:`SECRET` (the fields its start sets; the dataset directory is not one this client reads)."""
     from eagle_io.capturing.sglang import client
+    from eagle_io.sglang.servers import ServerKeys
 
     cap = object.__new__(client.ServerCapture)
     facts = client.ServerFacts(url, "m", None, {"writers": 1, "layers": [2, 4, 5]}, ({},))
-    cap.servers, cap._token, cap.url, cap.writers, cap.manifest, cap.answers = [facts], "tok", str(out), 1, None, []
-    cap.counts = {}
+    cap.servers, cap._secret, cap.url, cap.writers, cap.manifest, cap.answers = [facts], SECRET, str(out), 1, None, []
+    cap.counts, cap.keys = {"sent": 1}, ServerKeys()
     return cap
 
 
@@ -200,12 +213,11 @@ def test_a_stop_over_http_is_retried_answered_once_and_late_samples_are_counted(
 
     sink = _SlowSink(delay=1.5)
     cap = _writing_capture(tmp_path, sink)
-    cap.token = "tok"
-    url = route_to_scheduler(monkeypatch)
+    url = route_to_scheduler(monkeypatch, ADMIN_KEYED)  # SGLang checked the forced stop's admin key
     try:
         _serve(cap, *_prefill(7))
         stranger = client.http_json(f"{url}/set_internal_state", {"server_args": control_args("stop", "x")})
-        assert stranger == {"updated": False} and not cap.stopping, "only its client (or a forced stop) stops it"
+        assert stranger == [False] and not cap.stopping, "only its client (or a forced stop) stops it"
         mine = _client(url, tmp_path / "not-read-here")
         with pytest.raises(eagle_io.errors.CaptureStopTimeoutError, match=rf"{url} DP rank 0 \(stopping\)"):
             mine.close(timeout_s=0.5)  # the close takes 1.5 s
@@ -234,7 +246,6 @@ def test_a_client_left_on_an_interrupt_stops_the_capture_incomplete(tmp_path, mo
             return {}
 
     cap = _writing_capture(tmp_path, _Sink(0))
-    cap.token = "tok"
     url = route_to_scheduler(monkeypatch)
     try:
         with pytest.raises(KeyboardInterrupt), _client(url, tmp_path / "not-read-here"):
@@ -257,16 +268,18 @@ def test_only_the_starting_client_or_a_forced_stop_stops_a_capture():
     sc._ACTIVE = cap
     try:
 
-        def send(token, **kw):
+        def send(token, scheduler=ADMIN_KEYED, **kw):
             req = SimpleNamespace(server_args=control_args("stop", token, **kw))
-            return sc._control_hook(None, None, req).updated
+            return sc._control_hook(None, scheduler, req).updated
 
         assert send("B") is False
+        keyless = SimpleNamespace(server_args=SimpleNamespace(api_key=None, admin_api_key=None))
+        assert send("D", keyless, force=True) is False, "a forced stop on a server no key guards is anyone's"
         _time.sleep(0.2)
         assert stops == [], "another client's stop stopped the capture"
-        assert send("A") is True and send("C", complete=False, force=True) is True
+        assert send("A") is True and send("C", complete=True, force=True) is True
         _time.sleep(0.2)
-        assert sorted(stops) == [("A", True), ("C", False)]
+        assert sorted(stops) == [("A", True, False), ("C", False, True)], "a forced stop ends it incomplete"
     finally:
         sc._ACTIVE = None
 
@@ -282,13 +295,13 @@ def test_a_stop_after_a_refused_start_reaches_the_capture_that_ran_before():
     stops = []
     stopped = SimpleNamespace(writes=True, stopping=True, stopped=True, token="A", stop_token=None,
                               stop=lambda token, *a: stops.append(token),
-                              status=lambda: {"state": "stopped", "token": "A"})  # fmt: skip
+                              status=lambda: {"state": "stopped", "id": "x"})  # fmt: skip
     sc._ACTIVE, sc._FACTS = stopped, {}
-    sc._STARTING = {"state": "failed", "token": "B", "error": "InvalidArgumentError: already holds data"}
+    sc._STARTING = {"state": "failed", "id": "y", "error": "InvalidArgumentError: already holds data"}
     try:
         assert sc.status(None)["state"] == "failed"  # the refused start's client reads its error
         req = SimpleNamespace(server_args=control_args("stop", "C", complete=True, force=True))
-        assert sc._control_hook(None, None, req).updated is True
+        assert sc._control_hook(None, ADMIN_KEYED, req).updated is True
         assert sc._STARTING is None and sc.status(None)["state"] == "stopped"
     finally:
         sc._ACTIVE, sc._STARTING, sc._FACTS = None, None, None
@@ -327,7 +340,7 @@ def test_a_request_whose_loss_mask_is_all_zero_is_skipped_and_counted(tmp_path):
         sc._ACTIVE = None
 
 
-@pytest.mark.parametrize("bad", [7.9, "12", True, -1, 1 << 64, None])
+@pytest.mark.parametrize("bad", [-1, 1 << 64])
 def test_a_sample_id_that_is_not_a_u64_integer_is_refused(tmp_path, bad):
     from eagle_io.capturing.sglang import scheduler as sc
 
@@ -337,6 +350,29 @@ def test_a_sample_id_that_is_not_a_u64_integer_is_refused(tmp_path, bad):
         _serve(cap, *_prefill(bad))
         assert cap.request_counts["refused"] == 1 and sink.put_ids == []
         assert cap.refusal == f"sample {bad}: sample ids are integers in [0, 2**64); nothing of it was written"
+    finally:
+        sc._ACTIVE = None
+
+
+@pytest.mark.parametrize(
+    ("sid", "secret"),
+    [(4, None), (4, "another capture's secret"), (7.9, SECRET), ("12", SECRET), (True, SECRET), (None, SECRET)],
+)
+def test_a_request_with_eagle_ios_parameters_but_not_this_captures_proof_is_served_never_stored(tmp_path, sid, secret):
+    """Before: during a capture, any plain /generate carrying eagle_io_sample_id 4 was stored as sample 4 (and the
+    client's own sample 4 then skipped as already done). Now a sample request must carry this capture's proof (an
+    HMAC of its id under the capture's secret): without it, or with another capture's, or with an id no client of
+    eagle-io sends, the request is served, counted ``foreign_params``, never stored; the capture's own sample 4
+    still is."""
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    sink = _SlowSink(0)
+    cap = _writing_capture(tmp_path, sink)
+    try:
+        _serve(cap, *_prefill(sid, rid="foreign", secret=secret))
+        assert cap.request_counts["foreign_params"] == 1 and sink.put_ids == [] and not cap.admitted
+        _serve(cap, *_prefill(4, rid="mine"))
+        assert sink.put_ids == [4] and cap.request_counts["refused"] == 0
     finally:
         sc._ACTIVE = None
 
@@ -421,7 +457,8 @@ def test_a_served_request_naming_its_own_sample_id_is_held_to_the_live_caps(tmp_
             cap.on_request(batch.reqs[0])
         assert list(cap.admitted) == ["ok"]
         counts = cap.counts()
-        assert (counts["refused"], counts["sampled"], counts["capped_inflight"]) == (2, 1, 1), counts
+        assert (counts["refused"], counts["foreign_params"]) == (1, 1), counts
+        assert (counts["sampled"], counts["capped_inflight"]) == (1, 1), counts
         assert "an integer in [0, 2**62)" in cap.refusal
     finally:
         sc._ACTIVE = None

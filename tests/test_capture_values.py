@@ -15,6 +15,7 @@ from test_capture_session import samples, stored, tiny_target
 
 import eagle_io
 from eagle_io.capturing.sglang import capture as cc
+from eagle_io.capturing.sglang.protocol import sample_proof
 from eagle_io.capturing.store import ForwardSample, SampleStore
 from eagle_io.store import value_stats, values
 
@@ -180,7 +181,7 @@ def _scheduler_capture(store):
         cc.RequestStates(),
         dict.fromkeys(cc.REQUEST_COUNTS, 0),
         None,
-        None,
+        "secret",
     )
     cap.live, cap.admission, cap.admitted, cap.ready, cap.error = None, cc.Admission(None, 8), {}, None, None
     cap.handoff = cc.Handoff(store, slots=4, drop_when_full=False, stored=cap.admission.stored, fail=cap.fail)
@@ -199,7 +200,7 @@ def _serve(cap, batch, aux, final):
 
 def _prompt_request(sid, ids, n):
     """A prompt-only request (``max_new_tokens`` 1) of ``n`` prompt tokens, finished after its prefill."""
-    params = {"eagle_io_sample_id": sid, "eagle_io_loss_mask": [1] * n}
+    params = {"eagle_io_sample_id": sid, "eagle_io_loss_mask": [1] * n, "eagle_io_proof": sample_proof("secret", sid)}
     return SimpleNamespace(rid=str(sid), prefix_len=0, extend_len=n, origin_input_ids=ids,
                            sampling_params=SimpleNamespace(custom_params=params), finished=lambda: True,
                            output_ids=[1], output_ids_through_stop=[1], finished_reason=None)  # fmt: skip

@@ -182,7 +182,7 @@ def test_independent_rooms_do_not_import_each_other(path):
 WALLS: list[tuple[str, set[str], set[str]]] = [
     (
         "eagle_io.capturing.sglang",
-        {"scheduler", "capture", "assembly", "handoff"},  # scheduler side
+        {"scheduler", "capture", "operator", "assembly", "handoff"},  # scheduler side
         {"client", "launch"},  # client side
     ),
 ]

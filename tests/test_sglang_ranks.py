@@ -17,7 +17,9 @@ from test_serving_plugin import needs_sglang
 
 import eagle_io
 from eagle_io.capturing.sglang import capture as cc
+from eagle_io.capturing.sglang.protocol import capture_id, sample_proof
 from eagle_io.sglang.ranks import capture_ranks, data_parallel_of, writers_of
+from eagle_io.sglang.servers import ServerKeys
 
 
 def scheduler_contexts(tp_size: int, dp_size: int, attn_dp_size: int) -> list[SimpleNamespace]:
@@ -88,22 +90,22 @@ def test_a_stop_waits_for_every_writer_and_names_the_missing_one(monkeypatch):
 
     stopped = {0: time.monotonic(), 1: time.monotonic() + 0.4}  # when each rank reports its stop
 
-    def http_json(url, body=None, timeout_s=30.0):
+    def http_json(url, body=None, timeout_s=30.0, **_):
         if url.endswith("/set_internal_state"):
             return {"updated": True}
         ranks = []
         for rank, at in stopped.items():
             state = "stopped" if time.monotonic() >= at else "stopping"
-            ranks.append({"eagle_io_capture": {"state": state, "stop_token": "tok", "writes": True,
+            ranks.append({"eagle_io_capture": {"state": state, "stop_id": capture_id("tok"), "writes": True,
                                                "counts": {"written": rank + 1}}})  # fmt: skip
         return {"internal_states": ranks}
 
     monkeypatch.setattr(client, "http_json", http_json)
-    answers = client._wait_ranks(["http://h"], "tok", {"stopped"}, "stop_token", 30, "stop")
+    answers = client._wait_ranks(["http://h"], "tok", {"stopped"}, "stop_id", 30, "stop", keys=ServerKeys())
     assert [a["counts"]["written"] for a in answers] == [1, 2]
     stopped[1] = time.monotonic() + 60
     with pytest.raises(eagle_io.errors.CaptureStopTimeoutError, match=r"reach http://h DP rank 1 \(stopping\)"):
-        client._wait_ranks(["http://h"], "tok", {"stopped"}, "stop_token", 1.0, "stop")
+        client._wait_ranks(["http://h"], "tok", {"stopped"}, "stop_id", 1.0, "stop", keys=ServerKeys())
 
 
 @needs_sglang
@@ -130,14 +132,18 @@ def test_an_attention_dp_capture_merges_to_each_sample_once(tmp_path, monkeypatc
     caps = []
     for c in contexts:
         monkeypatch.setattr(rc, "get_parallel", lambda c=c: c)
-        caps.append(cc.SchedulerCapture(sched, str(tmp_path), {"target_info": {"model_id": "stand-in"}}))
+        caps.append(cc.SchedulerCapture(sched, str(tmp_path), {"target_info": {"model_id": "stand-in"}}, "secret"))
     assert [c.writes for c in caps] == [True, False, True, False]  # attn_tp_rank 0 of each group
     assert [c.writer_rank for c in caps] == [0, 0, 1, 1]
     g = torch.Generator().manual_seed(0)
     for sid in range(10):  # the DP controller routes each request to one group; all its TP ranks run it
         group = sid % 2
         n = 3 + sid % 4
-        params = {"eagle_io_sample_id": sid, "eagle_io_loss_mask": [1] * n}
+        params = {
+            "eagle_io_sample_id": sid,
+            "eagle_io_loss_mask": [1] * n,
+            "eagle_io_proof": sample_proof("secret", sid),
+        }
         req = SimpleNamespace(
             rid=str(sid), prefix_len=0, extend_len=n, origin_input_ids=list(range(n)),
             sampling_params=SimpleNamespace(custom_params=params), finished=lambda: True, output_ids=[7],

@@ -58,6 +58,11 @@ SERVER_BACKOFF_S: float = 1.0
 SERVER_REQUEST_TIMEOUT_S: float = 600.0
 """Seconds one HTTP request to the server may take (a sample request waits for its prefill, or its answer)."""
 
+# The operator's bounds on a remote capture (capturing/sglang/operator.py) where EAGLE_IO_CAPTURE_LIMITS sets none.
+CAPTURE_MAX_RING_BYTES: int = 4 * RING_BYTES
+"""The largest capture ring a client may ask a server's scheduler for."""
+
+
 # A capture inside a serving SGLang scheduler (eagle-io live, capturing/sglang/live.py and handoff.py).
 LIVE_MAX_INFLIGHT: int = 64
 """Sampled requests of a live capture not finished yet (each holds its rows in device memory until it finishes)."""

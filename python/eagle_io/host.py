@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["available_memory", "human_bytes"]
+__all__ = ["available_memory", "cache_dir", "human_bytes"]
 
 
 def available_memory() -> int | None:
@@ -23,3 +23,8 @@ def human_bytes(n: float) -> str:
         if n >= scale:
             return f"{n / scale:,.2f} {unit}"
     return f"{n:,.0f} B"
+
+
+def cache_dir() -> str:
+    """eagle-io's per-user cache directory: ``$EAGLE_IO_CACHE``, default ``~/.cache/eagle-io``."""
+    return os.environ.get("EAGLE_IO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "eagle-io")

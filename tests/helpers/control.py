@@ -13,17 +13,18 @@ URL = "http://scheduler.test"
 
 def route_to_scheduler(monkeypatch: Any, scheduler: Any = None) -> str:
     """Patches the client's ``http_json`` so that ``URL/set_internal_state`` and ``URL/server_info`` reach this
-    process's active scheduler capture; returns ``URL``. The target facts of the status are a writing rank's."""
+    process's active scheduler capture as a scheduler ``scheduler`` (its ``server_args`` say which keys SGLang checked:
+    none by default); returns ``URL``. The target facts of the status are a writing rank's."""
     from eagle_io.capturing.sglang import client
     from eagle_io.capturing.sglang import scheduler as sc
 
     monkeypatch.setattr(sc, "_FACTS", {"writes": True, "writers": 1})
 
-    def http_json(url: str, body: Any = None, timeout_s: float = 30.0) -> Any:
+    def http_json(url: str, body: Any = None, timeout_s: float = 30.0, **_: Any) -> Any:
         if url == f"{URL}/set_internal_state":
             req = SimpleNamespace(server_args=body["server_args"])
             out = sc._control_hook(lambda *a, **k: SimpleNamespace(updated=False), scheduler, req)
-            return {"updated": out.updated}
+            return [out.updated]  # SGLang answers a bool per DP rank (TokenizerManager.set_internal_state)
         if url == f"{URL}/server_info":
             state: dict[str, Any] = {}
             sc._status_hook(SimpleNamespace(internal_state=state), scheduler)

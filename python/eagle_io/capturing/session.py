@@ -205,6 +205,8 @@ def capture(
     concurrency: int = defaults.SERVER_CONCURRENCY,
     retries: int = defaults.SERVER_RETRIES,
     progress: bool = False,
+    api_key: str | None = None,
+    admin_api_key: str | None = None,
     **writer_options: Any,
 ) -> Capture:
     """Starts capturing EAGLE-3 training data from ``target`` into ``out_dir``: a directory, or an object-storage
@@ -247,6 +249,8 @@ def capture(
         sampling_params, concurrency, retries, progress: a server capture's (:class:`~eagle_io.capturing.sglang
             .server.ServerCapture`): ``sampling_params`` with ``max_new_tokens`` above 1 store the server's answer
             after each prompt; refused for the other targets.
+        api_key, admin_api_key: a server capture's SGLang keys (``--api-key`` on every request, ``--admin-api-key``
+            on the control route; default ``EAGLE_IO_API_KEY`` / ``EAGLE_IO_ADMIN_API_KEY``).
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
             ``world_size``, ``resume``, ...), and ``staging`` / ``staging_bytes`` for an object-storage ``out_dir``.
             A server capture sets ``rank`` / ``world_size`` from the servers' data-parallel layout and refuses them.
@@ -266,6 +270,8 @@ def capture(
     if urls is None and sampling_params is not None:
         raise InvalidArgumentError("sampling_params are a server capture's (a URL target): a model's forward generates "
                                    "nothing")  # fmt: skip
+    if urls is None and (api_key or admin_api_key):
+        raise InvalidArgumentError("api_key / admin_api_key are a server capture's (a URL target)")
     if urls is None and _is_sglang_engine(target):
         raise InvalidArgumentError(
             "cannot capture from an in-process sglang.Engine: eagle-io drives SGLang over HTTP only; launch a server "
@@ -293,7 +299,8 @@ def capture(
         from .sglang.client import ServerCapture
 
         return ServerCapture(urls, out_dir, options, sampling_params=sampling_params, concurrency=concurrency,
-                             retries=retries, progress=progress)  # fmt: skip
+                             retries=retries, progress=progress, api_key=api_key,
+                             admin_api_key=admin_api_key)  # fmt: skip
     return CaptureSession(target, out_dir, options)
 
 

@@ -157,6 +157,7 @@ class SampleStore:
         _check_policy("nonfinite", nonfinite)
         _check_policy("implausible", implausible)
         self._sink = sink
+        self._final_stats: dict[str, Any] | None = None
         self.state_dtype = state_dtype
         self.max_length, self.vocab_size, self.nonfinite = max_length, vocab_size, nonfinite
         self.implausible = implausible
@@ -462,9 +463,10 @@ class SampleStore:
             logger.warning("eagle-io capture: could not write %s: %s", path, e)
 
     def stats(self) -> dict[str, Any]:
-        """The ring's and the writer's counters (:meth:`~eagle_io.capturing.ring.RingSink.stats`); the store's own
-        are :attr:`counts`."""
-        return self._sink.stats()
+        """The ring's and the writer's counters (:meth:`~eagle_io.capturing.ring.RingSink.stats`; after
+        :meth:`close`, their final values); the store's own are :attr:`counts`."""
+        with self._lock:
+            return dict(self._final_stats) if self._final_stats is not None else self._sink.stats()
 
     def close(self, complete: bool = True) -> dict[str, Any]:
         """Drains the ring, commits the last shard and returns the manifest, marked ``complete`` unless
@@ -485,6 +487,13 @@ class SampleStore:
                     self.manifest = self._sink.close() if complete else self._sink.close(complete=False)
                 except Exception as e:
                     self._close_error = e
+                # the ring's memory goes back now, not when the last reference to this store does (a serving
+                # process starts and stops captures for its whole life)
+                try:
+                    self._final_stats = self._sink.stats()
+                except Exception:  # a sink that failed its close: its counters are gone with it
+                    self._final_stats = {}
+                self._sink = None
             write_stats = self._close_error is None and not self._stats_written
             self._stats_written = True
         if write_stats:

@@ -11,6 +11,8 @@ import os
 import sys
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from ..sglang.servers import ServerKeys
+from .server_keys import add_key_args
 from .sglang_arg import parse_sglang_args
 
 
@@ -35,6 +37,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "(on a CPU it needs SGLANG_USE_CPU_ENGINE=1 and an importable sgl_kernel: docs/SERVING.md)",
     )
     p.add_argument("--server", metavar="URL", help="measure live on a running SGLang server (/generate, meta_info)")
+    add_key_args(p)
     p.add_argument(
         "--prompts-file",
         metavar="FILE",
@@ -221,9 +224,9 @@ def run(args: argparse.Namespace) -> int:
     eos = end_of_turn_ids(model, tokenizer)
     sglang = None
     if args.server:
-        sglang = functools.partial(
-            run_server, args.server, max_new_tokens=args.max_new_tokens, stop_token_ids=eos, algorithm=args.as_algorithm
-        )
+        keys = ServerKeys.resolve(args.api_key, args.admin_api_key)
+        sglang = functools.partial(run_server, args.server, max_new_tokens=args.max_new_tokens, stop_token_ids=eos,
+                                   algorithm=args.as_algorithm, keys=keys)  # fmt: skip
     elif args.engine == "sglang":
         kwargs = engine_args(
             checkpoint,

@@ -27,6 +27,7 @@ from .. import defaults
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
 from ..host import human_bytes
 from ..sglang.ranks import writers_of
+from ..sglang.servers import ServerKeys
 from ..store import layout
 from ..store.schema import EXPECTED_RATIO, precision_name
 from ..store.values import IMPLAUSIBLE
@@ -34,6 +35,7 @@ from .generate_summary import human_summary, nothing_written
 from .interrupt import exit_code, rerun_command, shielded, signal_name
 from .layer_ids_arg import layer_ids_arg
 from .resume_check import RESUME_HINT, check_out_dir
+from .server_keys import add_key_args
 from .sglang_arg import parse_sglang_args
 
 
@@ -131,6 +133,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         default=defaults.SERVER_CONCURRENCY,
         help="sample requests in flight per server",
     )
+    add_key_args(sv)
     sg = p.add_argument_group("--backend sglang (launches sglang.launch_server, then captures as --server does)")
     sg.add_argument("--backend", default="hf", choices=["hf", "sglang"], help="who runs the target's forward")
     sg.add_argument("--tp-size", type=int, default=1, help="SGLang tensor parallelism (TP rank 0 writes)")
@@ -259,7 +262,8 @@ def _capture_options(args, dataset: str, layer_ids, info, tokenizer, **extra: An
             "shard_bytes": args.shard_bytes,
             "threads": args.threads,
             "resume": args.resume,
-            **({"staging": args.out} if args.remote else {}),  # an s3:// --out: each shard uploaded as it commits
+            # an s3:// --out captured here: each shard uploaded as it commits (a server stages under its own root)
+            **({"staging": args.out} if args.remote and args.backend == "hf" else {}),
             **writer,
         },
         **extra,
@@ -328,7 +332,9 @@ def _sglang_session(args, dataset: str, layer_ids):
     os.makedirs(args.out, exist_ok=True)
     log = os.path.join(args.out, "sglang-server.log")
     print(f"target    {info['model_id']} through sglang.launch_server ({path}), its log {log}")
-    url, proc = launch_capture_server(path, CaptureOptions(aux_layer_ids=layer_ids), log, **args.engine_args)
+    roots = [args.remote, args.out] if args.remote else [args.out]  # the server eagle-io launches writes there only
+    url, proc = launch_capture_server(path, CaptureOptions(aux_layer_ids=layer_ids), log, capture_roots=roots,
+                                      **args.engine_args)  # fmt: skip
     try:
         args.server_facts = [server_facts(url, model=str(path), aux_layer_ids=layer_ids)]
         session = _server_session(args, dataset, layer_ids, tokenizer, info)
@@ -351,7 +357,8 @@ def _server_session(args, dataset: str, layer_ids, tokenizer, info: dict):
 
         args.regenerator = Regenerator(server_replies(servers[0].url, regen), tokenizer, regen, turns_path(args.out))
     options = _capture_options(args, dataset, layer_ids, info, tokenizer, metadata=_regenerated_metadata(regen, info))
-    return ServerCapture(servers, args.remote or args.out, options, concurrency=args.concurrency)
+    return ServerCapture(servers, args.remote or args.out, options, concurrency=args.concurrency,
+                         api_key=args.api_key, admin_api_key=args.admin_api_key)  # fmt: skip
 
 
 def _servers(args, dataset: str, layer_ids):
@@ -444,7 +451,8 @@ def run(args: argparse.Namespace) -> int:
                 "--server captures through running servers, --backend sglang launches one: not both"
             )
         args.backend = "server"
-        args.server_facts = [server_facts(u, aux_layer_ids=layer_ids) for u in args.server]
+        keys = ServerKeys.resolve(args.api_key, args.admin_api_key)
+        args.server_facts = [server_facts(u, aux_layer_ids=layer_ids, keys=keys) for u in args.server]
         args.writers = sum(f.writers for f in args.server_facts)  # shard writers of every server, numbered in turn
     if args.backend == "sglang":
         args.engine_args = _engine_args(args)

@@ -12,6 +12,7 @@ from .. import defaults
 from ..capturing.options import CaptureOptions
 from ..capturing.sglang.client import ServerCapture, capture_status, stop_server_capture
 from ..capturing.sglang.live import LivePolicy
+from .server_keys import add_key_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -33,21 +34,30 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     start.add_argument("--precision", choices=["bf16", "fp8"], help="stored precision (default bf16)")
     start.add_argument("--ring-bytes", type=int, default=defaults.RING_BYTES,
                        help="each writing scheduler's host ring; a sample finding it full is dropped")  # fmt: skip
+    start.add_argument("--resume", action="store_true",
+                       help="continue the live capture this machine started into --out (the same options; another "
+                            "capture's dataset is refused)")  # fmt: skip
+    add_key_args(start)
     status = sub.add_parser("status", formatter_class=fmt, help="print each DP rank's capture status as JSON")
     status.add_argument("urls", nargs="+", metavar="URL", help="each server's base URL")
+    add_key_args(status)
     stop = sub.add_parser("stop", formatter_class=fmt,
-                          help="stop the capture on each server: drain, commit, mark it complete")  # fmt: skip
+                          help="stop the capture on each server: drain, commit, mark it complete (a capture this "
+                               "machine did not start: a forced stop, with the server's --admin-api-key, left "
+                               "incomplete)")  # fmt: skip
     stop.add_argument("urls", nargs="+", metavar="URL", help="each server's base URL")
+    add_key_args(stop)
 
 
 def run(args: argparse.Namespace) -> int:
+    keys = {"api_key": args.api_key, "admin_api_key": args.admin_api_key}
     if args.action == "status":
-        print(json.dumps([st for u in args.urls for st in capture_status(u)], indent=2))
+        print(json.dumps([st for u in args.urls for st in capture_status(u, **keys)], indent=2))
         return 0
     if args.action == "stop":
         out: list[dict[str, Any]] = []
         for u in args.urls:
-            out += [{"url": u, **st} for st in stop_server_capture(u, complete=True)]
+            out += [{"url": u, **st} for st in stop_server_capture(u, complete=True, **keys)]
         print(json.dumps(out, indent=2, default=str))
         return 0
     policy = LivePolicy(
@@ -57,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
         max_bytes_per_hour=args.max_bytes_per_hour,
         max_inflight=args.max_inflight,
     )
-    options = CaptureOptions(max_length=args.max_length, precision=args.precision, ring_bytes=args.ring_bytes)
-    cap = ServerCapture(args.urls, os.fspath(args.out), options, live=policy)  # started; left running
+    options = CaptureOptions(max_length=args.max_length, precision=args.precision, ring_bytes=args.ring_bytes,
+                             writer_options={"resume": True} if args.resume else {})  # fmt: skip
+    cap = ServerCapture(args.urls, os.fspath(args.out), options, live=policy, **keys)  # started; left running
     print(json.dumps({"out": cap.url, "servers": [s.url for s in cap.servers], "writers": cap.writers,
-                      "live": policy.to_dict()}))  # fmt: skip
+                      "capture": cap.capture_id, "live": policy.to_dict()}))  # fmt: skip
     return 0

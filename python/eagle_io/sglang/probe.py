@@ -402,6 +402,19 @@ def isolate_from_radix_cache(req: Any) -> None:
     req.extra_key = f"{getattr(req, 'extra_key', None) or ''}|eagle-io:{req.rid}"
 
 
+def strip_hidden_states(req: Any) -> bool:
+    """Turns off a new request's ``return_hidden_states`` (``Req.return_hidden_states`` and its
+    ``return_hidden_states_mode``, which ``ScheduleBatch`` reads when it batches the request and the batch result
+    processor when it answers); returns whether the request had asked for them."""
+    if not getattr(req, "return_hidden_states", False):
+        return False
+    from sglang.srt.managers.schedule_batch import get_return_hidden_states_mode
+
+    req.return_hidden_states = False
+    req.return_hidden_states_mode = get_return_hidden_states_mode(False)
+    return True
+
+
 def committed_rows(req: Any) -> int:
     """States a running request's committed tokens need, after ``Scheduler.process_batch_result``: its prompt plus
     its generated tokens (``output_ids_through_stop`` once finished) but the last, whose state no forward computed

@@ -14,26 +14,81 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SGLangError
 
-__all__ = ["http_json", "launch_server", "server_flags", "stop_server"]
+__all__ = [
+    "ENV_ADMIN_API_KEY",
+    "ENV_API_KEY",
+    "ServerKeys",
+    "http_json",
+    "launch_server",
+    "server_flags",
+    "stop_server",
+]
+
+ENV_API_KEY = "EAGLE_IO_API_KEY"
+ENV_ADMIN_API_KEY = "EAGLE_IO_ADMIN_API_KEY"
 
 
-def http_json(url: str, body: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
-    """GET (``body`` None) or POST JSON to ``url``; the decoded JSON answer (None for an empty body).
+@dataclass(frozen=True)
+class ServerKeys:
+    """The keys a client sends an SGLang server, as SGLang 0.5.23 checks them (``srt/utils/auth.py``): ``api_key``
+    (``--api-key``) on every route, and on the routes it marks ``ADMIN_OPTIONAL`` (``/set_internal_state``, the
+    weight updates) the ``admin_api_key`` (``--admin-api-key``) when there is one, else the api key; each as
+    ``Authorization: Bearer KEY``. Never printed (``repr`` shows which are set)."""
+
+    api_key: str | None = None
+    admin_api_key: str | None = None
+
+    @classmethod
+    def resolve(cls, api_key: str | None = None, admin_api_key: str | None = None) -> ServerKeys:
+        """The keys given, else those of ``EAGLE_IO_API_KEY`` / ``EAGLE_IO_ADMIN_API_KEY``."""
+        return cls(api_key or os.environ.get(ENV_API_KEY) or None,
+                   admin_api_key or os.environ.get(ENV_ADMIN_API_KEY) or None)  # fmt: skip
+
+    def bearer(self, control: bool) -> str | None:
+        """The key for a control (admin) route, or for any other route."""
+        return (self.admin_api_key or self.api_key) if control else self.api_key
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={'set' if getattr(self, k) else None}" for k in ("api_key", "admin_api_key"))
+        return f"ServerKeys({shown})"
+
+
+def http_json(
+    url: str,
+    body: Mapping[str, Any] | None = None,
+    timeout_s: float = 30.0,
+    *,
+    keys: ServerKeys | None = None,
+    control: bool = False,
+) -> Any:
+    """GET (``body`` None) or POST JSON to ``url`` with ``keys`` (``control``: an admin route); the decoded JSON
+    answer (None for an empty body).
 
     Raises:
-        SGLangError: an HTTP error status (``status`` set; the body's first 500 characters in the message), no
-            connection (``status`` None), or an answer that is not JSON, naming the URL.
+        SGLangError: an HTTP error status (``status`` set; the body's first 500 characters in the message; a 401 or
+            403 names the key option to pass), no connection (``status`` None), or an answer that is not JSON, naming
+            the URL.
     """
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    bearer = keys.bearer(control) if keys is not None else None
+    if bearer:
+        headers["Authorization"] = f"Bearer {bearer}"
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
             raw = r.read()
     except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            option, env = ("--admin-api-key", ENV_ADMIN_API_KEY) if control else ("--api-key", ENV_API_KEY)
+            said = "refused the key sent" if bearer else "needs a key"
+            raise SGLangError(f"{url}: HTTP {e.code}: the server {said}: pass {option} (or set {env})",
+                              status=e.code) from e  # fmt: skip
         detail = e.read()[:500].decode(errors="replace")
         raise SGLangError(f"{url}: HTTP {e.code}: {detail}", status=e.code) from e
     except (urllib.error.URLError, OSError, ValueError) as e:

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..draft.acceptance import AcceptHistogram
 from ..errors import InvalidArgumentError, SGLangError
-from ..sglang.servers import http_json
+from ..sglang.servers import ServerKeys, http_json
 from ..sglang.spec_params import speculative_param_problems
 
 __all__ = ["ServedRun", "engine_args", "run_engine", "run_server"]
@@ -224,6 +224,7 @@ def run_server(
     algorithm: str | None = None,
     concurrency: int = 8,
     timeout: float = 600.0,
+    keys: ServerKeys | None = None,
 ) -> ServedRun:
     """Decodes ``prompts`` on the SGLang server at ``url`` (``POST /generate`` with ``input_ids``), after reading its
     speculative settings from ``GET /server_info``.
@@ -233,7 +234,7 @@ def run_server(
             another one than ``algorithm`` (its ``speculative_algorithm`` named).
     """
     base = url.rstrip("/")
-    info = http_json(base + "/server_info", timeout_s=timeout)
+    info = http_json(base + "/server_info", timeout_s=timeout, keys=keys)
     served = info.get("speculative_algorithm")
     if not served or "speculative_num_steps" not in info:
         raise SGLangError(
@@ -246,7 +247,7 @@ def run_server(
 
     def one(prompt: Sequence[int]) -> dict[str, Any]:
         body = {"input_ids": list(map(int, prompt)), "sampling_params": sampling}
-        return http_json(base + "/generate", body, timeout_s=timeout)
+        return http_json(base + "/generate", body, timeout_s=timeout, keys=keys)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(prompts)))) as pool:

@@ -6,6 +6,8 @@ around it (the hooks SGLang calls, the control commands, the status route, the s
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import threading
 import time
@@ -20,21 +22,30 @@ from ..store import ForwardSample, SampleStore, check_sample
 from .assembly import RequestStates
 from .handoff import Finished, Handoff
 from .live import LIVE_ID_BASE, Admission, LivePolicy
-from .protocol import KEY_PARAM, MASK_PARAM, SAMPLE_PARAM
+from .protocol import KEY_PARAM, MASK_PARAM, PROOF_PARAM, SAMPLE_PARAM, capture_id, sample_proof
 
 __all__ = ["REQUEST_COUNTS", "SchedulerCapture"]
 
 logger = logging.getLogger("eagle_io.serving")
 
 
-REQUEST_COUNTS = ("incomplete", "refused", "aborted", "unfinished_at_stop", "queue_full", "never_started")
+REQUEST_COUNTS = (
+    "incomplete",
+    "refused",
+    "aborted",
+    "unfinished_at_stop",
+    "queue_full",
+    "never_started",
+    "foreign_params",
+)
 """The scheduler's own counters, beside the store's (:data:`eagle_io.capturing.store.COUNTS`) and a live capture's
 admission counters (:data:`eagle_io.capturing.sglang.live.LIVE_COUNTS`): sampled requests not stored because their
 states were not all captured (a prefix from the radix cache, a capture started mid-request); refused as declared (a
 bad loss mask, tokens past ``max_length``: the last reason is in the status' ``refusal``); aborted; still running
 when the capture stopped; dropped because the hand-off queue was full (a live capture only); sampled but never in a
 forward within :data:`eagle_io.defaults.LIVE_ADMIT_TTL_S` (aborted while queued: SGLang's abort of a waiting
-request passes no hook of the capture's)."""
+request passes no hook of the capture's); carrying eagle-io's sample parameters without this capture's proof
+(:func:`.protocol.sample_proof`: another client's, served and never stored)."""
 
 
 class SchedulerCapture:
@@ -117,6 +128,8 @@ class SchedulerCapture:
                   "speculative_algorithm": algo}  # fmt: skip
         if self.live is not None:
             launch["live_capture"] = self.live.to_dict()
+        if token is not None:  # resuming needs the same secret: another capture's dataset is not this one's
+            launch["capture_owner"] = hashlib.sha256(token.encode()).hexdigest()
         opts = opts.replace(
             metadata={**launch, **opts.metadata},
             writer_options={**opts.writer_options, "rank": self.writer_rank, "world_size": writers},
@@ -155,6 +168,9 @@ class SchedulerCapture:
         if not self.admission.wants(rid, params, r["health_check"]):
             return
         given = SAMPLE_PARAM in params  # a client's sample request: its id, mask and key are given
+        if given and not self._proven(params):  # anyone can send eagle-io's parameters: served, never stored
+            self.request_counts["foreign_params"] += 1
+            return
         if given and self.live is not None:  # any user of a served server can send it: held to the caps
             sid = params[SAMPLE_PARAM]
             if isinstance(sid, bool) or not isinstance(sid, int) or not 0 <= sid < LIVE_ID_BASE:
@@ -170,6 +186,13 @@ class SchedulerCapture:
         else:
             return
         probe.isolate_from_radix_cache(req)
+
+    def _proven(self, params: Mapping[str, Any]) -> bool:
+        """Whether a request's sample parameters carry this capture's proof (:func:`.protocol.sample_proof`)."""
+        sid, proof = params.get(SAMPLE_PARAM), params.get(PROOF_PARAM)
+        if self.token is None or isinstance(sid, bool) or not isinstance(sid, int) or not isinstance(proof, str):
+            return False
+        return hmac.compare_digest(proof, sample_proof(self.token, sid))
 
     def _sampled(self, rid: str) -> bool:
         return rid in self.admitted or rid in self.requests.held
@@ -317,7 +340,8 @@ class SchedulerCapture:
             state = "failed"
         out = {
             "state": state,
-            "token": self.token,
+            "id": capture_id(self.token),
+            "stop_id": capture_id(self.stop_token),
             "out_dir": self.url,
             "writer_rank": self.writer_rank,
             "writes": self.writes,
@@ -349,12 +373,15 @@ class SchedulerCapture:
 
     error: str | None = None
 
-    def stop(self, token: Any, complete: bool = True) -> dict[str, Any]:
-        """Drains the ring and commits the manifest (the first time; marked complete unless ``complete`` is False:
-        an interrupted capture); requests still running are forgotten and counted (``unfinished_at_stop``). Returns
-        this rank's answer for ``token``, which its status shows (``stop_token``): the outcome, the counts, the
-        writer's statistics and, for an object-storage capture, what it uploaded (``SampleStore.upload_report``; None
-        for a local one). A repeated stop gets the same outcome."""
+    stop_token: str | None = None
+
+    def stop(self, token: Any, complete: bool = True, forced: bool = False) -> dict[str, Any]:
+        """Drains the ring, commits the manifest and releases the ring (the first time; marked complete unless
+        ``complete`` is False: an interrupted or forced stop); requests still running are forgotten and counted
+        (``unfinished_at_stop``). Returns this rank's answer for ``token`` (the stopping command's secret, whose id
+        the status shows as ``stop_id``): the outcome (``stopped_by`` the first stop's id, ``forced``), the counts,
+        the writer's statistics and, for an object-storage capture, what it uploaded (``SampleStore.upload_report``;
+        None for a local one). A repeated stop gets the same outcome."""
         assert self.store is not None, "only the writing rank stops"
         with self.answer_lock:
             self.stopping, self.stop_token = True, token
@@ -368,9 +395,10 @@ class SchedulerCapture:
                     self.outcome = {"error": None, "stats": self.store.stats(), "upload": self.store.upload_report}
                 except Exception as e:  # reported to the client through the status
                     self.outcome = {"error": f"{type(e).__name__}: {e}"}
-                self.outcome["stopped_by"] = token  # a later stop (a retry, the starter after a forced stop) sees it
+                # a later stop (a retry, the starter after a forced stop) sees who stopped it
+                self.outcome["stopped_by"], self.outcome["forced"] = capture_id(token), forced
             answer = {
-                "token": token,
+                "stop_id": capture_id(token),
                 "writer_rank": self.writer_rank,
                 **self.outcome,
                 "counts": self.counts(),

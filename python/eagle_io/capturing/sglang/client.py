@@ -20,6 +20,7 @@ can reach them.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -32,14 +33,15 @@ from typing import Any
 
 from ... import defaults
 from ...errors import CaptureStopTimeoutError, InvalidArgumentError, ObjectStorageError, SGLangError, StorageError
-from ...sglang.servers import http_json
+from ...host import cache_dir
+from ...sglang.servers import ServerKeys, http_json
 from ...store import layout
 from ...store.manifest import read_manifest
 from ...store.upload import combine_upload_reports
 from ..options import CaptureOptions
 from ..store import check_sample
 from .live import LivePolicy
-from .protocol import STATUS_KEY, control_args, sample_params
+from .protocol import CLIENT_TARGET_INFO, STATUS_KEY, capture_id, control_args, new_secret, sample_params
 
 __all__ = ["ServerCapture", "ServerFacts", "capture_status", "committed_ids", "server_facts", "stop_server_capture"]
 
@@ -105,12 +107,13 @@ class ServerFacts:
         return {**info, "model_id": os.path.basename(self.model_path.rstrip("/")) or self.model_path}
 
 
-def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[int] | None = None) -> ServerFacts:
-    """The preflight of one server: reads ``/server_info`` and ``/model_info`` and refuses, naming the URL, what
-    this capture cannot use.
+def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[int] | None = None,
+                 keys: ServerKeys | None = None) -> ServerFacts:  # fmt: skip
+    """The preflight of one server: reads ``/server_info`` and ``/model_info`` (with ``keys``) and refuses, naming the
+    URL, what this capture cannot use.
 
     Raises:
-        SGLangError: the server does not answer.
+        SGLangError: the server does not answer, or refuses the key (naming the option to pass).
         InvalidArgumentError: the server does not run eagle-io's plugin; its target captures no aux states (launched
             without ``--speculative-algorithm EAGLE3``: with no draft that also needs
             ``--enable-return-aux-hidden-states``; ``EAGLE`` / ``NEXTN`` named as the wrong flag); was launched with
@@ -119,8 +122,8 @@ def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[
     """
     url = url.rstrip("/")
     # a busy server answers /server_info after the forwards queued before it (its own warm-up request included)
-    info = http_json(f"{url}/server_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S)
-    model_info = http_json(f"{url}/model_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S)
+    info = http_json(f"{url}/server_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S, keys=keys)
+    model_info = http_json(f"{url}/model_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S, keys=keys)
     problems = []
     if info.get("pp_size", 1) not in (None, 1):
         problems.append(f"pipeline parallelism (pp_size {info['pp_size']}): only the last stage sees the states")
@@ -180,6 +183,13 @@ class ServerCapture:
         live: a live capture of the traffic the servers serve (:class:`~eagle_io.capturing.sglang.live.LivePolicy`:
             the requests sampled, the caps); it runs until :meth:`close`. Its samples are dropped rather than waited
             for (ring or hand-off queue full, counted). :meth:`submit` still sends sample requests of its own.
+        api_key, admin_api_key: SGLang's keys (:class:`eagle_io.sglang.servers.ServerKeys`; default
+            ``EAGLE_IO_API_KEY`` / ``EAGLE_IO_ADMIN_API_KEY``).
+
+    The capture's secret (made here, sent once in the start) proves its sample requests and its stop; the servers
+    show only its id (:attr:`capture_id`). It is kept in this user's cache (:func:`remember_secret`, mode 0600) so
+    that ``resume`` (and ``eagle-io live stop``) can prove the capture again; a dataset another capture wrote is
+    not resumed.
 
     Raises:
         InvalidArgumentError: a preflight refusal (:func:`server_facts`), servers that disagree on the target,
@@ -202,7 +212,10 @@ class ServerCapture:
         request_timeout_s: float = defaults.SERVER_REQUEST_TIMEOUT_S,
         progress: bool = False,
         live: LivePolicy | None = None,
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
     ) -> None:
+        self.keys = ServerKeys.resolve(api_key, admin_api_key)
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise InvalidArgumentError("capture from servers: no URL given")
@@ -212,7 +225,9 @@ class ServerCapture:
             )
         options.refuse_writer_ranks()
         self.servers = [
-            u if isinstance(u, ServerFacts) else server_facts(u, model=model, aux_layer_ids=options.aux_layer_ids)
+            u
+            if isinstance(u, ServerFacts)
+            else server_facts(u, model=model, aux_layer_ids=options.aux_layer_ids, keys=self.keys)
             for u in urls
         ]
         first = self.servers[0]
@@ -222,8 +237,9 @@ class ServerCapture:
                     f"{s.url} serves {s.target_info} (layers {s.target['layers']}), {first.url} serves "
                     f"{first.target_info} (layers {first.target['layers']}): one capture needs one target"
                 )
-        if not options.target_info:
-            options = options.replace(target_info=first.target_info)
+        # the target's shapes are the servers' own: only its name and files travel
+        info = options.target_info or first.target_info
+        options = options.replace(target_info={k: v for k, v in info.items() if k in CLIENT_TARGET_INFO})
         self.options = options
         self.url = os.fspath(out_dir)
         if not layout.is_url(self.url):  # the servers resolve a relative path in their own working directory
@@ -245,15 +261,21 @@ class ServerCapture:
         self.manifest: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self.done = self._committed()
-        self._token = uuid.uuid4().hex
+        resume = bool(options.writer_options.get("resume"))
+        self._secret = (recall_secret(self.url) if resume else None) or new_secret()
+        self.capture_id = capture_id(self._secret)
         offset = 0
         for s in self.servers:
-            cmd = control_args("start", self._token, out_dir=self.url, options=options.to_dict(),
-                               writer_offset=offset, all_writers=self.writers,
+            cmd = control_args("start", self._secret, out_dir=self.url, options=options.to_dict(),
+                               writer_offset=offset, all_writers=self.writers, client=_client_name(),
                                live=live.to_dict() if live is not None else None)  # fmt: skip
-            http_json(f"{s.url}/set_internal_state", {"server_args": cmd})
+            http_json(f"{s.url}/set_internal_state", {"server_args": cmd}, keys=self.keys, control=True)
             offset += s.writers
-        self._wait({"capturing"}, "token", defaults.STOP_TIMEOUT_S, "start")
+        remember_secret(self.url, self._secret)
+        if live is not None:
+            for s in self.servers:
+                remember_secret(s.url, self._secret)
+        self._wait({"capturing"}, "id", defaults.STOP_TIMEOUT_S, "start")
 
     forward_seconds = store_seconds = None  # the forwards run in the servers
 
@@ -272,15 +294,16 @@ class ServerCapture:
         return set()
 
     def _wait(self, states: set[str], key: str, timeout_s: float, what: str) -> list[dict[str, Any]]:
-        """:func:`_wait_ranks` over this capture's servers under its token."""
-        return _wait_ranks([s.url for s in self.servers], self._token, states, key, timeout_s, what)
+        """:func:`_wait_ranks` over this capture's servers under its id."""
+        return _wait_ranks([s.url for s in self.servers], self._secret, states, key, timeout_s, what, keys=self.keys,
+                           sent=self.counts["sent"])  # fmt: skip
 
     # ----------------------------------------------------------------------------------------------- submitting
 
     def _send(self, server: ServerFacts, sample: Any, writer_in_server: int) -> None:
         body: dict[str, Any] = {
             "input_ids": [int(t) for t in sample.input_ids.tolist()],
-            "sampling_params": {**self.sampling_params, "custom_params": sample_params(sample)},
+            "sampling_params": {**self.sampling_params, "custom_params": sample_params(sample, self._secret)},
         }
         if server.writers > 1:
             body["routed_dp_rank"] = writer_in_server
@@ -288,7 +311,7 @@ class ServerCapture:
         for attempt in range(self.retries + 1):
             body["extra_key"] = f"eagle-io-{uuid.uuid4().hex}"  # a fresh radix-cache namespace per attempt
             try:
-                out = http_json(f"{server.url}/generate", body, timeout_s=self.request_timeout_s)
+                out = http_json(f"{server.url}/generate", body, timeout_s=self.request_timeout_s, keys=self.keys)
                 break
             except SGLangError as e:
                 if attempt == self.retries or (e.status is not None and e.status not in _RETRYABLE):
@@ -383,9 +406,9 @@ class ServerCapture:
         if self.manifest is not None:
             return self.manifest
         for s in self.servers:
-            stop = control_args("stop", self._token, complete=complete)
-            http_json(f"{s.url}/set_internal_state", {"server_args": stop})
-        self.answers = self._wait({"stopped"}, "stop_token", timeout_s, "stop")
+            stop = control_args("stop", self._secret, complete=complete, client=_client_name())
+            http_json(f"{s.url}/set_internal_state", {"server_args": stop}, keys=self.keys, control=True)
+        self.answers = self._wait({"stopped"}, "stop_id", timeout_s, "stop")
         self.manifest = {}
         reachable = layout.is_url(self.url) or os.path.isdir(self.url)
         if reachable and self.writers == 1 and not layout.is_url(self.url):
@@ -412,7 +435,7 @@ class ServerCapture:
                          [s.url for s in self.servers], exc_type.__name__, e)  # fmt: skip
 
 
-def capture_status(url: str) -> list[dict[str, Any]]:
+def capture_status(url: str, *, api_key: str | None = None, admin_api_key: str | None = None) -> list[dict[str, Any]]:
     """The eagle-io capture status of every writing DP rank of the server at ``url`` (``GET /server_info``'s
     ``internal_states[i]["eagle_io_capture"]``): ``state``, ``out_dir``, ``writer_rank``, ``live`` (the policy, None for
     a client-driven capture), ``counts`` (the store's :data:`~eagle_io.capturing.store.COUNTS`, the scheduler's
@@ -421,16 +444,17 @@ def capture_status(url: str) -> list[dict[str, Any]]:
     committed), ``error``.
 
     Raises:
-        SGLangError: the server does not answer.
+        SGLangError: the server does not answer, or refuses the key.
     """
-    return [{"url": u, "dp_rank": i, **st} for u, i, st in _statuses([url.rstrip("/")])]
+    keys = ServerKeys.resolve(api_key, admin_api_key)
+    return [{"url": u, "dp_rank": i, **st} for u, i, st in _statuses([url.rstrip("/")], keys)]
 
 
-def _statuses(urls: Sequence[str]) -> list[tuple[str, int, dict[str, Any]]]:
+def _statuses(urls: Sequence[str], keys: ServerKeys) -> list[tuple[str, int, dict[str, Any]]]:
     """``(url, DP rank, eagle-io status)`` of every writing rank of the servers at ``urls``."""
     out = []
     for url in urls:
-        answer = http_json(f"{url}/server_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S)
+        answer = http_json(f"{url}/server_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S, keys=keys)
         for i, st in enumerate(answer.get("internal_states") or []):
             cap = st.get(STATUS_KEY) or {}
             if cap.get("writes", cap.get("target", {}).get("writes", True)):
@@ -438,33 +462,47 @@ def _statuses(urls: Sequence[str]) -> list[tuple[str, int, dict[str, Any]]]:
     return out
 
 
-def _wait_ranks(urls: Sequence[str], token: str, states: set[str], key: str, timeout_s: float, what: str,
-                forced: bool = False) -> list[dict[str, Any]]:  # fmt: skip
-    """Polls every writing rank of the servers at ``urls`` until each reports one of ``states`` under ``token``
-    (``key``: ``token`` for a start, ``stop_token`` for a stop; a ``forced`` stop also takes a rank with no capture);
-    returns their statuses.
+def _wait_ranks(
+    urls: Sequence[str],
+    secret: str,
+    states: set[str],
+    key: str,
+    timeout_s: float,
+    what: str,
+    forced: bool = False,
+    *,
+    keys: ServerKeys,
+    sent: int | None = None,
+) -> list[dict[str, Any]]:
+    """Polls every writing rank of the servers at ``urls`` until each reports one of ``states`` under the id of
+    ``secret`` (``key``: ``id`` for a start, ``stop_id`` for a stop; a ``forced`` stop also takes a rank with no
+    capture); returns their statuses. ``sent``: the sample requests this client sent, named when a forced stop ended
+    its capture.
 
     Raises:
-        InvalidArgumentError: a rank failed the start, or runs another client's capture (names URL and rank).
+        InvalidArgumentError: a rank refused or failed the start (its reason), or runs another client's capture (names
+            URL and rank).
         StorageError: a rank failed while stopping (its error, naming URL and rank), holds no capture to stop, or
-            was stopped by another client's forced stop (:func:`stop_server_capture`) before this one's.
+            was stopped by a forced stop (:func:`stop_server_capture`) before this one's (how many samples are missing).
         CaptureStopTimeoutError: not every rank got there within ``timeout_s``.
     """
+    mine_id = capture_id(secret)
     deadline = time.monotonic() + timeout_s
     while True:
-        statuses = _statuses(urls)
+        statuses = _statuses(urls, keys)
         pending = []
         for url, rank, st in statuses:
-            mine = st.get(key) == token
+            mine = st.get(key) == mine_id
             if mine and st.get("state") == "failed":
                 cls = StorageError if what == "stop" else InvalidArgumentError
                 raise cls(f"{url} DP rank {rank}: the capture's {what} failed: {st.get('error')}")
             if not mine and what == "start" and st.get("state") in ("capturing", "starting", "stopping"):
                 raise InvalidArgumentError(
-                    f"{url} DP rank {rank} is already capturing into {st.get('out_dir')} for another client: "
-                    "stop that capture first (its client's close(); if that client is gone, "
-                    f"eagle_io.capturing.sglang.client.stop_server_capture({url!r}) commits what it wrote, marked "
-                    "incomplete, and resume=True continues it)"
+                    f"{url} DP rank {rank} is already capturing into {st.get('out_dir')} for another client "
+                    f"(capture {st.get('id')}): stop that capture first (its client's close(), or eagle-io live stop "
+                    "from the machine that started it; if that client is gone, an operator's forced stop, "
+                    f"eagle_io.capturing.sglang.client.stop_server_capture({url!r}, admin_api_key=...), commits what "
+                    "it wrote, marked incomplete)"
                 )
             if what == "stop" and st.get("state") == "idle":
                 if forced:
@@ -473,11 +511,17 @@ def _wait_ranks(urls: Sequence[str], token: str, states: set[str], key: str, tim
                     f"{url} DP rank {rank} holds no capture to stop (was the server restarted?): what it had not "
                     "committed is lost; --resume captures it again"
                 )
-            if mine and what == "stop" and not forced and st.get("stopped_by") not in (None, token):
+            if mine and what == "stop" and not forced and st.get("stopped_by") not in (None, mine_id):
+                written = (st.get("counts") or {}).get("written")
+                missing = (
+                    f"{sent - written} of the {sent} samples sent"
+                    if sent is not None and written is not None
+                    else "the samples sent after it"
+                )
                 raise StorageError(
-                    f"{url} DP rank {rank}: this capture was stopped by another client's forced stop "
-                    "(stop_server_capture) before this client's: the samples sent after it were not stored; "
-                    "resume=True captures them again"
+                    f"{url} DP rank {rank}: this capture was ended by a forced stop (stop {st.get('stopped_by')}) "
+                    f"before this client's: {missing} were not stored, and its manifest is marked incomplete; "
+                    "resume=True (--resume) captures them again"
                 )
             if not (mine and st.get("state") in states):
                 pending.append(f"{url} DP rank {rank} ({st.get('state')})")
@@ -490,25 +534,82 @@ def _wait_ranks(urls: Sequence[str], token: str, states: set[str], key: str, tim
         time.sleep(0.2)
 
 
-def stop_server_capture(url: str, timeout_s: float = defaults.STOP_TIMEOUT_S, complete: bool = False
-                        ) -> list[dict[str, Any]]:  # fmt: skip
-    """Stops the capture running on the server at ``url`` whatever client started it: the recovery when that client
-    is gone (killed, its machine lost) and the server refuses new captures, and the end of a live capture
-    (``complete=True``). Every writer drains, commits what it wrote and leaves its manifest marked incomplete unless
-    ``complete`` (``eagle_io.capture(url, out_dir, resume=True)`` continues it). A client still running that capture
-    finds it stopped at its ``close`` (a StorageError).
+def stop_server_capture(
+    url: str,
+    timeout_s: float = defaults.STOP_TIMEOUT_S,
+    complete: bool = False,
+    *,
+    api_key: str | None = None,
+    admin_api_key: str | None = None,
+) -> list[dict[str, Any]]:
+    """Stops the capture running on the server at ``url``. With the secret this user's cache holds for that server
+    (:func:`remember_secret`: a live capture this user started there, ``eagle-io live stop``), as its own client:
+    committed, marked complete unless ``complete`` is False. Otherwise a forced stop, the recovery when the capture's
+    client is gone: the server takes it only with its admin key (it must have been launched with
+    ``--admin-api-key`` or ``--api-key``), and every writer commits what it wrote marked incomplete
+    (``eagle_io.capture(url, out_dir, resume=True)`` continues it from the machine that started it); that client
+    finds its capture stopped at its ``close`` (a StorageError). A capture started by environment without a secret
+    is stopped by any stop.
 
     Returns:
         Every writing DP rank's status (``state`` ``stopped``, or ``idle`` where none ran; ``counts``).
 
     Raises:
-        SGLangError: the server does not answer.
-        StorageError: a rank failed while stopping (its error, naming URL and rank).
+        SGLangError: the server does not answer, or refuses the key (naming the option).
+        StorageError: a rank failed while stopping (its error, naming URL and rank), or refused the stop (naming why).
         CaptureStopTimeoutError: not every rank stopped within ``timeout_s``.
     """
-    url, token = url.rstrip("/"), uuid.uuid4().hex
-    http_json(f"{url}/set_internal_state", {"server_args": control_args("stop", token, complete=complete, force=True)})
-    return _wait_ranks([url], token, {"stopped"}, "stop_token", timeout_s, "stop", forced=True)
+    url, keys = url.rstrip("/"), ServerKeys.resolve(api_key, admin_api_key)
+    secret = recall_secret(url)
+    forced = secret is None or not any(
+        st.get("id") == capture_id(secret) and st.get("state") in ("capturing", "stopping", "stopped", "failed")
+        for _, _, st in _statuses([url], keys)
+    )
+    if forced:
+        secret = new_secret()
+    cmd = control_args("stop", secret, complete=complete, force=forced, client=_client_name())
+    taken = http_json(f"{url}/set_internal_state", {"server_args": cmd}, keys=keys, control=True)  # a bool per rank
+    if (
+        forced
+        and not any(taken or [])
+        and any(st.get("state") in ("capturing", "stopping") for _, _, st in _statuses([url], keys))
+    ):
+        raise StorageError(
+            f"{url} refused the forced stop: only the capture's own client stops it, or an operator with the "
+            "server's admin key (the server must have been launched with --admin-api-key; pass --admin-api-key)"
+        )
+    return _wait_ranks([url], secret, {"stopped"}, "stop_id", timeout_s, "stop", forced=True, keys=keys)
+
+
+def _client_name() -> str:
+    """What the server's audit line names this client by (it sees no address): host and process id."""
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _secret_path(key: str) -> str:
+    return os.path.join(cache_dir(), "captures", hashlib.sha256(key.encode()).hexdigest()[:32])
+
+
+def remember_secret(key: str, secret: str) -> None:
+    """Keeps a capture's secret for ``key`` (its dataset's URL, or a server's URL) in this user's cache
+    (``$EAGLE_IO_CACHE/captures``, directory 0700, file 0600), so that a resume or a later stop can prove it."""
+    path = _secret_path(key)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret)
+    os.replace(path + ".tmp", path)
+
+
+def recall_secret(key: str) -> str | None:
+    """The secret :func:`remember_secret` kept for ``key``, or None."""
+    try:
+        with open(_secret_path(key)) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
 
 
 def _bar(total: int) -> Any:

@@ -6,12 +6,13 @@ capture asks for (:func:`capture_layer_args`). The launcher itself is :func:`eag
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import InvalidArgumentError
 from ...sglang.servers import launch_server, server_flags
 from ..options import CaptureOptions
+from .protocol import ENV_CAPTURE_ROOT
 
 
 def capture_layer_args(
@@ -66,6 +67,7 @@ def launch_capture_server(
     options: CaptureOptions,
     log_path: str | os.PathLike[str],
     *,
+    capture_roots: Sequence[str | os.PathLike[str]] = (),
     timeout_s: float = 900.0,
     env: Mapping[str, str] | None = None,
     **engine_args: Any,
@@ -74,7 +76,8 @@ def launch_capture_server(
     (:data:`SERVER_CAPTURE_FLAGS`, plus ``--return-aux-hidden-state-layer-ids`` for ``options.aux_layer_ids``:
     :func:`capture_layer_args`), SGLang's defaults otherwise (chunked prefill and the radix cache on). The capture
     itself is started over HTTP (:class:`~eagle_io.capturing.sglang.client.ServerCapture`), as for a server users
-    launch.
+    launch; ``capture_roots`` are where it lets a client have it write (``EAGLE_IO_CAPTURE_ROOT``:
+    :mod:`eagle_io.capturing.sglang.operator`), in ``env`` (default: this process' environment).
 
     Returns:
         ``(url, process)``; stop the server with :func:`eagle_io.sglang.servers.stop_server`.
@@ -88,4 +91,7 @@ def launch_capture_server(
         raise InvalidArgumentError(f"engine arguments {sorted(clash)} are eagle-io's capture-only launch's own")
     engine_args = {**engine_args, **capture_layer_args(model_path, options, engine_args)}
     flags = ["--model-path", os.fspath(model_path), *SERVER_CAPTURE_FLAGS, *server_flags(engine_args)]
+    if capture_roots:
+        roots = ",".join(r if str(r).startswith("s3://") else os.path.abspath(r) for r in map(os.fspath, capture_roots))
+        env = {**(os.environ if env is None else env), ENV_CAPTURE_ROOT: roots}
     return launch_server(flags, log_path, timeout_s=timeout_s, env=env)

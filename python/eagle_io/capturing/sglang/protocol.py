@@ -44,7 +44,10 @@ a unique ``extra_key``, so SGLang's radix cache never matches it, and the schedu
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import secrets
 from typing import Any
 
 from ...errors import CaptureRefusedError
@@ -61,9 +64,12 @@ __all__ = [
     "SAMPLE_PARAM",
     "STATUS_KEY",
     "CaptureRefusedError",
+    "capture_id",
     "control_args",
+    "new_secret",
     "parse_control",
     "sample_params",
+    "sample_proof",
 ]
 
 ENV_CAPTURE = "EAGLE_IO_SGLANG_CAPTURE"
@@ -71,20 +77,58 @@ ENV_CAPTURE_DIR = "EAGLE_IO_CAPTURE_DIR"
 ENV_CAPTURE_OPTIONS = "EAGLE_IO_CAPTURE_OPTIONS"
 ENV_CAPTURE_LIVE = "EAGLE_IO_CAPTURE_LIVE"
 """JSON of a :class:`~.live.LivePolicy` for a capture started by environment: a live capture of served traffic."""
+ENV_CAPTURE_ROOT = "EAGLE_IO_CAPTURE_ROOT"
+"""Where a server lets clients have it write (:mod:`.operator`); unset: remote capture is off."""
+ENV_CAPTURE_LIMITS = "EAGLE_IO_CAPTURE_LIMITS"
+"""The operator's maximums on what a client asks for (:mod:`.operator`)."""
+ENV_ALLOW_HIDDEN_STATES = "EAGLE_IO_ALLOW_CLIENT_HIDDEN_STATES"
+"""``1``: requests other than eagle-io's samples may ask for hidden states (off by default)."""
+ENV_CAPTURE_SECRET = "EAGLE_IO_CAPTURE_SECRET"
+"""The secret of a capture started by environment (optional): the operator's client proves its samples and its stop
+with it, as a client that started a capture over HTTP does with its own."""
 SAMPLE_PARAM, MASK_PARAM, KEY_PARAM = "eagle_io_sample_id", "eagle_io_loss_mask", "eagle_io_key"
+PROOF_PARAM = "eagle_io_proof"
+"""A sample request's proof that it comes from the capture's own client (:func:`sample_proof`)."""
 CAPTURE_PARAM = "eagle_io_capture"
 """A request's own say in a live capture (``custom_params``): ``true`` samples it whatever the rate (the caps still
 apply), ``false`` never (:mod:`.live`)."""
 
 
-def sample_params(sample: Any) -> dict[str, Any]:
+def new_secret() -> str:
+    """A capture's secret: 256 random bits as hex, made by its client and sent once, in the start command."""
+    return secrets.token_hex(32)
+
+
+def capture_id(secret: str | None) -> str | None:
+    """The public id of the capture whose secret is ``secret`` (the first 16 hex digits of its SHA-256): what the
+    status shows, never the secret itself. None for a capture with no secret."""
+    return None if secret is None else hashlib.sha256(secret.encode()).hexdigest()[:16]
+
+
+def sample_proof(secret: str, sample_id: int) -> str:
+    """HMAC-SHA-256 of the sample id under the capture's secret: a request carrying it was made by the capture's own
+    client; the secret itself never travels in a sample request."""
+    return hmac.new(secret.encode(), str(int(sample_id)).encode(), hashlib.sha256).hexdigest()
+
+
+def sample_params(sample: Any, secret: str) -> dict[str, Any]:
     """The ``custom_params`` that make a request the sample ``sample`` (``index``, ``loss_mask [L]``, optional
-    ``id`` stored as the key); put them in the request's ``sampling_params``."""
-    params: dict[str, Any] = {SAMPLE_PARAM: int(sample.index), MASK_PARAM: [int(v) for v in sample.loss_mask.tolist()]}
+    ``id`` stored as the key) of the capture whose secret is ``secret``; put them in the request's
+    ``sampling_params``."""
+    sid = int(sample.index)
+    params: dict[str, Any] = {SAMPLE_PARAM: sid, MASK_PARAM: [int(v) for v in sample.loss_mask.tolist()]}
+    params[PROOF_PARAM] = sample_proof(secret, sid)
     if getattr(sample, "id", None):
         params[KEY_PARAM] = str(sample.id)
     return params
 
+
+CLIENT_WRITER_OPTIONS = frozenset({"shard_bytes", "chunk_bytes", "threads", "zstd_level", "queue_depth", "resume"})
+"""Writer options a remote client may set (``staging`` is the server's: under its first local capture root)."""
+CLIENT_METADATA = frozenset({"source_dataset", "regenerated"})
+"""Metadata keys a remote client may add (what ``eagle-io generate`` records of its input)."""
+CLIENT_TARGET_INFO = frozenset({"model_id", "files"})
+"""Target facts a remote client may name; the shapes (layers, widths, vocabulary) are the server's own."""
 
 STATUS_KEY = "eagle_io_capture"
 """The key of eagle-io's capture status in each ``internal_states`` entry of ``GET /server_info``."""
@@ -95,7 +139,8 @@ CONTROL_PREFIX = "eagle_io:"
 def control_args(op: str, token: str, **payload: Any) -> dict[str, int]:
     """The ``server_args`` of a ``POST /set_internal_state`` that sends eagle-io command ``op`` (``"start"`` with
     ``out_dir``, ``options`` and, for a live capture, ``live`` (:meth:`~.live.LivePolicy.to_dict`); or ``"stop"``
-    with ``complete``) to every DP rank's scheduler."""
+    with ``complete``, or ``force`` from an operator) to every DP rank's scheduler. ``token`` is the capture's
+    secret (:func:`new_secret`; a forced stop sends a fresh one): only its :func:`capture_id` is ever shown."""
     return {CONTROL_PREFIX + json.dumps({"op": op, "token": token, **payload}, separators=(",", ":")): 1}
 
 

@@ -37,18 +37,27 @@ from typing import Any
 from ..._native import __version__
 from ...errors import InvalidArgumentError
 from ...sglang import hooks, probe
+from ..options import CaptureOptions
 from .capture import SchedulerCapture
+from .live import LivePolicy
+from .operator import OperatorPolicy
 from .protocol import (
     ENV_CAPTURE_DIR,
     ENV_CAPTURE_LIVE,
     ENV_CAPTURE_OPTIONS,
+    ENV_CAPTURE_SECRET,
     STATUS_KEY,
     CaptureRefusedError,
+    capture_id,
     parse_control,
 )
 
 logger = logging.getLogger("eagle_io.serving")
 
+
+OPERATOR = OperatorPolicy.from_env()
+"""What this server's operator allows remote captures (read once per scheduler process)."""
+_HIDDEN_REFUSED = [0]  # requests that asked for hidden states, answered without them
 
 _ACTIVE: SchedulerCapture | None = None
 _STARTING: dict[str, Any] | None = None  # a start over HTTP in progress or failed: {"state", "token", "error"}
@@ -80,7 +89,15 @@ def _guarded(cap: SchedulerCapture, step: Any, *args: Any) -> None:
 
 
 def _request_hook(result: Any, *args: Any, **kwargs: Any) -> Any:
-    """AFTER ``Scheduler._create_generation_req(self, recv_req, ...) -> Req``: every new request, once."""
+    """AFTER ``Scheduler._create_generation_req(self, recv_req, ...) -> Req``: every new request, once. A request
+    asking for hidden states is answered without them (counted ``hidden_states_refused``) unless the operator allows
+    it (``EAGLE_IO_ALLOW_CLIENT_HIDDEN_STATES=1``): the capture's launch flags must hand clients nothing new."""
+    if result is not None and not OPERATOR.client_hidden_states:
+        try:
+            if probe.strip_hidden_states(result):
+                _HIDDEN_REFUSED[0] += 1
+        except Exception:  # never into SGLang's loop
+            logger.exception("eagle-io: could not read a request's return_hidden_states")
     cap = _running()
     if cap is not None and result is not None:
         _guarded(cap, cap.on_request, result)
@@ -159,15 +176,38 @@ def _start(self: Any, out_dir: str, options: Mapping[str, Any], token: str | Non
 
 
 def _start_over_http(scheduler: Any, cmd: Mapping[str, Any]) -> None:
+    """A client's start: held to the operator's bounds (:class:`.operator.OperatorPolicy`), then started. A refusal
+    or failure is shown in the status under the capture's id, and audited."""
     global _STARTING
+    out_dir, cid = str(cmd.get("out_dir")), capture_id(cmd["token"])
     try:
+        live = cmd.get("live")
+        options, policy = OPERATOR.admit_start(
+            out_dir, CaptureOptions.from_dict(cmd.get("options") or {}), LivePolicy.from_dict(live) if live else None
+        )
         writers = {k: int(cmd[k]) for k in ("writer_offset", "all_writers") if cmd.get(k) is not None}
-        _start(scheduler, str(cmd["out_dir"]), cmd.get("options") or {}, cmd["token"], cmd.get("live"), **writers)
+        _start(scheduler, out_dir, options.to_dict(), cmd["token"], policy.to_dict() if policy else None, **writers)
         _STARTING = None
-        logger.info("eagle-io capture started over HTTP into %s", cmd["out_dir"])
+        _audit(cmd, "started")
     except Exception as e:  # shown in the status: the client names it
-        _STARTING = {"state": "failed", "token": cmd["token"], "error": f"{type(e).__name__}: {e}"}
-        logger.error("eagle-io capture: the start over HTTP failed: %s", _STARTING["error"])
+        _STARTING = {"state": "failed", "id": cid, "error": f"{type(e).__name__}: {e}"}
+        _audit(cmd, f"refused: {_STARTING['error']}")
+
+
+def _audit(cmd: Mapping[str, Any], result: str) -> None:
+    """One line in the server's log per control command: who (the host the client names itself, as SGLang gives a
+    scheduler no address), the op, the capture id, the out_dir and the result; never a secret."""
+    logger.warning("eagle-io AUDIT client=%s op=%s capture=%s out_dir=%s force=%s result=%s",
+                   str(cmd.get("client"))[:100], cmd.get("op"), capture_id(cmd.get("token")), cmd.get("out_dir"),
+                   cmd.get("force") is True, result)  # fmt: skip
+
+
+def _keys_of(scheduler: Any) -> str:
+    """Which of SGLang's keys guard this server's control route (``--admin-api-key``, else ``--api-key``)."""
+    args = getattr(scheduler, "server_args", None)
+    if getattr(args, "admin_api_key", None):
+        return "--admin-api-key"
+    return "--api-key" if getattr(args, "api_key", None) else "no key"
 
 
 def _control_hook(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kwargs: Any) -> Any:
@@ -184,7 +224,7 @@ def _control_hook(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kw
         return original(scheduler, recv_req, *args, **kwargs)
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
 
-    taken = False
+    taken, why = False, "not taken"
     with _LOCK:
         cap = _ACTIVE
         if cmd["op"] == "stop" and _STARTING is not None and _STARTING["state"] == "failed":
@@ -193,19 +233,29 @@ def _control_hook(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kw
         if cmd["op"] == "start":
             running = cap is not None and cap.writes and not cap.stopping
             if running and cap.token == cmd["token"]:
-                taken = True  # a retried start: already running
-            elif not running and not (_STARTING and _STARTING["state"] == "starting"):
-                _STARTING = {"state": "starting", "token": cmd["token"], "error": None}
+                taken, why = True, "already running (a retried start)"
+            elif running:
+                why = f"refused: capture {capture_id(cap.token)} is running"
+            elif not (_STARTING and _STARTING["state"] == "starting"):
+                _STARTING = {"state": "starting", "id": capture_id(cmd["token"]), "error": None}
                 threading.Thread(target=_start_over_http, args=(scheduler, cmd), daemon=True).start()
-                taken = True
+                taken, why = True, "starting"
         elif cmd["op"] == "stop" and cap is not None and cap.writes:
-            # only the client that started it stops a capture, unless forced (its client is gone)
-            if cap.token is None or cmd["token"] == cap.token or cmd.get("force") is True:
-                complete = cmd.get("complete") is not False
-                threading.Thread(target=cap.stop, args=(cmd["token"], complete), daemon=True).start()
-                taken = True
+            # only the capture's own client (its secret) stops it; a forced stop (its client is gone) only where
+            # SGLang checked the caller's key, and it ends the capture incomplete
+            forced = cmd.get("force") is True and cmd["token"] != cap.token
+            keys = _keys_of(scheduler)
+            if cap.token is None or cmd["token"] == cap.token or (forced and keys != "no key"):
+                complete = cmd.get("complete") is not False and not (forced and cap.token is not None)
+                threading.Thread(target=cap.stop, args=(cmd["token"], complete, forced), daemon=True).start()
+                taken, why = True, "stopping" + (" (forced: incomplete)" if forced and cap.token else "")
+            elif forced:
+                why = "refused: a forced stop needs the server launched with --admin-api-key (or --api-key)"
+            else:
+                why = "refused: not this capture's secret"
         elif cmd["op"] == "stop" and cap is not None:
-            taken = True  # a rank that does not write has nothing to stop
+            taken, why = True, "no writer on this rank"
+    _audit(cmd, why)
     return SetInternalStateReqOutput(updated=taken)
 
 
@@ -235,26 +285,37 @@ def status(scheduler: Any) -> dict[str, Any]:
             _FACTS = probe.capture_target(scheduler)
         except Exception as e:  # the client names it
             _FACTS = {"error": f"{type(e).__name__}: {e}"}
-    out: dict[str, Any] = {"eagle_io": __version__, "target": _FACTS}
+    out: dict[str, Any] = {"eagle_io": __version__, "target": _FACTS, "hidden_states_refused": _HIDDEN_REFUSED[0]}
     if _STARTING is not None:
         out.update(_STARTING)
     elif _ACTIVE is not None:
         out.update(_ACTIVE.status())
-        out["stop_token"] = getattr(_ACTIVE, "stop_token", None)
     else:
         out["state"] = "idle"
     return json.loads(json.dumps(out, default=str))  # msgpack-native for SGLang's IPC
 
 
 def _start_from_env(scheduler: Any, *args: Any, **kwargs: Any) -> None:
-    """BEFORE ``Scheduler.init_all_cuda_graphs``: starts the capture named by ``EAGLE_IO_CAPTURE_DIR``."""
+    """BEFORE ``Scheduler.init_all_cuda_graphs``: logs the security posture (once per process), then starts the
+    capture named by ``EAGLE_IO_CAPTURE_DIR``, resuming what this writer left there (a server restarted after a
+    crash continues its capture). Serving comes first: a capture that cannot start (a directory of another capture,
+    a full disk, a bad option) is logged and shown in the status (``failed``), and the server serves without it."""
+    global _STARTING
+    logger.warning("%s", OPERATOR.posture(_keys_of(scheduler)))
     out_dir = os.environ.get(ENV_CAPTURE_DIR)
     if out_dir:
-        live = os.environ.get(ENV_CAPTURE_LIVE)
-        _start(scheduler, out_dir, json.loads(os.environ.get(ENV_CAPTURE_OPTIONS) or "{}"),
-               live=json.loads(live) if live else None)  # fmt: skip
-        logger.info("eagle-io capture started from %s=%s", ENV_CAPTURE_DIR, out_dir)
-        _ignore_terminal_interrupt()
+        try:
+            live = os.environ.get(ENV_CAPTURE_LIVE)
+            options = json.loads(os.environ.get(ENV_CAPTURE_OPTIONS) or "{}")
+            options["writer_options"] = {"resume": True, **(options.get("writer_options") or {})}
+            _start(scheduler, out_dir, options, os.environ.get(ENV_CAPTURE_SECRET) or None,
+                   live=json.loads(live) if live else None)  # fmt: skip
+            logger.info("eagle-io capture started from %s=%s", ENV_CAPTURE_DIR, out_dir)
+            _ignore_terminal_interrupt()
+        except Exception as e:  # never a reason to stop serving
+            _STARTING = {"state": "failed", "id": None, "error": f"{type(e).__name__}: {e}"}
+            logger.error("eagle-io capture from %s=%s did not start; serving without it: %s", ENV_CAPTURE_DIR, out_dir,
+                         _STARTING["error"])  # fmt: skip
     return None
 
 
