@@ -35,6 +35,7 @@ from .interrupt import exit_code, rerun_command, shielded, signal_name
 from .layer_ids_arg import layer_ids_arg
 from .resume_check import RESUME_HINT, check_out_dir
 from .sglang_arg import parse_sglang_args
+from .target_plan import hf_plan, sglang_plan
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -291,6 +292,7 @@ def _hf_session(args, dataset: str, layer_ids):
     from ..capturing.models import load_target
     from ..capturing.session import CaptureSession
 
+    hf_plan(args.model, args.dtype)
     model, tokenizer, info = load_target(args.model, dtype=getattr(torch, args.dtype))
     print(f"target    {info['model_id']}: {info['num_layers']} layers, hidden {info['hidden_size']}, {args.dtype}")
     regen = _regenerate_options(args, tokenizer)
@@ -324,6 +326,7 @@ def _sglang_session(args, dataset: str, layer_ids):
         raise InvalidArgumentError("--backend sglang runs one server: use --dp-size / --tp-size, not --world-size")
     _check_writers(args)
     check_out_dir(args, dataset)  # before the checkpoint is made and the server launched
+    sglang_plan(args.model, args.engine_args)
     path, tokenizer, info = target_checkpoint(args.model)
     os.makedirs(args.out, exist_ok=True)
     log = os.path.join(args.out, "sglang-server.log")
