@@ -114,6 +114,9 @@ def test_identity_takes_seconds_is_cached_and_the_full_sha256_is_there_on_reques
     one = next(f for f in full if f["name"] == "model.safetensors")
     assert one["size"] > weights.FULL_HASH_BYTES and one["sampled_sha256"]
     assert one["sha256"] == hashlib.sha256((small / "model.safetensors").read_bytes()).hexdigest()
+    assert next(f for f in weights.target_files(small) if f["name"] == "model.safetensors")["sha256"] is None
+    monkeypatch.setenv(weights.FULL_SHA256_ENV, "1")  # any command's identity, asked for in full
+    assert weights.target_files(small) == full
 
 
 def test_a_record_written_before_the_sampled_identity_still_matches():
@@ -228,3 +231,41 @@ def test_a_head_that_cannot_be_read_is_named(tmp_path):
     (root / "model-00001-of-00003.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"no embed_tokens\.weight among the checkpoint's"):
         load_target_head(root)
+
+
+def test_generate_says_where_the_target_runs_and_refuses_what_cannot_fit(tmp_path, capsys, monkeypatch):
+    """A 161 B-parameter checkpoint (322 GB stored as bf16) on 8 GPUs of 141 GB free: tp 8 fits (40 GB a GPU), tp 2
+    does not (161 GB a GPU), tp 8 x dp 2 takes 16 GPUs; on the CPU it needs 322 GB of host memory."""
+    from eagle_io.cli.target_plan import hf_plan, sglang_plan
+    from eagle_io.store import host
+
+    root, _ = build_sparse_checkpoint(tmp_path / "t", paper_bytes=PAPER)
+    stored = sum(h.end - h.start for h in weights.checkpoint_tensors(root).values())
+    params = stored // 2
+    monkeypatch.setattr(host, "gpu_memory", lambda: [(141 * 10**9, 143 * 10**9)] * 8)
+    sglang_plan(str(root), {"tp_size": 8, "dp_size": 1})
+    line = capsys.readouterr().out
+    assert line == (
+        f"where     --backend sglang: sglang.launch_server, tp 8 x dp 1 on 8 GPU(s): {params / 1e9:,.2f} B parameters, "
+        f"{human_bytes(stored)} as stored, {human_bytes(stored / 8)} per GPU; 8 visible, the least free of them "
+        "141.00 GB\n"
+    )
+    with pytest.raises(InvalidArgumentError, match=r"more than the 141\.00 GB free .* raise --tp-size"):
+        sglang_plan(str(root), {"tp_size": 2, "dp_size": 1})
+    with pytest.raises(InvalidArgumentError, match="takes 16 GPUs, 8 visible here"):
+        sglang_plan(str(root), {"tp_size": 8, "dp_size": 2})
+    with pytest.raises(InvalidArgumentError, match=r"device=cpu holds the whole target in host memory, 1 time\(s\)"):
+        sglang_plan(str(root), {"tp_size": 1, "dp_size": 1, "device": "cpu"})
+    capsys.readouterr()
+    argv = ["generate", "--model", str(root), "--out", str(tmp_path / "ds"), "--backend", "sglang", "--tp-size", "2"]
+    assert main(argv) == 2, "refused before any server launches"
+    cap = capsys.readouterr()
+    assert "tp 2 x dp 1 on 2 GPU(s)" in cap.out and "it cannot fit; raise --tp-size" in cap.err
+    small, _ = build_sparse_checkpoint(tmp_path / "s", paper_bytes=1 << 20, sharded=False)
+    hf_plan(str(small), "float32")
+    n = sum(h.end - h.start for h in weights.checkpoint_tensors(small).values()) // 2
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "where     --backend hf: transformers runs the whole target in this process, on the CPU, as float32: "
+        f"{n / 1e9:,.2f} B parameters as float32: {human_bytes(n * 4)} of weights on cpu, "
+    ) and out.endswith(" available\n")

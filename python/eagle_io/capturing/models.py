@@ -63,7 +63,7 @@ def load_target(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     attn_implementation: str | None = None,
-    full_sha256: bool = False,
+    full_sha256: bool | None = None,
 ) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
     """Load ``(model, tokenizer, info)`` from local files only, in eval mode.
 
@@ -77,8 +77,8 @@ def load_target(
             differs from the float32 forward by ~1-5% per token on SmolLM2). On GPU pass ``torch.bfloat16``.
         device: where the model is placed.
         attn_implementation: forwarded to ``from_pretrained`` (``None`` keeps transformers' default, sdpa).
-        full_sha256: record the sha256 of every identity file, the weights too (hours for a 1T-parameter
-            checkpoint, once: cached). Default: files of 64 MiB or less hashed, larger ones sampled
+        full_sha256: record the sha256 of every identity file, the weights too (about 1 s per GB, once: cached).
+            Default (None): ``$EAGLE_IO_TARGET_SHA256``, else files of 64 MiB or less hashed and larger ones sampled
             (:func:`eagle_io.capturing.weights.target_files`, seconds).
 
     Returns:
@@ -138,7 +138,7 @@ def load_target(
 
 
 def target_checkpoint(
-    model: str | os.PathLike[str] | None = None, *, full_sha256: bool = False
+    model: str | os.PathLike[str] | None = None, *, full_sha256: bool | None = None
 ) -> tuple[Path, Any, dict[str, Any]]:
     """An HF checkpoint directory of the target for a serving engine (SGLang loads directories), with its
     tokenizer and info, without keeping the weights in this process.

@@ -9,7 +9,8 @@ dataset records, and the memory a whole-model load would take.
 * :func:`target_files`: the identity of the target's files, computed in seconds whatever the checkpoint's size
   (docs/FORMAT.md 2.1): every file of 64 MiB or less hashed whole (config, tokenizer, the safetensors index), each
   larger one by its size, its safetensors header and 32 blocks of 64 KiB spread over it (``sampled_sha256``); the
-  full sha256 of every file on request. Cached per checkpoint under ``$EAGLE_IO_CACHE/target-identity``.
+  full sha256 of every file on request (``full_sha256=True``, or ``EAGLE_IO_TARGET_SHA256=1`` for any command).
+  Cached per checkpoint under ``$EAGLE_IO_CACHE/target-identity``.
 * :func:`whole_model_need` / :func:`require_fits`: the bytes a whole-model load needs (every tensor's elements at
   the load dtype, from the shards' headers, or a GGUF's tensor table) against what the device has, refused with the
   figures.
@@ -27,12 +28,13 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, InvalidArgumentError, TargetNotFoundError
-from ..sglang.checkpoint import TensorHeader, read_safetensors_header, read_tensor_values
+from ..sglang.checkpoint import TensorHeader, read_checkpoint, read_safetensors_header, read_tensor_values
 from ..store import layout
 from ..host import available_memory, human_bytes
 
 __all__ = [
     "FULL_HASH_BYTES",
+    "FULL_SHA256_ENV",
     "IDENTITY_SUFFIXES",
     "MemoryNeed",
     "cache_root",
@@ -48,6 +50,8 @@ __all__ = [
 IDENTITY_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".txt", ".gguf")
 #: Files up to this size are hashed whole in the identity; larger ones are sampled (full sha256 on request).
 FULL_HASH_BYTES = 64 << 20
+#: Set to ``1``: every command's target identity holds the full sha256 of every file (hashed once, then cached).
+FULL_SHA256_ENV = "EAGLE_IO_TARGET_SHA256"
 _SAMPLES, _SAMPLE_BYTES = 32, 64 << 10
 _SAMPLED_KIND = "eagle-io sampled v1"
 INDEX = "model.safetensors.index.json"
@@ -98,13 +102,14 @@ def _cache_file(path: Path) -> Path:
     return cache_root() / "target-identity" / (hashlib.sha256(str(path).encode()).hexdigest()[:16] + ".json")
 
 
-def target_files(path: str | os.PathLike[str], *, full_sha256: bool = False) -> list[dict[str, Any]]:
+def target_files(path: str | os.PathLike[str], *, full_sha256: bool | None = None) -> list[dict[str, Any]]:
     """The identity of a target's files (docs/FORMAT.md 2.1), one entry per file: a ``.gguf`` file alone, or the
     files of an HF directory whose names end in ``.safetensors .bin .json .model .txt .gguf`` (weights, config,
     tokenizer, the safetensors index), sorted by name.
 
     Each entry: ``name``, ``size`` (bytes); ``sha256`` (hex) of a file of :data:`FULL_HASH_BYTES` or less, and of
-    every file with ``full_sha256``, else None; ``sampled_sha256`` of a larger file: sha256 over its size, its
+    every file with ``full_sha256`` (None: when ``$EAGLE_IO_TARGET_SHA256`` is set to anything but ``0``, the way
+    to ask for it through any command), else None; ``sampled_sha256`` of a larger file: sha256 over its size, its
     safetensors header and 32 blocks of 64 KiB spread over it (about 2 MB read per file, so a trillion-parameter
     checkpoint's identity takes seconds). What was computed is cached in
     ``$EAGLE_IO_CACHE/target-identity/`` (default ``~/.cache/eagle-io``), keyed by the checkpoint's absolute path
@@ -116,6 +121,8 @@ def target_files(path: str | os.PathLike[str], *, full_sha256: bool = False) -> 
     root = Path(path).expanduser().resolve()
     if not root.exists():
         raise TargetNotFoundError(f"target model path {root} does not exist (no hub downloads)")
+    if full_sha256 is None:
+        full_sha256 = os.environ.get(FULL_SHA256_ENV, "") not in ("", "0")
     cache_path = _cache_file(root)
     try:
         cached = json.loads(cache_path.read_text())
@@ -163,11 +170,12 @@ def checkpoint_tensors(root: str | os.PathLike[str]) -> dict[str, TensorHeader]:
     index = root / INDEX
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError(type(weight_map).__name__)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index}: not a safetensors index (need a weight_map object): {e}", index) from e
+            raw = json.loads(index.read_text())
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{index}: cannot read: {e}", index) from e
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: not a safetensors index (no weight_map object)", index)
         shards = sorted(set(map(str, weight_map.values())))
         missing = [s for s in shards if not (root / s).is_file()]
         if missing:
@@ -264,12 +272,12 @@ def read_head(root: str | os.PathLike[str]) -> tuple[torch.Tensor, torch.Tensor,
     their size. Also returns every tensor's header (:func:`checkpoint_tensors`).
 
     Raises:
-        CheckpointError: no safetensors weights, no input embedding, a tensor that is not 2-D ``[vocab, H]``, one
-            stored in a dtype not read (integer packs), or an unreadable file.
+        CheckpointError: no ``config.json``, no safetensors weights, no input embedding, a tensor that is not 2-D
+            ``[vocab, H]``, one stored in a dtype not read (integer packs), or an unreadable file.
     """
     root = Path(root)
     tensors = checkpoint_tensors(root)
-    quant = json.loads((root / "config.json").read_text()).get("quantization_config") or {}
+    quant = read_checkpoint(root).get("quantization_config")
     size = quant.get("weight_block_size") if isinstance(quant, dict) else None
     block = (int(size[0]), int(size[1])) if isinstance(size, list) and len(size) == 2 else None
     emb = _head_tensor(tensors, "embed_tokens.weight") or _head_tensor(tensors, "wte.weight")

@@ -135,7 +135,7 @@ def _config_json(cfg: Any, architecture: str) -> dict[str, Any]:
     return json.loads(json.dumps(out, default=str))
 
 
-def load_target_head(model: str | os.PathLike[str] | None = None, *, full_sha256: bool = False) -> TargetHead:
+def load_target_head(model: str | os.PathLike[str] | None = None, *, full_sha256: bool | None = None) -> TargetHead:
     """The target's head: its input embedding and ``lm_head``, its config and identity, without its layers.
 
     An HF directory with safetensors weights: those two tensors alone are read from the shards
@@ -146,7 +146,8 @@ def load_target_head(model: str | os.PathLike[str] | None = None, *, full_sha256
     one that cannot fit in memory) and its two tensors kept in float32.
 
     Args:
-        full_sha256: the identity records every file's sha256 (:func:`eagle_io.capturing.weights.target_files`).
+        full_sha256: the identity records every file's sha256; None: as ``$EAGLE_IO_TARGET_SHA256`` says
+            (:func:`eagle_io.capturing.weights.target_files`).
 
     Raises:
         TargetNotFoundError: the model path does not exist.
