@@ -66,6 +66,15 @@ def test_load_target_head_reads_the_checkpoints_own_head_alone(tmp_path, variant
     assert head.target_config["architectures"] == ["LlamaForCausalLM"]
 
 
+@pytest.mark.parametrize("sharded", [True, False], ids=["sharded", "one-file"])
+def test_the_speculators_import_reads_the_final_norm_alone(tmp_path, sharded):
+    from eagle_io.interop.speculators import TargetNorm
+
+    root, values = build_sparse_checkpoint(tmp_path / "t", paper_bytes=PAPER, sharded=sharded)
+    norm = TargetNorm.from_checkpoint(root)
+    assert torch.equal(norm.weight, values["norm"]) and norm.eps == 1e-5
+
+
 def test_the_head_is_read_in_memory_bounded_by_its_size(tmp_path):
     """A 2 x 64 MB head of a 300 GB checkpoint: the process's peak grows by about what it reads."""
     root, _ = build_sparse_checkpoint(tmp_path / "t", hidden=1024, vocab=32768, layers=4, paper_bytes=PAPER)

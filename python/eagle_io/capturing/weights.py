@@ -6,6 +6,7 @@ dataset records, and the memory a whole-model load would take.
   range, no memory map of the shard) in its stored dtype; FP8 tensors with their scales are dequantised to bfloat16
   a block of rows at a time. Nothing else is read, so a 1T-parameter checkpoint costs what its head costs
   (Kimi-K2.5: 2 x 163840 x 7168 bf16, 4.7 GB).
+* :func:`read_final_norm`: the final norm's weight, the same way (the speculators import normalises with it).
 * :func:`target_files`: the identity of the target's files, computed in seconds whatever the checkpoint's size
   (docs/FORMAT.md 2.1): every file of 64 MiB or less hashed whole (config, tokenizer, the safetensors index), each
   larger one by its size, its safetensors header and 32 blocks of 64 KiB spread over it (``sampled_sha256``); the
@@ -40,6 +41,7 @@ __all__ = [
     "cache_root",
     "checkpoint_tensors",
     "file_sha256",
+    "read_final_norm",
     "read_head",
     "require_fits",
     "target_files",
@@ -289,6 +291,22 @@ def read_head(root: str | os.PathLike[str]) -> tuple[torch.Tensor, torch.Tensor,
             raise CheckpointError(f"{root / t.file}: {t.name} has shape {list(t.shape)}, expected [vocab, H]", root)
     embed = _read_tensor(root, tensors, emb, block)
     return embed, (embed if head is None else _read_tensor(root, tensors, head, block)), tensors
+
+
+def read_final_norm(root: str | os.PathLike[str]) -> torch.Tensor:
+    """The language model's final norm weight (``model.norm.weight``, ``[H]``) of an HF checkpoint directory, in its
+    stored dtype, reading only its bytes (and the shards' headers).
+
+    Raises:
+        CheckpointError: no safetensors weights, no such tensor or one that is not 1-D, or an unreadable file.
+    """
+    root = Path(root)
+    tensors = checkpoint_tensors(root)
+    t = _head_tensor(tensors, "norm.weight")
+    if t is None or len(t.shape) != 1:
+        found = "none" if t is None else f"{t.name} {list(t.shape)}"
+        raise CheckpointError(f"{root}: no 1-D final norm weight (model.norm.weight) in its safetensors: {found}", root)
+    return _read_tensor(root, tensors, t, None)
 
 
 # --- whole-model memory ---------------------------------------------------------------------------------------
