@@ -275,6 +275,6 @@ def test_generate_says_where_the_target_runs_and_refuses_what_cannot_fit(tmp_pat
     n = sum(h.end - h.start for h in weights.checkpoint_tensors(small).values()) // 2
     out = capsys.readouterr().out
     assert out.startswith(
-        "where     --backend hf: transformers runs the whole target in this process, on the CPU, as float32: "
+        "where     --backend hf: transformers runs the whole target in this process, on the CPU: "
         f"{n / 1e9:,.2f} B parameters as float32: {human_bytes(n * 4)} of weights on cpu, "
     ) and out.endswith(" available\n")

@@ -35,9 +35,9 @@ def hf_plan(model: str | None, dtype: str) -> None:
     from ..capturing.weights import require_fits, whole_model_need
 
     path = _weights(model)
-    where = f"where     --backend hf: transformers runs the whole target in this process, on the CPU, as {dtype}"
+    where = "where     --backend hf: transformers runs the whole target in this process, on the CPU"
     if not path.exists() or not _countable(path):
-        print(f"{where} (weights' size not counted: no safetensors or GGUF headers)")
+        print(f"{where}, as {dtype} (weights' size not counted: no safetensors or GGUF headers)")
         return
     need = whole_model_need(path, dtype, "cpu")
     print(f"{where}: {need.describe()}", flush=True)
