@@ -278,3 +278,36 @@ def test_generate_says_where_the_target_runs_and_refuses_what_cannot_fit(tmp_pat
         "where     --backend hf: transformers runs the whole target in this process, on the CPU: "
         f"{n / 1e9:,.2f} B parameters as float32: {human_bytes(n * 4)} of weights on cpu, "
     ) and out.endswith(" available\n")
+
+
+def test_a_capture_recorded_with_every_files_sha256_resumes_under_the_sampled_identity(tmp_path):
+    """A capture started before the sampled identity recorded its large weight file's full sha256; resumed now, the
+    same target (same sizes) continues it under the record it started with, and another size is refused."""
+    from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.store import SampleStore
+    from eagle_io.errors import IncompatibleDatasetError
+
+    h, config = 8, {"name": "config.json", "size": 10, "sha256": "aa" * 32}
+    old = {"num_layers": 4, "hidden_size": h, "vocab_size": 50, "architecture": "LlamaForCausalLM", "model_id": "m",
+           "files": [config, {"name": "model.safetensors", "size": 5 << 30, "sha256": "bb" * 32}]}  # fmt: skip
+    big = {"name": "model.safetensors", "size": 5 << 30, "sha256": None, "sampled_sha256": "cc" * 32}
+    new = dict(old, files=[config, big])
+
+    def put(store, sid):
+        x = torch.randn(6, 4 * h, generator=torch.Generator().manual_seed(sid))
+        store.put(sid, torch.arange(6), torch.ones(6, dtype=torch.uint8), x[:, : 3 * h], x[:, 3 * h :])
+
+    store = SampleStore.create(tmp_path / "ds", CaptureOptions(), aux_layer_ids=[1, 2, 3], target_info=old)
+    put(store, 0)
+    store.close(complete=False)
+    resume = CaptureOptions(writer_options={"resume": True})
+    store = SampleStore.create(tmp_path / "ds", resume, aux_layer_ids=[1, 2, 3], target_info=new)
+    assert store.done == {0}
+    put(store, 1)
+    manifest = store.close()
+    assert manifest["metadata"]["target_model"]["files"] == old["files"], "the record it started with"
+    ds = eagle_io.Dataset(tmp_path / "ds")
+    assert sorted(ds.entry(i).sample_id for i in range(len(ds))) == [0, 1]
+    other = dict(new, files=[config, dict(big, size=(5 << 30) + 2)])
+    with pytest.raises(IncompatibleDatasetError, match="target_model"):
+        SampleStore.create(tmp_path / "ds", resume, aux_layer_ids=[1, 2, 3], target_info=other)

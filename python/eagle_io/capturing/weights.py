@@ -19,6 +19,7 @@ dataset records, and the memory a whole-model load would take.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -267,11 +268,11 @@ def _read_tensor(
     return out
 
 
-def read_head(root: str | os.PathLike[str]) -> tuple[torch.Tensor, torch.Tensor, dict[str, TensorHeader]]:
+def read_head(root: str | os.PathLike[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(embed, lm_head)`` of an HF checkpoint directory, each ``[vocab, H]`` in its stored dtype (bfloat16 for
     FP8 tensors, dequantised with their scales); with tied embeddings (no ``lm_head.weight``) ``lm_head`` is the
     same tensor as ``embed``. Only those tensors' bytes are read (plus the shards' headers), so the memory used is
-    their size. Also returns every tensor's header (:func:`checkpoint_tensors`).
+    their size.
 
     Raises:
         CheckpointError: no ``config.json``, no safetensors weights, no input embedding, a tensor that is not 2-D
@@ -290,7 +291,7 @@ def read_head(root: str | os.PathLike[str]) -> tuple[torch.Tensor, torch.Tensor,
         if t is not None and len(t.shape) != 2:
             raise CheckpointError(f"{root / t.file}: {t.name} has shape {list(t.shape)}, expected [vocab, H]", root)
     embed = _read_tensor(root, tensors, emb, block)
-    return embed, (embed if head is None else _read_tensor(root, tensors, head, block)), tensors
+    return embed, (embed if head is None else _read_tensor(root, tensors, head, block))
 
 
 def read_final_norm(root: str | os.PathLike[str]) -> torch.Tensor:
@@ -344,7 +345,15 @@ class MemoryNeed:
 
 
 def _gguf_elements(path: Path) -> int:
-    from gguf import GGUFReader  # transformers' own GGUF reader; the tensor table only (the data is memory-mapped)
+    st = path.stat()
+    return _gguf_elements_of(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_elements_of(path: str, size: int, mtime_ns: int) -> int:
+    """Elements of a GGUF file's tensors (its tensor table; the data is memory-mapped, not read), once per process
+    for a file of that size and modification time: the reader parses every metadata array (~1.8 s for SmolLM2's)."""
+    from gguf import GGUFReader  # transformers' own GGUF reader
 
     try:
         return sum(int(t.n_elements) for t in GGUFReader(path).tensors)

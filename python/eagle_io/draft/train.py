@@ -57,6 +57,7 @@ __all__ = [
     "TrainResult",
     "build_draft",
     "check_finite_batch",
+    "config_json",
     "evaluate",
     "load_target_head",
     "make_batch",
@@ -102,7 +103,7 @@ class TargetHead:
             lm_head=model.get_output_embeddings().weight.detach().float().clone(),
             embed=model.get_input_embeddings().weight.detach().float().clone(),
             config=_draft_shape(model.config, model_id),
-            target_config=_config_json(model.config, type(model).__name__),
+            target_config=config_json(model.config, type(model).__name__),
         )
 
 
@@ -129,7 +130,9 @@ def _draft_shape(cfg: Any, model_id: str) -> dict[str, Any]:
     }
 
 
-def _config_json(cfg: Any, architecture: str) -> dict[str, Any]:
+def config_json(cfg: Any, architecture: str) -> dict[str, Any]:
+    """A transformers config as its ``config.json`` spells it, ``architectures`` set to ``[architecture]`` (every
+    value JSON-safe: what the serving checks read from a checkpoint directory)."""
     out = cfg.to_dict()
     out["architectures"] = [architecture]
     return json.loads(json.dumps(out, default=str))
@@ -170,7 +173,7 @@ def load_target_head(model: str | os.PathLike[str] | None = None, *, full_sha256
         head.identity = {k: info[k] for k in keys if k in info}
         return head
     ckpt = read_checkpoint(path)  # config.json (CheckpointError without it)
-    embed, lm_head, _ = read_head(path)
+    embed, lm_head = read_head(path)
     cfg = _text_config(path)
     head = TargetHead(lm_head=lm_head, embed=embed, config=_draft_shape(cfg, path.name))
     head.target_config = ckpt.config

@@ -22,7 +22,7 @@ import torch
 
 from ..draft.export import load_draft
 from ..draft.model import Eagle3Draft
-from ..draft.train import TargetHead
+from ..draft.train import TargetHead, config_json
 from ..errors import DraftMismatchError
 from ..serving.findings import ERROR, Finding
 from ..serving.preflight import check_serving
@@ -54,12 +54,6 @@ class ServedDraft:
         """The draft's ``eagle_io`` record (``{}`` for a draft another tool exported)."""
         rec = self.config.get("eagle_io")
         return rec if isinstance(rec, dict) else {}
-
-
-def _target_config(model: torch.nn.Module, info: Mapping[str, Any]) -> dict[str, Any]:
-    cfg = model.config.to_dict()
-    cfg["architectures"] = [str(info.get("architecture") or type(model).__name__)]
-    return json.loads(json.dumps(cfg, default=str))
 
 
 def _refuse(what: str, errors: list[Finding]) -> DraftMismatchError:
@@ -94,7 +88,7 @@ def load_served_draft(
     if isinstance(model, TargetHead):
         target_config, embed, lm_head, live = model.target_config, model.embed, model.lm_head, None
     else:
-        target_config, live = _target_config(model, info), model
+        target_config, live = config_json(model.config, str(info.get("architecture") or type(model).__name__)), model
         embed, lm_head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     with tempfile.TemporaryDirectory(prefix="eagle-io-target-") as tmp:
         Path(tmp, "config.json").write_text(json.dumps(target_config))
