@@ -76,20 +76,23 @@ def test_the_speculators_import_reads_the_final_norm_alone(tmp_path, sharded):
 
 
 def test_the_head_is_read_in_memory_bounded_by_its_size(tmp_path):
-    """A 2 x 64 MB head of a 300 GB checkpoint: the process's peak grows by about what it reads."""
+    """A 2 x 64 MB head of a 300 GB checkpoint: the process's peak grows by about what it reads (measured after a
+    small checkpoint's head was read in the same process, so the libraries it imports are not counted)."""
     root, _ = build_sparse_checkpoint(tmp_path / "t", hidden=1024, vocab=32768, layers=4, paper_bytes=PAPER)
+    small, _ = build_sparse_checkpoint(tmp_path / "s", paper_bytes=PAPER)
     code = (
-        "import resource, sys, torch; from eagle_io.draft import load_target_head; "
+        "import resource, sys; from eagle_io.draft import load_target_head; load_target_head(sys.argv[2]); "
         "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; h = load_target_head(sys.argv[1]); "
         "print(h.embed.numel() * 2 + h.lm_head.numel() * 2, "
         "(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)"
     )
     env = dict(os.environ, EAGLE_IO_CACHE=str(tmp_path / "cache"))
-    out = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True, env=env, timeout=300)
+    argv = [sys.executable, "-c", code, str(root), str(small)]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     head_bytes, grown = map(int, out.stdout.split())
     assert head_bytes == 2 * 32768 * 1024 * 2
-    assert grown < 3 * head_bytes, f"peak grew {grown / 1e6:.0f} MB reading a {head_bytes / 1e6:.0f} MB head"
+    assert grown < 1.5 * head_bytes, f"peak grew {grown / 1e6:.0f} MB reading a {head_bytes / 1e6:.0f} MB head"
 
 
 def test_identity_takes_seconds_is_cached_and_the_full_sha256_is_there_on_request(tmp_path, monkeypatch):
