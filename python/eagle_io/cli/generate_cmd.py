@@ -133,7 +133,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         help="sample requests in flight per server",
     )
     sg = p.add_argument_group("--backend sglang (launches sglang.launch_server, then captures as --server does)")
-    sg.add_argument("--backend", default="hf", choices=["hf", "sglang"], help="who runs the target's forward")
+    sg.add_argument(
+        "--backend",
+        default="hf",
+        choices=["hf", "sglang"],
+        help="who runs the target's forward: hf = transformers, the whole model in this process on the CPU; sglang = "
+        "a server launched here over --tp-size x --dp-size GPUs (a 'where' line says which, with the memory, first)",
+    )
     sg.add_argument("--tp-size", type=int, default=1, help="SGLang tensor parallelism (TP rank 0 writes)")
     sg.add_argument("--dp-size", type=int, default=1, help="SGLang data-parallel replicas (each writes its shards)")
     sg.add_argument(
