@@ -248,8 +248,8 @@ def test_a_head_that_cannot_be_read_is_named(tmp_path):
 def test_generate_says_where_the_target_runs_and_refuses_what_cannot_fit(tmp_path, capsys, monkeypatch):
     """A 161 B-parameter checkpoint (322 GB stored as bf16) on 8 GPUs of 141 GB free: tp 8 fits (40 GB a GPU), tp 2
     does not (161 GB a GPU), tp 8 x dp 2 takes 16 GPUs; on the CPU it needs 322 GB of host memory."""
+    from eagle_io import host
     from eagle_io.cli.target_plan import hf_plan, sglang_plan
-    from eagle_io.store import host
 
     root, _ = build_sparse_checkpoint(tmp_path / "t", paper_bytes=PAPER)
     stored = sum(h.end - h.start for h in weights.checkpoint_tensors(root).values())

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, InvalidArgumentError, TargetNotFoundError
+from ..host import available_memory, human_bytes
 from ..sglang.checkpoint import TensorHeader, read_checkpoint, read_safetensors_header, read_tensor_values
 from ..store import layout
-from ..host import available_memory, human_bytes
 
 __all__ = [
     "FULL_HASH_BYTES",
