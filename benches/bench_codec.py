@@ -192,7 +192,7 @@ NOTES = """\
 - zstd-1: python `zstandard`, one frame per tensor per sample, in memory (no file I/O); threads=2 = two Python
   threads over samples (the GIL is released while compressing).
 - torch.save: one file per sample with SpecForge's dict (loss_mask int64, states [1, L, W]); decode = `torch.load`
-  (not mmap, so the bytes are read); torch at 1 intra-op thread, as in DataLoader workers (since issue 25; the
+  (not mmap, so the bytes are read); torch at 1 intra-op thread, as in DataLoader workers (since 2026-12-01; the
   whole-file save and load copy on one thread either way). gzip-6: `gzip.compress(torch.save bytes, 6)` per file;
   decode = gunzip + `torch.load`. Files written to the same disk as eagle-io's; no fsync (eagle-io fsyncs each
   shard at commit).

@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     print("rate1 stored:", json.dumps(stored, default=str))
     print("rate0 stored:", json.dumps(stored0, default=str))
     if a.readme:
-        write_section("live_overhead", "## Live capture overhead (bench_live_overhead.py, issue 32 item 5)",
+        write_section("live_overhead", "## Live capture overhead (bench_live_overhead.py)",
                       f"Command: `{result['command']}`\n\n{text}\n")  # fmt: skip
     ok = all(summary["same_tokens_as_off"].values()) and all(r["verify_bad"] == 0 for r in r1)
     return 0 if ok else 1

@@ -541,7 +541,7 @@ def render(results: list[dict], coder: dict | None, crows: list[dict]) -> str:
 
 
 def verdict(results: list[dict], coder: dict | None, crows: list[dict]) -> str:
-    """Issue 25's targets (and issue 4's construction target) against this run: medians of per-round ratios."""
+    """The feed's targets (and the construction target) against this run: medians of per-round ratios."""
     loaders, dl2s, sfs = ("loader-1", "loader-2"), ("dl2", "sf-dl2"), ("sf-dl0-t1", "sf-dl0-t2", "sf-dl2")
 
     def line(text, got, target):
@@ -550,7 +550,7 @@ def verdict(results: list[dict], coder: dict | None, crows: list[dict]) -> str:
             "met." if x >= target else "NOT met."
         )
 
-    out = ["Against the targets of issue 25 (this run; ratios taken within each round):", ""]
+    out = ["Against the feed's targets (this run; ratios taken within each round):", ""]
     out.append(line("Loader (1 decode thread) per CPU-second vs the better `DataLoader(workers=2)` of the two formats",
                     ratios(results, "loader-1", dl2s, "warm_cpu"), 3))  # fmt: skip
     out.append(line("Loader (1 decode thread) per CPU-second vs SpecForge in process, torch 1 thread",
@@ -576,7 +576,7 @@ def verdict(results: list[dict], coder: dict | None, crows: list[dict]) -> str:
         ok = r["cold"] < 1 and r["opens"] is not None and r["opens"] <= 2 * (r["shards"] or 0) + 2
         out.append(
             f"- construction at {r['n']}: {r['cold']:.3f} s cold with {r['opens']} opens for {r['shards']} shards "
-            f"(< 1 s, O(shards); issue 4): {'met' if ok else 'NOT met'}."
+            f"(< 1 s, O(shards)): {'met' if ok else 'NOT met'}."
         )
     return "\n".join(out) + "\n"
 

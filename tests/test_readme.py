@@ -74,4 +74,5 @@ def test_every_option_has_help_and_shows_its_default(name):
             assert "default" in shown, f"{name} {a.option_strings[0]}: help does not give the default {a.default!r}"
     if name == "generate":
         assert "(default: 2048)" in text and "one per CPU) (default: 0)" in text and "default $RANK, else 0" in text
-        assert re.search(r"--sglang-arg KEY=VALUE\s+further sglang\.Engine argument .* \(default:\s+none\)", text, re.S)
+        sglang_arg = r"--sglang-arg KEY=VALUE\s+further sglang\.launch_server setting, .* \(default:\s+none\)"
+        assert re.search(sglang_arg, text, re.S)

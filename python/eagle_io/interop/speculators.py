@@ -28,7 +28,6 @@ import with the target's final RMSNorm when one is given.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -72,24 +71,22 @@ class TargetNorm:
 
     @classmethod
     def from_checkpoint(cls, directory: str | os.PathLike[str]) -> TargetNorm:
-        """Reads ``model.norm.weight`` from the checkpoint's ``*.safetensors`` and ``rms_norm_eps`` from its
-        ``config.json``.
+        """Reads the final norm's weight (``model.norm.weight``) from the checkpoint's safetensors shards, that
+        tensor's bytes alone (:func:`eagle_io.capturing.weights.read_final_norm`), and ``rms_norm_eps`` from its
+        ``config.json`` (a wrapper's ``text_config`` first).
 
         Raises:
-            InvalidArgumentError: no ``config.json`` with ``rms_norm_eps``, or no ``model.norm.weight`` tensor.
+            InvalidArgumentError: no ``config.json`` with ``rms_norm_eps``. CheckpointError (an InvalidArgumentError):
+                no ``model.norm.weight`` tensor, or unreadable shards.
         """
-        from safetensors import safe_open
+        from ..capturing.weights import read_final_norm
+        from ..sglang.checkpoint import read_checkpoint
 
         d = Path(directory)
-        try:
-            eps = float(json.loads((d / "config.json").read_text())["rms_norm_eps"])
-        except (OSError, KeyError, ValueError, TypeError) as e:
-            raise InvalidArgumentError(f"{d}: no config.json with rms_norm_eps ({type(e).__name__}: {e})") from e
-        for f in sorted(d.glob("*.safetensors")):
-            with safe_open(str(f), framework="pt") as st:
-                if "model.norm.weight" in st.keys():  # noqa: SIM118 (safe_open has no __contains__)
-                    return cls(st.get_tensor("model.norm.weight"), eps)
-        raise InvalidArgumentError(f"{d}: no model.norm.weight tensor in its *.safetensors")
+        eps = read_checkpoint(d).get("rms_norm_eps")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            raise InvalidArgumentError(f"{d}: no config.json with rms_norm_eps (found {eps!r})")
+        return cls(read_final_norm(d), float(eps))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x [L, H]`` -> ``weight * (x / sqrt(mean(x^2) + eps))`` computed in float32, cast back to x's dtype

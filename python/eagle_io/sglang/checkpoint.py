@@ -4,7 +4,7 @@ No weight is ever loaded: a safetensors file starts with an 8-byte little-endian
 followed by ``N`` bytes of JSON (``{name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}``,
 the format defined by the ``safetensors`` project, ``docs/`` "Format"); only those ``8 + N`` bytes are read, plus
 the bytes of the vocab maps (``d2t``, ``t2d``: a few MB at most) whose values the serving check needs
-(:func:`read_tensor_values`).
+(:func:`read_tensor_values`, which also reads a target's head tensors for :mod:`eagle_io.capturing.weights`).
 """
 
 from __future__ import annotations
@@ -96,22 +96,31 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> dict[str, TensorHea
 
 
 _VALUE_DTYPES = {"I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-                 "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}  # fmt: skip
+                 "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+                 "F8_E5M2": "float8_e5m2"}  # fmt: skip
 MAX_VALUE_BYTES = 64 << 20
-"""Largest tensor :func:`read_tensor_values` reads (vocab maps are a few MB; weights are never read)."""
+"""Largest tensor :func:`read_tensor_values` reads by default (vocab maps are a few MB; the serving checks never read a
+weight)."""
 
 
-def read_tensor_values(directory: str | os.PathLike[str], header: TensorHeader) -> Any:
-    """The values of one small tensor (a vocab map such as ``d2t`` / ``t2d``), reading only its bytes.
+def read_tensor_values(
+    directory: str | os.PathLike[str], header: TensorHeader, *, max_bytes: int | None = MAX_VALUE_BYTES
+) -> Any:
+    """The values of one tensor, reading only its bytes (positioned reads into one buffer of its size: no memory map,
+    so a shard hundreds of GB large costs what the tensor costs).
+
+    Args:
+        max_bytes: the largest tensor read (default :data:`MAX_VALUE_BYTES`, for the vocab maps ``d2t`` / ``t2d``);
+            None: any size (a target's embedding or ``lm_head``).
 
     Returns:
-        A 1-D or N-D CPU ``torch.Tensor`` of ``header.shape`` in the stored dtype (``I64`` -> ``torch.int64``,
-        ``BOOL`` -> ``torch.bool``, ``F32`` -> ``torch.float32``...).
+        An N-D CPU ``torch.Tensor`` of ``header.shape`` in the stored dtype (``I64`` -> ``torch.int64``,
+        ``BOOL`` -> ``torch.bool``, ``F32`` -> ``torch.float32``, ``F8_E4M3`` -> ``torch.float8_e4m3fn``...).
 
     Raises:
-        CheckpointError: the tensor is larger than :data:`MAX_VALUE_BYTES`, its dtype is not one of
-            ``I64 I32 I16 I8 U8 BOOL F64 F32 F16 BF16``, its byte range does not match its shape, or the file
-            cannot be read.
+        CheckpointError: the tensor is larger than ``max_bytes``, its dtype is not one of
+            ``I64 I32 I16 I8 U8 BOOL F64 F32 F16 BF16 F8_E4M3 F8_E5M2``, its byte range does not match its shape, or
+            the file cannot be read.
     """
     import torch
 
@@ -124,23 +133,26 @@ def read_tensor_values(directory: str | os.PathLike[str], header: TensorHeader) 
     count = 1
     for d in header.shape:
         count *= d
-    if size > MAX_VALUE_BYTES or size != count * torch.empty((), dtype=tdtype).element_size():
+    if (max_bytes is not None and size > max_bytes) or size != count * torch.empty((), dtype=tdtype).element_size():
         raise CheckpointError(
             f"{path}: tensor {header.name!r} ({header.dtype} {list(header.shape)}) spans {size} bytes: not read "
             f"(too large, or its byte range does not match its shape)",
             path,
         )
+    buf = bytearray(size)
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb", buffering=0) as f:
             f.seek(header.start)
-            raw = f.read(size)
+            got, view = 0, memoryview(buf)
+            while got < size and (n := f.readinto(view[got:])):
+                got += n
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read: {e}", path) from e
-    if len(raw) != size:
-        raise CheckpointError(f"{path}: tensor {header.name!r} is truncated ({len(raw)} of {size} bytes)", path)
+    if got != size:
+        raise CheckpointError(f"{path}: tensor {header.name!r} is truncated ({got} of {size} bytes)", path)
     if size == 0:
         return torch.empty(header.shape, dtype=tdtype)
-    return torch.frombuffer(bytearray(raw), dtype=tdtype).reshape(header.shape)
+    return torch.frombuffer(buf, dtype=tdtype).reshape(header.shape)
 
 
 def _load_json(path: Path) -> dict[str, Any]:

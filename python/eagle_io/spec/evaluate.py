@@ -157,12 +157,20 @@ def evaluate_draft(
     Speed: each prompt is decoded by the target's own greedy decoding and then speculatively, one right after the
     other, so both see the same machine load (a shared machine's load drifts over minutes); ``speedup`` is the summed
     greedy seconds over the summed speculative seconds, the one ratio measured that way.
+
+    Raises:
+        InvalidArgumentError: live prompts for a draft loaded on the target's head alone (``served.target`` None).
     """
     out: dict[str, Any] = {"num_steps": num_steps, "as_algorithm": as_algorithm, "live": None, "offline": None}
     if prompt_ids is None:
         picked, ids = live_prompts(dataset, positions, prompts)
     else:
         picked, ids = [list(p) for p in prompt_ids[:prompts]], list(range(min(prompts, len(prompt_ids))))
+    if picked and served.target is None:
+        raise InvalidArgumentError(
+            f"{len(picked)} live prompt(s) asked for, but only the target's head was loaded: live figures need the "
+            "whole target (load_served_draft with load_target's model), or pass prompts=0 for the offline figure"
+        )
     if picked and sglang is not None:
         run = sglang(picked)
         ref, ref_s = greedy_decode(served.target, picked, max_new_tokens, eos_token_ids)
@@ -214,7 +222,6 @@ def evaluate_draft(
             "engine": "reference",
         }
     if offline and as_algorithm == "EAGLE3" and positions:
-        head_w = served.target.lm_head.weight.detach().float()
-        res = offline_accept(served.draft, dataset, list(positions), head_w, num_steps, batch_size=batch_size)
+        res = offline_accept(served.draft, dataset, list(positions), served.lm_head, num_steps, batch_size=batch_size)
         out["offline"] = res.to_dict()
     return out

@@ -22,6 +22,7 @@ import torch
 
 from ..draft.export import load_draft
 from ..draft.model import Eagle3Draft
+from ..draft.train import TargetHead, config_json
 from ..errors import DraftMismatchError
 from ..serving.findings import ERROR, Finding
 from ..serving.preflight import check_serving
@@ -36,25 +37,23 @@ _UNSUPPORTED_SWITCHES = ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_outp
 @dataclass
 class ServedDraft:
     """A draft loaded for a target: the model (float32, eval mode, the target's embedding), the
-    :class:`eagle_io.spec.target.Target` capturing the layers SGLang would capture for it, the draft's
-    ``config.json``, and the non-error findings of ``check-serving`` (warnings worth printing)."""
+    :class:`eagle_io.spec.target.Target` capturing the layers SGLang would capture for it (None when only the
+    target's head was loaded: offline figures only), the draft's ``config.json``, the non-error findings of
+    ``check-serving`` (warnings worth printing), the aux layer ids the target serves it and the target's
+    ``lm_head`` weight (``[vocab, H]``, the offline teacher)."""
 
     draft: Eagle3Draft
-    target: Target
+    target: Target | None
     config: dict[str, Any]
     warnings: list[Finding] = field(default_factory=list)
+    aux_layer_ids: list[int] = field(default_factory=list)
+    lm_head: torch.Tensor | None = None
 
     @property
     def record(self) -> dict[str, Any]:
         """The draft's ``eagle_io`` record (``{}`` for a draft another tool exported)."""
         rec = self.config.get("eagle_io")
         return rec if isinstance(rec, dict) else {}
-
-
-def _target_config(model: torch.nn.Module, info: Mapping[str, Any]) -> dict[str, Any]:
-    cfg = model.config.to_dict()
-    cfg["architectures"] = [str(info.get("architecture") or type(model).__name__)]
-    return json.loads(json.dumps(cfg, default=str))
 
 
 def _refuse(what: str, errors: list[Finding]) -> DraftMismatchError:
@@ -64,28 +63,35 @@ def _refuse(what: str, errors: list[Finding]) -> DraftMismatchError:
 
 def load_served_draft(
     draft_dir: str | os.PathLike[str],
-    model: torch.nn.Module,
+    model: torch.nn.Module | TargetHead,
     info: Mapping[str, Any],
     *,
     dataset: str | os.PathLike[str] | None = None,
     allow_other_target: bool = False,
 ) -> ServedDraft:
-    """Loads ``draft_dir`` for the target ``model`` (:func:`eagle_io.capturing.models.load_target`'s model and info).
+    """Loads ``draft_dir`` for the target ``model``: :func:`eagle_io.capturing.models.load_target`'s model and info
+    (live and offline figures), or :func:`eagle_io.draft.load_target_head`'s head and its ``identity`` (offline only:
+    ``target`` is then None).
 
-    Checks, before any weight is read: ``check-serving``'s findings for an ``EAGLE3`` launch of this draft on this
-    target (the target's ``config.json`` is its loaded config), with ``dataset`` as the training data when given;
-    the draft's ``eagle_io`` record of its target (``model_id``, ``architecture``, ``num_layers``, ``hidden_size``)
-    against ``info`` (``allow_other_target`` lets a differing ``model_id`` through, e.g. a renamed file); config
-    switches this reference draft does not model (``norm_before_fc``, ``fc_norm``, ``use_aux_norm``,
-    ``norm_output``, a ``rope_scaling`` / ``rope_parameters`` ``rope_type`` other than ``default``).
+        Checks, before any weight is read: ``check-serving``'s findings for an ``EAGLE3`` launch of this draft on this
+        target (the target's ``config.json`` is its loaded config), with ``dataset`` as the training data when given;
+        the draft's ``eagle_io`` record of its target (``model_id``, ``architecture``, ``num_layers``, ``hidden_size``)
+        against ``info`` (``allow_other_target`` lets a differing ``model_id`` through, e.g. a renamed file); config
+        switches this reference draft does not model (``norm_before_fc``, ``fc_norm``, ``use_aux_norm``,
+        ``norm_output``, a ``rope_scaling`` / ``rope_parameters`` ``rope_type`` other than ``default``).
 
-    Raises:
-        DraftMismatchError: any of those, every problem named with its fix.
-        CheckpointError: an unreadable draft directory.
+        Raises:
+            DraftMismatchError: any of those, every problem named with its fix.
+            CheckpointError: an unreadable draft directory.
     """
     draft_dir = Path(draft_dir)
+    if isinstance(model, TargetHead):
+        target_config, embed, lm_head, live = model.target_config, model.embed, model.lm_head, None
+    else:
+        target_config, live = config_json(model.config, str(info.get("architecture") or type(model).__name__)), model
+        embed, lm_head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     with tempfile.TemporaryDirectory(prefix="eagle-io-target-") as tmp:
-        Path(tmp, "config.json").write_text(json.dumps(_target_config(model, info)))
+        Path(tmp, "config.json").write_text(json.dumps(target_config))
         findings = check_serving(tmp, draft_dir, algorithm="EAGLE3", dataset_manifest=dataset)
     errors = [f for f in findings if f.severity == ERROR]
     with open(draft_dir / "config.json", encoding="utf-8") as f:
@@ -134,12 +140,19 @@ def load_served_draft(
         raise _refuse(f"cannot evaluate the draft {draft_dir} on target {info.get('model_id')}", errors)
     draft = load_draft(draft_dir).eval()
     with torch.no_grad():
-        draft.embed_tokens.weight.copy_(model.get_input_embeddings().weight.float())  # set_embed
+        draft.embed_tokens.weight.copy_(embed.float())  # set_embed
     arch = str(info.get("architecture") or type(model).__name__)
-    n = int(model.config.num_hidden_layers)
+    n = int(live.config.num_hidden_layers) if live is not None else int(info["num_layers"])
     explicit = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     ids = captured_ids(arch, n, served_aux_layer_ids(arch, n, explicit))
-    return ServedDraft(draft=draft, target=Target(model, ids), config=cfg, warnings=list(findings))
+    return ServedDraft(
+        draft=draft,
+        target=None if live is None else Target(live, ids),
+        config=cfg,
+        warnings=list(findings),
+        aux_layer_ids=ids,
+        lm_head=lm_head.detach(),
+    )
 
 
 def check_dataset_fits(served: ServedDraft, metadata: Mapping[str, Any], where: str) -> None:
@@ -159,7 +172,7 @@ def check_dataset_fits(served: ServedDraft, metadata: Mapping[str, Any], where: 
     if tm.get("model_id") and rec_model and tm["model_id"] != rec_model:
         problems.append(f"target_model.model_id {tm['model_id']!r} (the draft was trained for {rec_model!r})")
     ids = metadata.get("aux_layer_ids")
-    if isinstance(ids, list) and [int(i) for i in ids] != served.target.aux_layer_ids:
-        problems.append(f"aux_layer_ids {ids} (the target serves this draft layers {served.target.aux_layer_ids})")
+    if isinstance(ids, list) and [int(i) for i in ids] != served.aux_layer_ids:
+        problems.append(f"aux_layer_ids {ids} (the target serves this draft layers {served.aux_layer_ids})")
     if problems:
         raise DraftMismatchError(f"{where}: the dataset metadata does not match the draft: " + "; ".join(problems))
