@@ -116,7 +116,8 @@ def _serve_and_capture(args, target: Path, draft: Path, prompts: list[dict], out
     extra = dict(SPEC_ENGINE_ARGS, max_running_requests=args.concurrency, max_total_tokens=16384)
     flags = server_flags(engine_args(target, draft, algorithm="EAGLE3", num_steps=3, topk=1, extra=extra))
     t0 = time.perf_counter()
-    url, proc = launch_server(flags, log, env=_env(args.threads))  # answers /health once its warm-up request ended
+    env = {**_env(args.threads), "EAGLE_IO_CAPTURE_ROOT": str(Path(out).resolve().parent)}  # the capture's dataset
+    url, proc = launch_server(flags, log, env=env)  # answers /health once its warm-up request ended
     try:
         start_s = time.perf_counter() - t0
         # A small ring: the default 256 MiB was refused once when other processes held the machine's memory.

@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     target, draft, prompts, steps = fixture(a, work)
     args, env = server_env_args(a, target, draft, steps)
+    env = {**env, "EAGLE_IO_CAPTURE_ROOT": str(work.resolve())}  # where the bench's live captures write
     url, proc = launch_server(server_flags(args), out / "live_overhead_server.log", env=env)
     rows = []
     try:

@@ -45,7 +45,9 @@ def server(tmp_path_factory):
     model.save_pretrained(tmp / "tiny")
     tok.save_pretrained(tmp / "tiny")
     env = cpu_engine_env()
-    url, proc = launch_capture_server(tmp / "tiny", CaptureOptions(), tmp / "server.log", env=env, **CPU)
+    root = tmp_path_factory.getbasetemp()  # the operator lets clients capture under this run's temporary directory
+    url, proc = launch_capture_server(tmp / "tiny", CaptureOptions(), tmp / "server.log", capture_roots=[root], env=env,
+                                      **CPU)  # fmt: skip
     try:
         yield url, tmp / "tiny", model.float().eval()
     finally:

@@ -46,8 +46,10 @@ def trained(tmp_path_factory):
 
 
 def _launch(trained, tmp_path_factory, topk: int, env: dict[str, str] | None = None) -> tuple[str, object]:
+    """A server whose operator lets clients capture under this run's temporary directory."""
     target, _, draft, _, _ = trained
     args = engine_args(target, draft, algorithm="EAGLE3", num_steps=STEPS, topk=topk, extra=SPEC_ENGINE_ARGS)
+    env = {**(env or {}), "EAGLE_IO_CAPTURE_ROOT": str(tmp_path_factory.getbasetemp())}
     return launch_spec_server(args, tmp_path_factory.mktemp(f"live{topk}") / "server.log", env=env)
 
 

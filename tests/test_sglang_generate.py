@@ -277,7 +277,7 @@ def post(url: str, body: dict) -> int:
 
 @needs_sglang
 @pytest.mark.slow
-def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs):
+def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs, monkeypatch):
     """``python -m sglang.launch_server`` with ``EAGLE_IO_CAPTURE_DIR`` set: samples sent to ``/generate`` with
     eagle-io's ``custom_params`` are captured; other requests are not; a stop over HTTP (what ``eagle-io live stop``
     sends: the capture has no client token) commits; the states are those of ``generate --backend sglang`` over the
@@ -285,14 +285,15 @@ def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs
     from eagle_io.capturing.options import CaptureOptions
     from eagle_io.capturing.sglang.client import stop_server_capture
     from eagle_io.capturing.sglang.launch import launch_capture_server
-    from eagle_io.capturing.sglang.protocol import sample_params
+    from eagle_io.capturing.sglang.protocol import capture_id, sample_params
     from eagle_io.cli.sglang_arg import parse_sglang_args
     from eagle_io.sglang.servers import stop_server
 
     tmp, *_ = runs
     out = tmp / "server"
     env = sglang_env()
-    env.update(EAGLE_IO_CAPTURE_DIR=str(out), EAGLE_IO_CAPTURE_OPTIONS=json.dumps({"metadata": {"via": "server"}}))
+    env.update(EAGLE_IO_CAPTURE_DIR=str(out), EAGLE_IO_CAPTURE_OPTIONS=json.dumps({"metadata": {"via": "server"}}),
+               EAGLE_IO_CAPTURE_SECRET="the-operators-secret")  # fmt: skip
     url, server = launch_capture_server(tmp / "tiny", CaptureOptions(), tmp / "server.log", timeout_s=600, env=env,
                                         **parse_sglang_args(CPU_ENGINE))  # fmt: skip
     try:
@@ -302,15 +303,16 @@ def test_a_server_launched_with_eagle_io_capture_dir_captures_http_requests(runs
             item = ref[ref.position(sid)]
             sample = SimpleNamespace(index=sid, loss_mask=item["loss_mask"], id=f"conv-{sid}")
             body = {"input_ids": item["input_ids"].tolist(), "sampling_params": {"max_new_tokens": 1}}
-            body["sampling_params"]["custom_params"] = sample_params(sample)
+            body["sampling_params"]["custom_params"] = sample_params(sample, "the-operators-secret")
             assert post(f"{url}/generate", body) == 200
         other = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
         assert post(f"{url}/generate", other) == 200  # not a sample: ignored
+        monkeypatch.setenv("EAGLE_IO_CAPTURE_SECRET", "the-operators-secret")  # the operator's stop proves it
         (answer,) = stop_server_capture(url, timeout_s=120, complete=True)
     finally:
         stop_server(server)
     assert answer["error"] is None and answer["counts"]["written"] == 4 and answer["stats"]["samples"] == 4
-    assert answer["state"] == "stopped" and answer["token"] is None, "started by environment: no client's token"
+    assert answer["state"] == "stopped" and answer["id"] == capture_id("the-operators-secret") and not answer["forced"]
     assert eagle_io.Dataset.verify(out) == [] and ids(out) == wanted
     ds = eagle_io.Dataset(out)
     assert ds.metadata["via"] == "server" and ds.manifest["complete"]

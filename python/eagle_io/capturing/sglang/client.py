@@ -41,7 +41,15 @@ from ...store.upload import combine_upload_reports
 from ..options import CaptureOptions
 from ..store import check_sample
 from .live import LivePolicy
-from .protocol import CLIENT_TARGET_INFO, STATUS_KEY, capture_id, control_args, new_secret, sample_params
+from .protocol import (
+    CLIENT_TARGET_INFO,
+    ENV_CAPTURE_SECRET,
+    STATUS_KEY,
+    capture_id,
+    control_args,
+    new_secret,
+    sample_params,
+)
 
 __all__ = ["ServerCapture", "ServerFacts", "capture_status", "committed_ids", "server_facts", "stop_server_capture"]
 
@@ -543,8 +551,9 @@ def stop_server_capture(
     admin_api_key: str | None = None,
 ) -> list[dict[str, Any]]:
     """Stops the capture running on the server at ``url``. With the secret this user's cache holds for that server
-    (:func:`remember_secret`: a live capture this user started there, ``eagle-io live stop``), as its own client:
-    committed, marked complete unless ``complete`` is False. Otherwise a forced stop, the recovery when the capture's
+    (:func:`remember_secret`: a live capture this user started there, ``eagle-io live stop``), or else
+    ``EAGLE_IO_CAPTURE_SECRET`` (the operator's capture started by environment), as its own client: committed, marked
+    complete unless ``complete`` is False. Otherwise a forced stop, the recovery when the capture's
     client is gone: the server takes it only with its admin key (it must have been launched with
     ``--admin-api-key`` or ``--api-key``), and every writer commits what it wrote marked incomplete
     (``eagle_io.capture(url, out_dir, resume=True)`` continues it from the machine that started it); that client
@@ -560,7 +569,7 @@ def stop_server_capture(
         CaptureStopTimeoutError: not every rank stopped within ``timeout_s``.
     """
     url, keys = url.rstrip("/"), ServerKeys.resolve(api_key, admin_api_key)
-    secret = recall_secret(url)
+    secret = recall_secret(url) or os.environ.get(ENV_CAPTURE_SECRET) or None
     forced = secret is None or not any(
         st.get("id") == capture_id(secret) and st.get("state") in ("capturing", "stopping", "stopped", "failed")
         for _, _, st in _statuses([url], keys)
