@@ -192,12 +192,11 @@ def test_the_preflight_names_what_the_server_cannot_capture(server, tmp_path):
 
 @needs_sglang
 @pytest.mark.slow
-def test_a_capture_whose_client_died_is_stopped_by_force_then_resumed(server, tmp_path):
-    """A client killed mid-capture (no close) leaves its capture running: a new client is refused, naming
-    ``stop_server_capture``, which commits what the dead one sent (marked incomplete); ``resume=True`` then sends only
-    the missing samples."""
-    from eagle_io.capturing.sglang.client import stop_server_capture
-
+def test_a_capture_whose_client_died_is_continued_by_its_user_and_refused_to_others(server, tmp_path, monkeypatch):
+    """A client killed mid-capture (no close) leaves its capture running. Another user (who holds none of its
+    secret) is refused, naming the operator's forced stop; the same user's ``resume=True`` proves the capture with
+    the secret kept in its cache and continues it: the samples the dead client sent are not written again, and the
+    close commits every sample once, complete."""
     url, _, model = server
     out = tmp_path / "orphan"
     dead = (
@@ -207,14 +206,15 @@ def test_a_capture_whose_client_died_is_stopped_by_force_then_resumed(server, tm
     r = subprocess.run([sys.executable, "-c", dead, url, str(out), str(Path(__file__).parent)], capture_output=True,
                        text=True, timeout=300)  # fmt: skip
     assert r.returncode == 1, r.stderr[-2000:]
-    with pytest.raises(InvalidArgumentError, match=r"already capturing .*stop_server_capture\("):
-        eagle_io.capture(url, out, resume=True)
-    (st,) = stop_server_capture(url)
-    assert st["state"] == "stopped" and st["counts"]["written"] == 3
-    assert eagle_io.Dataset(out).manifest["complete"] is False
+    with monkeypatch.context() as m:
+        m.setenv("EAGLE_IO_CACHE", str(tmp_path / "another-user"))
+        with pytest.raises(InvalidArgumentError, match=r"already capturing .*for another client .*stop_server_capture"):
+            eagle_io.capture(url, out, resume=True)
     with eagle_io.capture(url, out, resume=True) as cap:
         cap.submit(samples([20, 30, 40, 50]))
-    assert cap.counts["already_done"] == 3 and cap.counts["sent"] == 1
+    st = cap.stats()
+    assert st["scheduler_already_done"] == 3 and st["scheduler_written"] == 4, st
+    assert eagle_io.Dataset(out).manifest["complete"] is True
     assert sorted(held_to_reference(out, model)) == [0, 1, 2, 3]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ... import defaults
-from ...errors import InvalidArgumentError, SchemaError
+from ...errors import CaptureRefusedError, IncompatibleDatasetError, InvalidArgumentError, SchemaError
 from ...sglang import compat, hooks, probe
 from ..options import CaptureOptions
 from ..store import ForwardSample, SampleStore, check_sample
@@ -136,7 +136,15 @@ class SchedulerCapture:
         )
         if self.live is not None:
             opts = opts.replace(drop_when_full=True)  # serving never waits for a full ring
-        self.store = SampleStore.create(out_dir, opts, aux_layer_ids=list(t["layers"]), target_info=info)
+        try:
+            self.store = SampleStore.create(out_dir, opts, aux_layer_ids=list(t["layers"]), target_info=info)
+        except IncompatibleDatasetError as e:
+            if "capture_owner" not in str(e):
+                raise
+            raise CaptureRefusedError(
+                f"{out_dir} was written by another capture (metadata capture_owner differs): only the client that "
+                "started it resumes it (its secret); capture into a new directory"
+            ) from e
         base = LIVE_ID_BASE + self.writer_rank * 2**40
         self.next_live_id = max([i + 1 for i in self.store.done if base <= i < base + 2**40] or [base])
         self.handoff = Handoff(self.store, slots=defaults.HANDOFF_SLOTS, drop_when_full=self.live is not None,
