@@ -85,3 +85,74 @@ def test_the_sglang_scheduler_honours_drop_when_full(tmp_path, monkeypatch):
     with pytest.raises(eagle_io.InvalidArgumentError, match="the capture ring is allocated at once, and only"):
         cc.SchedulerCapture(sched, str(tmp_path / "huge"), huge)
     assert not (tmp_path / "huge").exists()
+
+
+def _stand_in_scheduler(monkeypatch):
+    """A scheduler-shaped stand-in SchedulerCapture's real ``__init__`` reads (one DP rank, capture-only mode)."""
+    import sglang.srt.runtime_context as rc
+
+    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(dp_size=1, attn_dp_size=1, attn_tp_rank=0))
+    text = SimpleNamespace(hidden_size=8, num_hidden_layers=8, vocab_size=100)
+    model = SimpleNamespace(capture_aux_hidden_states=True, model=SimpleNamespace(layers_to_capture=[2, 4, 5]))
+    runner = SimpleNamespace(model=model, model_config=SimpleNamespace(hf_text_config=text))
+    return SimpleNamespace(
+        tp_worker=SimpleNamespace(model_runner=runner),
+        draft_worker=None,
+        server_args=SimpleNamespace(
+            chunked_prefill_size=-1, disable_radix_cache=True, api_key=None, admin_api_key=None
+        ),
+    )
+
+
+@pytest.mark.parametrize("held", ["another capture's data", "a bad option"])
+def test_a_capture_started_by_environment_that_cannot_start_never_stops_the_server(tmp_path, monkeypatch, held):
+    """Before: a server launched with EAGLE_IO_CAPTURE_DIR, killed and restarted with the same environment (as a
+    supervisor does) raised 'already holds data of this writer' in the scheduler, and the server exited. Now a capture
+    that cannot start is logged and shown failed in the status, and the server serves without it."""
+    pytest.importorskip("sglang.srt.runtime_context")
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    sched = _stand_in_scheduler(monkeypatch)
+    out = tmp_path / "live"
+    options = {"ring_bytes": 1 << 16}
+    if held == "a bad option":
+        options["drop_when_ful"] = True
+    else:  # another capture's dataset: other metadata
+        w = eagle_io.ShardWriter(out, eagle_io.eagle3_schema(8), {"someone": "else"})
+        w.close()
+    monkeypatch.setenv("EAGLE_IO_CAPTURE_DIR", str(out))
+    monkeypatch.setenv("EAGLE_IO_CAPTURE_OPTIONS", json.dumps(options))
+    monkeypatch.setattr(sc, "_FACTS", {"writes": True})
+    monkeypatch.setattr(sc, "_ACTIVE", None)
+    monkeypatch.setattr(sc, "_STARTING", None)
+    sc._start_from_env(sched)  # before: raised, and SGLang's scheduler process exited
+    st = sc.status(sched)
+    assert st["state"] == "failed", st
+    want = (
+        "unknown capture option(s) ['drop_when_ful']" if held == "a bad option" else "cannot resume: metadata differs"
+    )
+    assert want in st["error"], st["error"]
+
+
+def test_a_server_restarted_by_its_supervisor_resumes_its_own_capture(tmp_path, monkeypatch):
+    """The same capture started by environment again (the server killed and restarted): it resumes what its writer
+    committed, the earlier samples kept, instead of refusing the directory."""
+    pytest.importorskip("sglang.srt.runtime_context")
+    from eagle_io.capturing.sglang import scheduler as sc
+
+    sched = _stand_in_scheduler(monkeypatch)
+    out = tmp_path / "live"
+    monkeypatch.setenv("EAGLE_IO_CAPTURE_DIR", str(out))
+    monkeypatch.setenv("EAGLE_IO_CAPTURE_OPTIONS", json.dumps({"ring_bytes": 1 << 16, "max_length": 8}))
+    monkeypatch.setattr(sc, "_FACTS", {"writes": True})
+    for run in range(2):
+        monkeypatch.setattr(sc, "_ACTIVE", None)
+        monkeypatch.setattr(sc, "_STARTING", None)
+        sc._start_from_env(sched)
+        cap = sc._ACTIVE
+        assert cap is not None and sc.status(sched)["state"] == "capturing", sc.status(sched)
+        x = torch.randn(3, 24)
+        cap.store.put(run, [1, 2, 3], [1, 1, 1], x, x[:, :8])
+        cap.stop(None, complete=False)  # the server killed: what it committed stays, marked incomplete
+    ds = eagle_io.Dataset(out)
+    assert sorted(ds.entry(i).sample_id for i in range(len(ds))) == [0, 1]
