@@ -327,7 +327,7 @@ def test_the_preflight_refuses_servers_it_cannot_capture_from(fake, tmp_path):
     with pytest.raises(InvalidArgumentError, match=rf"{url} DP rank 0: the capture's start failed: .*\[1\] were"):
         eagle_io.capture(url, tmp_path / "o")
     with pytest.raises(InvalidArgumentError, match="a server is named by its URL"):
-        eagle_io.capture("localhost:30000", tmp_path / "o")
+        eagle_io.capture(["http://localhost:30000", 30001], tmp_path / "o")
     with pytest.raises(InvalidArgumentError, match="sampling_params are a server capture's"):
         eagle_io.capture(torch.nn.Linear(2, 2), tmp_path / "o", target_info={}, sampling_params={"max_new_tokens": 2})
 
@@ -373,3 +373,63 @@ def test_a_request_of_several_answers_is_refused_up_front(fake, tmp_path):
     with pytest.raises(InvalidArgumentError, match="sampling_params n=2: a sample request generates one answer"):
         ServerCapture(url, str(tmp_path / "o"), CaptureOptions(), sampling_params={"max_new_tokens": 4, "n": 2})
     assert st["capture"] == {"state": "idle"} and not st["sent"]
+
+
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        ("ftp://127.0.0.1:9/x", "SGLang servers answer over http:// or https://, not ftp://"),
+        ("file:///tmp/server", "not file://"),
+        ("not a server", "write it as http://HOST:PORT"),
+    ],
+)
+def test_a_server_url_that_cannot_work_is_refused_before_anything_is_sent(tmp_path, capsys, given, error):
+    """Before: generate --server ftp://... hung over two minutes and a URL without http:// failed with Python's
+    'unknown url type'. Now the scheme is checked first, through the Python API and the CLI (exit 2)."""
+    from eagle_io.cli import main
+
+    with pytest.raises(InvalidArgumentError, match=error):
+        eagle_io.capture(given, tmp_path / "a")
+    assert main(["generate", "--server", given, "--out", str(tmp_path / "b"), "--dataset", str(FIXTURE)]) == 2
+    assert error in capsys.readouterr().err
+    assert main(["live", "status", given]) == 2
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_bare_host_port_is_read_as_http_and_a_silent_port_is_named_within_its_timeout(fake, tmp_path):
+    """``localhost:PORT`` (no scheme) reaches the server; a port where something listens but never answers is named
+    with the wait, after the timeout the caller set (before: the whole 600 s preflight)."""
+    import socket
+    import time
+
+    from eagle_io.capturing.sglang.client import capture_status, server_facts
+
+    url, _ = fake
+    assert capture_status(url.removeprefix("http://"))[0]["state"] == "idle"
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        where = f"127.0.0.1:{silent.getsockname()[1]}"
+        t0 = time.monotonic()
+        with pytest.raises(SGLangError, match=rf"http://{where}/server_info: no answer within 1 s"):
+            server_facts(where, timeout_s=1.0)
+        assert time.monotonic() - t0 < 10
+
+
+def test_generate_refuses_a_model_that_is_not_the_one_served(fake, tmp_path, capsys):
+    """Before: generate --server URL --model OTHER ran, recorded OTHER's tokenizer and produced token ids of another
+    tokenizer than the states'. Now --model is compared with what the server serves, each difference named."""
+    from eagle_io.cli import main
+    from eagle_io.data import load_default_tokenizer
+
+    url, _ = fake
+    other = tmp_path / "other"
+    load_default_tokenizer().save_pretrained(other)
+    (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4,
+                                                   "hidden_size": 64, "vocab_size": 50000}))  # fmt: skip
+    argv = ["generate", "--server", url, "--model", str(other), "--out", str(tmp_path / "o"), "--dataset", str(FIXTURE),
+            "--limit", "1"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--model {other} is not the model {url} serves (/m/tiny): num_layers 4 here, 8 served" in err, err
+    assert not (tmp_path / "o").exists()

@@ -262,11 +262,15 @@ def capture(
             (resume), while capturing or at exit.
     """
     urls = [target] if isinstance(target, str) else target if isinstance(target, (list, tuple)) else None
-    if urls is not None and not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+    if urls is not None and not all(isinstance(u, str) for u in urls):
         raise InvalidArgumentError(
             f"cannot capture from {target!r}: a server is named by its URL (http://host:port), a model is a "
             "torch.nn.Module"
         )
+    if urls is not None:
+        from ..sglang.servers import server_url
+
+        urls = [server_url(u) for u in urls]  # the scheme checked (a bare host:port is http://) before anything
     if urls is None and sampling_params is not None:
         raise InvalidArgumentError("sampling_params are a server capture's (a URL target): a model's forward generates "
                                    "nothing")  # fmt: skip

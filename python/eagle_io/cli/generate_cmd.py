@@ -134,6 +134,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         default=defaults.SERVER_CONCURRENCY,
         help="sample requests in flight per server",
     )
+    sv.add_argument(
+        "--request-timeout",
+        type=float,
+        default=defaults.SERVER_REQUEST_TIMEOUT_S,
+        help="seconds each HTTP request to a server may take (its preflight, a sample's prefill or answer); a server "
+        "that does not answer within it is named",
+    )
     add_key_args(sv)
     sg = p.add_argument_group("--backend sglang (launches sglang.launch_server, then captures as --server does)")
     sg.add_argument(
@@ -367,7 +374,8 @@ def _server_session(args, dataset: str, layer_ids, tokenizer, info: dict):
         args.regenerator = Regenerator(server_replies(servers[0].url, regen), tokenizer, regen, turns_path(args.out))
     options = _capture_options(args, dataset, layer_ids, info, tokenizer, metadata=_regenerated_metadata(regen, info))
     return ServerCapture(servers, args.remote or args.out, options, concurrency=args.concurrency,
-                         api_key=args.api_key, admin_api_key=args.admin_api_key)  # fmt: skip
+                         request_timeout_s=args.request_timeout, api_key=args.api_key,
+                         admin_api_key=args.admin_api_key)  # fmt: skip
 
 
 def _servers(args, dataset: str, layer_ids):
@@ -385,9 +393,36 @@ def _servers(args, dataset: str, layer_ids):
     where = Path(path)
     kw = {"gguf_file": where.name} if where.is_file() else {}
     tokenizer = AutoTokenizer.from_pretrained(where.parent if where.is_file() else where, local_files_only=True, **kw)
+    _same_target(args.model, tokenizer, first)
     _check_writers(args)
     check_out_dir(args, dataset)
     return _server_session(args, dataset, layer_ids, tokenizer, first.target_info), tokenizer, first.target_info, None
+
+
+def _same_target(model: str | None, tokenizer, server) -> None:
+    """Refuses a ``--model`` that is not what ``server`` serves (its token ids would not be the states'): a checkpoint
+    whose ``config.json`` gives another layer count, hidden size or vocabulary, or a tokenizer with more tokens than
+    the served vocabulary; each difference named with both sides."""
+    from ..sglang.checkpoint import read_checkpoint
+
+    t = server.target
+    problems = []
+    if model is not None and os.path.isdir(model) and os.path.exists(os.path.join(model, "config.json")):
+        ckpt = read_checkpoint(model)
+        for name, mine in (("num_layers", ckpt.num_layers), ("hidden_size", ckpt.hidden_size),
+                           ("vocab_size", ckpt.vocab_size)):  # fmt: skip
+            if mine is not None and t.get(name) is not None and int(mine) != int(t[name]):
+                problems.append(f"{name} {mine} here, {t[name]} served")
+    if t.get("vocab_size") is not None and len(tokenizer) > int(t["vocab_size"]):
+        problems.append(
+            f"the tokenizer has {len(tokenizer):,} tokens, more than the served vocabulary {t['vocab_size']:,}"
+        )
+    if problems:
+        raise InvalidArgumentError(
+            f"--model {model} is not the model {server.url} serves ({server.model_path}): "
+            + "; ".join(problems)
+            + "; pass the served model's checkpoint, or leave --model out when its tokenizer is on this machine"
+        )
 
 
 def _check_writers(args) -> None:
@@ -461,7 +496,8 @@ def run(args: argparse.Namespace) -> int:
             )
         args.backend = "server"
         keys = ServerKeys.resolve(args.api_key, args.admin_api_key)
-        args.server_facts = [server_facts(u, aux_layer_ids=layer_ids, keys=keys) for u in args.server]
+        args.server_facts = [server_facts(u, aux_layer_ids=layer_ids, keys=keys, timeout_s=args.request_timeout)
+                             for u in args.server]  # fmt: skip
         args.writers = sum(f.writers for f in args.server_facts)  # shard writers of every server, numbered in turn
     if args.backend == "sglang":
         args.engine_args = _engine_args(args)

@@ -26,6 +26,7 @@ __all__ = [
     "http_json",
     "launch_server",
     "server_flags",
+    "server_url",
     "stop_server",
 ]
 
@@ -56,6 +57,30 @@ class ServerKeys:
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={'set' if getattr(self, k) else None}" for k in ("api_key", "admin_api_key"))
         return f"ServerKeys({shown})"
+
+
+def server_url(url: str) -> str:
+    """A server's base URL as eagle-io sends requests to it: ``http://`` or ``https://`` (a bare ``host:port`` is read
+    as ``http://host:port``), no trailing slash. Checked before anything is sent.
+
+    Raises:
+        InvalidArgumentError: another scheme, or text that is no ``host:port`` (naming how to write it).
+    """
+    import re
+
+    from ..errors import InvalidArgumentError
+
+    u = str(url).strip().rstrip("/")
+    if "://" not in u:
+        if re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-]+):\d{1,5}", u):
+            return f"http://{u}"
+        raise InvalidArgumentError(f"server URL {url!r}: write it as http://HOST:PORT (an SGLang server's address)")
+    scheme = u.split("://", 1)[0].lower()
+    if scheme not in ("http", "https"):
+        raise InvalidArgumentError(
+            f"server URL {url!r}: SGLang servers answer over http:// or https://, not {scheme}://; write http://HOST:PORT"
+        )
+    return u
 
 
 def http_json(
@@ -91,8 +116,14 @@ def http_json(
                               status=e.code) from e  # fmt: skip
         detail = e.read()[:500].decode(errors="replace")
         raise SGLangError(f"{url}: HTTP {e.code}: {detail}", status=e.code) from e
+    except TimeoutError as e:
+        raise SGLangError(f"{url}: no answer within {timeout_s:.0f} s (the timeout; something listens there but does "
+                          "not answer as an SGLang server, or it is busy)", status=None) from e  # fmt: skip
     except (urllib.error.URLError, OSError, ValueError) as e:
-        raise SGLangError(f"{url}: no answer ({getattr(e, 'reason', e)})", status=None) from e
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, TimeoutError):
+            raise SGLangError(f"{url}: no answer within {timeout_s:.0f} s (the timeout)", status=None) from e
+        raise SGLangError(f"{url}: no answer ({reason})", status=None) from e
     try:
         return json.loads(raw or b"null")
     except ValueError as e:

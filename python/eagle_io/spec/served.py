@@ -26,7 +26,7 @@ from typing import Any
 
 from ..draft.acceptance import AcceptHistogram
 from ..errors import InvalidArgumentError, SGLangError
-from ..sglang.servers import ServerKeys, http_json
+from ..sglang.servers import ServerKeys, http_json, server_url
 from ..sglang.spec_params import speculative_param_problems
 
 __all__ = ["ServedRun", "engine_args", "run_engine", "run_server"]
@@ -233,7 +233,7 @@ def run_server(
         SGLangError: the URL does not answer as an SGLang server, the server runs no speculative algorithm, or
             another one than ``algorithm`` (its ``speculative_algorithm`` named).
     """
-    base = url.rstrip("/")
+    base = server_url(url)
     info = http_json(base + "/server_info", timeout_s=timeout, keys=keys)
     served = info.get("speculative_algorithm")
     if not served or "speculative_num_steps" not in info:

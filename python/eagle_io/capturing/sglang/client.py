@@ -34,7 +34,7 @@ from typing import Any
 from ... import defaults
 from ...errors import CaptureStopTimeoutError, InvalidArgumentError, ObjectStorageError, SGLangError, StorageError
 from ...host import cache_dir
-from ...sglang.servers import ServerKeys, http_json
+from ...sglang.servers import ServerKeys, http_json, server_url
 from ...store import layout
 from ...store.manifest import read_manifest
 from ...store.upload import combine_upload_reports
@@ -116,7 +116,8 @@ class ServerFacts:
 
 
 def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[int] | None = None,
-                 keys: ServerKeys | None = None) -> ServerFacts:  # fmt: skip
+                 keys: ServerKeys | None = None,
+                 timeout_s: float = defaults.SERVER_REQUEST_TIMEOUT_S) -> ServerFacts:  # fmt: skip
     """The preflight of one server: reads ``/server_info`` and ``/model_info`` (with ``keys``) and refuses, naming the
     URL, what this capture cannot use.
 
@@ -128,10 +129,10 @@ def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[
             pipeline parallelism or with Ray (its schedulers never load plugins); serves another model than
             ``model``; captures other layers than ``aux_layer_ids``.
     """
-    url = url.rstrip("/")
+    url = server_url(url)
     # a busy server answers /server_info after the forwards queued before it (its own warm-up request included)
-    info = http_json(f"{url}/server_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S, keys=keys)
-    model_info = http_json(f"{url}/model_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S, keys=keys)
+    info = http_json(f"{url}/server_info", timeout_s=timeout_s, keys=keys)
+    model_info = http_json(f"{url}/model_info", timeout_s=timeout_s, keys=keys)
     problems = []
     if info.get("pp_size", 1) not in (None, 1):
         problems.append(f"pipeline parallelism (pp_size {info['pp_size']}): only the last stage sees the states")
@@ -235,7 +236,9 @@ class ServerCapture:
         self.servers = [
             u
             if isinstance(u, ServerFacts)
-            else server_facts(u, model=model, aux_layer_ids=options.aux_layer_ids, keys=self.keys)
+            else server_facts(
+                u, model=model, aux_layer_ids=options.aux_layer_ids, keys=self.keys, timeout_s=request_timeout_s
+            )
             for u in urls
         ]
         first = self.servers[0]
@@ -455,7 +458,7 @@ def capture_status(url: str, *, api_key: str | None = None, admin_api_key: str |
         SGLangError: the server does not answer, or refuses the key.
     """
     keys = ServerKeys.resolve(api_key, admin_api_key)
-    return [{"url": u, "dp_rank": i, **st} for u, i, st in _statuses([url.rstrip("/")], keys)]
+    return [{"url": u, "dp_rank": i, **st} for u, i, st in _statuses([server_url(url)], keys)]
 
 
 def _statuses(urls: Sequence[str], keys: ServerKeys) -> list[tuple[str, int, dict[str, Any]]]:
@@ -568,7 +571,7 @@ def stop_server_capture(
         StorageError: a rank failed while stopping (its error, naming URL and rank), or refused the stop (naming why).
         CaptureStopTimeoutError: not every rank stopped within ``timeout_s``.
     """
-    url, keys = url.rstrip("/"), ServerKeys.resolve(api_key, admin_api_key)
+    url, keys = server_url(url), ServerKeys.resolve(api_key, admin_api_key)
     secret = recall_secret(url) or os.environ.get(ENV_CAPTURE_SECRET) or None
     forced = secret is None or not any(
         st.get("id") == capture_id(secret) and st.get("state") in ("capturing", "stopping", "stopped", "failed")
