@@ -165,30 +165,51 @@ def launch_server(
 
     Raises:
         SGLangError: the server exited (its exit status), or did not answer within ``timeout_s``; the command and the
-            log's last lines quoted.
+            log's last lines quoted; or every one of 3 free ports was taken by another process before the server bound
+            it (each attempt's server stopped, a new port tried).
     """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "sglang.launch_server", *flags, "--host", "127.0.0.1", "--port", str(port)]
-    log = open(log_path, "ab")  # noqa: SIM115 (held by the server process for its life)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    log.close()
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-                if r.status == 200:
-                    return url, proc
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_server(proc)
-            with open(log_path, "rb") as f:
-                tail = f.read()[-3000:].decode(errors="replace")
-            why = f"exited with {proc.returncode}" if proc.returncode is not None else f"no answer in {timeout_s:.0f} s"
-            raise SGLangError(f"sglang.launch_server ({' '.join(cmd)}) {why}; its log {log_path} ends:\n{tail}")
-        time.sleep(1.0)
+    for _ in range(_PORT_ATTEMPTS):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "sglang.launch_server", *flags, "--host", "127.0.0.1", "--port", str(port)]
+        start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+        log = open(log_path, "ab")  # noqa: SIM115 (held by the server process for its life)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        log.close()
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout_s
+        while True:
+            if _lost_its_port(log_path, start):  # another process took the free port first: SGLang lingers on
+                stop_server(proc)
+                break
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                    if r.status == 200:
+                        return url, proc
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_server(proc)
+                with open(log_path, "rb") as f:
+                    tail = f.read()[-3000:].decode(errors="replace")
+                why = (
+                    f"exited with {proc.returncode}"
+                    if proc.returncode is not None
+                    else f"no answer in {timeout_s:.0f} s"
+                )
+                raise SGLangError(f"sglang.launch_server ({' '.join(cmd)}) {why}; its log {log_path} ends:\n{tail}")
+            time.sleep(1.0)
+    raise SGLangError(f"sglang.launch_server: {_PORT_ATTEMPTS} free ports of 127.0.0.1 were taken before it bound them")
+
+
+_PORT_ATTEMPTS = 3
+
+
+def _lost_its_port(log_path: str | os.PathLike[str], start: int) -> bool:
+    """Whether the server's log (from byte ``start``) says uvicorn could not bind its port."""
+    with open(log_path, "rb") as f:
+        f.seek(start)
+        return b"error while attempting to bind on address" in f.read()
 
 
 def stop_server(proc: Any, timeout_s: float = 60.0) -> None:
