@@ -11,6 +11,7 @@ import time
 
 from ..errors import StorageError
 from ..report.figures import DEFAULT_SAMPLE
+from .out_paths import check_output
 from .progress import stage_progress
 
 
@@ -30,6 +31,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..report import build_figures, render  # matplotlib is imported by render only
 
+    check_output("--out", args.out, directory=False, makes_parents=False)  # before the figures are computed
     t0 = time.perf_counter()
     with stage_progress() as progress:
         figures = build_figures(args.path, sample=args.sample, seed=args.seed, progress=progress)

@@ -8,6 +8,7 @@ import json
 import os
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from .out_paths import check_output
 
 DEFAULT_DRAFT_VOCAB = 4096
 
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from ..store.target_identity import dataset_target, require_same_target
 
     # Every option is checked before anything is read or written (--ttt-length 0 left a vocab_map in --out).
+    check_output("--out", args.out, directory=True, makes_parents=True)
     cfg = TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,

@@ -26,11 +26,13 @@ __all__ = [
     "RANK_MANIFEST",
     "SHARD_DIR",
     "SHARD_FILE",
+    "Footprint",
     "atomic_file",
     "created_mode",
     "dataset_manifests",
     "is_shard_temp",
     "is_url",
+    "lock_name",
     "lock_writers",
     "manifest_file",
     "manifest_name",
@@ -60,6 +62,12 @@ def manifest_name(rank: int, world_size: int) -> str:
 def shard_prefix(rank: int) -> str:
     """``rNNNNN-``: the start of the names of writer ``rank``'s shards."""
     return _native.shard_prefix(rank)
+
+
+def lock_name(manifest_name: str) -> str:
+    """The writer lock file of ``manifest_name`` in its root: ``.manifest.json.lock`` (``src/layout.rs``'s
+    ``lock_name``; ``tests/test_layout_atomic.py`` holds the two to the same name)."""
+    return f".{manifest_name}.lock"
 
 
 def rank_manifests(root: str | os.PathLike[str]) -> list[Path]:
@@ -127,6 +135,53 @@ def is_shard_temp(name: str) -> bool:
         and name.endswith(_L["temp_suffix"])
         and bool(SHARD_FILE.match(name[len(_L["temp_prefix"]) : -len(_L["temp_suffix"])]))
     )
+
+
+class Footprint:
+    """What a dataset root held before a writer or a run touched it, so that one ending with nothing stored (a
+    refused writer, a run that failed before its first commit or whose every record was refused) takes back what it
+    created, and the user's directory is as it was: no ``shards/``, lock or manifest left behind, no empty dataset
+    that looks finished, nothing a retry into the same root trips on.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(os.path.abspath(root))
+        self.new_dirs: list[Path] = []  # the root and the parents it lacked, deepest first
+        p = self.root
+        while not p.exists() and p != p.parent:
+            self.new_dirs.append(p)
+            p = p.parent
+        self.before = frozenset(os.listdir(self.root)) if self.root.is_dir() else frozenset()
+
+    def is_new(self, name: str) -> bool:
+        """Whether the root's entry ``name`` was not there when the footprint was taken."""
+        return name not in self.before
+
+    def take_back(self, names: Iterable[str]) -> list[str]:
+        """Removes each entry of ``names`` that is in the root now and was not before: a file, or the shards folder
+        when it holds no committed shard (temporary shards are removed with it); then the directories the root
+        lacked, each when empty. Entries that were there before, and anything else, are never touched. Never
+        raises (it runs on the way out of an error): what cannot be removed stays. Returns the paths removed."""
+        removed = []
+        for name in names:
+            path = self.root / name
+            if not self.is_new(name) or not os.path.lexists(path):
+                continue
+            with contextlib.suppress(OSError):
+                if path.is_dir() and not path.is_symlink():
+                    if name != SHARD_DIR or any(not is_shard_temp(n) for n in os.listdir(path)):
+                        continue
+                    for temp in os.listdir(path):
+                        os.unlink(path / temp)
+                    path.rmdir()
+                else:
+                    path.unlink()
+                removed.append(str(path))
+        for d in self.new_dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only when empty
+                removed.append(str(d))
+        return removed
 
 
 def storage_error(path: str | os.PathLike[str], e: OSError) -> StorageError:

@@ -92,20 +92,27 @@ class ShardWriter:
                 )
         self.root = os.fspath(root)
         manifest_name = layout.manifest_name(rank, world_size)
-        self._native = _native.Writer(
-            self.root,
-            [(s.name, s.dtype, s.width, s.precision, s.scale_block) for s in self.schema],
-            metadata,
-            shard_bytes=shard_bytes,
-            chunk_bytes=chunk_bytes,
-            threads=threads,
-            zstd_level=zstd_level,
-            queue_depth=queue_depth,
-            shard_prefix=layout.shard_prefix(rank),
-            manifest_name=manifest_name,
-            resume=resume,
-            uploaded_to=uploaded_to,
-        )
+        # The core makes the root, shards/ and the lock before it looks at what the root holds: a refusal takes
+        # them back (a writer refused over another dataset left shards/ and a lock in it).
+        footprint = layout.Footprint(self.root)
+        try:
+            self._native = _native.Writer(
+                self.root,
+                [(s.name, s.dtype, s.width, s.precision, s.scale_block) for s in self.schema],
+                metadata,
+                shard_bytes=shard_bytes,
+                chunk_bytes=chunk_bytes,
+                threads=threads,
+                zstd_level=zstd_level,
+                queue_depth=queue_depth,
+                shard_prefix=layout.shard_prefix(rank),
+                manifest_name=manifest_name,
+                resume=resume,
+                uploaded_to=uploaded_to,
+            )
+        except BaseException:
+            footprint.take_back([manifest_name, layout.lock_name(manifest_name), layout.SHARD_DIR])
+            raise
         self.manifest_path = os.path.join(self.root, manifest_name)
 
     def _convert(self, sample_id: int, tensors: Mapping[str, Any], key: str) -> tuple:

@@ -1,0 +1,193 @@
+"""What a refused or failed run leaves behind (issue 47, kinds 4 and 6): a refusal creates nothing (no ``shards/``, no
+lock, no directory), a run that stored nothing says so, exits non-zero and leaves no dataset that looks finished
+(nothing a retry into the same ``--out`` trips on), an interrupted run's record counts add up, and what can be
+checked before the work (the paths a command writes, the ``--dataset`` it reads) is checked first, while nothing is
+loaded or written yet."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.tiny_model import FIXTURE, build_tiny_model_dir
+
+import eagle_io
+from eagle_io.cli import main
+from eagle_io.data import iter_conversations
+from eagle_io.errors import IncompatibleDatasetError, InvalidArgumentError, StorageError
+from eagle_io.store import layout
+from eagle_io.store.schema import eagle3_schema
+
+SCHEMA = eagle3_schema(8, 1, "bfloat16")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(build_tiny_model_dir(tmp_path_factory.mktemp("tiny")))
+
+
+def generate(model_dir, dataset, out, *more):
+    return ["generate", "--model", model_dir, "--dataset", str(dataset), "--out", str(out), "--threads", "1", *more]
+
+
+def tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_the_writer_lock_name_is_the_cores():
+    # layout.lock_name spells src/layout.rs's lock_name: a Footprint takes back exactly the file the core made
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        eagle_io.ShardWriter(d, SCHEMA, {}, rank=1, world_size=2).close()
+        assert layout.lock_name("manifest.r00001.json") in os.listdir(d)
+
+
+def test_a_refused_writer_creates_nothing(tmp_path):
+    # another dataset's manifest there, no resume: the core made shards/ and a lock before it looked
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "manifest.json").write_text("{}")
+    with pytest.raises(InvalidArgumentError, match="already holds data of this writer"):
+        eagle_io.ShardWriter(held, SCHEMA, {"run": 1})
+    assert tree(held) == ["manifest.json"]
+
+    # a resume with other metadata: refused after the lock of another rank's manifest was made
+    ds = tmp_path / "ds"
+    eagle_io.ShardWriter(ds, SCHEMA, {"run": 1}, rank=0, world_size=2).close()
+    before = tree(ds)
+    with pytest.raises(InvalidArgumentError, match="already holds data of this writer"):
+        eagle_io.ShardWriter(ds, SCHEMA, {"run": 2}, rank=0, world_size=2)
+    with pytest.raises(IncompatibleDatasetError, match="metadata differs"):
+        eagle_io.ShardWriter(ds, SCHEMA, {"run": 2}, rank=0, world_size=2, resume=True)
+    assert tree(ds) == before
+
+    # a root that did not exist, refused: neither it nor the parents made for it are left
+    ds.joinpath(layout.SHARD_DIR, "r00000-000000.eio").write_bytes(b"not a shard")
+    new = tmp_path / "a" / "b" / "new"
+    (tmp_path / "a").mkdir()
+    with pytest.raises(InvalidArgumentError, match="zstd_level"):
+        eagle_io.ShardWriter(new, SCHEMA, {}, zstd_level=99)
+    assert not (tmp_path / "a" / "b").exists()
+
+
+def test_a_generate_whose_every_record_is_refused_leaves_no_dataset_and_a_retry_works(model_dir, tmp_path, capsys):
+    # into a new directory, and into one the user already had (its file stays, nothing else is added)
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    for out in (tmp_path / "new", kept):
+        rc = main(generate(model_dir, FIXTURE, out, "--limit", "6", "--max-length", "4", "--summary-json",
+                           str(tmp_path / "s.json")))  # fmt: skip
+        stdout, err = capsys.readouterr()
+        assert rc == 1
+        assert err.strip().splitlines()[-1] == (
+            "eagle-io generate: no sample written: all 6 records read were skipped (empty_loss_mask 6); the main "
+            "reason, empty_loss_mask (6 records): no assistant token lies within --max-length 4: raise --max-length; "
+            f"nothing was kept in {out}"
+        )
+        assert "manifest  none kept: the run stored no sample" in stdout
+        summary = json.loads((tmp_path / "s.json").read_text())
+        assert summary["samples_written"] == 0 and summary["manifest"] is None and summary["capture_log"] is None
+        assert (tree(out) if out.exists() else None) == (["notes.txt"] if out == kept else None)
+        # the retry with a working --max-length needs no --resume and no other --out
+        assert main(generate(model_dir, FIXTURE, out, "--limit", "6", "--max-length", "128")) == 0
+        assert len(eagle_io.Dataset(out)) == 6
+        capsys.readouterr()
+
+
+def test_a_generate_that_fails_before_its_first_commit_leaves_nothing_and_one_that_committed_keeps_it(
+    model_dir, tmp_path, capsys
+):
+    # a record the source cannot parse, first: the capture fails before anything is committed
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"conversations": "not a list"}\n')
+    out = tmp_path / "out"
+    assert main(generate(model_dir, bad, out)) == 2
+    assert "DatasetFormatError" in capsys.readouterr().err and not out.exists()
+    # a bad record after 30 good ones: the first window (8 batches of 2) was committed before it was read; that
+    # stays, incomplete, for --resume (also test_reliability_inputs.py::test_generate_commits_the_batches_before_...)
+    answer = "an answer long enough to fill a few rows of states"
+    good = [{"conversations": [{"from": "human", "value": f"q {i}?"}, {"from": "gpt", "value": answer}]}
+            for i in range(30)]  # fmt: skip
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in good) + '{"conversations": 3}\n')
+    rc = main(generate(model_dir, mixed, out, "--max-length", "64", "--batch-size", "2", "--shard-bytes", "1"))
+    assert rc == 2 and "DatasetFormatError" in capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is False and len(manifest["shards"]) >= 16
+
+
+def test_interrupted_counts_add_up():
+    from eagle_io.cli.generate_summary import human_summary
+
+    # 159 records read (the batching window reads ahead of the forward): 120 written, 30 skipped by the source,
+    # 13 by the capture; 0 left: the counts as the interrupted `generate --server` printed them, now adding up
+    summary = {"samples_written": 120, "tokens_written": 1, "total_seconds": 1, "capture_seconds": 1, "raw_bytes": 1,
+               "stored_bytes": 1, "ratio": 1.0, "records_read": 163, "already_committed_skipped": 0,
+               "records_skipped": {"no_assistant_turn": 30}, "nonfinite_skipped": 13, "manifest": "m",
+               "interrupted": {"signal": "SIGINT", "exit_code": 130}}  # fmt: skip
+    line = next(x for x in human_summary(summary).splitlines() if x.startswith("records"))
+    assert (
+        line == "records   163 read: 120 written, 0 already committed, 43 skipped (no_assistant_turn 30, "
+        "nonfinite_states 13)"
+    )
+    summary["records_read"] = 170  # 7 records read and not captured when the run stopped
+    line = next(x for x in human_summary(summary).splitlines() if x.startswith("records"))
+    assert line.endswith("43 skipped (no_assistant_turn 30, nonfinite_states 13), 7 not captured (interrupted)")
+
+
+# Kind 6: options that can be checked before the work are checked first.
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--out", "{f}/sub"], "--out {f}/sub: {f} is a file, not a directory; pass a path in a directory"),
+        (["generate", "--out", "{d}/o", "--dataset", "{d}/nope.json"],
+         "cannot read the dataset {d}/nope.json: No such file or directory; pass a ShareGPT / OpenAI-messages JSON or "
+         "JSONL file"),
+        (["generate", "--out", "{d}/o", "--dataset", "{d}"],
+         "cannot read the dataset {d}: Is a directory; pass a ShareGPT / OpenAI-messages JSON or JSONL file"),
+        (["generate", "--out", "{d}/o", "--summary-json", "{d}/no/s.json"],
+         "--summary-json {d}/no/s.json: its directory {d}/no does not exist; create it first, or pass a path in an "
+         "existing one"),
+        (["report", "{d}", "--out", "{d}/missing/r.html"],
+         "--out {d}/missing/r.html: its directory {d}/missing does not exist; create it first, or pass a path in an "
+         "existing one"),
+        (["report", "{d}", "--out", "{d}"], "--out {d}: is a directory; pass the name of the file to write"),
+        (["vocab-map", "{d}", "--draft-vocab-size", "3", "--out", "{f}/v.pt"],
+         "--out {f}/v.pt: {f} is a file, not a directory; pass a path in a directory"),
+        (["transcode", "{d}", "--precision", "fp8", "--out", "{f}"],
+         "--out {f}: is a file, not a directory; pass a directory (new or existing)"),
+        (["train-draft", "{d}", "--target-model", "{d}", "--out", "{f}"],
+         "--out {f}: is a file, not a directory; pass a directory (new or existing)"),
+        (["import-specforge", "{d}", "--out", "{f}/x"], "--out {f}/x: {f} is a file, not a directory"),
+        (["export-speculators", "{d}", "--out", "{f}"], "--out {f}: is a file, not a directory"),
+    ],
+    ids=["generate-out-under-a-file", "generate-missing-dataset", "generate-dataset-a-directory",
+         "generate-summary-json-missing-dir", "report-out-missing-dir", "report-out-a-directory",
+         "vocab-map-out-under-a-file", "transcode-out-a-file", "train-draft-out-a-file", "import-specforge-out",
+         "export-speculators-out"],
+)  # fmt: skip
+def test_paths_are_checked_before_anything_is_loaded_or_written(tmp_path, argv, message):
+    # the dataset directory given to report/vocab-map/... holds no dataset: a late check would name that instead
+    d, f = tmp_path / "d", tmp_path / "afile"
+    d.mkdir()
+    f.write_text("mine")
+    argv = [a.format(d=d, f=f) for a in argv]
+    done = subprocess.run([sys.executable, "-m", "eagle_io.cli", *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and message.format(d=d, f=f) in done.stderr
+    assert sorted(os.listdir(tmp_path)) == ["afile", "d"] and f.read_text() == "mine" and not os.listdir(d)
+    assert "target " not in done.stdout  # generate refused before loading its target
+
+
+def test_a_missing_source_is_a_storage_error_through_the_python_api(tmp_path):
+    with pytest.raises(StorageError, match=r"cannot read the dataset .*nope\.json: No such file or directory") as e:
+        next(iter_conversations(tmp_path / "nope.json"))
+    assert e.value.path == str(tmp_path / "nope.json") and e.value.errno == 2
