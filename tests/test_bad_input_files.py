@@ -5,6 +5,7 @@ the serving plugin's acceptance watchdog, whose expected value went off in silen
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -19,6 +20,8 @@ from eagle_io.interop.vocab import load_vocab_mapping, mapping_from_counts
 from eagle_io.serving import check_serving
 from eagle_io.serving.plugin import expected_from_profile
 
+STATS = {"format": "eagle-io/value-stats", "aux_layer_ids": [2, 4, 5], "samples": 1, "skipped": {},
+         "absmax": {"aux_hidden_states": [3.0, 9.0e4, 5.0], "hidden_states": 4.0}}  # fmt: skip
 HIST = AcceptHistogram(3, [4, 3, 1, 2])  # joint rates 0.6, 0.3, 0.2; accept length 2.1
 
 
@@ -127,3 +130,39 @@ def test_a_vocab_map_that_is_not_one_reads_as_a_one_line_error(tmp_path):
     assert load_vocab_mapping(tmp_path / "ok.safetensors").target_ids().tolist() == [0, 2, 4]
     with pytest.raises(InvalidArgumentError, match=r"missing\.pt: cannot read a vocab map: .*No such file"):
         load_vocab_mapping(tmp_path / "missing.pt")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"format": "eagle-io/value-stats", "absmax": {"aux_hidden_states": [3.0, 9.0e4', "not JSON (Expecting"),
+        (json.dumps({**STATS, "absmax": {"aux_hidden_states": [3.0, -9.0e4, 5.0], "hidden_states": 4.0}}),
+         "absmax.aux_hidden_states [3.0, -90000.0, 5.0] is not a max |x| (a finite number >= 0) per captured layer"),
+        (json.dumps({**STATS, "aux_layer_ids": [2, 4]}),
+         "absmax.aux_hidden_states has 3 values for aux_layer_ids [2, 4]: one per layer"),
+        (json.dumps({**STATS, "absmax": {"aux_hidden_states": [3.0, 9.0e4, 5.0], "hidden_states": "4"}}),
+         "absmax.hidden_states '4' is not a max |x| (a finite number >= 0)"),
+    ],
+    ids=["torn", "negative-max", "another-layer-count", "a-string"],
+)  # fmt: skip
+def test_value_stats_that_cannot_be_true_are_refused_naming_the_file(tmp_path, capsys, text, message):
+    from test_serving_preflight import one_sample_dataset
+
+    from eagle_io.errors import CorruptRecordError
+    from eagle_io.store.value_stats import range_warnings
+
+    t16, d = llama_target(tmp_path / "fp16"), eagle3_draft(tmp_path, eagle_ids=[1, 3, 4])
+    cfg = json.loads((t16 / "config.json").read_text())
+    (t16 / "config.json").write_text(json.dumps({**cfg, "torch_dtype": "float16"}))
+    ds = one_sample_dataset(tmp_path / "ds")
+    (ds / "value_stats.json").write_text(json.dumps(STATS))
+    assert len(range_warnings(ds, "float16")) == 1  # aux layer 4 beyond float16's range: the file as written
+    (ds / "value_stats.json").write_text(text)
+    with pytest.raises(CorruptRecordError) as e:  # the Python API
+        range_warnings(ds, "float16")
+    assert str(e.value).startswith(f"{ds / 'value_stats.json'}: ") and message in str(e.value)
+    assert e.value.path == str(ds / "value_stats.json") and "delete it" in str(e.value)
+    argv = ["check-serving", "--target", str(t16), "--draft", str(d), "--speculative-algorithm", "EAGLE3"]
+    assert main([*argv, "--dataset", str(ds)]) == 2  # the command line: one line, no traceback
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"CorruptRecordError: {ds / 'value_stats.json'}: " in err and message in err
