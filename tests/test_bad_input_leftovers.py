@@ -149,10 +149,10 @@ def test_interrupted_counts_add_up():
     [
         (["generate", "--out", "{f}/sub"], "--out {f}/sub: {f} is a file, not a directory; pass a path in a directory"),
         (["generate", "--out", "{d}/o", "--dataset", "{d}/nope.json"],
-         "cannot read the dataset {d}/nope.json: No such file or directory; pass a ShareGPT / OpenAI-messages JSON or "
-         "JSONL file"),
+         "--dataset {d}/nope.json: cannot read it (No such file or directory); pass a ShareGPT / OpenAI-messages JSON "
+         "or JSONL file"),
         (["generate", "--out", "{d}/o", "--dataset", "{d}"],
-         "cannot read the dataset {d}: Is a directory; pass a ShareGPT / OpenAI-messages JSON or JSONL file"),
+         "--dataset {d}: cannot read it (Is a directory); pass a ShareGPT / OpenAI-messages JSON or JSONL file"),
         (["generate", "--out", "{d}/o", "--summary-json", "{d}/no/s.json"],
          "--summary-json {d}/no/s.json: its directory {d}/no does not exist; create it first, or pass a path in an "
          "existing one"),
@@ -168,11 +168,20 @@ def test_interrupted_counts_add_up():
          "--out {f}: is a file, not a directory; pass a directory (new or existing)"),
         (["import-specforge", "{d}", "--out", "{f}/x"], "--out {f}/x: {f} is a file, not a directory"),
         (["export-speculators", "{d}", "--out", "{f}"], "--out {f}: is a file, not a directory"),
+        (["train-draft", "{d}", "--target-model", "{d}", "--out", "{d}/o", "--vocab-map", "{d}/m.pt"],
+         "--vocab-map {d}/m.pt: cannot read it (No such file or directory); pass a vocab map (eagle-io vocab-map --out "
+         "FILE)"),
+        (["eval-draft", "--draft", "{d}", "--dataset", "{d}", "--prompts-file", "{d}/p.jsonl"],
+         "--prompts-file {d}/p.jsonl: cannot read it (No such file or directory); pass a file of prompts"),
+        (["merge", "{d}", "--dataset", "{d}/src.json"],
+         "--dataset {d}/src.json: cannot read it (No such file or directory); pass the source dataset given to "
+         "generate"),
     ],
     ids=["generate-out-under-a-file", "generate-missing-dataset", "generate-dataset-a-directory",
          "generate-summary-json-missing-dir", "report-out-missing-dir", "report-out-a-directory",
          "vocab-map-out-under-a-file", "transcode-out-a-file", "train-draft-out-a-file", "import-specforge-out",
-         "export-speculators-out"],
+         "export-speculators-out", "train-draft-missing-vocab-map", "eval-draft-missing-prompts-file",
+         "merge-missing-dataset"],
 )  # fmt: skip
 def test_paths_are_checked_before_anything_is_loaded_or_written(tmp_path, argv, message):
     # the dataset directory given to report/vocab-map/... holds no dataset: a late check would name that instead

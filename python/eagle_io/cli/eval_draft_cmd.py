@@ -12,6 +12,7 @@ import sys
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
 from ..sglang.servers import ServerKeys
+from .io_paths import check_input
 from .server_keys import add_key_args
 from .sglang_arg import parse_sglang_args
 
@@ -146,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from ..store.target_identity import dataset_target, require_same_target
     from .progress import callback
 
+    check_input("--prompts-file", args.prompts_file, "a file of prompts (JSON or JSONL)")
     if args.num_steps < 1 or args.prompts < 0 or args.max_new_tokens < 1:
         raise InvalidArgumentError("--num-steps and --max-new-tokens must be >= 1, --prompts >= 0")
     # 100000 steps for 4 new tokens ran 10 minutes, printing nothing. After the prefill's token a prompt has

@@ -33,8 +33,8 @@ from ..store.schema import EXPECTED_RATIO, precision_name
 from ..store.values import IMPLAUSIBLE
 from .generate_summary import human_summary, nothing_written
 from .interrupt import exit_code, rerun_command, shielded, signal_name
+from .io_paths import check_input, check_output
 from .layer_ids_arg import layer_ids_arg
-from .out_paths import check_output
 from .resume_check import RESUME_HINT, check_out_dir
 from .server_keys import add_key_args
 from .sglang_arg import parse_sglang_args
@@ -474,7 +474,6 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..data import SkipStats, default_dataset_path, iter_conversations
-    from ..data.sources import open_source
 
     _check_numbers(args)
     if not 0 <= args.rank < args.world_size:
@@ -484,8 +483,8 @@ def run(args: argparse.Namespace) -> int:
     check_output("--staging", args.staging, directory=True, makes_parents=True)
     check_output("--summary-json", args.summary_json, directory=False, makes_parents=False)
     t_start = time.perf_counter()
+    check_input("--dataset", args.dataset, "a ShareGPT / OpenAI-messages JSON or JSONL file")
     dataset = args.dataset_path = args.dataset or str(default_dataset_path())
-    open_source(dataset).close()
     stats = SkipStats()
     records = iter_conversations(dataset, on_error="skip" if args.skip_bad_records else "raise", stats=stats)
     if args.limit is not None:

@@ -11,7 +11,7 @@ import time
 
 from ..errors import StorageError
 from ..report.figures import DEFAULT_SAMPLE
-from .out_paths import check_output
+from .io_paths import check_output
 from .progress import stage_progress
 
 

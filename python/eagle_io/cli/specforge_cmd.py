@@ -11,8 +11,8 @@ import sys
 from types import SimpleNamespace
 
 from .. import defaults
+from .io_paths import check_output
 from .layer_ids_arg import layer_ids_arg
-from .out_paths import check_output
 from .progress import callback
 
 

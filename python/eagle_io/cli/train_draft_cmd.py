@@ -8,7 +8,7 @@ import json
 import os
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
-from .out_paths import check_output
+from .io_paths import check_input, check_output
 
 DEFAULT_DRAFT_VOCAB = 4096
 
@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Every option is checked before anything is read or written (--ttt-length 0 left a vocab_map in --out).
     check_output("--out", args.out, directory=True, makes_parents=True)
+    check_input("--vocab-map", args.vocab_map, "a vocab map (eagle-io vocab-map --out FILE)")
     cfg = TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..store.transcode import transcode
-from .out_paths import check_output
+from .io_paths import check_output
 from .progress import callback
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .out_paths import check_output
+from .io_paths import check_output
 from .progress import callback
 
 

@@ -1,7 +1,8 @@
-"""The paths a command will write, checked before it reads, loads or computes anything: an output in a directory
+"""The paths a command will read and write, checked before it loads or computes anything: an output in a directory
 that does not exist, under a file, or where this user cannot write was found only when the work was done (``report
 --out`` in a missing directory after every figure was computed, ``generate --summary-json`` after the whole
-capture, as a traceback)."""
+capture, as a traceback), an input that is not there after the target had loaded (``generate --dataset``,
+``eval-draft --prompts-file``, ``train-draft --vocab-map``)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,23 @@ def check_output(option: str, path: str | os.PathLike[str] | None, *, directory:
             f"{where}: its directory {p.parent} does not exist; create it first, or pass a path in an existing one"
         )
     _check_can_write(where, parent)
+
+
+def check_input(option: str, path: str | os.PathLike[str] | None, what: str) -> None:
+    """Refuses an input file the command could not read (missing, a directory, not readable); None and
+    object-storage URLs pass. ``what``: the file expected, for the message.
+
+    Raises:
+        InvalidArgumentError: ``"{option} {path}: cannot read it ({why}); pass {what}"``.
+    """
+    if path is None or layout.is_url(path):
+        return
+    try:
+        open(path, "rb").close()
+    except OSError as e:
+        raise InvalidArgumentError(
+            f"{option} {os.fspath(path)}: cannot read it ({e.strerror or e}); pass {what}"
+        ) from e
 
 
 def _check_can_write(where: str, directory: Path) -> None:
