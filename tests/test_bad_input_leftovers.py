@@ -125,8 +125,9 @@ def test_a_generate_that_fails_before_its_first_commit_leaves_nothing_and_one_th
 def test_interrupted_counts_add_up():
     from eagle_io.cli.generate_summary import human_summary
 
-    # 159 records read (the batching window reads ahead of the forward): 120 written, 30 skipped by the source,
-    # 13 by the capture; 0 left: the counts as the interrupted `generate --server` printed them, now adding up
+    # 120 written, 30 skipped by the source and 13 by the capture: an interrupted `generate --server` printed "159
+    # read" for them (the records the batching window read ahead were left out of "read", not of "skipped"); with
+    # every record read counted (163) the line adds up, and records read but not captured are said
     summary = {"samples_written": 120, "tokens_written": 1, "total_seconds": 1, "capture_seconds": 1, "raw_bytes": 1,
                "stored_bytes": 1, "ratio": 1.0, "records_read": 163, "already_committed_skipped": 0,
                "records_skipped": {"no_assistant_turn": 30}, "nonfinite_skipped": 13, "manifest": "m",

@@ -7,7 +7,7 @@ over HTTP, as ``--server URL`` does through servers already running (docs/SERVIN
 records read out of the total (from --limit, or one quick pass over the file); the run ends with a human summary
 (--summary-json writes the JSON one), appends its capture log to the dataset directory (capture_log.jsonl, drawn by
 `eagle-io report`) and exits 1, naming the main skip reason and the option to change, when the dataset holds no
-sample because every record was skipped."""
+sample because every record was skipped (keeping nothing in --out: a dataset of no sample is no result)."""
 
 from __future__ import annotations
 
