@@ -122,6 +122,36 @@ def test_a_generate_that_fails_before_its_first_commit_leaves_nothing_and_one_th
     assert manifest["complete"] is False and len(manifest["shards"]) >= 16
 
 
+def test_a_failed_transcode_leaves_nothing_a_retry_trips_on(small_dataset, tmp_path, monkeypatch, capsys):
+    # a record of the last shard damaged: the transcode fails after shards were committed (one per batch here); the
+    # part written was left, incomplete, and refused the retry ("already holds data of this writer")
+    import functools
+
+    from eagle_io.errors import CorruptRecordError
+    from eagle_io.store import transcode as transcode_mod
+
+    root, _ = small_dataset
+    monkeypatch.setattr(transcode_mod, "ShardWriter", functools.partial(eagle_io.ShardWriter, shard_bytes=1))
+    last = sorted((root / layout.SHARD_DIR).iterdir())[-1]
+    original = last.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 3] ^= 0xFF
+    last.write_bytes(bytes(data))
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    for dst in (tmp_path / "new", kept):
+        with pytest.raises(CorruptRecordError):  # the Python API
+            transcode_mod.transcode(root, dst, "fp8")
+        assert (tree(dst) if dst.exists() else None) == (["notes.txt"] if dst == kept else None)
+        assert main(["transcode", str(root), "--out", str(dst), "--precision", "fp8"]) == 2  # the command line
+        assert "CorruptRecordError" in capsys.readouterr().err
+        assert (tree(dst) if dst.exists() else None) == (["notes.txt"] if dst == kept else None)
+    last.write_bytes(original)
+    assert main(["transcode", str(root), "--out", str(kept), "--precision", "fp8"]) == 0  # repaired: the retry works
+    assert len(eagle_io.Dataset(kept)) == 12 and (kept / "notes.txt").read_text() == "mine"
+
+
 def test_interrupted_counts_add_up():
     from eagle_io.cli.generate_summary import human_summary
 

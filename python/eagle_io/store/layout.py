@@ -157,10 +157,11 @@ class Footprint:
         """Whether the root's entry ``name`` was not there when the footprint was taken."""
         return name not in self.before
 
-    def take_back(self, names: Iterable[str]) -> list[str]:
+    def take_back(self, names: Iterable[str], *, committed: bool = False) -> list[str]:
         """Removes each entry of ``names`` that is in the root now and was not before: a file, or the shards folder
-        when it holds no committed shard (temporary shards are removed with it); then the directories the root
-        lacked, each when empty. Entries that were there before, and anything else, are never touched. Never
+        when it holds no committed shard (temporary shards are removed with it; with ``committed``, the shards
+        committed in it too: an output that cannot be resumed, whose part is no result); then the directories the
+        root lacked, each when empty. Entries that were there before, and anything else, are never touched. Never
         raises (it runs on the way out of an error): what cannot be removed stays. Returns the paths removed."""
         removed = []
         for name in names:
@@ -169,10 +170,13 @@ class Footprint:
                 continue
             with contextlib.suppress(OSError):
                 if path.is_dir() and not path.is_symlink():
-                    if name != SHARD_DIR or any(not is_shard_temp(n) for n in os.listdir(path)):
+                    shards = os.listdir(path)
+                    if name != SHARD_DIR or not all(
+                        is_shard_temp(n) or (committed and SHARD_FILE.match(n)) for n in shards
+                    ):
                         continue
-                    for temp in os.listdir(path):
-                        os.unlink(path / temp)
+                    for shard in shards:
+                        os.unlink(path / shard)
                     path.rmdir()
                 else:
                     path.unlink()
