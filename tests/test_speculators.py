@@ -113,6 +113,11 @@ def test_the_cli_round_trip_and_bad_inputs(tmp_path, capsys):
     save_file({"hidden_states": torch.zeros(3, 2, H)}, str(src / "hs_9.safetensors"))
     with pytest.raises(SpeculatorsFileError, match=r"hs_9.safetensors: missing \['token_ids'\]"):
         import_speculators(src, tmp_path / "y", all_ones_loss_mask=True)
+    # the part written before the bad file is taken back (issue 47): it was left, incomplete, refusing the retry
+    assert not (tmp_path / "y").exists()
+    capsys.readouterr()
+    assert main(["import-speculators", str(src), "--out", str(tmp_path / "y"), "--all-ones-loss-mask"]) == 2
+    assert "hs_9.safetensors: missing ['token_ids']" in capsys.readouterr().err and not (tmp_path / "y").exists()
 
 
 def test_bf16_files_stored_as_fp8_export_dequantised_states(tmp_path):

@@ -362,6 +362,7 @@ def import_specforge(
             written then).
     """
     from ..store.eagle3 import AUX_LAYER_CONVENTION
+    from ..store.layout import Footprint
     from ..store.schema import eagle3_schema
     from ..store.writer import ShardWriter
 
@@ -413,17 +414,22 @@ def import_specforge(
                     raise
                 skipped.append((path, e.reason))
 
+    footprint = Footprint(out)
     writer = ShardWriter(
         out, eagle3_schema(hidden, k, dtype), meta, shard_bytes=shard_bytes, threads=threads, zstd_level=zstd_level
     )
-    with writer:
-        for done, (idx, path, sample) in enumerate(records(), 1):
-            writer.write(idx, sample, key=os.path.relpath(path, src))
-            summary.imported += 1
-            summary.tokens += int(sample["input_ids"].shape[0])
-            summary.gzip_files += path.endswith(".gz")
-            if progress:
-                progress(done + len(skipped), len(files) + len(unnamed))
+    try:
+        with writer:
+            for done, (idx, path, sample) in enumerate(records(), 1):
+                writer.write(idx, sample, key=os.path.relpath(path, src))
+                summary.imported += 1
+                summary.tokens += int(sample["input_ids"].shape[0])
+                summary.gzip_files += path.endswith(".gz")
+                if progress:
+                    progress(done + len(skipped), len(files) + len(unnamed))
+    except BaseException:  # an import is not resumed: the part written is no result, and would refuse the retry
+        footprint.take_back_dataset()
+        raise
     summary.manifest = writer.manifest_path
     return summary
 

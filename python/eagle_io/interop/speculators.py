@@ -312,6 +312,7 @@ def import_speculators(
         post_norm=target_norm is not None,
         aux_layer_ids=ids,
     )
+    footprint = layout.Footprint(out)
     writer = ShardWriter(out, specs, meta, shard_bytes=shard_bytes, threads=threads)
     # The ring holds whole samples: room for the largest file twice (its FP8 rows plus the post-norm tensor's).
     ring = max(defaults.RING_BYTES, 2 * max(os.path.getsize(p) for _, p in files))
@@ -365,8 +366,9 @@ def import_speculators(
             summary.tokens += n
             if progress:
                 progress(done, len(files))
-    except BaseException:
+    except BaseException:  # an import is not resumed: the part written is no result, and would refuse the retry
         (sink or writer).close(complete=False)
+        footprint.take_back_dataset()
         raise
     (sink or writer).close()
     summary.manifest = writer.manifest_path

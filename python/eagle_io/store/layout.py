@@ -187,6 +187,12 @@ class Footprint:
                 removed.append(str(d))
         return removed
 
+    def take_back_dataset(self) -> list[str]:
+        """:meth:`take_back` of the single-writer dataset a run that cannot be resumed wrote (a transcode, an import
+        that failed or was interrupted: its part is no result, and it refused the retry): its manifest, lock and
+        shards, committed ones too."""
+        return self.take_back([MANIFEST, lock_name(MANIFEST), SHARD_DIR], committed=True)
+
 
 def storage_error(path: str | os.PathLike[str], e: OSError) -> StorageError:
     """A :class:`~eagle_io.errors.StorageError` naming ``path`` for the OS error ``e`` (``errno`` kept)."""

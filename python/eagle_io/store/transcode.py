@@ -117,6 +117,6 @@ def transcode(
                 if progress:
                     progress(start + len(batch), len(source))
     except BaseException:  # a transcode is not resumed: the part written is no result, and would refuse the retry
-        footprint.take_back([layout.MANIFEST, layout.lock_name(layout.MANIFEST), layout.SHARD_DIR], committed=True)
+        footprint.take_back_dataset()
         raise
     return writer.stats()
