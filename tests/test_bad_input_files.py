@@ -166,3 +166,28 @@ def test_value_stats_that_cannot_be_true_are_refused_naming_the_file(tmp_path, c
     assert main([*argv, "--dataset", str(ds)]) == 2  # the command line: one line, no traceback
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"CorruptRecordError: {ds / 'value_stats.json'}: " in err and message in err
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"train_sample_ids": [1, -2]}, "train_sample_ids must be a list of sample ids (integers in [0, 2**64))"),
+        (
+            {"held_out_sample_ids": [4, 2**64]},
+            "held_out_sample_ids must be a list of sample ids (integers in [0, 2**64))",
+        ),
+        ({"held_out_sample_ids": [3, 5, 9]}, "sample ids [3, 5] are both trained on and held out (2 in all)"),
+        ({"source_dataset": 7}, "source_dataset 7 is neither a string nor null"),
+    ],
+    ids=["negative-id", "id-past-u64", "trained-and-held-out", "source-a-number"],
+)
+def test_a_training_sample_record_that_cannot_be_true_is_refused_naming_the_file(tmp_path, change, message):
+    from eagle_io.interop.speculation_profile import TRAINING_SAMPLES_NAME, read_training_samples
+
+    rec = {"train_sample_ids": [1, 3, 5], "held_out_sample_ids": [0, 2], "dataset_sha256": "ab", "source_dataset": None}
+    write_json(tmp_path / TRAINING_SAMPLES_NAME, rec)
+    assert read_training_samples(tmp_path) == rec
+    write_json(tmp_path / TRAINING_SAMPLES_NAME, {**rec, **change})
+    with pytest.raises(CheckpointError) as e:
+        read_training_samples(tmp_path)
+    assert str(e.value) == f"{tmp_path / TRAINING_SAMPLES_NAME}: {message}"

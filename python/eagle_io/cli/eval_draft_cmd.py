@@ -196,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
             + (f" (after --max-length {args.max_length})" if args.max_length else "")
             + f"; a draft step k predicts the token k on: at most {max(longest - 1, 1)}"
         )
+    training = read_training_samples(args.draft)  # checked before the target loads
     checkpoint = prompt_ids = None
     if not live:  # offline only: the target's head (embedding, lm_head) and config, never its layers
         model = load_target_head(args.target)
@@ -222,7 +223,6 @@ def run(args: argparse.Namespace) -> int:
     for w in served.warnings:
         if w.severity == "warning":
             print(f"eval-draft: warning [{w.code}] {w.message}", file=sys.stderr)  # stdout: the report or --json
-    training = read_training_samples(args.draft)
     fingerprint = dataset_fingerprint(args.dataset)
     positions, held = held_out_positions(ds, training, fingerprint)
     if not positions:  # was a report of nothing, exit 0

@@ -245,13 +245,26 @@ def read_training_samples(draft_dir: str | os.PathLike[str]) -> dict[str, Any] |
     ``dataset_sha256``, ``source_dataset``), or None when absent.
 
     Raises:
-        CheckpointError: unreadable, or ``train_sample_ids`` not a list of integers.
+        CheckpointError: unreadable, or what cannot be true, every problem named: ``train_sample_ids`` (or
+            ``held_out_sample_ids``) not a list of sample ids (integers in ``[0, 2**64)``), a sample both trained on
+            and held out, ``dataset_sha256`` / ``source_dataset`` neither a string nor null.
     """
     path = Path(draft_dir) / TRAINING_SAMPLES_NAME
     rec = _read(path, "training sample record")
     if rec is None:
         return None
-    ids = rec.get("train_sample_ids")
-    if not isinstance(ids, list) or not all(_integer(i) for i in ids):
-        raise CheckpointError(f"{path}: train_sample_ids must be a list of integers", path)
+    problems = []
+    for key in ("train_sample_ids", "held_out_sample_ids"):
+        ids = rec.get(key, [] if key == "held_out_sample_ids" else None)
+        if not isinstance(ids, list) or not all(_integer(i) and 0 <= i < 2**64 for i in ids):
+            problems.append(f"{key} must be a list of sample ids (integers in [0, 2**64))")
+    if not problems:
+        both = sorted(set(rec["train_sample_ids"]) & set(rec.get("held_out_sample_ids", [])))
+        if both:
+            problems.append(f"sample ids {both[:5]} are both trained on and held out ({len(both)} in all)")
+    for key in ("dataset_sha256", "source_dataset"):
+        if rec.get(key) is not None and not isinstance(rec[key], str):
+            problems.append(f"{key} {rec[key]!r} is neither a string nor null")
+    if problems:
+        raise CheckpointError(f"{path}: " + "; ".join(problems), path)
     return rec
