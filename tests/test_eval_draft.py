@@ -263,10 +263,12 @@ def test_nothing_to_measure_is_an_error_naming_the_dataset(run, capsys, tmp_path
     assert read_profile(work) == read_profile(draft), "no profile is written from nothing"
     with pytest.raises(InvalidArgumentError, match="needs a live or an offline measurement"):
         build_profile(num_steps=3, live=None, offline={"accept_length": None}, data={}, target={})
-    # A dataset holding only samples the draft trained on: nothing held out.
+    # A dataset holding only samples the draft trained on: nothing held out (the record says so: a sample both
+    # trained on and held out cannot be, and is refused by read_training_samples).
     rec = read_training_samples(draft)
+    everything = rec["train_sample_ids"] + rec["held_out_sample_ids"]
     (work / "training_samples.json").write_text(
-        json.dumps({**rec, "train_sample_ids": rec["train_sample_ids"] + rec["held_out_sample_ids"]})
+        json.dumps({**rec, "train_sample_ids": everything, "held_out_sample_ids": []})
     )
     capsys.readouterr()
     assert (
