@@ -75,6 +75,25 @@ def test_a_refused_writer_creates_nothing(tmp_path):
     assert not (tmp_path / "a" / "b").exists()
 
 
+def test_taking_back_never_touches_another_writers_files(tmp_path):
+    # rank 1 of 2 stored nothing while rank 0, started after it, writes beside it in the same new root: rank 1 takes
+    # back its own manifest, lock and shards, never rank 0's (deleting rank 0's open temp shard would fail its commit)
+    root = tmp_path / "root"
+    footprint = layout.Footprint(root)
+    shards = root / layout.SHARD_DIR
+    shards.mkdir(parents=True)
+    mine = ["manifest.r00001.json", layout.lock_name("manifest.r00001.json")]
+    theirs = ["manifest.r00000.json", layout.lock_name("manifest.r00000.json")]
+    for name in [*mine, *theirs]:
+        (root / name).write_text("{}")
+    for name in ["r00000-000000.eio", ".r00000-000001.eio.tmp", "r00001-000000.eio", ".r00001-000001.eio.tmp"]:
+        (shards / name).write_bytes(b"x")
+    footprint.take_back([*mine, layout.SHARD_DIR], shards_of=[1])
+    assert tree(root) == sorted([*theirs, "shards", "shards/r00000-000000.eio", "shards/.r00000-000001.eio.tmp"])
+    footprint.take_back([*theirs, layout.SHARD_DIR], shards_of=[0])  # the last one out leaves nothing
+    assert not root.exists()
+
+
 def test_a_generate_whose_every_record_is_refused_leaves_no_dataset_and_a_retry_works(model_dir, tmp_path, capsys):
     # into a new directory, and into one the user already had (its file stays, nothing else is added)
     kept = tmp_path / "mine"

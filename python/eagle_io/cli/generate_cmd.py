@@ -604,7 +604,8 @@ def _take_back(args: argparse.Namespace, footprint: layout.Footprint | None) -> 
             return False  # a manifest that does not read is not taken as empty
     files = [log_path("", args.rank, args.world_size), turns_path("", args.rank, args.world_size)]
     files += [n for m in mine for n in (m, layout.lock_name(m), value_stats_path(m).name)]
-    return bool(footprint.take_back([*files, layout.SHARD_DIR]))
+    ranks = range(writers) if served else [args.rank]  # this run's writers: no shard of theirs is listed
+    return bool(footprint.take_back([*files, layout.SHARD_DIR], shards_of=ranks))
 
 
 def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> dict:

@@ -157,30 +157,29 @@ class Footprint:
         """Whether the root's entry ``name`` was not there when the footprint was taken."""
         return name not in self.before
 
-    def take_back(self, names: Iterable[str], *, committed: bool = False) -> list[str]:
-        """Removes each entry of ``names`` that is in the root now and was not before: a file, or the shards folder
-        when it holds no committed shard (temporary shards are removed with it; with ``committed``, the shards
-        committed in it too: an output that cannot be resumed, whose part is no result); then the directories the
-        root lacked, each when empty. Entries that were there before, and anything else, are never touched. Never
-        raises (it runs on the way out of an error): what cannot be removed stays. Returns the paths removed."""
+    def take_back(self, names: Iterable[str], *, shards_of: Iterable[int] = ()) -> list[str]:
+        """Removes each file of ``names`` that is in the root now and was not before; from the shards folder (when
+        ``names`` holds :data:`SHARD_DIR`), the shards, committed or temporary, of the writers of ranks ``shards_of``
+        (this run's own: never another writer's, which may be writing beside it), then the folder itself when it
+        is new and empty; then the directories the root lacked, each when empty. Entries that were there before,
+        and anything else, are never touched. Never raises (it runs on the way out of an error): what cannot be
+        removed stays. Returns the paths removed."""
         removed = []
+        prefixes = tuple(p for r in shards_of for p in (shard_prefix(r), _L["temp_prefix"] + shard_prefix(r)))
         for name in names:
             path = self.root / name
-            if not self.is_new(name) or not os.path.lexists(path):
-                continue
             with contextlib.suppress(OSError):
-                if path.is_dir() and not path.is_symlink():
-                    shards = os.listdir(path)
-                    if name != SHARD_DIR or not all(
-                        is_shard_temp(n) or (committed and SHARD_FILE.match(n)) for n in shards
-                    ):
-                        continue
-                    for shard in shards:
-                        os.unlink(path / shard)
-                    path.rmdir()
-                else:
+                if name == SHARD_DIR and path.is_dir() and not path.is_symlink():
+                    for shard in sorted(os.listdir(path)) if prefixes else []:
+                        if shard.startswith(prefixes) and (SHARD_FILE.match(shard) or is_shard_temp(shard)):
+                            os.unlink(path / shard)
+                            removed.append(str(path / shard))
+                    if self.is_new(name):
+                        path.rmdir()  # only when empty
+                        removed.append(str(path))
+                elif self.is_new(name) and os.path.lexists(path) and not path.is_dir():
                     path.unlink()
-                removed.append(str(path))
+                    removed.append(str(path))
         for d in self.new_dirs:
             with contextlib.suppress(OSError):
                 d.rmdir()  # only when empty
@@ -191,7 +190,7 @@ class Footprint:
         """:meth:`take_back` of the single-writer dataset a run that cannot be resumed wrote (a transcode, an import
         that failed or was interrupted: its part is no result, and it refused the retry): its manifest, lock and
         shards, committed ones too."""
-        return self.take_back([MANIFEST, lock_name(MANIFEST), SHARD_DIR], committed=True)
+        return self.take_back([MANIFEST, lock_name(MANIFEST), SHARD_DIR], shards_of=[0])
 
 
 def storage_error(path: str | os.PathLike[str], e: OSError) -> StorageError:
