@@ -75,6 +75,34 @@ def test_a_refused_writer_creates_nothing(tmp_path):
     assert not (tmp_path / "a" / "b").exists()
 
 
+def test_a_capture_that_fails_while_starting_leaves_no_manifest_that_says_done(tmp_path, monkeypatch, capsys):
+    # the ring that cannot be made (pinned memory refused, an allocation failing) after the writer opened: the writer,
+    # dropped unclosed, marked its manifest complete over zero samples, and the retry was refused
+    from test_capture_session import samples, tiny_target
+
+    from eagle_io.capturing import store as store_mod
+
+    def no_ring(*args, **kwargs):
+        raise eagle_io.errors.StorageError("the capture ring cannot be allocated (injected)")
+
+    model, info = tiny_target()
+    with eagle_io.capture(model, tmp_path / "kept", target_info=info, threads=1) as cap:
+        cap.submit(samples([5, 6]))
+    before = tree(tmp_path / "kept")
+    monkeypatch.setattr(store_mod, "RingSink", no_ring)
+    with pytest.raises(StorageError, match="injected"):  # the Python API: a new dataset
+        eagle_io.capture(model, tmp_path / "new", target_info=info, threads=1)
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(StorageError, match="injected"):  # resuming: the dataset stays, marked incomplete
+        eagle_io.capture(model, tmp_path / "kept", target_info=info, threads=1, resume=True)
+    assert tree(tmp_path / "kept") == before and len(eagle_io.Dataset(tmp_path / "kept")) == 2
+    assert json.loads((tmp_path / "kept" / "manifest.json").read_text())["complete"] is False
+    model_dir = str(build_tiny_model_dir(tmp_path / "tiny"))  # the command line
+    assert main(generate(model_dir, FIXTURE, tmp_path / "cli", "--limit", "4", "--max-length", "128")) == 2
+    assert "StorageError: the capture ring cannot be allocated (injected)" in capsys.readouterr().err
+    assert not (tmp_path / "cli").exists()
+
+
 def test_taking_back_never_touches_another_writers_files(tmp_path):
     # rank 1 of 2 stored nothing while rank 0, started after it, writes beside it in the same new root: rank 1 takes
     # back its own manifest, lock and shards, never rank 0's (deleting rank 0's open temp shard would fail its commit)

@@ -114,6 +114,7 @@ class ShardWriter:
             footprint.take_back([manifest_name, layout.lock_name(manifest_name), layout.SHARD_DIR])
             raise
         self.manifest_path = os.path.join(self.root, manifest_name)
+        self._footprint, self._rank = footprint, rank
 
     def _convert(self, sample_id: int, tensors: Mapping[str, Any], key: str) -> tuple:
         check_sample_id(sample_id)
@@ -160,6 +161,18 @@ class ShardWriter:
         """Commits the last shard, marks the manifest complete (unless ``complete`` is False: a capture that stopped
         before its end, which ``resume`` continues and a ``follow=True`` reader waits on), and returns it."""
         return self._native.close(complete=complete)
+
+    def take_back(self) -> bool:
+        """After :meth:`close` (or the close of the sink that took the writer over), for a run that ended before it
+        stored anything (it failed while starting): when this writer created its dataset (no manifest of it was there
+        when it opened) and committed no shard, removes what it created (:class:`~eagle_io.store.layout.Footprint`),
+        as a refused writer does; a dataset it resumed is left as it is. True when it did."""
+        from .manifest import read_manifest
+
+        name = os.path.basename(self.manifest_path)
+        if not self._footprint.is_new(name) or read_manifest(self.manifest_path)["shards"]:
+            return False
+        return bool(self._footprint.take_back([name, layout.lock_name(name), layout.SHARD_DIR], shards_of=[self._rank]))
 
     def __enter__(self) -> ShardWriter:
         return self
