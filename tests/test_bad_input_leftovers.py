@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -278,3 +279,33 @@ def test_a_missing_source_is_a_storage_error_through_the_python_api(tmp_path):
     with pytest.raises(StorageError, match=r"cannot read the dataset .*nope\.json: No such file or directory") as e:
         next(iter_conversations(tmp_path / "nope.json"))
     assert e.value.path == str(tmp_path / "nope.json") and e.value.errno == 2
+
+
+def test_a_refused_or_failed_specforge_export_leaves_nothing(small_dataset, tmp_path, capsys):
+    # a file of the last sample already there (another export): the export wrote every earlier sample's file, then
+    # refused; a --draft-vocab-size it cannot honour was refused after the last file; a damaged record left the part
+    from eagle_io.errors import CorruptRecordError
+    from eagle_io.interop.specforge import export_specforge, list_specforge_files
+
+    root, _ = small_dataset
+    export_specforge(root, tmp_path / "all")
+    files = sorted(p for _, p in list_specforge_files(tmp_path / "all")[0])
+    held = tmp_path / "held"
+    last = Path(files[-1].replace(str(tmp_path / "all"), str(held)))
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"another export's file")
+    with pytest.raises(InvalidArgumentError, match=f"{re.escape(str(last))} exists"):
+        export_specforge(root, held)
+    assert tree(held) == [str(last.parent.relative_to(held)), str(last.relative_to(held))]
+    with pytest.raises(InvalidArgumentError, match="cannot tell the target vocabulary size"):  # no vocab_size
+        export_specforge(root, tmp_path / "v", draft_vocab_size=8)
+    assert not (tmp_path / "v").exists()
+    assert main(["export-specforge", str(root), "--out", str(tmp_path / "v"), "--draft-vocab-size", "8"]) == 2
+    assert "cannot tell the target vocabulary size" in capsys.readouterr().err and not (tmp_path / "v").exists()
+    shard = sorted((root / layout.SHARD_DIR).iterdir())[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptRecordError):
+        export_specforge(root, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()

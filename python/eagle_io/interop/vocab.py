@@ -45,6 +45,7 @@ __all__ = [
     "VocabMapping",
     "VocabMappingMismatchError",
     "build_vocab_mapping",
+    "check_sizes",
     "count_loss_masked_tokens",
     "dataset_fingerprint",
     "load_vocab_mapping",
@@ -317,10 +318,7 @@ def mapping_from_counts(
         InvalidArgumentError: ``draft_vocab_size`` not in ``[1, target_vocab_size]``.
     """
     target_vocab_size = int(counts.shape[0])
-    if not 1 <= draft_vocab_size <= target_vocab_size:
-        raise InvalidArgumentError(
-            f"draft_vocab_size {draft_vocab_size} must be in [1, target_vocab_size = {target_vocab_size}]"
-        )
+    _check_draft_size(draft_vocab_size, target_vocab_size)
     counts = counts.to(torch.int64)
     seen = torch.nonzero(counts > 0).flatten()  # ascending ids
     # Stable sort of ascending ids by descending count: ties keep the lower id first.
@@ -351,6 +349,26 @@ def mapping_from_counts(
     full_key.update(key or {})
     validate_mapping(d2t, t2d, draft_vocab_size, target_vocab_size)
     return VocabMapping(d2t=d2t, t2d=t2d, key=full_key)
+
+
+def _check_draft_size(draft_vocab_size: int, target_vocab_size: int) -> None:
+    if not 1 <= draft_vocab_size <= target_vocab_size:
+        raise InvalidArgumentError(
+            f"draft_vocab_size {draft_vocab_size} must be in [1, target_vocab_size = {target_vocab_size}]"
+        )
+
+
+def check_sizes(datasets: Sequence[Any], draft_vocab_size: int, target_vocab_size: int | None = None) -> int:
+    """The target vocabulary size of ``datasets`` (``target_vocab_size``, else their metadata ``vocab_size``), with
+    ``draft_vocab_size`` checked against it: what a mapping of those sizes needs, known before any token is counted
+    or file written.
+
+    Raises:
+        InvalidArgumentError: sizes unknown or inconsistent, or ``draft_vocab_size`` not in ``[1, target vocab]``.
+    """
+    vocab = _target_vocab_size(datasets, target_vocab_size)
+    _check_draft_size(draft_vocab_size, vocab)
+    return vocab
 
 
 def _target_vocab_size(dss: Sequence[Any], given: int | None) -> int:
@@ -397,7 +415,7 @@ def build_vocab_mapping(
     dss = [Dataset(p) for p in items]
     for ds in dss:
         require_tensors(ds, ("input_ids", "loss_mask"), "a draft vocabulary mapping")
-    vocab = _target_vocab_size(dss, target_vocab_size)
+    vocab = check_sizes(dss, draft_vocab_size, target_vocab_size)  # before the counting pass
     skipped: list[int] = []
     counts, samples = count_loss_masked_tokens(dss, vocab, progress=progress, on_corrupt=on_corrupt, skipped=skipped)
     key: dict[str, Any] = {
