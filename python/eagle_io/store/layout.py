@@ -186,6 +186,22 @@ class Footprint:
                 removed.append(str(d))
         return removed
 
+    def take_back_all(self) -> None:
+        """Removes every entry of the root that was not there before, folders with what they hold, then the
+        directories the root lacked: for an output a run owns whole (an export into a new or empty directory) that
+        failed. Never raises; what cannot be removed stays."""
+        import shutil
+
+        if self.root.is_dir():
+            for name in set(os.listdir(self.root)) - self.before:
+                path = self.root / name
+                with contextlib.suppress(OSError):
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink()
+        self.take_back([])
+
     def take_back_dataset(self) -> list[str]:
         """:meth:`take_back` of the single-writer dataset a run that cannot be resumed wrote (a transcode, an import
         that failed or was interrupted: its part is no result, and it refused the retry): its manifest, lock and
