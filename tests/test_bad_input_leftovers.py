@@ -239,6 +239,8 @@ def test_interrupted_counts_add_up():
          "--out {d}/missing/r.html: its directory {d}/missing does not exist; create it first, or pass a path in an "
          "existing one"),
         (["report", "{d}", "--out", "{d}"], "--out {d}: is a directory; pass the name of the file to write"),
+        (["report", "s3://eagle-io-nowhere/run"],
+         "s3://eagle-io-nowhere/run is in object storage: pass --out FILE.html (or --json)"),
         (["vocab-map", "{d}", "--draft-vocab-size", "3", "--out", "{f}/v.pt"],
          "--out {f}/v.pt: {f} is a file, not a directory; pass a path in a directory"),
         (["transcode", "{d}", "--precision", "fp8", "--out", "{f}"],
@@ -257,7 +259,7 @@ def test_interrupted_counts_add_up():
          "generate"),
     ],
     ids=["generate-out-under-a-file", "generate-missing-dataset", "generate-dataset-a-directory",
-         "generate-summary-json-missing-dir", "report-out-missing-dir", "report-out-a-directory",
+         "generate-summary-json-missing-dir", "report-out-missing-dir", "report-out-a-directory", "report-of-s3",
          "vocab-map-out-under-a-file", "transcode-out-a-file", "train-draft-out-a-file", "import-specforge-out",
          "export-speculators-out", "train-draft-missing-vocab-map", "eval-draft-missing-prompts-file",
          "merge-missing-dataset"],
@@ -273,6 +275,20 @@ def test_paths_are_checked_before_anything_is_loaded_or_written(tmp_path, argv, 
     assert done.stderr.count("\n") == 1 and message.format(d=d, f=f) in done.stderr
     assert sorted(os.listdir(tmp_path)) == ["afile", "d"] and f.read_text() == "mine" and not os.listdir(d)
     assert "target " not in done.stdout  # generate refused before loading its target
+
+
+def test_a_report_whose_default_page_cannot_be_written_is_refused_before_its_figures(small_dataset, capsys):
+    root, _ = small_dataset
+    (root / "report.html").mkdir()  # where the page goes by default: the write failed after every figure
+    assert main(["report", str(root)]) == 2
+    out, err = capsys.readouterr()
+    assert err.strip() == (
+        f"eagle-io report: InvalidArgumentError: the report (default --out) {root / 'report.html'}: is a directory; "
+        "pass the name of the file to write"
+    )
+    assert "report    " not in out and not list((root / "report.html").iterdir())
+    assert main(["report", str(root), "--json"]) == 0  # no page asked for: nothing to check
+    assert json.loads(capsys.readouterr().out)["dataset"] == str(root / "manifest.json")
 
 
 def test_a_missing_source_is_a_storage_error_through_the_python_api(tmp_path):
