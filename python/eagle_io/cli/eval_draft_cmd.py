@@ -12,7 +12,7 @@ import sys
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
 from ..sglang.servers import ServerKeys
-from .io_paths import check_input
+from .io_paths import check_input, check_output
 from .server_keys import add_key_args
 from .sglang_arg import parse_sglang_args
 
@@ -148,6 +148,9 @@ def run(args: argparse.Namespace) -> int:
     from .progress import callback
 
     check_input("--prompts-file", args.prompts_file, "a file of prompts (JSON or JSONL)")
+    if not args.no_profile and args.as_algorithm == "EAGLE3" and os.path.isdir(args.draft):  # written at the end
+        where = os.path.join(args.draft, PROFILE_NAME)
+        check_output("the draft's profile (--no-profile: none)", where, directory=False, makes_parents=False)
     if args.num_steps < 1 or args.prompts < 0 or args.max_new_tokens < 1:
         raise InvalidArgumentError("--num-steps and --max-new-tokens must be >= 1, --prompts >= 0")
     # 100000 steps for 4 new tokens ran 10 minutes, printing nothing. After the prefill's token a prompt has
