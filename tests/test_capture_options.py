@@ -135,7 +135,9 @@ def test_a_capture_started_by_environment_that_cannot_start_never_stops_the_serv
     st = sc.status(sched)
     assert st["state"] == "failed", st
     want = (
-        "unknown capture option(s) ['drop_when_ful']" if held == "a bad option" else "cannot resume: metadata differs"
+        "capture options: unknown keyword argument 'drop_when_ful' (did you mean 'drop_when_full'?)"
+        if held == "a bad option"
+        else "cannot resume: metadata differs"
     )
     assert want in st["error"], st["error"]
 
