@@ -6,6 +6,7 @@ exact --resume command without a traceback, and exits 128 + the signal. The SGLa
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import signal
 import subprocess
@@ -28,18 +29,23 @@ def model_dir(tmp_path_factory):
     return str(build_tiny_model_dir(tmp_path_factory.mktemp("tiny")))
 
 
-def _records(path, n: int) -> None:
+def _records(path, n: int, unanswered: int = 0) -> None:
+    """``n`` records; every ``unanswered``-th (0: none) has no assistant turn, so the source skips it."""
     long = "an answer long enough to fill a few rows of states " * 3
     recs = [
         {"id": f"r{i}", "conversations": [{"from": "human", "value": f"q {i}?"}, {"from": "gpt", "value": long}]}
         for i in range(n)
     ]
+    for r in recs[unanswered - 1 :: unanswered] if unanswered else []:
+        r["conversations"].pop()
     path.write_text(json.dumps(recs))
 
 
-def _interrupt_capture(model_dir, tmp_path, sig: int) -> tuple[list[str], subprocess.CompletedProcess, str]:
+def _interrupt_capture(
+    model_dir, tmp_path, sig: int, unanswered: int = 0
+) -> tuple[list[str], subprocess.CompletedProcess, str]:
     src, out = tmp_path / "src.json", tmp_path / "run"
-    _records(src, 3000)
+    _records(src, 3000, unanswered)
     argv = ["generate", "--model", model_dir, "--dataset", str(src), "--out", str(out), "--threads", "1"]
     argv += ["--shard-bytes", "20000", "--max-length", "48", "--batch-size", "2"]
     proc = subprocess.Popen(
@@ -84,6 +90,24 @@ def test_sigterm_commits_marks_incomplete_prints_summary_and_resume_command(mode
     # The printed command continues it (with a smaller --limit, which is not recorded) and completes it.
     assert main([*shlex.split(resume)[1:], "--limit", str(max(seen) + 5)]) == 0
     assert read_manifest(manifest)["complete"] is True
+
+
+def test_an_interrupted_runs_record_counts_add_up(model_dir, tmp_path):
+    # every 2nd record has no assistant turn: the batching window read 16 samples' records ahead of the forward, and
+    # their skips were counted, but not their records ("159 read: 120 written, 43 skipped")
+    _, done, manifest = _interrupt_capture(model_dir, tmp_path, signal.SIGTERM, unanswered=2)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-2000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("records ") and " read: " in x)
+    m = re.fullmatch(
+        r"records +([\d,]+) read: ([\d,]+) written, ([\d,]+) already committed, ([\d,]+) skipped "
+        r"\(no_assistant_turn [\d,]+\)(?:, ([\d,]+) not captured \(interrupted\))?",
+        line,
+    )
+    assert m, line
+    read, written, already, skipped, lost = (int((g or "0").replace(",", "")) for g in m.groups())
+    assert read == written + already + skipped + lost and skipped > 0, line
+    assert written == sum(s["samples"] for s in read_manifest(manifest)["shards"])
+    assert read - 1 <= 2 * skipped <= read + 1  # every 2nd record read was skipped
 
 
 @pytest.mark.slow

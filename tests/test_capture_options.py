@@ -27,8 +27,14 @@ def test_options_round_trip_through_json_and_refuse_unknown_keys():
     assert (o.state_dtype, o.aux_layer_ids) == ("float32", (2, 4, 5))
     wire = json.loads(json.dumps(o.to_dict()))
     assert CaptureOptions.from_dict(wire) == o and wire["aux_layer_ids"] == [2, 4, 5]
-    with pytest.raises(eagle_io.InvalidArgumentError, match=r"unknown capture option\(s\) \['drop_when_ful'\]"):
+    # a misspelt option (issue 47, kind 3): named, the closest suggested, every option listed; still a TypeError
+    with pytest.raises(eagle_io.errors.ArgumentTypeError) as e:
         CaptureOptions.from_dict({**wire, "drop_when_ful": True})
+    assert str(e.value).startswith(
+        "capture options: unknown keyword argument 'drop_when_ful' (did you mean 'drop_when_full'?); the valid ones: "
+        "aux_layer_ids, drop_when_full, implausible, max_length, metadata,"
+    )
+    assert isinstance(e.value, TypeError) and isinstance(e.value, eagle_io.InvalidArgumentError)
     with pytest.raises(eagle_io.InvalidArgumentError, match="nonfinite must be 'raise' or 'skip', not 'drop'"):
         o.replace(nonfinite="drop")
     with pytest.raises(eagle_io.InvalidArgumentError, match="aux_layer_ids must be a list of integers"):
@@ -129,7 +135,9 @@ def test_a_capture_started_by_environment_that_cannot_start_never_stops_the_serv
     st = sc.status(sched)
     assert st["state"] == "failed", st
     want = (
-        "unknown capture option(s) ['drop_when_ful']" if held == "a bad option" else "cannot resume: metadata differs"
+        "capture options: unknown keyword argument 'drop_when_ful' (did you mean 'drop_when_full'?)"
+        if held == "a bad option"
+        else "cannot resume: metadata differs"
     )
     assert want in st["error"], st["error"]
 

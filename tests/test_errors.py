@@ -135,3 +135,27 @@ def test_the_check_itself_sees_a_bare_raise(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     found = list(_raised_classes("fakepkg", pkg / "__init__.py"))
     assert [(line, cls) for line, cls, _ in found] == [(2, ValueError)]
+
+
+def test_check_keywords_names_each_unknown_one_suggests_the_closest_and_lists_the_valid_ones():
+    """Issue 47, kind 3: ``eagle_io.capture(url, model=...)`` reached the server as a server-side TypeError. The one
+    check of keyword arguments where they enter (``eagle_io.errors.check_keywords``): a one-line ArgumentTypeError,
+    still a TypeError as Python's own."""
+    from eagle_io.errors import ArgumentTypeError, check_keywords
+
+    valid = ["max_length", "model_path", "precision", "ring_bytes", "sampling_params"]
+    check_keywords({"max_length": 3, "precision": "fp8"}, valid, "eagle_io.capture()")  # all known: no error
+    check_keywords({}, valid, "eagle_io.capture()")
+    with pytest.raises(ArgumentTypeError) as e:
+        check_keywords({"model": "m"}, valid, "eagle_io.capture()")
+    assert str(e.value) == (
+        "eagle_io.capture(): unknown keyword argument 'model' (did you mean 'model_path'?); the valid ones: "
+        "max_length, model_path, precision, ring_bytes, sampling_params"
+    )
+    assert isinstance(e.value, TypeError)
+    with pytest.raises(ArgumentTypeError) as e:  # every unknown one at once, in the caller's order; no close match
+        check_keywords({"ring_byte": 1, "zzz": 2, "max_lenght": 9}, valid, "eagle_io.capture()")
+    assert str(e.value).startswith(
+        "eagle_io.capture(): unknown keyword arguments 'ring_byte' (did you mean 'ring_bytes'?), 'zzz', 'max_lenght' "
+        "(did you mean 'max_length'?); the valid ones: max_length,"
+    )

@@ -263,10 +263,12 @@ def test_nothing_to_measure_is_an_error_naming_the_dataset(run, capsys, tmp_path
     assert read_profile(work) == read_profile(draft), "no profile is written from nothing"
     with pytest.raises(InvalidArgumentError, match="needs a live or an offline measurement"):
         build_profile(num_steps=3, live=None, offline={"accept_length": None}, data={}, target={})
-    # A dataset holding only samples the draft trained on: nothing held out.
+    # A dataset holding only samples the draft trained on: nothing held out (the record says so: a sample both
+    # trained on and held out cannot be, and is refused by read_training_samples).
     rec = read_training_samples(draft)
+    everything = rec["train_sample_ids"] + rec["held_out_sample_ids"]
     (work / "training_samples.json").write_text(
-        json.dumps({**rec, "train_sample_ids": rec["train_sample_ids"] + rec["held_out_sample_ids"]})
+        json.dumps({**rec, "train_sample_ids": everything, "held_out_sample_ids": []})
     )
     capsys.readouterr()
     assert (
@@ -433,3 +435,20 @@ def test_a_damaged_or_nonfinite_draft_is_refused_naming_the_file_or_tensor(run, 
     assert "NaN/Inf" in err and f"{name} (3 of" in err
     with pytest.raises(CheckpointError, match="NaN/Inf"):
         load_draft(inf)
+
+
+def test_a_profile_that_cannot_be_written_is_refused_before_the_target_loads(run, capsys, tmp_path):
+    # issue 47, kind 6: speculation_profile.json goes beside the draft at the end; its write failed after the measure
+    _, target, ds, draft = run
+    work = shutil.copytree(draft, tmp_path / "draft")
+    (work / "speculation_profile.json").unlink()
+    (work / "speculation_profile.json").mkdir()
+    args = ["eval-draft", "--draft", str(work), "--target", str(target), "--dataset", str(ds), "--threads", "1"]
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert err.strip() == (
+        f"eagle-io eval-draft: InvalidArgumentError: the draft's profile (--no-profile: none) "
+        f"{work / 'speculation_profile.json'}: is a directory; pass the name of the file to write"
+    )
+    assert out == ""  # nothing measured
+    assert main([*args, "--no-profile"]) == 0  # measured, no profile asked for

@@ -19,6 +19,7 @@ Two parts:
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -137,15 +138,14 @@ def test_acceptance_watchdog_expected_value_rule():
 
 
 def write_profile(draft_dir, source: str, rates: list[float], *, samples: int) -> None:
-    """A speculation profile of ``source`` ("live" / "offline") with these joint per-position rates."""
+    """A speculation profile of ``source`` ("live" / "offline") with these joint per-position rates (multiples of
+    0.1: the figures of 10 verify steps, which read_profile holds together)."""
+    from eagle_io.draft import AcceptHistogram
     from eagle_io.interop.speculation_profile import PROFILE_NAME, build_profile, write_json
 
-    fig = {
-        "accept_length": 1 + sum(rates),
-        "per_position_accept_rate": rates,
-        "per_position_conditional": [None] * len(rates),
-        "correct_drafts_histogram": [0] * (len(rates) + 1),
-    }
+    joint = [1.0, *rates, 0.0]
+    fig = AcceptHistogram(len(rates), [round(10 * (a - b)) for a, b in itertools.pairwise(joint)]).to_dict()
+    assert fig["per_position_accept_rate"] == pytest.approx(rates)
     prof = build_profile(
         num_steps=len(rates),
         live=fig if source == "live" else None,

@@ -277,6 +277,10 @@ def test_import_rejects_a_bad_file_naming_it(tmp_path, kind, message):
     with pytest.raises(SpecForgeFileError, match=message) as e:
         import_specforge(sf, tmp_path / f"out-{kind}", threads=1)
     assert e.value.path == str(bad[kind]) and str(bad[kind]) in str(e.value)
+    # the part written before the bad file is taken back (issue 47): it was left, incomplete, refusing the retry
+    assert not (tmp_path / f"out-{kind}").exists()
+    bad[kind].unlink()
+    assert import_specforge(sf, tmp_path / f"out-{kind}", threads=1).imported == 4
 
 
 def test_import_skips_and_counts_bad_files_when_asked(tmp_path):

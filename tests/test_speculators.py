@@ -113,6 +113,11 @@ def test_the_cli_round_trip_and_bad_inputs(tmp_path, capsys):
     save_file({"hidden_states": torch.zeros(3, 2, H)}, str(src / "hs_9.safetensors"))
     with pytest.raises(SpeculatorsFileError, match=r"hs_9.safetensors: missing \['token_ids'\]"):
         import_speculators(src, tmp_path / "y", all_ones_loss_mask=True)
+    # the part written before the bad file is taken back (issue 47): it was left, incomplete, refusing the retry
+    assert not (tmp_path / "y").exists()
+    capsys.readouterr()
+    assert main(["import-speculators", str(src), "--out", str(tmp_path / "y"), "--all-ones-loss-mask"]) == 2
+    assert "hs_9.safetensors: missing ['token_ids']" in capsys.readouterr().err and not (tmp_path / "y").exists()
 
 
 def test_bf16_files_stored_as_fp8_export_dequantised_states(tmp_path):
@@ -123,3 +128,27 @@ def test_bf16_files_stored_as_fp8_export_dequantised_states(tmp_path):
     b = load_file(str(tmp_path / "back" / "hidden_states" / "hs_1.safetensors"))["hidden_states"].float()
     rel = ((a - b).norm() / a.norm()).item()
     assert 0 < rel < 0.05, rel
+
+
+def test_a_refused_or_failed_export_leaves_nothing(tmp_path, capsys):
+    """Issue 47: a --draft-vocab-size past the vocabulary was refused after every file was written (and the retry then
+    refused as "not empty"); an export that fails on a damaged record left its part."""
+    from eagle_io.errors import CorruptRecordError
+    from eagle_io.store import layout
+
+    src = _write_speculators(tmp_path / "hs")
+    import_speculators(src, tmp_path / "ds", all_ones_loss_mask=True, metadata={"vocab_size": 1000}, threads=1)
+    with pytest.raises(InvalidArgumentError, match=r"draft_vocab_size 5000 must be in \[1, target_vocab_size = 1000\]"):
+        export_speculators(tmp_path / "ds", tmp_path / "out", draft_vocab_size=5000)
+    assert not (tmp_path / "out").exists()
+    argv = ["export-speculators", str(tmp_path / "ds"), "--out", str(tmp_path / "out"), "--draft-vocab-size", "5000"]
+    assert main(argv) == 2 and "draft_vocab_size 5000 must be in" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "empty").mkdir()  # an empty directory given: it stays, empty
+    shard = sorted((tmp_path / "ds" / layout.SHARD_DIR).iterdir())[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CorruptRecordError):
+        export_speculators(tmp_path / "ds", tmp_path / "empty")
+    assert list((tmp_path / "empty").iterdir()) == []

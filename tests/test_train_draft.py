@@ -224,6 +224,13 @@ def test_cli_train_draft(synthetic, tmp_path, monkeypatch, capsys):
     other = build_vocab_mapping(root, 16)
     other.save(tmp_path / "m16.safetensors")
     assert main([*args[:4], "--vocab-map", str(tmp_path / "m16.safetensors"), "--steps", "1"]) == 0
+    # The same map with a float d2t (offsets + 0.25) was cast to integers and trained on; it cannot be a vocab map
+    # (issue 47): refused naming the file and the field, before training.
+    torch.save({"d2t": other.d2t.float() + 0.25, "t2d": other.t2d, "eagle_io_key": dict(other.key)}, tmp_path / "f.pt")
+    capsys.readouterr()
+    assert main([*args[:4], "--vocab-map", str(tmp_path / "f.pt"), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"CheckpointError: {tmp_path / 'f.pt'}: d2t must be a 1-D integer tensor (SGLang indexes with " in err
     fewer = tmp_path / "fewer"  # another dataset: 6 of the samples
     write_synthetic(fewer, 6, 40)
     bad = ["train-draft", str(fewer), "--out", str(tmp_path / "r2"), "--vocab-map", str(tmp_path / "m16.safetensors")]

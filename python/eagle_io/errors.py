@@ -49,6 +49,7 @@ the mapping is one-to-one and that every ``raise`` in the package raises one of 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 
 class EagleIOError(Exception):
@@ -132,7 +133,8 @@ class InvalidArgumentError(EagleIOError, ValueError):
 
 
 class ArgumentTypeError(InvalidArgumentError, TypeError):
-    """An argument of the wrong type (e.g. a float aux layer id, a list where a tensor is expected)."""
+    """An argument of the wrong type (e.g. a float aux layer id, a list where a tensor is expected), or a keyword
+    argument the function does not take (:func:`check_keywords`; Python's own is a ``TypeError`` too)."""
 
 
 class NonFiniteStatesError(InvalidArgumentError):
@@ -304,6 +306,30 @@ class InternalError(EagleIOError, RuntimeError):
     """A bug in eagle-io, not in the caller's input (e.g. a writer thread panicked); please report it."""
 
 
+def check_keywords(given: Iterable[str], valid: Iterable[str], where: str) -> None:
+    """Refuses keyword arguments ``where`` does not take, where they enter (on the client, before any work or
+    request: a misspelt option passed on through ``**options`` reached an SGLang server and came back as its
+    traceback): each unknown name, with the closest valid one (``difflib``) when there is one, and every valid one.
+
+    Raises:
+        ArgumentTypeError: ``"{where}: unknown keyword argument 'modle' (did you mean 'model'?); the valid ones: ..."``.
+    """
+    import difflib
+
+    names = sorted(set(valid))
+    unknown = [k for k in given if k not in names]
+    if not unknown:
+        return
+    said = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), names, n=1)
+        said.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    plural = "s" if len(unknown) > 1 else ""
+    raise ArgumentTypeError(
+        f"{where}: unknown keyword argument{plural} {', '.join(said)}; the valid ones: {', '.join(names)}"
+    )
+
+
 __all__ = [
     "ArgumentTypeError",
     "BatchRecycledError",
@@ -338,4 +364,5 @@ __all__ = [
     "StorageError",
     "TargetNotFoundError",
     "VocabMappingMismatchError",
+    "check_keywords",
 ]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import defaults
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, check_keywords
 from ..store.schema import STATE_DTYPES, precision_name
 from .ring import check_ring_options
 
@@ -108,12 +108,10 @@ class CaptureOptions:
         """The options of a :meth:`to_dict` dict.
 
         Raises:
-            InvalidArgumentError: a key that is no capture option (naming it), or a value the checks refuse.
+            InvalidArgumentError: a key that is no capture option (an ArgumentTypeError naming it, the closest option
+                and every option: :func:`eagle_io.errors.check_keywords`), or a value the checks refuse.
         """
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise InvalidArgumentError(f"unknown capture option(s) {unknown}; the options are {sorted(known)}")
+        check_keywords(data, (f.name for f in dataclasses.fields(cls)), "capture options")
         return cls(**dict(data))
 
     def replace(self, **changes: Any) -> CaptureOptions:

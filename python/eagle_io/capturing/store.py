@@ -266,27 +266,33 @@ class SampleStore:
         if writer_options.get("resume"):
             meta = _same_target_as_recorded(out_dir, writer_options, meta)
         writer = ShardWriter(out_dir, schema, meta, **writer_options)
-        upload = None if url is None else StagedUpload(writer.manifest_path, url, staging_bytes=staging_bytes)
-        done = writer.sample_ids()
-        sink = RingSink(
-            writer,
-            ring_bytes=options.ring_bytes,
-            batch=options.ring_batch,
-            timeout_s=options.timeout_s,
-            drop_when_full=options.drop_when_full,
-            quantize_on_device=options.quantize_on_device,
-        )
-        store = cls(
-            sink,
-            state_dtype=getattr(torch, options.state_dtype),
-            max_length=options.max_length,
-            vocab_size=int(target_info["vocab_size"]),
-            nonfinite=options.nonfinite,
-            implausible=options.implausible,
-            done=done,
-            manifest_path=writer.manifest_path,
-            aux_layer_ids=aux_layer_ids,
-        )
+        sink = None
+        try:
+            upload = None if url is None else StagedUpload(writer.manifest_path, url, staging_bytes=staging_bytes)
+            done = writer.sample_ids()
+            sink = RingSink(
+                writer,
+                ring_bytes=options.ring_bytes,
+                batch=options.ring_batch,
+                timeout_s=options.timeout_s,
+                drop_when_full=options.drop_when_full,
+                quantize_on_device=options.quantize_on_device,
+            )
+            store = cls(
+                sink,
+                state_dtype=getattr(torch, options.state_dtype),
+                max_length=options.max_length,
+                vocab_size=int(target_info["vocab_size"]),
+                nonfinite=options.nonfinite,
+                implausible=options.implausible,
+                done=done,
+                manifest_path=writer.manifest_path,
+                aux_layer_ids=aux_layer_ids,
+            )
+        except BaseException:  # a writer dropped unclosed marks its manifest complete: a start that failed said "done"
+            (sink or writer).close(complete=False)
+            writer.take_back()
+            raise
         store.upload = upload
         return store
 

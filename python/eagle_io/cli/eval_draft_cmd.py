@@ -12,6 +12,7 @@ import sys
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
 from ..sglang.servers import ServerKeys
+from .io_paths import check_input, check_output
 from .server_keys import add_key_args
 from .sglang_arg import parse_sglang_args
 
@@ -146,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
     from ..store.target_identity import dataset_target, require_same_target
     from .progress import callback
 
+    check_input("--prompts-file", args.prompts_file, "a file of prompts (JSON or JSONL)")
+    if not args.no_profile and args.as_algorithm == "EAGLE3" and os.path.isdir(args.draft):  # written at the end
+        where = os.path.join(args.draft, PROFILE_NAME)
+        check_output("the draft's profile (--no-profile: none)", where, directory=False, makes_parents=False)
     if args.num_steps < 1 or args.prompts < 0 or args.max_new_tokens < 1:
         raise InvalidArgumentError("--num-steps and --max-new-tokens must be >= 1, --prompts >= 0")
     # 100000 steps for 4 new tokens ran 10 minutes, printing nothing. After the prefill's token a prompt has
@@ -194,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
             + (f" (after --max-length {args.max_length})" if args.max_length else "")
             + f"; a draft step k predicts the token k on: at most {max(longest - 1, 1)}"
         )
+    training = read_training_samples(args.draft)  # checked before the target loads
     checkpoint = prompt_ids = None
     if not live:  # offline only: the target's head (embedding, lm_head) and config, never its layers
         model = load_target_head(args.target)
@@ -220,7 +226,6 @@ def run(args: argparse.Namespace) -> int:
     for w in served.warnings:
         if w.severity == "warning":
             print(f"eval-draft: warning [{w.code}] {w.message}", file=sys.stderr)  # stdout: the report or --json
-    training = read_training_samples(args.draft)
     fingerprint = dataset_fingerprint(args.dataset)
     positions, held = held_out_positions(ds, training, fingerprint)
     if not positions:  # was a report of nothing, exit 0

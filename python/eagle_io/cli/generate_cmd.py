@@ -7,7 +7,7 @@ over HTTP, as ``--server URL`` does through servers already running (docs/SERVIN
 records read out of the total (from --limit, or one quick pass over the file); the run ends with a human summary
 (--summary-json writes the JSON one), appends its capture log to the dataset directory (capture_log.jsonl, drawn by
 `eagle-io report`) and exits 1, naming the main skip reason and the option to change, when the dataset holds no
-sample because every record was skipped."""
+sample because every record was skipped (keeping nothing in --out: a dataset of no sample is no result)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from ..store.schema import EXPECTED_RATIO, precision_name
 from ..store.values import IMPLAUSIBLE
 from .generate_summary import human_summary, nothing_written
 from .interrupt import exit_code, rerun_command, shielded, signal_name
+from .io_paths import check_input, check_output
 from .layer_ids_arg import layer_ids_arg
 from .resume_check import RESUME_HINT, check_out_dir
 from .server_keys import add_key_args
@@ -477,7 +478,12 @@ def run(args: argparse.Namespace) -> int:
     _check_numbers(args)
     if not 0 <= args.rank < args.world_size:
         raise InvalidArgumentError(f"--rank {args.rank} is not in [0, {args.world_size})")
+    # What the run reads and writes, before the target loads or a server is launched.
+    check_output("--out", args.out, directory=True, makes_parents=True)
+    check_output("--staging", args.staging, directory=True, makes_parents=True)
+    check_output("--summary-json", args.summary_json, directory=False, makes_parents=False)
     t_start = time.perf_counter()
+    check_input("--dataset", args.dataset, "a ShareGPT / OpenAI-messages JSON or JSONL file")
     dataset = args.dataset_path = args.dataset or str(default_dataset_path())
     stats = SkipStats()
     records = iter_conversations(dataset, on_error="skip" if args.skip_bad_records else "raise", stats=stats)
@@ -522,17 +528,22 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "hf":
         check_out_dir(args, dataset)  # before the target loads: a dataset there that this run cannot continue
     opener = {"hf": _hf_session, "sglang": _sglang_session, "server": _servers}[args.backend]
+    footprint = None if remote is not None else layout.Footprint(args.out)  # what --out held before this run
     try:
-        session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
-    except IncompatibleDatasetError as e:  # what only the loaded target tells (its tokenizer, layers...) differs
-        if str(e).endswith(RESUME_HINT):  # check_out_dir's own refusal (the SGLang opener runs it)
-            raise
-        raise IncompatibleDatasetError(f"{e}: {RESUME_HINT}") from e
-    try:
-        summary = _capture(args, session, tokenizer, info, records, stats, t_start)
-    finally:
-        if shutdown is not None:
-            shutdown()
+        try:
+            session, tokenizer, info, shutdown = opener(args, dataset, layer_ids)
+        except IncompatibleDatasetError as e:  # what only the loaded target tells (its tokenizer, layers...) differs
+            if str(e).endswith(RESUME_HINT):  # check_out_dir's own refusal (the SGLang opener runs it)
+                raise
+            raise IncompatibleDatasetError(f"{e}: {RESUME_HINT}") from e
+        try:
+            summary = _capture(args, session, tokenizer, info, records, stats, t_start)
+        finally:
+            if shutdown is not None:
+                shutdown()
+    except BaseException:  # a run that failed before its first commit leaves no dataset a retry would trip on
+        _take_back(args, footprint)
+        raise
     if session.merge_warnings is not None:  # the servers' writers, merged at close
         summary["manifest"], summary["merge_warnings"] = session.manifest_path, session.merge_warnings
     uploaded = session.upload_report
@@ -542,6 +553,10 @@ def run(args: argparse.Namespace) -> int:
             f"upload    {remote}: {len(uploaded['uploaded'])} shard(s), {uploaded['bytes']:,} bytes uploaded as they "
             f"committed ({uploaded['blocked_seconds']:.1f} s blocked on a full staging); manifest written last"
         )
+    problem = None if summary.get("interrupted") else nothing_written(summary, args)
+    if problem and _take_back(args, footprint):  # an empty dataset that looks finished is no result
+        summary["manifest"] = summary["capture_log"] = None
+        problem += f"; nothing was kept in {args.out}"
     if args.summary_json:
         with open(args.summary_json, "w") as f:
             json.dump(summary, f, indent=2)
@@ -555,11 +570,42 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return stop["exit_code"]
-    problem = nothing_written(summary, args)
     if problem:
         print(f"eagle-io generate: {problem}", file=sys.stderr)
         return 1
     return 0
+
+
+def _take_back(args: argparse.Namespace, footprint: layout.Footprint | None) -> bool:
+    """When this run made the dataset at ``--out`` and committed no sample to it (it failed first, or stored
+    nothing), removes what the run created there (:meth:`~eagle_io.store.layout.Footprint.take_back`: its
+    manifests, locks, value stats, capture log, regenerated turns, an empty ``shards/``), so nothing that looks like
+    a dataset, finished or not, blocks a retry into the same ``--out``; a dataset that was there before, and the
+    SGLang server's log, stay. True when it did. An object-storage run (``footprint`` None) is left as it is."""
+    from ..capturing.regenerate import turns_path
+    from ..report.capture_log import log_path
+    from ..store.manifest import read_manifest
+    from ..store.value_stats import value_stats_path
+
+    if footprint is None:
+        return False
+    served = args.backend in ("sglang", "server")
+    writers = getattr(args, "writers", 1)
+    mine = [layout.manifest_name(r, writers) for r in range(writers)] if served else []
+    mine = sorted({*mine, layout.MANIFEST} if served else {layout.manifest_name(args.rank, args.world_size)})
+    for name in mine:
+        path = os.path.join(args.out, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            if not footprint.is_new(name) or read_manifest(path)["shards"]:
+                return False  # a dataset that was there, or a sample committed: kept for --resume
+        except Exception:
+            return False  # a manifest that does not read is not taken as empty
+    files = [log_path("", args.rank, args.world_size), turns_path("", args.rank, args.world_size)]
+    files += [n for m in mine for n in (m, layout.lock_name(m), value_stats_path(m).name)]
+    ranks = range(writers) if served else [args.rank]  # this run's writers: no shard of theirs is listed
+    return bool(footprint.take_back([*files, layout.SHARD_DIR], shards_of=ranks))
 
 
 def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> dict:
@@ -645,7 +691,10 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
                 )
                 log.tick(**now)
         except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM (cli.interrupt): commit what was captured, incomplete
-            interrupted, final_counters = e, counters()
+            # Every record read counts, those the batching window read ahead too: their skips are counted, and the
+            # summary's records must add up (written + already committed + skipped + not captured).
+            interrupted = e
+            final_counters = {**counters(), "records": len(range(args.rank, seen["last"] + 1, args.world_size))}
             if bar is not None:
                 bar.close()
             if log is not None:

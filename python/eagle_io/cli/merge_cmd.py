@@ -13,6 +13,7 @@ from ..errors import EagleIOError
 from ..store.layout import is_url
 from ..store.manifest import read_manifest
 from ..store.merge import MergeReport, expected_from_source, merge_ranks
+from .io_paths import check_input
 from .progress import callback
 
 SHOW = 20  # ids listed per problem before "..."
@@ -114,6 +115,7 @@ def print_report(r: MergeReport, source: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_input("--dataset", args.dataset, "the source dataset given to generate (JSON or JSONL)")
     expected = skipped = source = None
     if args.expect_records is not None:
         expected, source = range(args.expect_records), f"--expect-records {args.expect_records}"

@@ -9,8 +9,10 @@ import os
 import sys
 import time
 
-from ..errors import StorageError
+from ..errors import InvalidArgumentError, StorageError
 from ..report.figures import DEFAULT_SAMPLE
+from ..store import layout
+from .io_paths import check_output
 from .progress import stage_progress
 
 
@@ -30,6 +32,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..report import build_figures, render  # matplotlib is imported by render only
 
+    # Where the page goes, checked before the figures are computed (they were, then the write failed).
+    out = args.out
+    if out is None and not args.json:
+        if layout.is_url(args.path):  # the default, beside the manifest, is no local file
+            raise InvalidArgumentError(f"{args.path} is in object storage: pass --out FILE.html (or --json)")
+        out = os.path.join(os.path.dirname(layout.manifest_file(args.path)), "report.html")
+    check_output("--out" if args.out else "the report (default --out)", out, directory=False, makes_parents=False)
     t0 = time.perf_counter()
     with stage_progress() as progress:
         figures = build_figures(args.path, sample=args.sample, seed=args.seed, progress=progress)
@@ -37,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(figures, indent=1))
         if not args.out:
             return 0
-    out = args.out or os.path.join(os.path.dirname(figures["dataset"]), "report.html")
     page = render(figures)
     tmp = f"{out}.tmp"
     try:

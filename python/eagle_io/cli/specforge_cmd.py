@@ -11,6 +11,7 @@ import sys
 from types import SimpleNamespace
 
 from .. import defaults
+from .io_paths import check_output
 from .layer_ids_arg import layer_ids_arg
 from .progress import callback
 
@@ -42,6 +43,9 @@ def _import_run(args: argparse.Namespace) -> int:
     from ..errors import InvalidArgumentError
     from ..interop.specforge import import_specforge
     from ..sglang.setters import final_boundary_allowed, from_specforge
+
+    check_output("--out", args.out, directory=True, makes_parents=True)
+    check_output("--summary-json", args.summary_json, directory=False, makes_parents=False)
     from ..store.eagle3 import validate_aux_layer_ids
 
     meta: dict = {}
@@ -110,6 +114,7 @@ def _export_parser(p: argparse.ArgumentParser) -> None:
 def _export_run(args: argparse.Namespace) -> int:
     from ..interop.specforge import export_specforge
 
+    check_output("--out", args.out, directory=True, makes_parents=True)
     with callback("file", "export") as progress:
         res = export_specforge(
             args.path,

@@ -10,6 +10,7 @@ import os
 from types import SimpleNamespace
 
 from .. import defaults
+from .io_paths import check_output
 from .layer_ids_arg import layer_ids_arg
 from .progress import callback
 
@@ -77,6 +78,7 @@ def _target_config(path: str) -> dict:
 def _import_run(args: argparse.Namespace) -> int:
     from ..interop.speculators import TargetNorm, import_speculators
 
+    check_output("--out", args.out, directory=True, makes_parents=True)
     norm = TargetNorm.from_checkpoint(args.target) if args.target else None
     masks = _preprocessed_masks(args.preprocessed) if args.preprocessed else None
     meta, n = {}, args.num_layers
@@ -126,6 +128,7 @@ def _export_parser(p: argparse.ArgumentParser) -> None:
 def _export_run(args: argparse.Namespace) -> int:
     from ..interop.speculators import export_speculators
 
+    check_output("--out", args.out, directory=True, makes_parents=True)
     with callback("file", "export") as progress:
         res = export_speculators(
             args.path,

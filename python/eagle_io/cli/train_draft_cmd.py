@@ -8,6 +8,7 @@ import json
 import os
 
 from ..errors import IncompatibleDatasetError, InvalidArgumentError
+from .io_paths import check_input, check_output
 
 DEFAULT_DRAFT_VOCAB = 4096
 
@@ -74,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     from ..store.target_identity import dataset_target, require_same_target
 
     # Every option is checked before anything is read or written (--ttt-length 0 left a vocab_map in --out).
+    check_output("--out", args.out, directory=True, makes_parents=True)
+    check_input("--vocab-map", args.vocab_map, "a vocab map (eagle-io vocab-map --out FILE)")
     cfg = TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,

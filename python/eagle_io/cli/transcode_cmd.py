@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..store.transcode import transcode
+from .io_paths import check_output
 from .progress import callback
 
 
@@ -17,6 +18,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output("--out", args.out, directory=True, makes_parents=True)
     with callback("samples", "transcode") as cb:
         stats = transcode(args.src, args.out, args.precision, threads=args.threads, progress=cb)
     ratio = stats["raw_bytes"] / max(stats["stored_bytes"], 1)

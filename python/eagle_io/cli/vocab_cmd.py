@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from .io_paths import check_output
 from .progress import callback
 
 
@@ -23,6 +24,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..interop.vocab import build_vocab_mapping
 
+    check_output("--out", args.out, directory=False, makes_parents=True)  # before the tokens are counted
     with callback("sample", "count tokens") as progress:
         m = build_vocab_mapping(
             args.paths,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 from eagle_io.data.json_stream import iter_raw_records
 from eagle_io.data.stats import SkipStats
@@ -164,10 +164,31 @@ def iter_conversations(
             stats.skip(exc.reason, index)  # type: ignore[union-attr]
 
 
+def open_source(path: str | os.PathLike[str]) -> BinaryIO:
+    """Opens the source file at ``path`` for reading (binary), as every reader of a source does.
+
+    Raises:
+        StorageError: the file cannot be opened (missing, a directory, not readable), naming it and the reason.
+    """
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise _unreadable(path, e) from e
+
+
+def _unreadable(path: str | os.PathLike[str], e: OSError) -> StorageError:
+    err = StorageError(
+        f"cannot read the dataset {os.fspath(path)}: {e.strerror or e}; pass a ShareGPT / OpenAI-messages JSON or "
+        "JSONL file"
+    )
+    err.path, err.errno = os.fspath(path), e.errno
+    return err
+
+
 def _iter_file(
     path: str, on_error: OnError, stats: SkipStats | None, role_map: Mapping[str, str], chunk_size: int
 ) -> Iterator[Conversation]:
-    with open(path, "rb") as stream:
+    with open_source(path) as stream:
         for raw in iter_raw_records(stream, chunk_size=chunk_size):
             reason, detail = raw.error, raw.detail
             if reason is None:
@@ -191,14 +212,12 @@ def count_records(path: str | os.PathLike[str], limit: int | None = None) -> int
         StorageError: the file cannot be opened or read.
     """
     n = 0
-    try:
-        with open(path, "rb") as stream:
+    with open_source(path) as stream:
+        try:
             for raw in iter_raw_records(stream):
                 if limit is not None and raw.index >= limit:
                     break
                 n += 1
-    except OSError as e:
-        err = StorageError(f"cannot read the dataset {os.fspath(path)}: {e.strerror or e}")
-        err.path, err.errno = os.fspath(path), e.errno
-        raise err from e
+        except OSError as e:
+            raise _unreadable(path, e) from e
     return n

@@ -25,12 +25,14 @@ eagle-io's EAGLE-3 schema holds the same tensors as ``input_ids [L]`` int64, ``l
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -362,6 +364,7 @@ def import_specforge(
             written then).
     """
     from ..store.eagle3 import AUX_LAYER_CONVENTION
+    from ..store.layout import Footprint
     from ..store.schema import eagle3_schema
     from ..store.writer import ShardWriter
 
@@ -413,17 +416,22 @@ def import_specforge(
                     raise
                 skipped.append((path, e.reason))
 
+    footprint = Footprint(out)
     writer = ShardWriter(
         out, eagle3_schema(hidden, k, dtype), meta, shard_bytes=shard_bytes, threads=threads, zstd_level=zstd_level
     )
-    with writer:
-        for done, (idx, path, sample) in enumerate(records(), 1):
-            writer.write(idx, sample, key=os.path.relpath(path, src))
-            summary.imported += 1
-            summary.tokens += int(sample["input_ids"].shape[0])
-            summary.gzip_files += path.endswith(".gz")
-            if progress:
-                progress(done + len(skipped), len(files) + len(unnamed))
+    try:
+        with writer:
+            for done, (idx, path, sample) in enumerate(records(), 1):
+                writer.write(idx, sample, key=os.path.relpath(path, src))
+                summary.imported += 1
+                summary.tokens += int(sample["input_ids"].shape[0])
+                summary.gzip_files += path.endswith(".gz")
+                if progress:
+                    progress(done + len(skipped), len(files) + len(unnamed))
+    except BaseException:  # an import is not resumed: the part written is no result, and would refuse the retry
+        footprint.take_back_dataset()
+        raise
     summary.manifest = writer.manifest_path
     return summary
 
@@ -499,39 +507,63 @@ def export_specforge(
 
     Raises:
         InvalidArgumentError: an output file exists and ``overwrite`` is False; a ``draft_vocab_size`` outside
-            ``[1, vocab_size]`` or a dataset without a recorded ``vocab_size``.
+            ``[1, vocab_size]`` or a dataset without a recorded ``vocab_size``. Both are checked before any file is
+            written; an export that fails later (a record that does not read) removes the files and directories it
+            created (a file it replaced under ``overwrite`` stays replaced).
         IncompatibleDatasetError: the dataset's schema lacks an EAGLE-3 tensor or contradicts its metadata.
     """
     from ..store.eagle3 import check_eagle3_dataset
     from ..store.reader import Dataset
+    from .vocab import build_vocab_mapping, check_sizes
 
     ds = dataset if isinstance(dataset, Dataset) else Dataset(dataset)
     check_eagle3_dataset(ds, "export-specforge")
+    # Everything that can refuse the export is checked before its first file (the vocab sizes were checked after the
+    # last, an existing file of a later sample when its turn came: both left a part behind).
+    if draft_vocab_size is not None:
+        check_sizes([ds], draft_vocab_size)
     out = os.fspath(out)
-    os.makedirs(out, exist_ok=True)
+    ids = [ds.entry(pos).sample_id for pos in range(len(ds))]
+    paths = [specforge_path(out, sid, gzip=gzip, group_size=group_size) for sid in ids]
+    others = [specforge_path(out, sid, gzip=not gzip, group_size=group_size) for sid in ids]
+    held = [p for p in (*paths, *others) if os.path.exists(p)]
+    if held and not overwrite:
+        more = f" (and {len(held) - 1} more of this export's files)" if len(held) > 1 else ""
+        raise InvalidArgumentError(f"{held[0]} exists{more} (pass overwrite=True / --overwrite to replace it)")
+    made: list[str] = []  # the files and directories this export created, taken back if it fails
+    d = Path(os.path.abspath(out))
+    while not d.exists() and d != d.parent:
+        made.append(str(d))
+        d = d.parent
     total_bytes = tokens = 0
     n = len(ds)
-    for pos in range(n):
-        sid = ds.entry(pos).sample_id
-        path = specforge_path(out, sid, gzip=gzip, group_size=group_size)
-        other = specforge_path(out, sid, gzip=not gzip, group_size=group_size)
-        if not overwrite:
-            for p in (path, other):
-                if os.path.exists(p):
-                    raise InvalidArgumentError(f"{p} exists (pass overwrite=True / --overwrite to replace it)")
-        elif os.path.exists(other):
-            os.unlink(other)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        item = ds[pos]
-        total_bytes += _save(to_specforge_record(item), path, gzip, compresslevel)
-        tokens += int(item["input_ids"].shape[0])
-        if progress:
-            progress(pos + 1, n)
-    res: dict[str, Any] = {"files": n, "bytes": total_bytes, "tokens": tokens, "out": out}
-    if draft_vocab_size is not None:
-        from .vocab import build_vocab_mapping
-
-        path = os.path.join(out, "vocab_mapping", "vocab_mapping.pt")
-        build_vocab_mapping(ds.manifest_path, draft_vocab_size).save(path)
-        res["vocab_mapping"] = path
+    try:
+        os.makedirs(out, exist_ok=True)
+        for pos, (path, other) in enumerate(zip(paths, others, strict=True)):
+            if os.path.exists(other):  # overwrite: the other suffix of the same sample goes
+                os.unlink(other)
+            if not os.path.isdir(os.path.dirname(path)):
+                os.makedirs(os.path.dirname(path))
+                made.append(os.path.dirname(path))
+            if not os.path.exists(path):
+                made.append(path)
+            item = ds[pos]
+            total_bytes += _save(to_specforge_record(item), path, gzip, compresslevel)
+            tokens += int(item["input_ids"].shape[0])
+            if progress:
+                progress(pos + 1, n)
+        res: dict[str, Any] = {"files": n, "bytes": total_bytes, "tokens": tokens, "out": out}
+        if draft_vocab_size is not None:
+            path = os.path.join(out, "vocab_mapping", "vocab_mapping.pt")
+            made += [] if os.path.isdir(os.path.dirname(path)) else [os.path.dirname(path)]
+            build_vocab_mapping(ds.manifest_path, draft_vocab_size).save(path)
+            res["vocab_mapping"] = path
+    except BaseException:  # a part of an export is no result, and its files would refuse the retry
+        for p in sorted(made, key=len, reverse=True):  # files before their directories
+            with contextlib.suppress(OSError):
+                if os.path.isdir(p):
+                    os.rmdir(p)  # only when empty
+                else:
+                    os.unlink(p)
+        raise
     return res

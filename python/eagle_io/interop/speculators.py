@@ -312,6 +312,7 @@ def import_speculators(
         post_norm=target_norm is not None,
         aux_layer_ids=ids,
     )
+    footprint = layout.Footprint(out)
     writer = ShardWriter(out, specs, meta, shard_bytes=shard_bytes, threads=threads)
     # The ring holds whole samples: room for the largest file twice (its FP8 rows plus the post-norm tensor's).
     ring = max(defaults.RING_BYTES, 2 * max(os.path.getsize(p) for _, p in files))
@@ -365,8 +366,9 @@ def import_speculators(
             summary.tokens += n
             if progress:
                 progress(done, len(files))
-    except BaseException:
+    except BaseException:  # an import is not resumed: the part written is no result, and would refuse the retry
         (sink or writer).close(complete=False)
+        footprint.take_back_dataset()
         raise
     (sink or writer).close()
     summary.manifest = writer.manifest_path
@@ -454,7 +456,9 @@ def export_speculators(
     Raises:
         IncompatibleDatasetError: no final pre-norm state (the message names the capture option that records it);
             ``draft_vocab_size`` without a recorded ``vocab_size``.
-        InvalidArgumentError: ``out`` is not empty and ``overwrite`` is False; a bad ``precision``.
+        InvalidArgumentError: ``out`` is not empty and ``overwrite`` is False; a bad ``precision``; a
+            ``draft_vocab_size`` outside ``[1, vocab_size]`` (checked before any file is written). An export into a
+            new or empty ``out`` that fails later removes what it wrote there.
         MissingDataPackageError: the ``datasets`` package (speculators' preprocessed dataset) is not installed.
     """
     import json as _json
@@ -464,7 +468,7 @@ def export_speculators(
 
     from ..errors import MissingDataPackageError
     from ..store.reader import Dataset
-    from .vocab import count_loss_masked_tokens, mapping_from_counts
+    from .vocab import check_sizes, count_loss_masked_tokens, mapping_from_counts
 
     if precision not in ("bf16", "fp8"):
         raise InvalidArgumentError(f"precision must be 'bf16' or 'fp8' (hs-connectors' FP8 files), not {precision!r}")
@@ -475,6 +479,8 @@ def export_speculators(
         raise IncompatibleDatasetError(
             f"{ds.manifest_path}: no vocab_size in the metadata, which the t2d mapping is sized by"
         )
+    if draft_vocab_size is not None:
+        check_sizes([ds], draft_vocab_size)  # before the first file (was after the last)
     try:
         import datasets
     except ImportError as e:
@@ -482,72 +488,78 @@ def export_speculators(
     out = os.fspath(out)
     if os.path.isdir(out) and os.listdir(out) and not overwrite:
         raise InvalidArgumentError(f"{out} is not empty (pass overwrite=True / --overwrite to replace its files)")
-    hs_dir = os.path.join(out, "hidden_states")
-    os.makedirs(hs_dir, exist_ok=True)
-    for old in list_speculators_files(hs_dir):
-        os.unlink(old[1])
-    raw = Dataset(ds.manifest_path, dequantize=False) if precision == "fp8" else None
-    rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
-    sample_ids, total, tokens = [], 0, 0
-    for pos in range(len(ds)):
-        item = raw[pos] if raw is not None else ds[pos]
-        n = item["input_ids"].shape[0]
-        tensors = {"token_ids": item["input_ids"].to(torch.int64)}
-        quantized = _stored_planes(item, n, hidden, separate) if raw is not None else None
-        if raw is not None and quantized is None:
-            item = {**ds[pos], "input_ids": item["input_ids"], "loss_mask": item["loss_mask"]}
-        if quantized is None:
-            planes = item["aux_hidden_states"].reshape(n, -1, hidden)
-            if separate:
-                planes = torch.cat([planes, item[PRE_NORM][:, None]], 1)
-            quantized = quantize_like_speculators(planes) if precision == "fp8" else None
+    footprint = layout.Footprint(out)  # new or empty unless overwrite: what a failure takes back
+    try:
+        hs_dir = os.path.join(out, "hidden_states")
+        os.makedirs(hs_dir, exist_ok=True)
+        for old in list_speculators_files(hs_dir):
+            os.unlink(old[1])
+        raw = Dataset(ds.manifest_path, dequantize=False) if precision == "fp8" else None
+        rows: dict[str, list] = {"input_ids": [], "loss_mask": [], "seq_len": []}
+        sample_ids, total, tokens = [], 0, 0
+        for pos in range(len(ds)):
+            item = raw[pos] if raw is not None else ds[pos]
+            n = item["input_ids"].shape[0]
+            tensors = {"token_ids": item["input_ids"].to(torch.int64)}
+            quantized = _stored_planes(item, n, hidden, separate) if raw is not None else None
+            if raw is not None and quantized is None:
+                item = {**ds[pos], "input_ids": item["input_ids"], "loss_mask": item["loss_mask"]}
             if quantized is None:
-                tensors["hidden_states"] = planes.contiguous()
-        if quantized is not None:
-            tensors["hidden_states"], tensors[SCALES] = quantized
-        data = save(tensors)
-        with layout.atomic_file(speculators_path(hs_dir, pos)) as f:
-            f.write(data)
-        rows["input_ids"].append(item["input_ids"].tolist())
-        rows["loss_mask"].append(item["loss_mask"].to(torch.int64).tolist())
-        rows["seq_len"].append(n)
-        sample_ids.append(ds.entry(pos).sample_id)
-        total += len(data)
-        tokens += n
-        if progress:
-            progress(pos + 1, len(ds))
-    features = datasets.Features(
-        {
-            "input_ids": datasets.Sequence(datasets.Value("int64")),
-            "loss_mask": datasets.Sequence(datasets.Value("int64")),
-            "seq_len": datasets.Value("int64"),
+                planes = item["aux_hidden_states"].reshape(n, -1, hidden)
+                if separate:
+                    planes = torch.cat([planes, item[PRE_NORM][:, None]], 1)
+                quantized = quantize_like_speculators(planes) if precision == "fp8" else None
+                if quantized is None:
+                    tensors["hidden_states"] = planes.contiguous()
+            if quantized is not None:
+                tensors["hidden_states"], tensors[SCALES] = quantized
+            data = save(tensors)
+            with layout.atomic_file(speculators_path(hs_dir, pos)) as f:
+                f.write(data)
+            rows["input_ids"].append(item["input_ids"].tolist())
+            rows["loss_mask"].append(item["loss_mask"].to(torch.int64).tolist())
+            rows["seq_len"].append(n)
+            sample_ids.append(ds.entry(pos).sample_id)
+            total += len(data)
+            tokens += n
+            if progress:
+                progress(pos + 1, len(ds))
+        features = datasets.Features(
+            {
+                "input_ids": datasets.Sequence(datasets.Value("int64")),
+                "loss_mask": datasets.Sequence(datasets.Value("int64")),
+                "seq_len": datasets.Value("int64"),
+            }
+        )
+        table = datasets.Dataset.from_dict(rows, features=features)
+        table.set_format(type="torch")
+        table.save_to_disk(out)
+        counts, _ = count_loss_masked_tokens(ds, int(vocab) if isinstance(vocab, int) else _max_id(rows) + 1)
+        freq = {int(t): int(counts[t]) for t in torch.nonzero(counts).flatten()}
+        with layout.atomic_file(os.path.join(out, "token_freq.pt")) as f:
+            torch.save(freq, f)
+        if draft_vocab_size is not None:
+            mapping = mapping_from_counts(counts, draft_vocab_size)
+            for name, t in ((f"d2t-{draft_vocab_size}.npy", mapping.d2t), (f"t2d-{draft_vocab_size}.npy", mapping.t2d)):
+                with layout.atomic_file(os.path.join(out, name)) as f:
+                    np.save(f, t.numpy())
+        ids = ds.metadata.get("aux_layer_ids")
+        target_ids = list(ids[:k]) if ids and len(ids) >= k else None
+        summary = {
+            "files": len(ds),
+            "bytes": total,
+            "tokens": tokens,
+            "out": out,
+            "precision": precision,
+            "target_layer_ids": target_ids,
+            "draft_vocab_size": draft_vocab_size,
         }
-    )
-    table = datasets.Dataset.from_dict(rows, features=features)
-    table.set_format(type="torch")
-    table.save_to_disk(out)
-    counts, _ = count_loss_masked_tokens(ds, int(vocab) if isinstance(vocab, int) else _max_id(rows) + 1)
-    freq = {int(t): int(counts[t]) for t in torch.nonzero(counts).flatten()}
-    with layout.atomic_file(os.path.join(out, "token_freq.pt")) as f:
-        torch.save(freq, f)
-    if draft_vocab_size is not None:
-        mapping = mapping_from_counts(counts, draft_vocab_size)
-        for name, t in ((f"d2t-{draft_vocab_size}.npy", mapping.d2t), (f"t2d-{draft_vocab_size}.npy", mapping.t2d)):
-            with layout.atomic_file(os.path.join(out, name)) as f:
-                np.save(f, t.numpy())
-    ids = ds.metadata.get("aux_layer_ids")
-    target_ids = list(ids[:k]) if ids and len(ids) >= k else None
-    summary = {
-        "files": len(ds),
-        "bytes": total,
-        "tokens": tokens,
-        "out": out,
-        "precision": precision,
-        "target_layer_ids": target_ids,
-        "draft_vocab_size": draft_vocab_size,
-    }
-    with layout.atomic_file(os.path.join(out, "eagle_io_export.json")) as f:
-        f.write(_json.dumps({**summary, "source": ds.manifest_path, "sample_ids": sample_ids}, indent=1).encode())
+        with layout.atomic_file(os.path.join(out, "eagle_io_export.json")) as f:
+            f.write(_json.dumps({**summary, "source": ds.manifest_path, "sample_ids": sample_ids}, indent=1).encode())
+    except BaseException:  # a part of an export is no result, and would refuse the retry ("is not empty")
+        if not footprint.before:
+            footprint.take_back_all()
+        raise
     return summary
 
 

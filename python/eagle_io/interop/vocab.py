@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CorruptRecordError, InvalidArgumentError, VocabMappingMismatchError
+from ..errors import CheckpointError, CorruptRecordError, InvalidArgumentError, VocabMappingMismatchError
 from ..store import layout
 
 logger = logging.getLogger("eagle_io.interop.vocab")
@@ -45,6 +45,7 @@ __all__ = [
     "VocabMapping",
     "VocabMappingMismatchError",
     "build_vocab_mapping",
+    "check_sizes",
     "count_loss_masked_tokens",
     "dataset_fingerprint",
     "load_vocab_mapping",
@@ -273,12 +274,16 @@ class VocabMapping:
         ]
         if bad:
             raise VocabMappingMismatchError(f"{source} does not match: " + "; ".join(bad))
-        validate_mapping(
-            self.d2t,
-            self.t2d,
-            int(self.key.get("draft_vocab_size", self.draft_vocab_size)),
-            int(self.key.get("target_vocab_size", self.target_vocab_size)),
-        )
+        sizes = (self.key.get("draft_vocab_size", self.draft_vocab_size),
+                 self.key.get("target_vocab_size", self.target_vocab_size))  # fmt: skip
+        if not all(type(s) is int and s >= 1 for s in sizes):  # a string here was a ValueError from int()
+            raise InvalidArgumentError(
+                f"{source}: its key's (draft_vocab_size, target_vocab_size) {sizes} are not sizes (integers >= 1)"
+            )
+        try:
+            validate_mapping(self.d2t, self.t2d, *sizes)
+        except InvalidArgumentError as e:
+            raise InvalidArgumentError(f"{source}: {e}") from None
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the mapping atomically.
@@ -313,10 +318,7 @@ def mapping_from_counts(
         InvalidArgumentError: ``draft_vocab_size`` not in ``[1, target_vocab_size]``.
     """
     target_vocab_size = int(counts.shape[0])
-    if not 1 <= draft_vocab_size <= target_vocab_size:
-        raise InvalidArgumentError(
-            f"draft_vocab_size {draft_vocab_size} must be in [1, target_vocab_size = {target_vocab_size}]"
-        )
+    _check_draft_size(draft_vocab_size, target_vocab_size)
     counts = counts.to(torch.int64)
     seen = torch.nonzero(counts > 0).flatten()  # ascending ids
     # Stable sort of ascending ids by descending count: ties keep the lower id first.
@@ -347,6 +349,26 @@ def mapping_from_counts(
     full_key.update(key or {})
     validate_mapping(d2t, t2d, draft_vocab_size, target_vocab_size)
     return VocabMapping(d2t=d2t, t2d=t2d, key=full_key)
+
+
+def _check_draft_size(draft_vocab_size: int, target_vocab_size: int) -> None:
+    if not 1 <= draft_vocab_size <= target_vocab_size:
+        raise InvalidArgumentError(
+            f"draft_vocab_size {draft_vocab_size} must be in [1, target_vocab_size = {target_vocab_size}]"
+        )
+
+
+def check_sizes(datasets: Sequence[Any], draft_vocab_size: int, target_vocab_size: int | None = None) -> int:
+    """The target vocabulary size of ``datasets`` (``target_vocab_size``, else their metadata ``vocab_size``), with
+    ``draft_vocab_size`` checked against it: what a mapping of those sizes needs, known before any token is counted
+    or file written.
+
+    Raises:
+        InvalidArgumentError: sizes unknown or inconsistent, or ``draft_vocab_size`` not in ``[1, target vocab]``.
+    """
+    vocab = _target_vocab_size(datasets, target_vocab_size)
+    _check_draft_size(draft_vocab_size, vocab)
+    return vocab
 
 
 def _target_vocab_size(dss: Sequence[Any], given: int | None) -> int:
@@ -393,7 +415,7 @@ def build_vocab_mapping(
     dss = [Dataset(p) for p in items]
     for ds in dss:
         require_tensors(ds, ("input_ids", "loss_mask"), "a draft vocabulary mapping")
-    vocab = _target_vocab_size(dss, target_vocab_size)
+    vocab = check_sizes(dss, draft_vocab_size, target_vocab_size)  # before the counting pass
     skipped: list[int] = []
     counts, samples = count_loss_masked_tokens(dss, vocab, progress=progress, on_corrupt=on_corrupt, skipped=skipped)
     key: dict[str, Any] = {
@@ -404,6 +426,40 @@ def build_vocab_mapping(
     if skipped:
         key["skipped_corrupt_sample_ids"] = sorted(skipped)
     return mapping_from_counts(counts, draft_vocab_size, key=key)
+
+
+def _read_map(path: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """``(d2t, t2d, key)`` of the vocab map file at ``path``, as stored (``key`` {} when it has none).
+
+    Raises:
+        CheckpointError: a file that cannot be read as a vocab map (missing, not safetensors / torch, no ``d2t`` or
+            ``t2d`` tensor, a key that is not a JSON object), naming it.
+    """
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(path, framework="pt") as f:
+                meta = f.metadata() or {}
+                stored = set(f.keys())  # (a safe_open handle has no `in`)
+                obj: Any = {name: f.get_tensor(name) for name in ("d2t", "t2d") if name in stored}
+            key = json.loads(meta[_META_KEY]) if _META_KEY in meta else {}
+        else:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+            key = dict(obj.get("eagle_io_key") or {}) if isinstance(obj, dict) else {}
+    except Exception as e:  # each loader's own errors (OSError, SafetensorError, UnpicklingError, JSON...)
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{path}: cannot read a vocab map: {why}", path) from e
+    if not isinstance(obj, dict) or not isinstance(key, dict):
+        raise CheckpointError(f"{path}: not a vocab map (a dict of d2t and t2d, and the eagle-io key)", path)
+    for name in ("d2t", "t2d"):
+        if not isinstance(obj.get(name), torch.Tensor):
+            raise CheckpointError(
+                f"{path}: holds no {name} tensor: a vocab map holds d2t [draft vocab] and t2d [target vocab] "
+                "(`eagle-io vocab-map` writes one)",
+                path,
+            )
+    return obj["d2t"], obj["t2d"], key
 
 
 def load_vocab_mapping(
@@ -423,26 +479,23 @@ def load_vocab_mapping(
     Raises:
         VocabMappingMismatchError: the key differs (names the file and both values of each field), or the file
             has no eagle-io key (e.g. a bare SpecForge ``vocab_mapping.pt``) while an expectation was given.
-        ValueError: the tensors break an invariant (:func:`validate_mapping`).
+        CheckpointError: (an ``InvalidArgumentError``) a file that is not a vocab map, or whose tensors break an
+            invariant as stored (:func:`mapping_problems`: every problem, naming the file).
+        InvalidArgumentError: the tensors break an invariant against the key (:func:`validate_mapping`), naming it.
     """
     path = os.fspath(path)
-    if path.endswith(".safetensors"):
-        from safetensors import safe_open
-
-        with safe_open(path, framework="pt") as f:
-            meta = f.metadata() or {}
-            d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
-        key = json.loads(meta[_META_KEY]) if _META_KEY in meta else {}
-    else:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-        d2t, t2d, key = obj["d2t"], obj["t2d"], dict(obj.get("eagle_io_key") or {})
+    d2t, t2d, key = _read_map(path)
+    # The values first, as stored: a float d2t was cast to integers, an integer t2d to bool, before they were checked.
+    problems = mapping_problems(d2t, t2d, None, int(t2d.shape[0]) if t2d.dim() == 1 else None)
+    if problems:
+        raise CheckpointError(f"{path}: " + "; ".join(problems), path)
     if dataset is not None:
         dataset_sha256 = dataset_fingerprint(dataset)
     if not key and any(v is not None for v in (dataset_sha256, target_vocab_size, draft_vocab_size)):
         raise VocabMappingMismatchError(f"{path} carries no eagle-io key: cannot prove it fits this dataset")
     key.setdefault("draft_vocab_size", int(d2t.shape[0]))
     key.setdefault("target_vocab_size", int(t2d.shape[0]))
-    mapping = VocabMapping(d2t=d2t.to(torch.int64), t2d=t2d.to(torch.bool), key=key)
+    mapping = VocabMapping(d2t=d2t.to(torch.int64), t2d=t2d, key=key)
     mapping.check(
         dataset_sha256=dataset_sha256,
         target_vocab_size=target_vocab_size,

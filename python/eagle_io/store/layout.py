@@ -26,11 +26,13 @@ __all__ = [
     "RANK_MANIFEST",
     "SHARD_DIR",
     "SHARD_FILE",
+    "Footprint",
     "atomic_file",
     "created_mode",
     "dataset_manifests",
     "is_shard_temp",
     "is_url",
+    "lock_name",
     "lock_writers",
     "manifest_file",
     "manifest_name",
@@ -60,6 +62,12 @@ def manifest_name(rank: int, world_size: int) -> str:
 def shard_prefix(rank: int) -> str:
     """``rNNNNN-``: the start of the names of writer ``rank``'s shards."""
     return _native.shard_prefix(rank)
+
+
+def lock_name(manifest_name: str) -> str:
+    """The writer lock file of ``manifest_name`` in its root: ``.manifest.json.lock`` (``src/layout.rs``'s
+    ``lock_name``; ``tests/test_layout_atomic.py`` holds the two to the same name)."""
+    return f".{manifest_name}.lock"
 
 
 def rank_manifests(root: str | os.PathLike[str]) -> list[Path]:
@@ -127,6 +135,78 @@ def is_shard_temp(name: str) -> bool:
         and name.endswith(_L["temp_suffix"])
         and bool(SHARD_FILE.match(name[len(_L["temp_prefix"]) : -len(_L["temp_suffix"])]))
     )
+
+
+class Footprint:
+    """What a dataset root held before a writer or a run touched it, so that one ending with nothing stored (a
+    refused writer, a run that failed before its first commit or whose every record was refused) takes back what it
+    created, and the user's directory is as it was: no ``shards/``, lock or manifest left behind, no empty dataset
+    that looks finished, nothing a retry into the same root trips on.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(os.path.abspath(root))
+        self.new_dirs: list[Path] = []  # the root and the parents it lacked, deepest first
+        p = self.root
+        while not p.exists() and p != p.parent:
+            self.new_dirs.append(p)
+            p = p.parent
+        self.before = frozenset(os.listdir(self.root)) if self.root.is_dir() else frozenset()
+
+    def is_new(self, name: str) -> bool:
+        """Whether the root's entry ``name`` was not there when the footprint was taken."""
+        return name not in self.before
+
+    def take_back(self, names: Iterable[str], *, shards_of: Iterable[int] = ()) -> list[str]:
+        """Removes each file of ``names`` that is in the root now and was not before; from the shards folder (when
+        ``names`` holds :data:`SHARD_DIR`), the shards, committed or temporary, of the writers of ranks ``shards_of``
+        (this run's own: never another writer's, which may be writing beside it), then the folder itself when it
+        is new and empty; then the directories the root lacked, each when empty. Entries that were there before,
+        and anything else, are never touched. Never raises (it runs on the way out of an error): what cannot be
+        removed stays. Returns the paths removed."""
+        removed = []
+        prefixes = tuple(p for r in shards_of for p in (shard_prefix(r), _L["temp_prefix"] + shard_prefix(r)))
+        for name in names:
+            path = self.root / name
+            with contextlib.suppress(OSError):
+                if name == SHARD_DIR and path.is_dir() and not path.is_symlink():
+                    for shard in sorted(os.listdir(path)) if prefixes else []:
+                        if shard.startswith(prefixes) and (SHARD_FILE.match(shard) or is_shard_temp(shard)):
+                            os.unlink(path / shard)
+                            removed.append(str(path / shard))
+                    if self.is_new(name):
+                        path.rmdir()  # only when empty
+                        removed.append(str(path))
+                elif self.is_new(name) and os.path.lexists(path) and not path.is_dir():
+                    path.unlink()
+                    removed.append(str(path))
+        for d in self.new_dirs:
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only when empty
+                removed.append(str(d))
+        return removed
+
+    def take_back_all(self) -> None:
+        """Removes every entry of the root that was not there before, folders with what they hold, then the
+        directories the root lacked: for an output a run owns whole (an export into a new or empty directory) that
+        failed. Never raises; what cannot be removed stays."""
+        import shutil
+
+        if self.root.is_dir():
+            for name in set(os.listdir(self.root)) - self.before:
+                path = self.root / name
+                with contextlib.suppress(OSError):
+                    if path.is_dir() and not path.is_symlink():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink()
+        self.take_back([])
+
+    def take_back_dataset(self) -> list[str]:
+        """:meth:`take_back` of the single-writer dataset a run that cannot be resumed wrote (a transcode, an import
+        that failed or was interrupted: its part is no result, and it refused the retry): its manifest, lock and
+        shards, committed ones too."""
+        return self.take_back([MANIFEST, lock_name(MANIFEST), SHARD_DIR], shards_of=[0])
 
 
 def storage_error(path: str | os.PathLike[str], e: OSError) -> StorageError:

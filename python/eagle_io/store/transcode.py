@@ -86,6 +86,9 @@ def transcode(
             holding a dataset, or ``dst`` and ``src``'s directory the same or one inside the other (the message
             names both).
         CorruptRecordError: a sample of ``src`` that does not read.
+
+    A transcode that fails (or is interrupted) removes what it wrote to ``dst`` (it cannot be resumed, and its part
+    would refuse the retry): ``dst`` is as it was.
     """
     source = Dataset(src, threads=threads)
     _check_apart(source, dst)
@@ -101,14 +104,19 @@ def transcode(
             "source_sha256": data_fingerprint([source.manifest]),
         }
         metadata[LOSSY_HISTORY] = [*(metadata.get(LOSSY_HISTORY) or []), entry]
-    with ShardWriter(dst, schema, metadata, threads=threads, zstd_level=level) as writer:
-        for start in range(0, len(source), BATCH):
-            batch = []
-            for pos in range(start, min(start + BATCH, len(source))):
-                item = source.read(pos)
-                info = source.entry(pos)
-                batch.append((info.sample_id, {s.name: item[s.name] for s in schema}, info.key))
-            writer.write_batch(batch)
-            if progress:
-                progress(start + len(batch), len(source))
+    footprint = layout.Footprint(dst)
+    try:
+        with ShardWriter(dst, schema, metadata, threads=threads, zstd_level=level) as writer:
+            for start in range(0, len(source), BATCH):
+                batch = []
+                for pos in range(start, min(start + BATCH, len(source))):
+                    item = source.read(pos)
+                    info = source.entry(pos)
+                    batch.append((info.sample_id, {s.name: item[s.name] for s in schema}, info.key))
+                writer.write_batch(batch)
+                if progress:
+                    progress(start + len(batch), len(source))
+    except BaseException:  # a transcode is not resumed: the part written is no result, and would refuse the retry
+        footprint.take_back_dataset()
+        raise
     return writer.stats()

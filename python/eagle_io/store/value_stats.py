@@ -5,15 +5,24 @@ serving target needs when the data's range exceeds float16's."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..errors import CorruptRecordError
 from .values import block_names
 
-__all__ = ["STATS_FORMAT", "merge_value_stats", "range_warnings", "read_value_stats", "value_stats_path"]
+__all__ = [
+    "STATS_FORMAT",
+    "merge_value_stats",
+    "range_warnings",
+    "read_value_stats",
+    "stats_problems",
+    "value_stats_path",
+]
 
 STATS_FORMAT = "eagle-io/value-stats"
 
@@ -43,14 +52,63 @@ def merge_value_stats(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[s
 
 def read_value_stats(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The value stats files of the dataset at ``path`` (a root or a manifest): one dict per manifest that has one
-    (docs/FORMAT.md section 2.2), in rank order; [] when none was written."""
+    (docs/FORMAT.md section 2.2), in rank order; [] when none was written.
+
+    Raises:
+        CorruptRecordError: a file that is not JSON or cannot be true (:func:`stats_problems`), naming it and every
+            problem (a damaged file was a JSONDecodeError traceback out of check-serving; a negative max |x|, or one
+            per layer for another number of layers, was taken as it was).
+    """
     from .layout import dataset_manifests
 
     out = []
     for m in dataset_manifests(path):
         f = value_stats_path(m)
-        if f.is_file():
-            out.append(json.loads(f.read_text()))
+        if not f.is_file():
+            continue
+        try:
+            st = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            problems = [f"not JSON ({e})"]
+        else:
+            problems = stats_problems(st)
+        if problems:
+            err = CorruptRecordError(
+                f"{f}: " + "; ".join(problems) + ": not what a capture writes (docs/FORMAT.md 2.2); delete it (it "
+                "only records the captured range, for check-serving's float16 check)"
+            )
+            err.path, err.sample_id, err.offset = str(f), None, 0
+            raise err
+        out.append(st)
+    return out
+
+
+def _magnitude(x: Any) -> bool:
+    """A max |x|: a finite JSON number >= 0 (not ``true``, NaN or Infinity)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def stats_problems(st: Any) -> list[str]:
+    """Every way a value stats object cannot be what a capture wrote, one sentence each naming the field; empty when
+    it holds together: ``format``, ``samples`` an integer >= 0, ``absmax`` null or per-layer max |x| (finite, >= 0)
+    with one value per ``aux_layer_ids`` entry."""
+    if not isinstance(st, dict) or st.get("format") != STATS_FORMAT:
+        return [f"format {st.get('format') if isinstance(st, dict) else st!r} is not {STATS_FORMAT!r}"]
+    out = []
+    samples = st.get("samples", 0)
+    if type(samples) is not int or samples < 0:
+        out.append(f"samples {samples!r} is not a count (an integer >= 0)")
+    absmax, ids = st.get("absmax"), st.get("aux_layer_ids")
+    if absmax is None:
+        return out
+    aux = absmax.get("aux_hidden_states") if isinstance(absmax, dict) else None
+    if not isinstance(aux, list) or not all(_magnitude(v) for v in aux):
+        out.append(f"absmax.aux_hidden_states {aux!r} is not a max |x| (a finite number >= 0) per captured layer")
+    elif ids is not None and (not isinstance(ids, list) or len(ids) != len(aux)):
+        out.append(f"absmax.aux_hidden_states has {len(aux)} values for aux_layer_ids {ids!r}: one per layer")
+    final = absmax.get("hidden_states") if isinstance(absmax, dict) else None
+    if not _magnitude(final):
+        out.append(f"absmax.hidden_states {final!r} is not a max |x| (a finite number >= 0)")
     return out
 
 
@@ -64,11 +122,13 @@ def range_warnings(path: str | os.PathLike[str], target_dtype: str | torch.dtype
     top = float(torch.finfo(torch.float16).max)
     out = []
     for st in read_value_stats(path):
-        absmax = st.get("absmax") or {}
-        names = block_names(len(absmax.get("aux_hidden_states", [])), st.get("aux_layer_ids"))
-        values = [*absmax.get("aux_hidden_states", []), absmax.get("hidden_states", 0.0)]
+        absmax = st.get("absmax")
+        if absmax is None:  # no sample written
+            continue
+        names = block_names(len(absmax["aux_hidden_states"]), st.get("aux_layer_ids"))
+        values = [*absmax["aux_hidden_states"], absmax["hidden_states"]]
         for name, v in zip(names, values, strict=True):
-            if v is not None and v > top:
+            if v > top:
                 out.append(
                     f"the captured {name} reach |x| = {v:.4g}, beyond float16's 65504: a float16 target overflows "
                     "where this data did not; serve it in bfloat16"

@@ -92,21 +92,29 @@ class ShardWriter:
                 )
         self.root = os.fspath(root)
         manifest_name = layout.manifest_name(rank, world_size)
-        self._native = _native.Writer(
-            self.root,
-            [(s.name, s.dtype, s.width, s.precision, s.scale_block) for s in self.schema],
-            metadata,
-            shard_bytes=shard_bytes,
-            chunk_bytes=chunk_bytes,
-            threads=threads,
-            zstd_level=zstd_level,
-            queue_depth=queue_depth,
-            shard_prefix=layout.shard_prefix(rank),
-            manifest_name=manifest_name,
-            resume=resume,
-            uploaded_to=uploaded_to,
-        )
+        # The core makes the root, shards/ and the lock before it looks at what the root holds: a refusal takes
+        # them back (a writer refused over another dataset left shards/ and a lock in it).
+        footprint = layout.Footprint(self.root)
+        try:
+            self._native = _native.Writer(
+                self.root,
+                [(s.name, s.dtype, s.width, s.precision, s.scale_block) for s in self.schema],
+                metadata,
+                shard_bytes=shard_bytes,
+                chunk_bytes=chunk_bytes,
+                threads=threads,
+                zstd_level=zstd_level,
+                queue_depth=queue_depth,
+                shard_prefix=layout.shard_prefix(rank),
+                manifest_name=manifest_name,
+                resume=resume,
+                uploaded_to=uploaded_to,
+            )
+        except BaseException:
+            footprint.take_back([manifest_name, layout.lock_name(manifest_name), layout.SHARD_DIR])
+            raise
         self.manifest_path = os.path.join(self.root, manifest_name)
+        self._footprint, self._rank = footprint, rank
 
     def _convert(self, sample_id: int, tensors: Mapping[str, Any], key: str) -> tuple:
         check_sample_id(sample_id)
@@ -153,6 +161,18 @@ class ShardWriter:
         """Commits the last shard, marks the manifest complete (unless ``complete`` is False: a capture that stopped
         before its end, which ``resume`` continues and a ``follow=True`` reader waits on), and returns it."""
         return self._native.close(complete=complete)
+
+    def take_back(self) -> bool:
+        """After :meth:`close` (or the close of the sink that took the writer over), for a run that ended before it
+        stored anything (it failed while starting): when this writer created its dataset (no manifest of it was there
+        when it opened) and committed no shard, removes what it created (:class:`~eagle_io.store.layout.Footprint`),
+        as a refused writer does; a dataset it resumed is left as it is. True when it did."""
+        from .manifest import read_manifest
+
+        name = os.path.basename(self.manifest_path)
+        if not self._footprint.is_new(name) or read_manifest(self.manifest_path)["shards"]:
+            return False
+        return bool(self._footprint.take_back([name, layout.lock_name(name), layout.SHARD_DIR], shards_of=[self._rank]))
 
     def __enter__(self) -> ShardWriter:
         return self
