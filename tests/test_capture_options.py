@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -164,3 +165,21 @@ def test_a_server_restarted_by_its_supervisor_resumes_its_own_capture(tmp_path, 
         cap.stop(None, complete=False)  # the server killed: what it committed stays, marked incomplete
     ds = eagle_io.Dataset(out)
     assert sorted(ds.entry(i).sample_id for i in range(len(ds))) == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({"model": "x"}, "unknown keyword argument 'model'"),
+        ({"shard_byte": 1 << 20}, "unknown keyword argument 'shard_byte' (did you mean 'shard_bytes'?)"),
+        ({"concurency": 4}, "(did you mean 'concurrency'?)"),
+    ],
+)
+def test_a_misspelt_capture_keyword_is_refused_on_the_client_naming_the_closest(tmp_path, kwargs, said):
+    """Before: eagle_io.capture(url, model=...) reached the server, which answered with its own TypeError. Now the
+    client refuses it before any request (the URL here answers nothing), naming the closest valid keyword."""
+    with pytest.raises(eagle_io.errors.ArgumentTypeError, match=re.escape(said)):
+        eagle_io.capture("http://127.0.0.1:9", tmp_path / "out", **kwargs)
+    with pytest.raises(eagle_io.errors.ArgumentTypeError, match="capture writer options: unknown keyword argument"):
+        CaptureOptions(writer_options={"shard_byte": 1})
+    assert not (tmp_path / "out").exists()

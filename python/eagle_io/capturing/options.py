@@ -17,7 +17,12 @@ from ..errors import InvalidArgumentError, check_keywords
 from ..store.schema import STATE_DTYPES, precision_name
 from .ring import check_ring_options
 
-__all__ = ["VALUE_POLICIES", "CaptureOptions"]
+__all__ = ["VALUE_POLICIES", "WRITER_OPTIONS", "CaptureOptions"]
+
+WRITER_OPTIONS = ("shard_bytes", "chunk_bytes", "threads", "zstd_level", "queue_depth", "rank", "world_size", "resume",
+                  "staging", "staging_bytes")  # fmt: skip
+"""The ``writer_options`` a capture takes: :class:`eagle_io.ShardWriter`'s keyword options, and ``staging`` /
+``staging_bytes`` for an object-storage ``out_dir``."""
 
 VALUE_POLICIES = ("raise", "skip")
 """What the capture core does with a sample whose states fail a value check (:data:`eagle_io.store.values.KINDS`):
@@ -93,6 +98,7 @@ class CaptureOptions:
             object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in ids))
         for key in ("target_info", "metadata", "writer_options"):
             object.__setattr__(self, key, dict(getattr(self, key) or {}))
+        check_keywords(self.writer_options, WRITER_OPTIONS, "capture writer options")
         if self.tokenizer_identity is not None:
             object.__setattr__(self, "tokenizer_identity", dict(self.tokenizer_identity))
 

@@ -13,9 +13,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from .. import defaults
-from ..errors import ArgumentTypeError, InternalError, InvalidArgumentError, SchemaError
+from ..errors import ArgumentTypeError, InternalError, InvalidArgumentError, SchemaError, check_keywords
 from .hf import HFCapture
-from .options import CaptureOptions
+from .options import WRITER_OPTIONS, CaptureOptions
 from .store import ForwardSample, SampleStore
 
 
@@ -261,6 +261,12 @@ def capture(
         ObjectStorageError: a request to the object store failed (names the URL and the HTTP status), at start
             (resume), while capturing or at exit.
     """
+    own = ("target_info", "tokenizer_identity", "aux_layer_ids", "state_dtype", "precision", "max_length", "metadata",
+           "nonfinite", "implausible", "ring_bytes", "timeout_s", "drop_when_full", "sampling_params", "concurrency",
+           "retries", "progress", "api_key", "admin_api_key")  # fmt: skip
+    check_keywords(
+        writer_options, (*own, *WRITER_OPTIONS), "eagle_io.capture()"
+    )  # misspelt: refused here, not remotely
     urls = [target] if isinstance(target, str) else target if isinstance(target, (list, tuple)) else None
     if urls is not None and not all(isinstance(u, str) for u in urls):
         raise InvalidArgumentError(

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ... import defaults
-from ...errors import InvalidArgumentError
+from ...errors import InvalidArgumentError, check_keywords
 from .protocol import CAPTURE_PARAM, SAMPLE_PARAM
 
 __all__ = ["LIVE_COUNTS", "Admission", "LivePolicy", "rid_fraction"]
@@ -94,11 +94,8 @@ class LivePolicy:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LivePolicy:
-        """Raises InvalidArgumentError on an unknown key."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InvalidArgumentError(f"unknown live capture option(s) {unknown}; known: {sorted(known)}")
+        """Raises ArgumentTypeError on an unknown key (naming the closest: :func:`eagle_io.errors.check_keywords`)."""
+        check_keywords(d, (f.name for f in fields(cls)), "live capture options")
         return cls(**d)
 
 
