@@ -5,6 +5,7 @@ states through the capture ring into shards, and leave a committed manifest on e
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -261,9 +262,7 @@ def capture(
         ObjectStorageError: a request to the object store failed (names the URL and the HTTP status), at start
             (resume), while capturing or at exit.
     """
-    own = ("target_info", "tokenizer_identity", "aux_layer_ids", "state_dtype", "precision", "max_length", "metadata",
-           "nonfinite", "implausible", "ring_bytes", "timeout_s", "drop_when_full", "sampling_params", "concurrency",
-           "retries", "progress", "api_key", "admin_api_key")  # fmt: skip
+    own = [p for p in inspect.signature(capture).parameters if p not in ("target", "out_dir", "writer_options")]
     check_keywords(
         writer_options, (*own, *WRITER_OPTIONS), "eagle_io.capture()"
     )  # misspelt: refused here, not remotely
