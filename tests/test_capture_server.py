@@ -416,7 +416,15 @@ def test_a_bare_host_port_is_read_as_http_and_a_silent_port_is_named_within_its_
         assert time.monotonic() - t0 < 10
 
 
-def test_generate_refuses_a_model_that_is_not_the_one_served(fake, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ({"num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 50000}, "num_layers 4 here, 8 served"),
+        ({"num_hidden_layers": 8, "hidden_size": 128, "vocab_size": 32000},
+         "hidden_size 128 here, 64 served; vocab_size 32000 here, 50000 served"),
+    ],
+)  # fmt: skip
+def test_generate_refuses_a_model_that_is_not_the_one_served(fake, tmp_path, capsys, config, said):
     """Before: generate --server URL --model OTHER ran, recorded OTHER's tokenizer and produced token ids of another
     tokenizer than the states'. Now --model is compared with what the server serves, each difference named."""
     from eagle_io.cli import main
@@ -425,11 +433,10 @@ def test_generate_refuses_a_model_that_is_not_the_one_served(fake, tmp_path, cap
     url, _ = fake
     other = tmp_path / "other"
     load_default_tokenizer().save_pretrained(other)
-    (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4,
-                                                   "hidden_size": 64, "vocab_size": 50000}))  # fmt: skip
+    (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **config}))
     argv = ["generate", "--server", url, "--model", str(other), "--out", str(tmp_path / "o"), "--dataset", str(FIXTURE),
             "--limit", "1"]  # fmt: skip
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert f"--model {other} is not the model {url} serves (/m/tiny): num_layers 4 here, 8 served" in err, err
+    assert f"--model {other} is not the model {url} serves (/m/tiny): {said}" in err, err
     assert not (tmp_path / "o").exists()
