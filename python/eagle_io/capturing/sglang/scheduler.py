@@ -26,6 +26,7 @@ attn_dp_size`` (:mod:`eagle_io.sglang.ranks`).
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -197,9 +198,14 @@ def _start_over_http(scheduler: Any, cmd: Mapping[str, Any]) -> None:
 def _audit(cmd: Mapping[str, Any], result: str) -> None:
     """One line in the server's log per control command: who (the host the client names itself, as SGLang gives a
     scheduler no address), the op, the capture id, the out_dir and the result; never a secret."""
-    logger.warning("eagle-io AUDIT client=%s op=%s capture=%s out_dir=%s force=%s result=%s",
+    logger.warning("eagle-io AUDIT client=%r op=%r capture=%s out_dir=%r force=%s result=%s",  # %r: one line each
                    str(cmd.get("client"))[:100], cmd.get("op"), capture_id(cmd.get("token")), cmd.get("out_dir"),
                    cmd.get("force") is True, result)  # fmt: skip
+
+
+def _same_secret(held: str | None, sent: str) -> bool:
+    """Whether a command carries the running capture's secret (a constant-time comparison)."""
+    return held is not None and hmac.compare_digest(held.encode(), sent.encode())
 
 
 def _keys_of(scheduler: Any) -> str:
@@ -232,7 +238,7 @@ def _control_hook(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kw
             _STARTING = None
         if cmd["op"] == "start":
             running = cap is not None and cap.writes and not cap.stopping
-            if running and cap.token == cmd["token"]:
+            if running and _same_secret(cap.token, cmd["token"]):
                 taken, why = True, "already running (a retried start)"
             elif running:
                 why = f"refused: capture {capture_id(cap.token)} is running"
@@ -243,9 +249,10 @@ def _control_hook(original: Any, scheduler: Any, recv_req: Any, *args: Any, **kw
         elif cmd["op"] == "stop" and cap is not None and cap.writes:
             # only the capture's own client (its secret) stops it; a forced stop (its client is gone) only where
             # SGLang checked the caller's key, and it ends the capture incomplete
-            forced = cmd.get("force") is True and cmd["token"] != cap.token
+            mine = _same_secret(cap.token, cmd["token"])
+            forced = cmd.get("force") is True and not mine
             keys = _keys_of(scheduler)
-            if cap.token is None or cmd["token"] == cap.token or (forced and keys != "no key"):
+            if cap.token is None or mine or (forced and keys != "no key"):
                 complete = cmd.get("complete") is not False and not (forced and cap.token is not None)
                 threading.Thread(target=cap.stop, args=(cmd["token"], complete, forced), daemon=True).start()
                 taken, why = True, "stopping" + (" (forced: incomplete)" if forced and cap.token else "")
