@@ -162,8 +162,9 @@ def target_checkpoint(
 
     path = Path(model if model is not None else default_gguf_path()).expanduser().resolve()
     if path.is_file():
-        files = target_files(path, full_sha256=True)  # cached per file: hashed once
-        out = Path(cache_dir()) / "hf-from-gguf" / files[0]["sha256"][:16]
+        digest = target_files(path, full_sha256=True)[0]["sha256"]  # names the cache (cached per file: hashed once)
+        files = target_files(path, full_sha256=full_sha256)  # the identity recorded, as load_target records it
+        out = Path(cache_dir()) / "hf-from-gguf" / digest[:16]
         if not (out / "config.json").is_file():
             kw: dict[str, Any] = {"gguf_file": path.name, "local_files_only": True}
             try:
