@@ -401,14 +401,16 @@ def test_a_sampled_request_that_never_reaches_a_forward_is_forgotten_and_counted
 
 
 @pytest.mark.parametrize(
-    ("custom_params", "counted"),
-    [("a string", "unsupervised_skipped"), ([1, 2], "unsupervised_skipped"),
-     ({"eagle_io_loss_mask": ["a", 0, 0]}, "refused"), ({"eagle_io_loss_mask": [None, 0, 0]}, "refused")],
+    "custom_params",
+    ["a string", [1, 2], {"eagle_io_loss_mask": ["a", 0, 0]}, {"eagle_io_loss_mask": [None, 0, 0]},
+     {"eagle_io_loss_mask": [1, 1, 1]}],
 )  # fmt: skip
-def test_a_served_requests_malformed_custom_params_never_stop_a_live_capture(tmp_path, custom_params, counted):
-    """SGLang serves a request whose ``custom_params`` is not a dict (it checks ``isinstance(..., dict)`` itself)
-    or whose loss mask holds non-integers: a live capture samples the first by its rate (its prompt-only sample has
-    no supervised token: skipped, counted), refuses the second (counted, named), and runs on for the next one."""
+def test_a_served_requests_custom_params_never_stop_a_live_capture_nor_shape_its_sample(tmp_path, custom_params):
+    """SGLang serves a request whose ``custom_params`` is not a dict (it checks ``isinstance(..., dict)`` itself), or
+    holds a loss mask of its own (malformed or not): a live capture samples it by its rate, runs on, and stores it
+    with the live capture's own mask, never the user's (measured on a real CPU server before: a plain user's
+    ``eagle_io_loss_mask`` of all ones made their own prompt supervised tokens). Here the prompt-only samples have no
+    supervised token: each skipped and counted, none refused."""
     from eagle_io.capturing.sglang import scheduler as sc
 
     sink = _SlowSink(0)
@@ -416,16 +418,14 @@ def test_a_served_requests_malformed_custom_params_never_stop_a_live_capture(tmp
     cap.live = cc.LivePolicy(sample_rate=1.0)
     cap.admission, cap.next_live_id = cc.Admission(cap.live, 4), 1 << 62
     try:
-        for rid, params in (("odd", custom_params), ("next", {"eagle_io_loss_mask": [1, 1, 1]})):
+        for rid in ("odd", "next"):
             batch, result = _prefill(None, rid=rid)
-            batch.reqs[0].sampling_params.custom_params = params
+            batch.reqs[0].sampling_params.custom_params = custom_params
             _serve(cap, batch, result)
         assert cap.error is None and not cap.stopping, cap.error
-        assert cap.admission.counts["sampled"] == 2 and sink.put_ids == [(1 << 62) + 1]
+        assert cap.admission.counts["sampled"] == 2 and sink.put_ids == []
         counts = cap.counts()
-        assert counts[counted] == 1 and counts["refused" if counted != "refused" else "unsupervised_skipped"] == 0
-        if counted == "refused":
-            assert cap.refusal.startswith(f"sample {1 << 62}: custom_params['eagle_io_loss_mask']"), cap.refusal
+        assert (counts["unsupervised_skipped"], counts["refused"]) == (2, 0), counts
     finally:
         sc._ACTIVE = None
 

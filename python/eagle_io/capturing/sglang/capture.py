@@ -190,7 +190,8 @@ class SchedulerCapture:
             self.admitted[rid] = (params[SAMPLE_PARAM], params, now, req)
         elif not given and self.admission.admit(r["prompt_len"], inflight) is None:
             sid, self.next_live_id = self.next_live_id, self.next_live_id + 1
-            self.admitted[rid] = (sid, {**params, KEY_PARAM: rid}, now, req)
+            # a served user's own eagle-io parameters (a loss mask over their prompt...) are never the sample's
+            self.admitted[rid] = (sid, {KEY_PARAM: rid}, now, req)
         else:
             return
         probe.isolate_from_radix_cache(req)

@@ -282,11 +282,11 @@ class ServerCapture:
                                live=live.to_dict() if live is not None else None)  # fmt: skip
             http_json(f"{s.url}/set_internal_state", {"server_args": cmd}, keys=self.keys, control=True)
             offset += s.writers
-        remember_secret(self.url, self._secret)
+        self._wait({"capturing"}, "id", defaults.STOP_TIMEOUT_S, "start")
+        remember_secret(self.url, self._secret)  # once started: a refused start leaves no secret to stop with
         if live is not None:
             for s in self.servers:
                 remember_secret(s.url, self._secret)
-        self._wait({"capturing"}, "id", defaults.STOP_TIMEOUT_S, "start")
 
     forward_seconds = store_seconds = None  # the forwards run in the servers
 
@@ -574,7 +574,7 @@ def stop_server_capture(
     url, keys = server_url(url), ServerKeys.resolve(api_key, admin_api_key)
     secret = recall_secret(url) or os.environ.get(ENV_CAPTURE_SECRET) or None
     forced = secret is None or not any(
-        st.get("id") == capture_id(secret) and st.get("state") in ("capturing", "stopping", "stopped", "failed")
+        st.get("id") == capture_id(secret) and st.get("state") in ("capturing", "stopping", "stopped")
         for _, _, st in _statuses([url], keys)
     )
     if forced:

@@ -117,6 +117,10 @@ class OperatorPolicy:
         cap = self.limits["ring_bytes"]
         if cap is not None and options.ring_bytes > cap:
             over.append(f"ring_bytes {options.ring_bytes:,} > {int(cap):,}")
+        for name, most in _WRITER_MOST.items():  # the writer allocates by these at once (a queue, threads)
+            given = options.writer_options.get(name)
+            if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given > most()):
+                over.append(f"writer option {name} {given!r} > {most()}")
         if out_dir.startswith("s3://"):
             local = [r for r in self.roots if not r.startswith("s3://")]
             if not local:
@@ -140,6 +144,11 @@ class OperatorPolicy:
         if over:
             raise CaptureRefusedError(f"over this server's limits ({ENV_CAPTURE_LIMITS}): " + "; ".join(over))
         return options, live
+
+
+_WRITER_MOST = {"queue_depth": lambda: 4 * defaults.QUEUE_DEPTH, "threads": lambda: os.cpu_count() or 1}
+"""Writer options a remote client may set but not past these: the writer makes its queue and threads at once (a
+queue_depth of 2**40 aborted the scheduler process; 1,000 threads were made)."""
 
 
 def _root(root: str) -> str:

@@ -154,12 +154,14 @@ def parse_control(server_args: Any) -> dict[str, Any] | None:
     keys = [k for k in (server_args or {}) if isinstance(k, str) and k.startswith(CONTROL_PREFIX)]
     if not keys:
         return None
+    # (the messages never quote a command: it carries a secret)
     if len(keys) != len(server_args):
-        raise CaptureRefusedError(f"an eagle-io command is mixed with SGLang settings: {sorted(server_args)}")
+        others = sorted(k for k in server_args if k not in keys)
+        raise CaptureRefusedError(f"an eagle-io command is mixed with SGLang settings: {others}")
     try:
         (cmd,) = (json.loads(k[len(CONTROL_PREFIX) :]) for k in keys)
     except ValueError as e:
-        raise CaptureRefusedError(f"not one eagle-io command (a JSON object per key): {e}") from e
+        raise CaptureRefusedError(f"not one eagle-io command (a JSON object per key): {type(e).__name__}") from e
     if not isinstance(cmd, dict) or not isinstance(cmd.get("op"), str) or not isinstance(cmd.get("token"), str):
-        raise CaptureRefusedError(f"an eagle-io command needs a str op and token: {cmd!r}")
+        raise CaptureRefusedError("an eagle-io command needs a str op and token")
     return cmd

@@ -190,7 +190,7 @@ def _start_over_http(scheduler: Any, cmd: Mapping[str, Any]) -> None:
         _start(scheduler, out_dir, options.to_dict(), cmd["token"], policy.to_dict() if policy else None, **writers)
         _STARTING = None
         _audit(cmd, "started")
-    except Exception as e:  # shown in the status: the client names it
+    except BaseException as e:  # shown in the status; also a Rust panic (pyo3's PanicException is no Exception)
         _STARTING = {"state": "failed", "id": cid, "error": f"{type(e).__name__}: {e}"}
         _audit(cmd, f"refused: {_STARTING['error']}")
 
