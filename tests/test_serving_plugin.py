@@ -909,7 +909,7 @@ def test_a_startup_target_that_does_not_resolve_stops_the_launch_at_scheduler_in
     monkeypatch.setattr(targets, "STARTUP_HOOK", moved)
     sglang_plugin.register()
     HookRegistry.apply_hooks()
-    assert {targets.SCHEDULER_INIT_HOOK} == plugin._REGISTERED  # nothing else placed
+    assert {targets.SCHEDULER_INIT_HOOK} == plugin._REGISTERED - {targets.SERVER_INFO_HOOK}  # nothing else placed
     with pytest.raises(eagle_io.errors.SGLangCompatError) as e:
         Scheduler.__init__(object.__new__(Scheduler))
     msg = str(e.value)
@@ -1093,3 +1093,18 @@ def test_an_sglang_without_package_metadata_is_named_by_its_own_version(monkeypa
     assert plugin._version_problem() is None
     monkeypatch.delitem(sys.modules, "sglang")
     assert compat.sglang_version() is None
+
+
+def test_sglangs_keys_never_leave_in_server_info():
+    """Found on a real CPU server: SGLang 0.5.23's /server_info (readable by anyone when only --admin-api-key is set,
+    and by every API user otherwise) answered the admin key in clear, in its field and in launch_command; a forced stop
+    and a hijacked capture followed. The plugin's hook on its redaction redacts both keys."""
+    launch = "python -m sglang.launch_server --admin-api-key ADMIN-KEY --api-key=A-KEY --port 1"
+    info = {"api_key": "A-KEY", "admin_api_key": "ADMIN-KEY", "port": 30000, "launch_command": launch}
+    out = plugin.redact_keys(info)
+    assert "A-KEY" not in json.dumps(out) and "ADMIN-KEY" not in json.dumps(out), out
+    assert out["port"] == 30000 and out["launch_command"].endswith("--api-key=<redacted> --port 1")
+    argv = ["sglang", "--admin-api-key", "K", "--model-path", "m"]
+    assert plugin.redact_keys({"launch_command": argv})["launch_command"] == [
+        "sglang", "--admin-api-key", "<redacted>", "--model-path", "m"]  # fmt: skip
+    assert plugin.redact_keys({"api_key": None})["api_key"] is None

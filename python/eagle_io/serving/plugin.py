@@ -524,6 +524,48 @@ def _version_problem() -> SGLangCompatError | None:
     )
 
 
+def _hosts_http_server() -> bool:
+    """Whether this process serves SGLang's HTTP routes: its module is loaded, or this is the process of ``python -m
+    sglang.launch_server`` itself (its ``load_plugins()`` runs before it imports the HTTP server; the processes it
+    spawns re-run that main module, but have a parent)."""
+    import multiprocessing
+
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    launched = getattr(main, "name", None) == "sglang.launch_server" and multiprocessing.parent_process() is None
+    return launched or hooks.SERVER_INFO_HOOK.rsplit(".", 1)[0] in sys.modules
+
+
+_KEY_FIELDS = ("api_key", "admin_api_key")
+
+
+def redact_keys(result: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER :data:`eagle_io.sglang.hooks.SERVER_INFO_HOOK`: SGLang's keys in ``/server_info``'s answer, and the
+    value after ``--api-key`` / ``--admin-api-key`` in its ``launch_command``, become ``<redacted>``."""
+    if isinstance(result, dict):
+        for k in _KEY_FIELDS:
+            if result.get(k) is not None:
+                result[k] = "<redacted>"
+        cmd = result.get("launch_command")
+        if isinstance(cmd, str):
+            result["launch_command"] = " ".join(_redacted_argv(cmd.split(" ")))
+        elif isinstance(cmd, list):
+            result["launch_command"] = _redacted_argv(cmd)
+    return result
+
+
+def _redacted_argv(argv: list[Any]) -> list[Any]:
+    flags = {f"--{k.replace('_', '-')}" for k in _KEY_FIELDS}
+    out: list[Any] = []
+    for a in argv:
+        if out and out[-1] in flags:
+            out.append("<redacted>")
+        elif isinstance(a, str) and a.split("=", 1)[0] in flags and "=" in a:
+            out.append(a.split("=", 1)[0] + "=<redacted>")
+        else:
+            out.append(a)
+    return out
+
+
 def register(install_capture: Callable[[str], list[str]] | None = None) -> None:
     """Behind the ``sglang.srt.plugins`` entry point (:func:`eagle_io.sglang_plugin.register`): registers the startup
     guard (and, through ``install_capture(switch)``, which returns the targets it hooked, the SGLang capture's hooks)
@@ -539,6 +581,12 @@ def register(install_capture: Callable[[str], list[str]] | None = None) -> None:
     if not _enabled(ENV_PLUGIN):
         logger.info("eagle-io SGLang plugin disabled (%s=0)", ENV_PLUGIN)
         return
+    if _hosts_http_server() and hooks.SERVER_INFO_HOOK not in _REGISTERED:
+        try:  # the HTTP server's process: its /server_info must not hand SGLang's keys to any caller
+            hooks.register(hooks.SERVER_INFO_HOOK, redact_keys, "AFTER", switch=f"{ENV_PLUGIN}=0")
+            _REGISTERED.add(hooks.SERVER_INFO_HOOK)
+        except SGLangCompatError as e:
+            logger.error("eagle-io: SGLang's keys stay readable in /server_info: %s", e)
     if hooks.STARTUP_HOOK.rsplit(".", 2)[0] not in sys.modules:
         return
     problem = _version_problem()

@@ -109,6 +109,11 @@ SCHEDULER_INIT_HOOK = "sglang.srt.managers.scheduler.Scheduler.__init__"
 builds the ``Scheduler``: a BEFORE hook here runs once the hooks registered at plugin load are applied, before
 the model loads, and an error it raises stops that scheduler's launch (``load_plugins`` would only log it)."""
 
+SERVER_INFO_HOOK = "sglang.srt.entrypoints.http_server.redact_watermark_secrets"
+"""``(value, *, in_watermark_config=False) -> value``: what ``GET /server_info`` (and ``/get_server_info``) passes
+its whole answer through, in the HTTP server's process; SGLang 0.5.23 redacts only the watermark secrets there, so
+``--api-key`` and ``--admin-api-key`` were readable by any caller (an AFTER hook redacts them)."""
+
 PREFILL_METHOD = "_draft_extend_for_prefill"
 DECODE_METHOD = "_draft_extend_for_decode"
 ACCEPT_METHOD = "on_verify_complete_cpu"
@@ -124,6 +129,7 @@ KNOWN_TARGETS = (
     FINAL_STATE_HOOK,
     SET_STATE_HOOK,
     GET_STATE_HOOK,
+    SERVER_INFO_HOOK,
     DRAFT_EXTEND_PREFILL_HOOK,
     DRAFT_EXTEND_DECODE_HOOK,
     ACCEPT_HOOK,
