@@ -92,10 +92,13 @@ class OperatorPolicy:
 
     def admit_start(
         self, out_dir: str, options: CaptureOptions, live: LivePolicy | None
-    ) -> tuple[CaptureOptions, LivePolicy | None]:
-        """A client's start, held to the operator's bounds: returns the options to run with (the staging of an
-        ``s3://`` capture set under the first local root) and the live policy with its open caps set to the
-        operator's.
+    ) -> tuple[str, CaptureOptions, LivePolicy | None]:
+        """A client's start, held to the operator's bounds: returns the ``out_dir`` to open (a local one as the real
+        path that was checked; a directory under the root that untrusted local users can write stays open to a
+        symbolic link swapped in between this check and the writer's open: keep roots writable by the server only),
+        the options to run with
+        (the staging of an ``s3://`` capture set under the first local root, checked like an ``out_dir``) and the
+        live policy with its open caps set to the operator's.
 
         Raises:
             CaptureRefusedError: remote capture is off; ``out_dir`` not under a root (relative, ``..``, a symbolic
@@ -109,7 +112,7 @@ class OperatorPolicy:
                 f"remote capture is off on this server: its operator has set no {ENV_CAPTURE_ROOT} (the directories "
                 "or s3:// prefixes a client may have it write under)"
             )
-        _under_a_root(out_dir, self.roots)
+        out_dir = _under_a_root(out_dir, self.roots)
         _allowed("writer option", options.writer_options, CLIENT_WRITER_OPTIONS)
         _allowed("metadata key", options.metadata, CLIENT_METADATA)
         _allowed("target_info key", options.target_info, CLIENT_TARGET_INFO)
@@ -129,6 +132,7 @@ class OperatorPolicy:
                     f"{ENV_CAPTURE_ROOT} names none"
                 )
             staging = os.path.join(local[0], ".eagle-io-staging", out_dir.removeprefix("s3://").strip("/"))
+            staging = _under_a_root(staging, tuple(local))  # a planted .eagle-io-staging link does not lead out
             options = options.replace(writer_options={**options.writer_options, "staging": staging})
         if live is not None:
             given = live.to_dict()
@@ -143,7 +147,7 @@ class OperatorPolicy:
             live = LivePolicy.from_dict(given)
         if over:
             raise CaptureRefusedError(f"over this server's limits ({ENV_CAPTURE_LIMITS}): " + "; ".join(over))
-        return options, live
+        return out_dir, options, live
 
 
 _WRITER_MOST = {"queue_depth": lambda: 4 * defaults.QUEUE_DEPTH, "threads": lambda: os.cpu_count() or 1}
@@ -181,12 +185,17 @@ def _limits(text: str | None) -> dict[str, float | None]:
     return out
 
 
-def _under_a_root(out_dir: str, roots: tuple[str, ...]) -> None:
+def _under_a_root(out_dir: str, roots: tuple[str, ...]) -> str:
+    """``out_dir`` checked to lie under one of ``roots``: an ``s3://`` URL as given, a local path as its real path.
+
+    Raises:
+        CaptureRefusedError: naming why not.
+    """
     if out_dir.startswith("s3://"):
         if ".." in out_dir.split("/"):
             raise CaptureRefusedError(f"out_dir {out_dir!r} has a '..' component")
         if any((out_dir.rstrip("/") + "/").startswith(r) for r in roots if r.startswith("s3://")):
-            return
+            return out_dir
         raise CaptureRefusedError(f"out_dir {out_dir!r} is under none of this server's s3:// capture roots")
     if "://" in out_dir:
         raise CaptureRefusedError(f"out_dir {out_dir!r}: only local paths and s3:// URLs are captured into")
@@ -197,7 +206,7 @@ def _under_a_root(out_dir: str, roots: tuple[str, ...]) -> None:
     real = os.path.realpath(out_dir)
     for r in roots:
         if not r.startswith("s3://") and (real == r or real.startswith(r.rstrip(os.sep) + os.sep)):
-            return
+            return real
     raise CaptureRefusedError(
         f"out_dir {out_dir!r} (real path {real!r}) is under none of this server's capture roots ({ENV_CAPTURE_ROOT})"
     )

@@ -183,7 +183,7 @@ def _start_over_http(scheduler: Any, cmd: Mapping[str, Any]) -> None:
     out_dir, cid = str(cmd.get("out_dir")), capture_id(cmd["token"])
     try:
         live = cmd.get("live")
-        options, policy = OPERATOR.admit_start(
+        out_dir, options, policy = OPERATOR.admit_start(
             out_dir, CaptureOptions.from_dict(cmd.get("options") or {}), LivePolicy.from_dict(live) if live else None
         )
         writers = {k: int(cmd[k]) for k in ("writer_offset", "all_writers") if cmd.get(k) is not None}
