@@ -132,6 +132,7 @@ def test_a_capture_started_by_environment_that_cannot_start_never_stops_the_serv
     monkeypatch.setattr(sc, "_FACTS", {"writes": True})
     monkeypatch.setattr(sc, "_ACTIVE", None)
     monkeypatch.setattr(sc, "_STARTING", None)
+    monkeypatch.setattr(sc, "_ignore_terminal_interrupt", lambda: None)  # this is pytest's process, not a scheduler
     sc._start_from_env(sched)  # before: raised, and SGLang's scheduler process exited
     st = sc.status(sched)
     assert st["state"] == "failed", st
@@ -154,6 +155,9 @@ def test_a_server_restarted_by_its_supervisor_resumes_its_own_capture(tmp_path, 
     monkeypatch.setenv("EAGLE_IO_CAPTURE_DIR", str(out))
     monkeypatch.setenv("EAGLE_IO_CAPTURE_OPTIONS", json.dumps({"ring_bytes": 1 << 16, "max_length": 8}))
     monkeypatch.setattr(sc, "_FACTS", {"writes": True})
+    # a started capture ignores SIGINT in its scheduler; here that would be pytest's worker, whose later children
+    # (the interrupt tests) would inherit SIGINT ignored and wait out their timeouts
+    monkeypatch.setattr(sc, "_ignore_terminal_interrupt", lambda: None)
     for run in range(2):
         monkeypatch.setattr(sc, "_ACTIVE", None)
         monkeypatch.setattr(sc, "_STARTING", None)
