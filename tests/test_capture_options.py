@@ -70,17 +70,7 @@ def test_the_sglang_scheduler_honours_drop_when_full(tmp_path, monkeypatch):
     """``drop_when_full`` was silently ignored on SGLang (``eagle_io.capture`` never passed it on): the scheduler's
     capture core now gets it, with every other option, from the JSON the client sent."""
     pytest.importorskip("sglang.srt.runtime_context")
-    import sglang.srt.runtime_context as rc
-
-    monkeypatch.setattr(rc, "get_parallel", lambda: SimpleNamespace(dp_size=1, attn_dp_size=1, attn_tp_rank=0))
-    text = SimpleNamespace(hidden_size=8, num_hidden_layers=8, vocab_size=100)
-    model = SimpleNamespace(capture_aux_hidden_states=True, model=SimpleNamespace(layers_to_capture=[2, 4, 5]))
-    runner = SimpleNamespace(model=model, model_config=SimpleNamespace(hf_text_config=text))
-    sched = SimpleNamespace(
-        tp_worker=SimpleNamespace(model_runner=runner),
-        draft_worker=None,
-        server_args=SimpleNamespace(chunked_prefill_size=-1, disable_radix_cache=True),
-    )
+    sched = _stand_in_scheduler(monkeypatch)
     sent = CaptureOptions(drop_when_full=True, ring_bytes=1 << 16, max_length=64, nonfinite="skip").to_dict()
     cap = cc.SchedulerCapture(sched, str(tmp_path), sent)
     sink = cap.store._sink

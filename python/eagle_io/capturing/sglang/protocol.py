@@ -25,13 +25,15 @@ was taken) before SGLang's own handlers see the key; its values must be numbers 
 Dict[str, int | float]``), so the command travels in the key. Starting and stopping run on a thread of their own,
 never on the scheduler's. Each writing scheduler reports its capture in ``GET /server_info``'s ``internal_states``
 (one dict per DP rank, ``Scheduler.get_internal_state``) under :data:`STATUS_KEY`: ``state`` (``idle``,
-``starting``, ``capturing``, ``stopping``, ``stopped``, ``failed``), the ``token`` of the last command, ``error``,
-``counts``, and after a stop the writer's ``stats`` and ``upload``. No file is shared between client and server.
+``starting``, ``capturing``, ``stopping``, ``stopped``, ``failed``), the capture's ``id`` (:func:`capture_id`, never
+its secret) and the last stop's ``stop_id``, ``error``, ``counts``, and after a stop the writer's ``stats`` and
+``upload``. No file is shared between client and server.
 
 A capture may also start with the server, by environment: ``EAGLE_IO_CAPTURE_DIR=<out_dir>``, optionally
 ``EAGLE_IO_CAPTURE_OPTIONS=<JSON of the options>`` and, for a live capture, ``EAGLE_IO_CAPTURE_LIVE=<JSON of the
-policy>``; each scheduler starts its capture at startup (before CUDA graphs). It has no client token, so any stop
-over HTTP stops it (``eagle-io live stop URL``: :func:`~eagle_io.capturing.sglang.client.stop_server_capture`).
+policy>``; each scheduler starts its capture at startup (before CUDA graphs). With ``EAGLE_IO_CAPTURE_SECRET`` only a
+stop holding that secret (or a forced one) stops it; without, any stop over HTTP does (``eagle-io live stop URL``:
+:func:`~eagle_io.capturing.sglang.client.stop_server_capture`).
 
 What a sample holds (:mod:`.assembly`): the request's prompt states from its prefill, chunked or not, and, when its
 ``max_new_tokens`` is above 1, the states of the answer the server generates, from the decode forwards: the sample's

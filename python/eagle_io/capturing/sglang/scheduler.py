@@ -61,7 +61,7 @@ OPERATOR = OperatorPolicy.from_env()
 _HIDDEN_REFUSED = [0]  # requests that asked for hidden states, answered without them
 
 _ACTIVE: SchedulerCapture | None = None
-_STARTING: dict[str, Any] | None = None  # a start over HTTP in progress or failed: {"state", "token", "error"}
+_STARTING: dict[str, Any] | None = None  # a start over HTTP in progress or failed: {"state", "id", "error"}
 _LOCK = threading.Lock()
 
 
