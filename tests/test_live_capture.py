@@ -193,8 +193,10 @@ def test_a_full_ring_drops_and_counts_and_serving_never_waits(trained, chain, tm
     opts = CaptureOptions(ring_bytes=4096)  # a 16-token answer alone is 16 x (192 + 64) x 2 bytes of states
     with ServerCapture(url, tmp_path / "small", opts, live=LivePolicy(sample_rate=1.0)) as cap:
         during = [o for _, o in _serve_all(url, prompts).values()]
-        (status,) = capture_status(url)
-        assert status["state"] == "capturing" and status["counts"]["dropped"] == 3
+        deadline = time.monotonic() + 60  # the hand-off thread puts (and drops) a sample after its answer is sent
+        while (status := capture_status(url)[0])["counts"]["dropped"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status["state"] == "capturing" and status["counts"]["dropped"] == 3, status
     st = cap.stats()
     assert during == before
     assert (st["scheduler_sampled"], st["scheduler_dropped"], st["scheduler_written"]) == (3, 3, 0)
