@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import ClassVar
 
 import pytest
 from helpers.s3server import free_port
@@ -109,6 +110,56 @@ def test_a_url_that_does_not_serve_speculative_decoding_is_named():
     try:
         url = f"http://127.0.0.1:{srv.server_port}"
         with pytest.raises(SGLangError, match="speculative_algorithm None: the server runs no speculative decoding"):
+            run_server(url, [[1]], 4, timeout=5)
+    finally:
+        srv.shutdown()
+
+
+class _Gateway(BaseHTTPRequestHandler):
+    """A stand-in of SMG's routes that eagle-io reads (the real gateway: tests/test_fleet.py): 404 at its root's
+    ``/server_info``, its control plane's worker list and per-worker forward (``{status, latency_ms, body}``), and
+    ``/generate``, which records what reached it."""
+
+    workers: ClassVar[dict[str, dict]] = {}
+    generated: ClassVar[list[dict]] = []
+
+    def _send(self, status: int, obj) -> None:
+        self.send_response(status)
+        self.end_headers()
+        self.wfile.write(json.dumps(obj).encode())
+
+    def do_GET(self):
+        if self.path == "/v1/rl/workers":
+            return self._send(200, {"workers": [{"id": w, "url": f"http://{w}", "engine": "sglang", "health": "ready"}
+                                                for w in self.workers]})  # fmt: skip
+        parts = self.path.split("/")
+        if self.path.startswith("/v1/rl/workers/") and parts[-1] == "server_info":
+            return self._send(200, {"status": 200, "latency_ms": 1, "body": self.workers[parts[4]]})
+        self._send(404, {"error": {"code": "unknown_url"}})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.generated.append(body)
+        meta = {"completion_tokens": 4, "spec_verify_ct": 2, "spec_correct_drafts_histogram": [0, 2]}
+        self._send(200, {"output_ids": [1, 2, 3, 4], "meta_info": meta})
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_served_accept_length_through_a_gateway_reads_every_worker_and_sends_prompts_to_the_gateway():
+    spec = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 1, "speculative_eagle_topk": 1}
+    handler = type("G", (_Gateway,), {"workers": {"w1": dict(spec), "w2": dict(spec)}, "generated": []})
+    srv = HTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_port}"
+        run = run_server(url, [[5, 6], [7]], 4, timeout=5)
+        assert run.sglang_accept_length == 2.0
+        assert sorted(g["input_ids"] for g in handler.generated) == [[5, 6], [7]]
+        handler.workers["w2"]["speculative_num_steps"] = 3
+        with pytest.raises(SGLangError, match=rf"{url} worker w2 \(http://w2\) serves speculative_num_steps 3, "
+                                              rf"{url} worker w1 \(http://w1\) 1: one accept length"):  # fmt: skip
             run_server(url, [[1]], 4, timeout=5)
     finally:
         srv.shutdown()

@@ -126,8 +126,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="URL",
         help="an SGLang server launched with --enable-return-aux-hidden-states --speculative-algorithm EAGLE3 and "
-        "eagle-io installed beside it (repeat for several: each its own shard writers); --out must be a path every "
-        "server can write, or s3://",
+        "eagle-io installed beside it (repeat for several: each its own shard writers), or SGLang's gateway (SMG, "
+        "with --enable-rl) in front of such workers; --out must be a path every server can write, or s3://",
     )
     sv.add_argument(
         "--concurrency",
@@ -494,7 +494,7 @@ def run(args: argparse.Namespace) -> int:
     if remote is not None and remote.rstrip("/").endswith(".json"):
         raise InvalidArgumentError(f"--out {remote}: name the dataset's prefix (s3://bucket/run), not a manifest")
     if args.server:
-        from ..capturing.sglang.client import server_facts
+        from ..capturing.sglang.client import preflight
 
         if args.backend != "hf":
             raise InvalidArgumentError(
@@ -502,8 +502,9 @@ def run(args: argparse.Namespace) -> int:
             )
         args.backend = "server"
         keys = ServerKeys.resolve(args.api_key, args.admin_api_key)
-        args.server_facts = [server_facts(u, aux_layer_ids=layer_ids, keys=keys, timeout_s=args.request_timeout)
-                             for u in args.server]  # fmt: skip
+        timeout = args.request_timeout
+        args.server_facts = [f for u in args.server  # a gateway's URL: each of its workers
+                             for f in preflight(u, aux_layer_ids=layer_ids, keys=keys, timeout_s=timeout)]  # fmt: skip
         args.writers = sum(f.writers for f in args.server_facts)  # shard writers of every server, numbered in turn
     if args.backend == "sglang":
         args.engine_args = _engine_args(args)

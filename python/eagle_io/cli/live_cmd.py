@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from .. import defaults
@@ -20,7 +21,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     fmt = p.formatter_class
     start = sub.add_parser("start", formatter_class=fmt,
                            help="start a live capture on each server, then return (it runs until stopped)")  # fmt: skip
-    start.add_argument("urls", nargs="+", metavar="URL", help="each server's base URL (http://host:port)")
+    start.add_argument("urls", nargs="+", metavar="URL",
+                       help="each server's base URL (http://host:port), or SGLang's gateway's (SMG, with "
+                            "--enable-rl)")  # fmt: skip
     start.add_argument("--out", required=True, help="the dataset: a directory every server can write, or s3://...")
     start.add_argument("--rate", type=float, default=0.0,
                        help="fraction of requests sampled by a hash of their request id; 0: only requests with "
@@ -39,13 +42,13 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                             "capture's dataset is refused)")  # fmt: skip
     add_key_args(start)
     status = sub.add_parser("status", formatter_class=fmt, help="print each DP rank's capture status as JSON")
-    status.add_argument("urls", nargs="+", metavar="URL", help="each server's base URL")
+    status.add_argument("urls", nargs="+", metavar="URL", help="each server's (or gateway's) base URL")
     add_key_args(status)
     stop = sub.add_parser("stop", formatter_class=fmt,
                           help="stop the capture on each server: drain, commit, mark it complete (a capture this "
                                "machine did not start: a forced stop, with the server's --admin-api-key, left "
                                "incomplete)")  # fmt: skip
-    stop.add_argument("urls", nargs="+", metavar="URL", help="each server's base URL")
+    stop.add_argument("urls", nargs="+", metavar="URL", help="each server's (or gateway's) base URL")
     add_key_args(stop)
 
 
@@ -59,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         for u in args.urls:
             out += [{"url": u, **st} for st in stop_server_capture(u, complete=True, **keys)]
         print(json.dumps(out, indent=2, default=str))
+        for out_dir, manifest in _merge_where_reachable(out).items():
+            print(f"eagle-io: merged the writers of {out_dir} into {manifest}", file=sys.stderr)
         return 0
     policy = LivePolicy(
         sample_rate=args.rate,
@@ -73,3 +78,23 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps({"out": cap.url, "servers": [s.url for s in cap.servers], "writers": cap.writers,
                       "capture": cap.capture_id, "live": policy.to_dict()}))  # fmt: skip
     return 0
+
+
+def _merge_where_reachable(statuses: list[dict[str, Any]]) -> dict[str, str]:
+    """Merges the rank manifests of each dataset the stopped writers wrote into one ``manifest.json`` (several writers:
+    several DP ranks, servers, or a gateway's workers), where this machine reaches it (a local directory, or
+    ``s3://``); ``{out_dir: merged manifest}``. A dataset it cannot reach is left to ``eagle-io merge`` there."""
+    from ..store import layout
+    from ..store.merge import merge_ranks
+
+    writers: dict[str, int] = {}
+    for st in statuses:
+        if st.get("state") == "stopped" and st.get("out_dir"):
+            writers[st["out_dir"]] = writers.get(st["out_dir"], 0) + 1
+    merged = {}
+    for out_dir, n in writers.items():
+        if n > 1 and (layout.is_url(out_dir) or os.path.isdir(out_dir)):
+            report = merge_ranks(out_dir)
+            if report.manifest:
+                merged[out_dir] = report.manifest
+    return merged

@@ -12,7 +12,8 @@ def add_key_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Adds both options to ``p`` (values None when not given: :class:`eagle_io.sglang.servers.ServerKeys` then reads
     the environment)."""
     p.add_argument("--api-key", metavar="KEY",
-                   help=f"the server's --api-key, sent on every request (default ${ENV_API_KEY})")  # fmt: skip
+                   help=f"the server's --api-key, sent on every request; for SGLang's gateway, its --api-key (default "
+                        f"${ENV_API_KEY})")  # fmt: skip
     p.add_argument("--admin-api-key", metavar="KEY",
-                   help=f"the server's --admin-api-key, sent on its control route /set_internal_state (default "
-                        f"${ENV_ADMIN_API_KEY})")  # fmt: skip
+                   help=f"the server's --admin-api-key, sent on its control route /set_internal_state; for SGLang's "
+                        f"gateway, a control-plane key of the admin role (default ${ENV_ADMIN_API_KEY})")  # fmt: skip

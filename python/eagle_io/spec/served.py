@@ -26,7 +26,8 @@ from typing import Any
 
 from ..draft.acceptance import AcceptHistogram
 from ..errors import InvalidArgumentError, SGLangError
-from ..sglang.servers import ServerKeys, http_json, server_url
+from ..sglang.gateway import routes
+from ..sglang.servers import ServerKeys, http_json
 from ..sglang.spec_params import speculative_param_problems
 
 __all__ = ["ServedRun", "engine_args", "run_engine", "run_server"]
@@ -227,14 +228,25 @@ def run_server(
     keys: ServerKeys | None = None,
 ) -> ServedRun:
     """Decodes ``prompts`` on the SGLang server at ``url`` (``POST /generate`` with ``input_ids``), after reading its
-    speculative settings from ``GET /server_info``.
+    speculative settings from ``GET /server_info``. ``url`` may be SGLang's gateway (SMG, with ``--enable-rl``): the
+    prompts then go to its ``/generate`` as its users' do, and every worker it lists must serve the same settings
+    (each read through its control plane; ``keys``: the gateway's inference and control-plane keys).
 
     Raises:
         SGLangError: the URL does not answer as an SGLang server, the server runs no speculative algorithm, or
-            another one than ``algorithm`` (its ``speculative_algorithm`` named).
+            another one than ``algorithm`` (its ``speculative_algorithm`` named); a gateway's workers disagree on a
+            setting (naming the two workers and the setting).
+        InvalidArgumentError: what :func:`eagle_io.sglang.gateway.routes` raises for a gateway.
     """
-    base = server_url(url)
-    info = http_json(base + "/server_info", timeout_s=timeout, keys=keys)
+    found = routes(url, keys=keys, timeout_s=timeout)
+    base, generate_url = found[0].url, found[0].generate_url
+    infos = [(r.name, r.call("server_info", timeout_s=timeout, keys=keys)) for r in found]
+    info = infos[0][1]
+    for name, other in infos[1:]:
+        differ = [k for k in SERVER_KEYS if k != "model_path" and other.get(k) != info.get(k)]
+        if differ:
+            raise SGLangError(f"{name} serves {differ[0]} {other.get(differ[0])!r}, {infos[0][0]} "
+                              f"{info.get(differ[0])!r}: one accept length needs one served setting")  # fmt: skip
     served = info.get("speculative_algorithm")
     if not served or "speculative_num_steps" not in info:
         raise SGLangError(
@@ -247,7 +259,7 @@ def run_server(
 
     def one(prompt: Sequence[int]) -> dict[str, Any]:
         body = {"input_ids": list(map(int, prompt)), "sampling_params": sampling}
-        return http_json(base + "/generate", body, timeout_s=timeout, keys=keys)
+        return http_json(generate_url, body, timeout_s=timeout, keys=keys)
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(prompts)))) as pool:

@@ -34,6 +34,7 @@ from typing import Any
 from ... import defaults
 from ...errors import CaptureStopTimeoutError, InvalidArgumentError, ObjectStorageError, SGLangError, StorageError
 from ...host import cache_dir
+from ...sglang.gateway import Route, routes
 from ...sglang.servers import ServerKeys, http_json, server_url
 from ...store import layout
 from ...store.manifest import read_manifest
@@ -51,11 +52,22 @@ from .protocol import (
     sample_params,
 )
 
-__all__ = ["ServerCapture", "ServerFacts", "capture_status", "committed_ids", "server_facts", "stop_server_capture"]
+__all__ = [
+    "ServerCapture",
+    "ServerFacts",
+    "capture_status",
+    "committed_ids",
+    "preflight",
+    "server_facts",
+    "stop_server_capture",
+]
 
 logger = logging.getLogger("eagle_io.capture")
 
 _RETRYABLE = {429, 500, 502, 503, 504}
+# Through a gateway a retry may reach another worker than the failed attempt, which may have stored the sample: only
+# the gateway's own "not taken" answers (rate limited, no worker available) are retried there.
+_RETRYABLE_VIA_GATEWAY = {429, 503}
 
 
 def committed_ids(out_dir: str | os.PathLike[str], writers: int = 1) -> set[int]:
@@ -87,10 +99,10 @@ def committed_ids(out_dir: str | os.PathLike[str], writers: int = 1) -> set[int]
 
 @dataclass(frozen=True)
 class ServerFacts:
-    """What the preflight read from one server.
+    """What the preflight read from one server (or one worker behind SGLang's gateway).
 
     Attributes:
-        url: the server's base URL.
+        route: how it is reached (:class:`eagle_io.sglang.gateway.Route`): directly, or through a gateway.
         model_path: ``/model_info``'s ``model_path`` (what the server was launched with).
         tokenizer_path: ``/model_info``'s ``tokenizer_path``.
         target: the target's facts as the scheduler sees them (:func:`eagle_io.sglang.probe.capture_target`:
@@ -98,11 +110,16 @@ class ServerFacts:
         ranks: the DP ranks' eagle-io statuses (``internal_states[i]["eagle_io_capture"]``), in SGLang's order.
     """
 
-    url: str
+    route: Route
     model_path: str
     tokenizer_path: str | None
     target: Mapping[str, Any]
     ranks: tuple[Mapping[str, Any], ...]
+
+    @property
+    def url(self) -> str:
+        """What names it: the server's base URL, or ``"GATEWAY worker ID (URL)"`` (:attr:`Route.name`)."""
+        return self.route.name
 
     @property
     def writers(self) -> int:
@@ -115,11 +132,25 @@ class ServerFacts:
         return {**info, "model_id": os.path.basename(self.model_path.rstrip("/")) or self.model_path}
 
 
-def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[int] | None = None,
+def preflight(url: str, *, model: str | None = None, aux_layer_ids: Sequence[int] | None = None,
+              keys: ServerKeys | None = None,
+              timeout_s: float = defaults.SERVER_REQUEST_TIMEOUT_S) -> list[ServerFacts]:  # fmt: skip
+    """:func:`server_facts` of every worker behind ``url``: the server itself, or each worker SGLang's gateway lists
+    (:func:`eagle_io.sglang.gateway.routes`).
+
+    Raises:
+        what :func:`~eagle_io.sglang.gateway.routes` and :func:`server_facts` raise.
+    """
+    found = routes(url, keys=keys, timeout_s=timeout_s)
+    return [server_facts(r, model=model, aux_layer_ids=aux_layer_ids, keys=keys, timeout_s=timeout_s) for r in found]
+
+
+def server_facts(url: str | Route, *, model: str | None = None, aux_layer_ids: Sequence[int] | None = None,
                  keys: ServerKeys | None = None,
                  timeout_s: float = defaults.SERVER_REQUEST_TIMEOUT_S) -> ServerFacts:  # fmt: skip
-    """The preflight of one server: reads ``/server_info`` and ``/model_info`` (with ``keys``) and refuses, naming the
-    URL, what this capture cannot use.
+    """The preflight of one server (a URL, reached directly) or one worker behind a gateway (its :class:`Route`):
+    reads ``/server_info`` and ``/model_info`` (with ``keys``) and refuses, naming the URL, what this capture cannot
+    use.
 
     Raises:
         SGLangError: the server does not answer, or refuses the key (naming the option to pass).
@@ -129,10 +160,11 @@ def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[
             pipeline parallelism or with Ray (its schedulers never load plugins); serves another model than
             ``model``; captures other layers than ``aux_layer_ids``.
     """
-    url = server_url(url)
+    route = url if isinstance(url, Route) else Route.direct(url)
+    url = route.name
     # a busy server answers /server_info after the forwards queued before it (its own warm-up request included)
-    info = http_json(f"{url}/server_info", timeout_s=timeout_s, keys=keys)
-    model_info = http_json(f"{url}/model_info", timeout_s=timeout_s, keys=keys)
+    info = route.call("server_info", timeout_s=timeout_s, keys=keys)
+    model_info = route.call("model_info", timeout_s=timeout_s, keys=keys)
     problems = []
     if info.get("pp_size", 1) not in (None, 1):
         problems.append(f"pipeline parallelism (pp_size {info['pp_size']}): only the last stage sees the states")
@@ -168,15 +200,17 @@ def server_facts(url: str, *, model: str | None = None, aux_layer_ids: Sequence[
             "launch it with --return-aux-hidden-state-layer-ids in SGLang's convention (eagle-io check-serving "
             "prints them)"
         )
-    return ServerFacts(url, model_path, model_info.get("tokenizer_path"), target, ranks)
+    return ServerFacts(route, model_path, model_info.get("tokenizer_path"), target, ranks)
 
 
 class ServerCapture:
     """A capture through running SGLang servers (a :class:`eagle_io.capturing.session.Capture`).
 
     Args:
-        urls: one server's base URL or several (each its own group of shard writers), or their
-            :func:`server_facts` (a preflight already made).
+        urls: one server's base URL or several (each its own group of shard writers), or SGLang's gateway (SMG,
+            launched with ``--enable-rl``: each worker it lists is one such group, reached through its control
+            plane, while sample requests go to its ``/generate`` like its users' traffic), or their
+            :func:`preflight` (already made).
         out_dir: the dataset: a directory every server can write (the same path on each), or ``s3://bucket/run``.
         options: the capture's options; ``target_info`` and ``aux_layer_ids`` default to the servers' (which must
             agree); ``writer_options`` ``rank`` / ``world_size`` are refused (the servers' layout numbers them).
@@ -193,7 +227,8 @@ class ServerCapture:
             the requests sampled, the caps); it runs until :meth:`close`. Its samples are dropped rather than waited
             for (ring or hand-off queue full, counted). :meth:`submit` still sends sample requests of its own.
         api_key, admin_api_key: SGLang's keys (:class:`eagle_io.sglang.servers.ServerKeys`; default
-            ``EAGLE_IO_API_KEY`` / ``EAGLE_IO_ADMIN_API_KEY``).
+            ``EAGLE_IO_API_KEY`` / ``EAGLE_IO_ADMIN_API_KEY``); for a gateway, its inference key and a key of its
+            control plane's admin role.
 
     The capture's secret (made here, sent once in the start) proves its sample requests and its stop; the servers
     show only its id (:attr:`capture_id`). It is kept in this user's cache (:func:`remember_secret`, mode 0600) so
@@ -234,12 +269,15 @@ class ServerCapture:
             )
         options.refuse_writer_ranks()
         self.servers = [
-            u
-            if isinstance(u, ServerFacts)
-            else server_facts(
-                u, model=model, aux_layer_ids=options.aux_layer_ids, keys=self.keys, timeout_s=request_timeout_s
-            )
+            f
             for u in urls
+            for f in (
+                [u]
+                if isinstance(u, ServerFacts)
+                else preflight(
+                    u, model=model, aux_layer_ids=options.aux_layer_ids, keys=self.keys, timeout_s=request_timeout_s
+                )
+            )
         ]
         first = self.servers[0]
         for s in self.servers[1:]:
@@ -269,6 +307,7 @@ class ServerCapture:
         self.merge_warnings: list[str] | None = None  # after close, when several writers' manifests were merged
         self.counts = dict.fromkeys(("submitted", "already_done", "sent", "retried", "prefix_tokens_reused"), 0)
         self.answers: list[dict[str, Any]] = []
+        self._sent_ids: set[int] = set()
         self.manifest: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self.done = self._committed()
@@ -280,13 +319,13 @@ class ServerCapture:
             cmd = control_args("start", self._secret, out_dir=self.url, options=options.to_dict(),
                                writer_offset=offset, all_writers=self.writers, client=_client_name(),
                                live=live.to_dict() if live is not None else None)  # fmt: skip
-            http_json(f"{s.url}/set_internal_state", {"server_args": cmd}, keys=self.keys, control=True)
+            s.route.call("set_internal_state", {"server_args": cmd}, keys=self.keys, control=True)
             offset += s.writers
         self._wait({"capturing"}, "id", defaults.STOP_TIMEOUT_S, "start")
         remember_secret(self.url, self._secret)  # once started: a refused start leaves no secret to stop with
         if live is not None:
-            for s in self.servers:
-                remember_secret(s.url, self._secret)
+            for u in {s.route.url for s in self.servers}:
+                remember_secret(u, self._secret)
 
     forward_seconds = store_seconds = None  # the forwards run in the servers
 
@@ -306,7 +345,7 @@ class ServerCapture:
 
     def _wait(self, states: set[str], key: str, timeout_s: float, what: str) -> list[dict[str, Any]]:
         """:func:`_wait_ranks` over this capture's servers under its id."""
-        return _wait_ranks([s.url for s in self.servers], self._secret, states, key, timeout_s, what, keys=self.keys,
+        return _wait_ranks([s.route for s in self.servers], self._secret, states, key, timeout_s, what, keys=self.keys,
                            sent=self.counts["sent"])  # fmt: skip
 
     # ----------------------------------------------------------------------------------------------- submitting
@@ -316,16 +355,17 @@ class ServerCapture:
             "input_ids": [int(t) for t in sample.input_ids.tolist()],
             "sampling_params": {**self.sampling_params, "custom_params": sample_params(sample, self._secret)},
         }
-        if server.writers > 1:
+        if server.writers > 1 and not server.route.via_gateway:  # the gateway picks the worker
             body["routed_dp_rank"] = writer_in_server
+        retryable = _RETRYABLE_VIA_GATEWAY if server.route.via_gateway else _RETRYABLE
         wait = self.backoff_s
         for attempt in range(self.retries + 1):
             body["extra_key"] = f"eagle-io-{uuid.uuid4().hex}"  # a fresh radix-cache namespace per attempt
             try:
-                out = http_json(f"{server.url}/generate", body, timeout_s=self.request_timeout_s, keys=self.keys)
+                out = http_json(server.route.generate_url, body, timeout_s=self.request_timeout_s, keys=self.keys)
                 break
             except SGLangError as e:
-                if attempt == self.retries or (e.status is not None and e.status not in _RETRYABLE):
+                if attempt == self.retries or (e.status is not None and e.status not in retryable):
                     raise SGLangError(
                         f"sample {sample.index}: {e} (after {attempt + 1} attempt(s))", status=e.status
                     ) from e
@@ -337,12 +377,13 @@ class ServerCapture:
         finish = meta.get("finish_reason")
         if isinstance(finish, dict) and finish.get("type") == "abort":  # answered 200, but nothing was stored
             raise SGLangError(
-                f"sample {sample.index}: {server.url}/generate: the server aborted the request "
+                f"sample {sample.index}: {server.route.generate_url}: the server aborted the request "
                 f"({finish.get('message')}); nothing of it was stored",
                 status=finish.get("status_code"),
             )
         with self._lock:
             self.counts["sent"] += 1
+            self._sent_ids.add(int(sample.index))
             self.counts["prefix_tokens_reused"] += int(meta.get("cached_tokens") or 0)
 
     def submit(self, samples: Sequence[Any]) -> None:
@@ -405,7 +446,10 @@ class ServerCapture:
         out: dict[str, Any] = dict(self.counts)
         per_rank = ("ring_capacity", "ring_high_water_bytes", "elapsed_seconds")
         for a in self.answers:
-            for k, v in {**(a.get("stats") or {}), **{f"scheduler_{k}": v for k, v in a["counts"].items()}}.items():
+            for k, v in {
+                **(a.get("stats") or {}),
+                **{f"scheduler_{k}": v for k, v in (a.get("counts") or {}).items()},
+            }.items():
                 if isinstance(v, (int, float)):
                     out[k] = max(out.get(k, 0), v) if k in per_rank else out.get(k, 0) + v
         return out
@@ -413,13 +457,20 @@ class ServerCapture:
     def close(self, timeout_s: float = defaults.STOP_TIMEOUT_S, complete: bool = True) -> dict[str, Any]:
         """Stops the capture on every server (each writer drains its ring, commits and answers in its status);
         merges several writers' manifests where this client can reach ``out_dir``. Returns the manifest (``{}``
-        when several writers' manifests are left to merge: ``eagle-io merge`` where the dataset is)."""
+        when several writers' manifests are left to merge: ``eagle-io merge`` where the dataset is).
+
+        Raises:
+            StorageError: a worker behind a gateway was lost (removed or down) during the capture, raised after the
+                others stopped and the manifests were merged (naming each; the merged manifest is incomplete); what
+                :func:`_wait_ranks` raises for a stop.
+        """
         if self.manifest is not None:
             return self.manifest
+        stop = control_args("stop", self._secret, complete=complete, client=_client_name())
         for s in self.servers:
-            stop = control_args("stop", self._secret, complete=complete, client=_client_name())
-            http_json(f"{s.url}/set_internal_state", {"server_args": stop}, keys=self.keys, control=True)
+            _send_stop(s.route, stop, self.keys)
         self.answers = self._wait({"stopped"}, "stop_id", timeout_s, "stop")
+        lost = [a for a in self.answers if a.get("state") == "lost"]
         self.manifest = {}
         reachable = layout.is_url(self.url) or os.path.isdir(self.url)
         if reachable and self.writers == 1 and not layout.is_url(self.url):
@@ -430,6 +481,22 @@ class ServerCapture:
             merged = merge_ranks(self.url)
             self.manifest_path, self.merge_warnings = merged.manifest, list(merged.warnings)
             self.manifest = read_manifest(merged.manifest) if not layout.is_url(self.url) else {}
+        via_gateway = any(s.route.via_gateway for s in self.servers)
+        if via_gateway and complete and not lost and self.manifest and not layout.is_url(self.url):
+            unstored = sorted(self._sent_ids - committed_ids(self.url, self.writers))
+            if unstored:  # answered by a worker that holds no capture (one that joined the gateway after the start)
+                raise StorageError(
+                    f"{len(unstored)} sample(s) sent through the gateway were answered but not stored in {self.url} "
+                    f"(e.g. ids {unstored[:5]}): a worker that joined the gateway after the capture started answers "
+                    "without capturing (see each worker's counts for refusals); resume=True (--resume) captures them"
+                )
+        if lost:
+            raise StorageError(
+                f"{len(lost)} worker(s) left the gateway during the capture into {self.url}: "
+                f"{'; '.join(a['worker'] for a in lost)}: what each committed is in the dataset, whose manifest is "
+                "marked incomplete; the samples they held uncommitted were not stored (resume=True, or --resume, "
+                "captures them again)"
+            )
         return self.manifest
 
     def __enter__(self) -> ServerCapture:
@@ -458,23 +525,34 @@ def capture_status(url: str, *, api_key: str | None = None, admin_api_key: str |
         SGLangError: the server does not answer, or refuses the key.
     """
     keys = ServerKeys.resolve(api_key, admin_api_key)
-    return [{"url": u, "dp_rank": i, **st} for u, i, st in _statuses([server_url(url)], keys)]
+    return [{"url": u, "dp_rank": i, **st} for u, i, st in _statuses(routes(url, keys=keys), keys)]
 
 
-def _statuses(urls: Sequence[str], keys: ServerKeys) -> list[tuple[str, int, dict[str, Any]]]:
-    """``(url, DP rank, eagle-io status)`` of every writing rank of the servers at ``urls``."""
+def _statuses(found: Sequence[Route], keys: ServerKeys) -> list[tuple[str, int, dict[str, Any]]]:
+    """``(name, DP rank, eagle-io status)`` of every writing rank of the workers ``found``. A worker behind a gateway
+    that no longer answers (removed from the gateway, or down) is one entry of state ``lost`` with the error."""
     out = []
-    for url in urls:
-        answer = http_json(f"{url}/server_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S, keys=keys)
+    for route in found:
+        try:
+            answer = route.call("server_info", timeout_s=defaults.SERVER_REQUEST_TIMEOUT_S, keys=keys)
+        except SGLangError as e:
+            if not route.via_gateway or e.status not in _LOST:
+                raise
+            out.append((route.name, 0, {"state": "lost", "worker": route.name, "error": str(e)}))
+            continue
         for i, st in enumerate(answer.get("internal_states") or []):
             cap = st.get(STATUS_KEY) or {}
             if cap.get("writes", cap.get("target", {}).get("writes", True)):
-                out.append((url, i, cap))
+                out.append((route.name, i, cap))
     return out
 
 
+# What the gateway answers for a worker it no longer has (404 worker_not_found) or cannot reach (502, 503).
+_LOST = {404, 502, 503}
+
+
 def _wait_ranks(
-    urls: Sequence[str],
+    found: Sequence[Route],
     secret: str,
     states: set[str],
     key: str,
@@ -485,7 +563,7 @@ def _wait_ranks(
     keys: ServerKeys,
     sent: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Polls every writing rank of the servers at ``urls`` until each reports one of ``states`` under the id of
+    """Polls every writing rank of the workers ``found`` until each reports one of ``states`` under the id of
     ``secret`` (``key``: ``id`` for a start, ``stop_id`` for a stop; a ``forced`` stop also takes a rank with no
     capture); returns their statuses. ``sent``: the sample requests this client sent, named when a forced stop ended
     its capture.
@@ -496,13 +574,20 @@ def _wait_ranks(
         StorageError: a rank failed while stopping (its error, naming URL and rank), holds no capture to stop, or
             was stopped by a forced stop (:func:`stop_server_capture`) before this one's (how many samples are missing).
         CaptureStopTimeoutError: not every rank got there within ``timeout_s``.
+
+    A worker behind a gateway found ``lost`` is not waited for: a stop goes on with the others and its status is
+    returned as ``lost`` (what that worker committed stays; its manifest is incomplete); a start raises.
     """
     mine_id = capture_id(secret)
     deadline = time.monotonic() + timeout_s
     while True:
-        statuses = _statuses(urls, keys)
+        statuses = _statuses(found, keys)
         pending = []
         for url, rank, st in statuses:
+            if st.get("state") == "lost":
+                if what == "stop":
+                    continue
+                raise InvalidArgumentError(f"{url}: lost while the capture started: {st['error']}")
             mine = st.get(key) == mine_id
             if mine and st.get("state") == "failed":
                 cls = StorageError if what == "stop" else InvalidArgumentError
@@ -572,25 +657,37 @@ def stop_server_capture(
         CaptureStopTimeoutError: not every rank stopped within ``timeout_s``.
     """
     url, keys = server_url(url), ServerKeys.resolve(api_key, admin_api_key)
+    found = routes(url, keys=keys)
     secret = recall_secret(url) or os.environ.get(ENV_CAPTURE_SECRET) or None
     forced = secret is None or not any(
         st.get("id") == capture_id(secret) and st.get("state") in ("capturing", "stopping", "stopped")
-        for _, _, st in _statuses([url], keys)
+        for _, _, st in _statuses(found, keys)
     )
     if forced:
         secret = new_secret()
     cmd = control_args("stop", secret, complete=complete, force=forced, client=_client_name())
-    taken = http_json(f"{url}/set_internal_state", {"server_args": cmd}, keys=keys, control=True)  # a bool per rank
+    taken = [t for r in found for t in _send_stop(r, cmd, keys)]  # a bool per rank
     if (
         forced
-        and not any(taken or [])
-        and any(st.get("state") in ("capturing", "stopping") for _, _, st in _statuses([url], keys))
+        and not any(taken)
+        and any(st.get("state") in ("capturing", "stopping") for _, _, st in _statuses(found, keys))
     ):
         raise StorageError(
             f"{url} refused the forced stop: only the capture's own client stops it, or an operator with the "
             "server's admin key (the server must have been launched with --admin-api-key; pass --admin-api-key)"
         )
-    return _wait_ranks([url], secret, {"stopped"}, "stop_id", timeout_s, "stop", forced=True, keys=keys)
+    return _wait_ranks(found, secret, {"stopped"}, "stop_id", timeout_s, "stop", forced=True, keys=keys)
+
+
+def _send_stop(route: Route, cmd: Mapping[str, Any], keys: ServerKeys) -> list[bool]:
+    """Sends a stop to one worker; what each of its DP ranks answered (empty for a worker behind a gateway that is
+    lost: :func:`_wait_ranks` reports it)."""
+    try:
+        return list(route.call("set_internal_state", {"server_args": cmd}, keys=keys, control=True) or [])
+    except SGLangError as e:
+        if not route.via_gateway or e.status not in _LOST:
+            raise
+        return []
 
 
 def _client_name() -> str:

@@ -1,0 +1,185 @@
+"""Capture through SGLang's gateway (SMG, ``smg launch --enable-rl``) in front of two real CPU SGLang workers
+(capture-only mode, the tiny float32 target of test_capture_server.py), keys set as a fleet operator sets them: the
+workers take the gateway's key (``--api-key K``), the gateway takes ``K`` for inference and a control-plane key of
+the admin role. eagle-io reaches each worker through the gateway's control plane, and sends samples (and the served
+traffic goes) through the gateway's ``/generate`` and ``/v1/chat/completions``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+import torch
+from helpers.gateway import launch_gateway, smg_binary
+from helpers.sglang_cpu import cpu_engine_env
+from test_capture_server import CPU, held_to_reference, samples
+from test_capture_session import FIXTURE, tiny_target
+from test_serving_plugin import needs_sglang
+
+import eagle_io
+from eagle_io.capturing.sglang.client import capture_status
+from eagle_io.errors import InvalidArgumentError, SGLangError, StorageError
+from eagle_io.sglang.servers import ServerKeys, http_json, stop_server
+
+pytestmark = [
+    needs_sglang,
+    pytest.mark.slow,
+    pytest.mark.skipif(smg_binary() is None, reason="SGLang's gateway (smg) is not installed"),
+]
+
+KEY, CONTROL = "fleet-inference-key", "fleet-control-key"
+KEYS = {"api_key": KEY, "admin_api_key": CONTROL}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Two workers and a gateway: ``(gateway url, [worker processes], HF model, model dir, tmp)``."""
+    from eagle_io.capturing.options import CaptureOptions
+    from eagle_io.capturing.sglang.launch import launch_capture_server
+    from eagle_io.data import load_default_tokenizer
+
+    tmp = tmp_path_factory.mktemp("fleet")
+    tok = load_default_tokenizer()
+    model, _ = tiny_target(vocab=len(tok))
+    model.save_pretrained(tmp / "tiny")
+    tok.save_pretrained(tmp / "tiny")
+    root = tmp_path_factory.getbasetemp()
+    procs, urls = [], []
+    try:
+        for i in range(2):
+            log = tmp / f"worker{i}.log"
+            url, proc = launch_capture_server(tmp / "tiny", CaptureOptions(), log, capture_roots=[root],
+                                              env=cpu_engine_env(), api_key=KEY, **CPU)  # fmt: skip
+            procs.append(proc)
+            urls.append(url)
+        gateway, gw = launch_gateway(urls, tmp / "gateway.log", api_key=KEY, control_key=CONTROL)
+        procs.append(gw)
+        yield gateway, procs, model.float().eval(), tmp / "tiny", tmp
+    finally:
+        for p in procs:
+            stop_server(p)
+
+
+def _writers(out) -> dict[int, int]:
+    """Samples per writer rank of a merged dataset (its shards are named ``r{rank}-...``)."""
+    ds, per = eagle_io.Dataset(out), {}
+    for s in ds.manifest["shards"]:
+        rank = int(s["file"].split("/")[-1][1:6])
+        per[rank] = per.get(rank, 0) + s["samples"]
+    return per
+
+
+def test_generate_through_the_gateway_stores_every_sample_once_from_both_workers(fleet, tmp_path):
+    """``eagle-io generate --server GATEWAY`` on the real ShareGPT slice: one dataset, one writer per worker, every
+    sample once, each held to the HF reference forward; both workers wrote some."""
+    gateway, _, model, _, _ = fleet
+    out = tmp_path / "gen"
+    cmd = [sys.executable, "-m", "eagle_io.cli", "generate", "--server", gateway, "--dataset", str(FIXTURE),
+           "--out", str(out), "--max-length", "160", "--batch-size", "4", "--limit", "12", "--concurrency", "2",
+           "--summary-json", str(tmp_path / "s.json"), "--api-key", KEY, "--admin-api-key", CONTROL]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    items = held_to_reference(out, model)
+    assert len(items) == summary["samples_written"] > 4
+    per = _writers(out)
+    assert sorted(per) == [0, 1] and min(per.values()) >= 1 and sum(per.values()) == len(items), per
+    assert eagle_io.Dataset(out).manifest["complete"]
+
+
+def test_samples_sent_through_the_gateway_are_stored_whole_and_the_status_shows_each_worker(fleet, tmp_path):
+    """``eagle_io.capture(GATEWAY)``: prompts sharing a prefix (the radix cache would serve it) are computed and
+    stored whole; ``capture_status(GATEWAY)`` lists every worker's rank."""
+    gateway, _, model, _, _ = fleet
+    todo = samples([40, 100, 31, 64, 7, 90])
+    with eagle_io.capture(gateway, tmp_path / "out", concurrency=2, **KEYS) as cap:
+        assert len(cap.servers) == 2 and all(gateway in s.url and "worker" in s.url for s in cap.servers)
+        status = capture_status(gateway, **KEYS)
+        assert len(status) == 2 and {s["state"] for s in status} == {"capturing"}
+        cap.submit(todo)
+    st = cap.stats()
+    assert st["sent"] == 6 and st["prefix_tokens_reused"] == 0 and st["scheduler_written"] == 6
+    items = held_to_reference(tmp_path / "out", model)
+    for s in todo:
+        assert torch.equal(items[s.index]["input_ids"], s.input_ids)
+    assert {s["state"] for s in capture_status(gateway, **KEYS)} == {"stopped"}
+
+
+def test_live_capture_through_the_gateway_stores_what_its_clients_were_answered(fleet, tmp_path):
+    """``eagle-io live start GATEWAY --rate 1``: requests to the gateway's ``/generate`` and
+    ``/v1/chat/completions`` are stored as answered (prompt + answer but its last token); one that opts out through
+    ``custom_params`` (``extra_body`` of the OpenAI route) is not; ``live status`` shows both workers; ``live stop``
+    merges one dataset."""
+    gateway, _, model, model_dir, _ = fleet
+    out = tmp_path / "live"
+    cli = [sys.executable, "-m", "eagle_io.cli", "live"]
+    keys = ["--api-key", KEY, "--admin-api-key", CONTROL]
+    r = subprocess.run([*cli, "start", gateway, "--out", str(out), "--rate", "1", *keys], capture_output=True,
+                       text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)["writers"] == 2
+    inference = ServerKeys(api_key=KEY)
+    g = torch.Generator().manual_seed(3)
+    served = {}
+    for i in range(6):
+        prompt, rid = torch.randint(10, 40000, (12 + 7 * i,), generator=g).tolist(), f"fleet-{uuid.uuid4().hex[:8]}"
+        body = {"input_ids": prompt, "rid": rid, "sampling_params": {"max_new_tokens": 6, "temperature": 0.0}}
+        served[rid] = (prompt, http_json(f"{gateway}/generate", body, timeout_s=300, keys=inference)["output_ids"])
+    chat = {"model": str(model_dir), "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 5,
+            "temperature": 0.0}  # fmt: skip
+    answer = http_json(f"{gateway}/v1/chat/completions", chat, timeout_s=300, keys=inference)
+    opted_out = {**chat, "custom_params": {"eagle_io_capture": False}}
+    http_json(f"{gateway}/v1/chat/completions", opted_out, timeout_s=300, keys=inference)
+    r = subprocess.run([*cli, "status", gateway, *keys], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    status = json.loads(r.stdout)
+    assert len(status) == 2 and {s["state"] for s in status} == {"capturing"}
+    assert sum(s["counts"]["opted_out"] for s in status) == 1
+    r = subprocess.run([*cli, "stop", gateway, *keys], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ds = eagle_io.Dataset(out)
+    stored = {ds.entry(i).key: ds[i] for i in range(len(ds))}
+    assert len(stored) == 7, sorted(stored)  # 6 /generate + 1 chat; the opted-out chat left no trace
+    for rid, (prompt, output) in served.items():
+        assert stored[rid]["input_ids"].tolist() == prompt + output[:-1]
+    chat_keys = [k for k in stored if k not in served]
+    assert len(chat_keys) == 1 and answer["usage"]["completion_tokens"] == 5
+    assert sorted(_writers(out)) == [0, 1]
+    held_to_reference(out, model)
+
+
+def test_a_gateway_without_its_control_plane_is_named_with_the_flag_to_add(fleet, tmp_path):
+    gateway, _, _, _, tmp = fleet
+    workers = [w["url"] for w in http_json(f"{gateway}/v1/rl/workers", keys=ServerKeys(admin_api_key=CONTROL),
+                                           control=True)["workers"]]  # fmt: skip
+    plain, proc = launch_gateway(workers, tmp / "plain-gateway.log", api_key=KEY, control_plane=False)
+    try:
+        with pytest.raises(InvalidArgumentError, match=r"relaunch it with --enable-rl"):
+            eagle_io.capture(plain, tmp_path / "x", **KEYS)
+        with pytest.raises(SGLangError, match=r"HTTP 401: the server refused the key sent: pass --admin-api-key"):
+            eagle_io.capture(gateway, tmp_path / "y", api_key=KEY, admin_api_key="not-the-control-key")
+    finally:
+        stop_server(proc)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_a_worker_lost_mid_capture_is_reported_and_the_others_commit(fleet, tmp_path):
+    """Runs last (it stops a worker): a capture through the gateway, one worker killed after some samples; the close
+    commits the other's, merges what both committed (marked incomplete), and raises naming the lost worker; the status
+    never hangs on it."""
+    gateway, procs, _, _, _ = fleet
+    todo = samples([20, 30, 40, 50, 60, 70, 25, 35], seed=5)
+    cap = eagle_io.capture(gateway, tmp_path / "lost", concurrency=2, **KEYS)
+    cap.submit(todo[:4])
+    stop_server(procs[1], timeout_s=30)
+    with pytest.raises(StorageError, match=r"1 worker\(s\) left the gateway during the capture .*worker .*resume"):
+        cap.close(timeout_s=300)
+    ds = eagle_io.Dataset(tmp_path / "lost")
+    assert ds.manifest["complete"] is False and eagle_io.Dataset.verify(tmp_path / "lost") == []
+    assert {ds.entry(i).sample_id for i in range(len(ds))} <= {0, 1, 2, 3}
+    # the gateway lists the killed worker until its health checks fail: shown as lost, with the gateway's error
+    states = sorted(s["state"] for s in capture_status(gateway, **KEYS))
+    assert states in (["stopped"], ["lost", "stopped"]), states
