@@ -74,7 +74,8 @@ def _writers(out) -> dict[int, int]:
 
 def test_generate_through_the_gateway_stores_every_sample_once_from_both_workers(fleet, tmp_path):
     """``eagle-io generate --server GATEWAY`` on the real ShareGPT slice: one dataset, one writer per worker, every
-    sample once, each held to the HF reference forward; both workers wrote some."""
+    sample once, each held to the HF reference forward; both workers wrote some; ``--resume`` to more records sends
+    only the missing ones."""
     gateway, _, model, _, _ = fleet
     out = tmp_path / "gen"
     cmd = [sys.executable, "-m", "eagle_io.cli", "generate", "--server", gateway, "--dataset", str(FIXTURE),
@@ -88,6 +89,13 @@ def test_generate_through_the_gateway_stores_every_sample_once_from_both_workers
     per = _writers(out)
     assert sorted(per) == [0, 1] and min(per.values()) >= 1 and sum(per.values()) == len(items), per
     assert eagle_io.Dataset(out).manifest["complete"]
+    # --resume through the gateway to more records: only the missing samples are sent, wherever the gateway routes them
+    more = [*cmd[: cmd.index("--limit")], "--limit", "18", "--resume", *cmd[cmd.index("--limit") + 2 :]]
+    r = subprocess.run(more, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = json.loads((tmp_path / "s.json").read_text())
+    assert again["already_committed_skipped"] == len(items) and again["samples_written"] > 0
+    assert len(held_to_reference(out, model)) == len(items) + again["samples_written"]
 
 
 def test_samples_sent_through_the_gateway_are_stored_whole_and_the_status_shows_each_worker(fleet, tmp_path):
