@@ -193,10 +193,11 @@ def _client(url: str, out: Path):
     """A capture client (``ServerCapture``) of one writing rank at ``url`` that started a capture under the secret
     :data:`SECRET` (the fields its start sets; the dataset directory is not one this client reads)."""
     from eagle_io.capturing.sglang import client
+    from eagle_io.sglang.gateway import Route
     from eagle_io.sglang.servers import ServerKeys
 
     cap = object.__new__(client.ServerCapture)
-    facts = client.ServerFacts(url, "m", None, {"writers": 1, "layers": [2, 4, 5]}, ({},))
+    facts = client.ServerFacts(Route.direct(url), "m", None, {"writers": 1, "layers": [2, 4, 5]}, ({},))
     cap.servers, cap._secret, cap.url, cap.writers, cap.manifest, cap.answers = [facts], SECRET, str(out), 1, None, []
     cap.counts, cap.keys = {"sent": 1}, ServerKeys()
     return cap
@@ -210,13 +211,14 @@ def test_a_stop_over_http_is_retried_answered_once_and_late_samples_are_counted(
     from eagle_io.capturing.sglang import client
     from eagle_io.capturing.sglang import scheduler as sc
     from eagle_io.capturing.sglang.protocol import control_args
+    from eagle_io.sglang import gateway
 
     sink = _SlowSink(delay=1.5)
     cap = _writing_capture(tmp_path, sink)
     url = route_to_scheduler(monkeypatch, ADMIN_KEYED)  # SGLang checked the forced stop's admin key
     try:
         _serve(cap, *_prefill(7))
-        stranger = client.http_json(f"{url}/set_internal_state", {"server_args": control_args("stop", "x")})
+        stranger = gateway.http_json(f"{url}/set_internal_state", {"server_args": control_args("stop", "x")})
         assert stranger == [False] and not cap.stopping, "only its client (or a forced stop) stops it"
         mine = _client(url, tmp_path / "not-read-here")
         with pytest.raises(eagle_io.errors.CaptureStopTimeoutError, match=rf"{url} DP rank 0 \(stopping\)"):

@@ -87,6 +87,7 @@ def test_a_stop_waits_for_every_writer_and_names_the_missing_one(monkeypatch):
     """A stop over HTTP with attention DP of 2 (two writing ranks in ``/server_info``): the client waits for both
     ranks' statuses under its token and returns them in rank order; a rank still stopping is named."""
     from eagle_io.capturing.sglang import client
+    from eagle_io.sglang import gateway
 
     stopped = {0: time.monotonic(), 1: time.monotonic() + 0.4}  # when each rank reports its stop
 
@@ -100,12 +101,13 @@ def test_a_stop_waits_for_every_writer_and_names_the_missing_one(monkeypatch):
                                                "counts": {"written": rank + 1}}})  # fmt: skip
         return {"internal_states": ranks}
 
-    monkeypatch.setattr(client, "http_json", http_json)
-    answers = client._wait_ranks(["http://h"], "tok", {"stopped"}, "stop_id", 30, "stop", keys=ServerKeys())
+    monkeypatch.setattr(gateway, "http_json", http_json)
+    h = [gateway.Route.direct("http://h")]
+    answers = client._wait_ranks(h, "tok", {"stopped"}, "stop_id", 30, "stop", keys=ServerKeys())
     assert [a["counts"]["written"] for a in answers] == [1, 2]
     stopped[1] = time.monotonic() + 60
     with pytest.raises(eagle_io.errors.CaptureStopTimeoutError, match=r"reach http://h DP rank 1 \(stopping\)"):
-        client._wait_ranks(["http://h"], "tok", {"stopped"}, "stop_id", 1.0, "stop", keys=ServerKeys())
+        client._wait_ranks(h, "tok", {"stopped"}, "stop_id", 1.0, "stop", keys=ServerKeys())
 
 
 @needs_sglang

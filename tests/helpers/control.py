@@ -12,11 +12,12 @@ URL = "http://scheduler.test"
 
 
 def route_to_scheduler(monkeypatch: Any, scheduler: Any = None) -> str:
-    """Patches the client's ``http_json`` so that ``URL/set_internal_state`` and ``URL/server_info`` reach this
-    process's active scheduler capture as a scheduler ``scheduler`` (its ``server_args`` say which keys SGLang checked:
-    none by default); returns ``URL``. The target facts of the status are a writing rank's."""
-    from eagle_io.capturing.sglang import client
+    """Patches the HTTP call of the client's routes (``eagle_io.sglang.gateway.http_json``) so that
+    ``URL/set_internal_state`` and ``URL/server_info`` reach this process's active scheduler capture as a scheduler
+    ``scheduler`` (its ``server_args`` say which keys SGLang checked: none by default); returns ``URL``. The target
+    facts of the status are a writing rank's."""
     from eagle_io.capturing.sglang import scheduler as sc
+    from eagle_io.sglang import gateway
 
     monkeypatch.setattr(sc, "_FACTS", {"writes": True, "writers": 1})
 
@@ -31,5 +32,5 @@ def route_to_scheduler(monkeypatch: Any, scheduler: Any = None) -> str:
             return {"internal_states": [state]}
         raise AssertionError(f"no route for {url}")
 
-    monkeypatch.setattr(client, "http_json", http_json)
+    monkeypatch.setattr(gateway, "http_json", http_json)
     return URL
