@@ -160,14 +160,14 @@ def _differences(new: DraftInfo, old: DraftInfo) -> list[str]:
     return out
 
 
-def _vocab_differences(new: DraftInfo, old: DraftInfo) -> list[str]:
-    """The vocabulary map must be the served one's, value for value."""
+def _vocab_differences(tensors: Mapping[str, Any], old: DraftInfo) -> list[str]:
+    """The new draft's vocabulary map (its loaded ``tensors``) must be the served one's, value for value."""
     out = []
     for leaf in ("d2t", "t2d"):
-        a, b = getattr(new, leaf), getattr(old, leaf)
-        if a is None or b is None or a.shape != b.shape:
+        va, b = tensors.get(leaf), getattr(old, leaf)
+        if va is None or b is None or list(va.shape) != list(b.shape):
             continue  # named by _differences
-        va, vb = read_tensor_values(new.path, a), read_tensor_values(old.path, b)
+        vb = read_tensor_values(old.path, b)
         if not bool((va == vb).all()):
             out.append(
                 f"vocab map {leaf}: {int((va != vb).sum())} of {va.numel()} entries differ from the served draft's "
@@ -188,12 +188,12 @@ def _preflight(info: Mapping[str, Any], draft: Path, where: str) -> tuple[Path, 
     old = read_draft(served)
     lines += [f"{f.code}: {f.message}" for f in check_serving(target, draft, algorithm=algo) if f.severity == ERROR]
     lines += _differences(new, old)
-    lines += _vocab_differences(new, old)
     tensors: dict[str, Any] = {}
     try:
         tensors = read_draft_tensors(draft)
     except CheckpointError as e:
         lines.append(str(e))
+    lines += _vocab_differences(tensors, old)
     lines += nonfinite_problems(tensors)
     if lines:
         raise _refuse(lines, f"{draft} cannot replace the draft {where} serves ({served})", sent=False)
