@@ -92,8 +92,8 @@ def v0_run(server, trained):
     return run_server(server, prompts, NEW_TOKENS, eos)
 
 
-def _draft_checksums(url: str) -> dict[str, str]:
-    ans = http_json(url + "/weights_checker", {"action": "checksum", "selector": "draft"}, 60, control=True)
+def _draft_checksums(url: str, selector: str = "draft") -> dict[str, str]:
+    ans = http_json(url + "/weights_checker", {"action": "checksum", "selector": selector}, 60, control=True)
     (rank,) = ans["ranks"]
     return rank["checksums"]
 
@@ -216,7 +216,7 @@ def test_a_swap_with_requests_in_flight_is_lossless_and_loads_exactly_v1(server,
     from eagle_io.spec.target import Target
 
     target, _, _, prompts, eos = trained
-    before = _draft_checksums(server)
+    before, target_before = _draft_checksums(server), _draft_checksums(server, "target")
     flight = prompts[:4]
     answers: list = [None] * 4
     times: list = [None] * 4
@@ -253,8 +253,21 @@ def test_a_swap_with_requests_in_flight_is_lossless_and_loads_exactly_v1(server,
     now = _draft_checksums(server)
     assert now["draft.model.embed_tokens.weight"] == before["draft.model.embed_tokens.weight"]  # never sent
     assert now["draft.model.fc.weight"] != before["draft.model.fc.weight"]
+    assert _draft_checksums(server, "target") == target_before  # the draft selector left the target alone
     meta = http_json(server + "/generate", {"input_ids": prompts[0], "sampling_params": {"max_new_tokens": 2}}, 60)
     assert meta["meta_info"]["weight_version"] == result.weight_version
+    assert _healthy(server)
+
+
+def test_a_collapsed_swap_is_refused_after_it_was_sent(server, v0_run, trained, v1, tmp_path):
+    """A draft whose head says nothing (lm_head zeroed: it proposes draft id 0 at every step) loads fine, reads back
+    fine, and accepts about nothing: refused, ``sent`` True, and the server still answers."""
+    _, _, _, prompts, eos = trained
+    dead = _copy(v1, tmp_path / "dead")
+    _edit_tensors(dead, lambda t: t["lm_head.weight"].zero_())
+    with pytest.raises(DraftSwapError, match=r"served accept length 1\.0\d+ after the swap to dead@\w+ is below") as e:
+        swap_draft(http_call(server), dead, prompts=prompts, max_new_tokens=NEW_TOKENS, stop_token_ids=eos)
+    assert e.value.sent is True and "a collapsed swap" in str(e.value)
     assert _healthy(server)
 
 

@@ -139,8 +139,9 @@ def file_system_sharing() -> Iterator[None]:
 
 def serialized_tensors(named: Sequence[tuple[str, torch.Tensor]]) -> str:
     """``named`` pickled as SGLang's ``MultiprocessingSerializer.serialize(named, output_str=True)`` does (torch's
-    ``ForkingPickler``, base64 text): one entry of ``serialized_named_tensors`` (one per TP rank). The tensors move
-    to shared memory (``file_system`` strategy): keep ``named`` alive until the server answered.
+    ``ForkingPickler``, base64 text): one entry of ``serialized_named_tensors`` (one per TP rank). The tensors (CPU,
+    contiguous: as :func:`read_draft_tensors` loads them) move to shared memory (``file_system`` strategy): keep them
+    alive until the server answered.
     """
     from multiprocessing.reduction import ForkingPickler
 
@@ -148,5 +149,5 @@ def serialized_tensors(named: Sequence[tuple[str, torch.Tensor]]) -> str:
 
     buf = io.BytesIO()
     with file_system_sharing():
-        ForkingPickler(buf).dump([(n, t.contiguous()) for n, t in named])
+        ForkingPickler(buf).dump(list(named))
     return base64.b64encode(buf.getvalue()).decode("ascii")

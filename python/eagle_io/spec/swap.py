@@ -240,7 +240,8 @@ def _accept(call: Call, prompts: Sequence[Sequence[int]], max_new_tokens: int, s
 
 def _update(call: Call, tensors: Mapping[str, Any], version: str, tp_size: int) -> None:
     """begin -> update -> end, each naming the draft selector; ``end`` is sent once ``begin`` succeeded, whatever
-    the update did. Raises :class:`DraftSwapError` (``sent`` True once the update was sent)."""
+    the update did. ``tensors`` (the caller's) keep the shared-memory storages alive until the server answered.
+    Raises :class:`DraftSwapError` (``sent`` True once the update was sent)."""
     named = sorted(sent_tensors(tensors).items())
     payload = serialized_tensors(named)
     try:
@@ -259,7 +260,6 @@ def _update(call: Call, tensors: Mapping[str, Any], version: str, tp_size: int) 
             call("/end_weight_update", {"selector": "draft"}, True)
         except SGLangError as e:
             failure = failure or e
-        del named  # the shared-memory tensors lived until the server answered
     if failure is not None:
         raise DraftSwapError(
             f"the weight update of {version} failed: {failure}; the served draft may be partly updated: swap again or "
