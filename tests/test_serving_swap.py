@@ -36,8 +36,8 @@ pytestmark = pytest.mark.slow
 IN_FLIGHT_TOKENS = 160  # long enough (ignore_eos) to still be decoding when the swap's first call arrives
 
 
-def _launch(args: dict, log: Path) -> tuple[str, object]:
-    return launch_server(server_flags(args), log, timeout_s=600, env=cpu_engine_env())
+def _launch(args: dict, log: Path, **env: str) -> tuple[str, object]:
+    return launch_server(server_flags(args), log, timeout_s=600, env=cpu_engine_env(**env))
 
 
 def _spec_args(target: Path, draft: Path) -> dict:
@@ -66,7 +66,9 @@ def v1(trained, tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(trained, tmp_path_factory):
     target, _, v0, _, _ = trained
-    url, proc = _launch(_spec_args(target, v0), tmp_path_factory.mktemp("server") / "server.log")
+    root = str(tmp_path_factory.getbasetemp())  # the operator lets clients capture under it (the flywheel test)
+    url, proc = _launch(_spec_args(target, v0), tmp_path_factory.mktemp("server") / "server.log",
+                        EAGLE_IO_CAPTURE_ROOT=root)  # fmt: skip
     try:
         yield url
     finally:
@@ -284,4 +286,54 @@ def test_the_command_swaps_v0_back(server, v0_run, trained, capsys):
     assert main(["swap-draft", server, "--draft", str(target)]) == 2
     err = capsys.readouterr().err
     assert "DraftSwapError" in err and "cannot replace the draft" in err, err
+    assert _healthy(server)
+
+
+def _eval_live(capsys, draft: Path, dataset: Path, target: Path, url: str, prompts_file: Path) -> dict:
+    capsys.readouterr()
+    argv = ["eval-draft", "--draft", str(draft), "--target", str(target), "--dataset", str(dataset), "--server", url]
+    argv += ["--prompts-file", str(prompts_file), "--max-new-tokens", str(NEW_TOKENS), "--threads", "1"]
+    assert main([*argv, "--json", "--no-profile"]) == 0
+    return json.loads(capsys.readouterr().out)["live"]
+
+
+def test_the_flywheel_at_tiny_scale(server, v0_run, trained, tmp_path, capsys):
+    """docs/TRAINING.md "The flywheel", command for command, on the module's server (serving v0 again): a live
+    capture of the traffic it answers, v1 trained on that capture alone with v0's vocab map, eval-draft --server
+    before, swap-draft, eval-draft --server after, on held-out prompts neither draft trained on."""
+    from eagle_io.feed import ShardDataset
+    from eagle_io.spec.evaluate import prompt_of
+
+    target, ds, v0, held_out, _ = trained
+    held = tmp_path / "held_out.jsonl"
+    held.write_text("".join(json.dumps({"input_ids": p}) + "\n" for p in held_out))
+    data = ShardDataset(ds)
+    traffic = [p for p in (prompt_of(data[i]["input_ids"], data[i]["loss_mask"]) for i in range(len(data))) if p]
+    traffic = [p for p in traffic if p not in held_out][:24]
+
+    served = tmp_path / "served"
+    assert main(["live", "start", server, "--out", str(served), "--rate", "1"]) == 0
+    for p in traffic:
+        http_json(server + "/generate", {"input_ids": p, "sampling_params": {"temperature": 0.0,
+                                                                           "max_new_tokens": 64}}, 600)  # fmt: skip
+    assert main(["live", "stop", server]) == 0
+    capsys.readouterr()
+    assert json.loads((served / "manifest.json").read_text())["complete"] is True
+
+    v1 = tmp_path / "v1"
+    argv = ["train-draft", str(served), "--out", str(v1), "--target-model", str(target), "--keep-vocab-map", str(v0)]
+    argv += ["--steps", "200", "--eval-samples", "4", "--ttt-length", "3", "--lr", "3e-3", "--warmup-steps", "5"]
+    assert main([*argv, "--accept-steps", str(STEPS), "--threads", "1", "--max-length", "160"]) == 0
+
+    before = _eval_live(capsys, v0, served, target, server, held)
+    assert main(["swap-draft", server, "--draft", str(v1), "--prompts-file", str(held), "--json"]) == 0
+    swapped = json.loads(capsys.readouterr().out)
+    after = _eval_live(capsys, v1, served, target, server, held)
+
+    assert before["lossless"] is True and after["lossless"] is True
+    assert before["request_verify_ct"] == v0_run.verify_ct  # v0 served before the swap
+    assert after["request_verify_ct"] != before["request_verify_ct"]  # another draft after it
+    assert swapped["weight_version"].startswith("v1@") and swapped["checksums_matched"] == 10
+    assert after["sglang_accept_length"] >= swapped["accept_threshold"]
+    print(f"flywheel at tiny scale: v0 {before['sglang_accept_length']:.3f}, v1 {after['sglang_accept_length']:.3f}")
     assert _healthy(server)
