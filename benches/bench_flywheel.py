@@ -17,6 +17,8 @@ answers, by SGLang's own accept length?
    accept length (sum completion_tokens / sum spec_verify_ct), and eval-draft's offline figure on A's stored states
    (the samples the draft did not train on; ``--offline-b``: also on B's). Plus the held-out offline accept length
    train-draft prints.
+6. ``--swap``: v1 trained on v0's vocab map (``--keep-vocab-map``), then measured by SGLang after ``swap-draft``
+   into a server launched with v0 (v0 measured on it first), on the same eval prompts (not yet run).
 
     python benches/bench_flywheel.py --out /tmp/flywheel --a-records 160 --b-records 160 --steps 300
 
@@ -56,6 +58,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--offline-b", action="store_true", help="also eval-draft's offline figure on B's held-out states")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight while serving B")
     p.add_argument("--threads", type=int, default=2, help="torch threads of every stage")
+    p.add_argument(
+        "--swap",
+        action="store_true",
+        help="also measure v1 swapped in place (swap-draft) into a server launched with v0, v0 measured on it first; "
+        "v1 is then trained with --keep-vocab-map v0",
+    )
     return p.parse_args(argv)
 
 
@@ -151,8 +159,10 @@ def _serve_and_capture(args, target: Path, draft: Path, prompts: list[dict], out
     }
 
 
-def _train(args, dataset: Path, out: Path, target: str, log: Path) -> dict:
+def _train(args, dataset: Path, out: Path, target: str, log: Path, keep_map: Path | None = None) -> dict:
     cmd = [sys.executable, "-m", "eagle_io.cli", "train-draft", str(dataset), "--out", str(out)]
+    if keep_map is not None:  # swap-draft needs the served draft's vocab map (SGLang fixes it at start)
+        cmd += ["--keep-vocab-map", str(keep_map)]
     cmd += ["--target-model", target, "--allow-other-target", "--draft-vocab-size", str(args.draft_vocab_size)]
     cmd += ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--max-length", str(args.max_length)]
     cmd += ["--ttt-length", str(args.ttt_length), "--eval-samples", str(args.eval_samples), "--warmup-steps", "10"]
@@ -160,6 +170,34 @@ def _train(args, dataset: Path, out: Path, target: str, log: Path) -> dict:
     wall = _run(cmd, log, _env(args.threads))
     summary = json.loads((out / "train_summary.json").read_text())
     return {"wall_s": round(wall, 1), "summary": summary}
+
+
+def _swap_measure(args, target: Path, v0: Path, v1: Path, prompts: list[dict], log: Path) -> dict:
+    """A server launched with v0 (not the one that served B): SGLang's pooled accept length of v0 on the eval prompts,
+    then v1 swapped in place (``swap_draft``), then v1's on the same prompts and server."""
+    from helpers.sglang_cpu import SPEC_ENGINE_ARGS
+
+    from eagle_io.sglang.servers import launch_server, server_flags, stop_server
+    from eagle_io.spec.served import engine_args, run_server
+    from eagle_io.spec.swap import http_call, swap_draft
+
+    eos = json.loads((target / "config.json").read_text()).get("eos_token_id")
+    stop = [eos] if isinstance(eos, int) else list(eos or [])
+    ids = [p["input_ids"] for p in prompts]
+    flags = server_flags(engine_args(target, v0, algorithm="EAGLE3", num_steps=3, topk=1, extra=SPEC_ENGINE_ARGS))
+    url, proc = launch_server(flags, log, env=_env(args.threads))
+    try:
+        before = run_server(url, ids, args.eval_tokens, stop)
+        swapped = swap_draft(http_call(url), v1, prompts=ids, max_new_tokens=args.eval_tokens, stop_token_ids=stop)
+        after = run_server(url, ids, args.eval_tokens, stop)
+    finally:
+        stop_server(proc)
+    return {
+        "v0_served": before.sglang_accept_length,
+        "swap": swapped.to_dict(),
+        "v1_after_swap": after.sglang_accept_length,
+        "request_verify_ct": {"v0": before.verify_ct, "v1": after.verify_ct},
+    }
 
 
 def _eval(args, draft: Path, target: Path, dataset: Path, prompts_file: Path | None, log: Path) -> dict:
@@ -227,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             res["train"][name] = {"summary": json.loads((out / name / "train_summary.json").read_text())}
         else:
             target = gguf if ds == a else str(ckpt)
-            res["train"][name] = _train(args, ds, out / name, target, out / f"train_{name}.log")
+            keep = out / "v0" if args.swap and name == "v1" else None
+            res["train"][name] = _train(args, ds, out / name, target, out / f"train_{name}.log", keep)
 
     res["eval"] = {}
     for name in drafts:
@@ -237,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         res["eval"][name] = {"sglang": _eval(args, d, ckpt, drafts[name], eval_file, out / f"eval_{name}.log")}
         if args.offline_b:
             res["eval"][name]["offline_B"] = _eval(args, d, ckpt, out / "B", None, out / f"offline_B_{name}.log")
+    if args.swap:
+        res["swap"] = _swap_measure(args, ckpt, out / "v0", out / "v1", e_prompts, out / "swap_server.log")
     res["total_s"] = round(time.perf_counter() - t_all, 1)
     text = json.dumps(res, indent=1, default=str)
     (out / "flywheel.json").write_text(text)

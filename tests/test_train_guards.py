@@ -89,6 +89,29 @@ def test_cli_refuses_a_vocab_map_that_contradicts_draft_vocab_size(synthetic, tm
     assert cfg["draft_vocab_size"] == 64
 
 
+def test_keep_vocab_map_trains_on_an_exported_drafts_own_map(synthetic, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """``--keep-vocab-map DRAFT``: the successor carries DRAFT's d2t/t2d value for value (what swap-draft requires),
+    whatever its own data would have built; contradicting options are refused before anything is written."""
+    from safetensors.torch import load_file
+
+    root, head = synthetic
+    _cli(monkeypatch, head)
+    common = ["--steps", "1", "--eval-samples", "4", "--threads", "1"]
+    assert main(["train-draft", str(root), "--out", str(tmp_path / "v0"), "--draft-vocab-size", "32", *common]) == 0
+    keep = ["train-draft", str(root), "--out", str(tmp_path / "v1"), "--keep-vocab-map", str(tmp_path / "v0")]
+    assert main([*keep, "--draft-vocab-size", "16", *common]) == 2
+    assert "--keep-vocab-map" in capsys.readouterr().err and not (tmp_path / "v1").exists()
+    build_vocab_mapping(root, 32).save(tmp_path / "m.safetensors")
+    assert main([*keep, "--vocab-map", str(tmp_path / "m.safetensors"), *common]) == 2
+    assert "pick one" in capsys.readouterr().err and not (tmp_path / "v1").exists()
+    assert main([*keep, "--seed", "3", *common]) == 0
+    a, b = load_file(tmp_path / "v0" / "model.safetensors"), load_file(tmp_path / "v1" / "model.safetensors")
+    assert torch.equal(a["d2t"], b["d2t"]) and torch.equal(a["t2d"], b["t2d"]) and int(b["t2d"].sum()) == 32
+    assert not torch.equal(a["fc.weight"], b["fc.weight"])
+    cfg = json.loads((tmp_path / "v1" / "config.json").read_text())
+    assert cfg["eagle_io"]["vocab_map"]["kept_from"] == str((tmp_path / "v0").resolve())
+
+
 def test_a_held_out_set_without_supervision_is_refused_before_training(tmp_path, monkeypatch, capsys):
     # Held-out samples whose supervised tokens all lie past max_length: every held-out metric is computed over no
     # position (loss 0, agreement 0), and train-draft stopped after training on build_profile's error (a TypeError

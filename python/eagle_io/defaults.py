@@ -73,3 +73,20 @@ HANDOFF_SLOTS: int = 64
 """Finished samples waiting for the capture's hand-off thread (value checks, ring copy); a live capture drops the
 sample when they are all taken (counted ``queue_full``), a client-driven one waits. SpecForge's online-live queue
 holds 64 too."""
+
+# eagle-io swap-draft (eagle_io.spec.swap): the served accept length that proves a swap.
+SWAP_PROMPTS: tuple[tuple[int, ...], ...] = (
+    (1, 2, 3, 4, 5, 6, 7, 8),
+    (10, 20, 30, 40, 50, 60),
+    (11, 13, 17, 19, 23, 29, 31, 37),
+    (5, 15, 25, 35, 45, 55, 65, 75, 85),
+)
+"""The prompts (token ids, every one below 100: valid for any target vocabulary) a swap is checked on when the caller
+gives none; a served traffic's own prompts (``--prompts-file``) measure a draft better."""
+SWAP_MAX_NEW_TOKENS: int = 32
+"""New tokens per check prompt, greedy."""
+SWAP_ACCEPT_FLOOR: float = 1.2
+"""A swap whose served accept length (SGLang's pooled count) stays below this is refused as collapsed (a draft whose
+weights did not land accepts nothing: about 1.0)."""
+SWAP_ACCEPT_FRACTION: float = 0.5
+"""... or below this fraction of the accept length the new draft's ``speculation_profile.json`` predicts."""

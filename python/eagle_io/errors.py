@@ -43,6 +43,7 @@ the mapping is one-to-one and that every ``raise`` in the package raises one of 
     ├── NonFiniteTrainingError (FloatingPointError)  a NaN/Inf loss, metric or weight in draft training
     ├── SGLangCompatError (RuntimeError)         an SGLang object lacks an expected attribute
     ├── SGLangError (RuntimeError)               an SGLang engine or server that failed or answered unusably: url
+    │   └── DraftSwapError                       a draft swap refused or not proven: sent (anything reached the server)
     └── InternalError (RuntimeError)             a bug in eagle-io (a worker thread panicked...)
 """
 
@@ -302,6 +303,17 @@ class SGLangError(EagleIOError, RuntimeError):
         self.status = status
 
 
+class DraftSwapError(SGLangError):
+    """``swap-draft`` refused a draft, or could not prove the swap (the weights read back, the served accept length).
+    The message names each difference on its own line. ``sent``: whether any weight update reached the server (False:
+    the served draft is untouched; True: the server may now serve the new draft, or a mix; swap again or restart
+    it)."""
+
+    def __init__(self, message: str, *, sent: bool, status: int | None = None) -> None:
+        super().__init__(message, status=status)
+        self.sent = sent
+
+
 class InternalError(EagleIOError, RuntimeError):
     """A bug in eagle-io, not in the caller's input (e.g. a writer thread panicked); please report it."""
 
@@ -340,6 +352,7 @@ __all__ = [
     "CorruptRecordError",
     "DatasetFormatError",
     "DraftMismatchError",
+    "DraftSwapError",
     "DraftWidthError",
     "EagleIOError",
     "FormatVersionError",

@@ -16,6 +16,7 @@ from . import (
     live_cmd,
     merge_cmd,
     report_cmd,
+    swap_draft_cmd,
     train_draft_cmd,
     transcode_cmd,
     verify_cmd,
@@ -44,6 +45,7 @@ COMMANDS = {
     "eval-draft": eval_draft_cmd,
     "transcode": transcode_cmd,
     "live": live_cmd,
+    "swap-draft": swap_draft_cmd,
 }
 
 

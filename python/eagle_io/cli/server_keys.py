@@ -1,5 +1,6 @@
 """``--api-key`` / ``--admin-api-key``: SGLang's keys, on every command that talks to a running server (``generate
---server``, ``live``, ``eval-draft --server``); each falls back to its environment variable, and is never printed."""
+--server``, ``live``, ``eval-draft --server``, ``swap-draft``); each falls back to its environment variable, and is
+never printed."""
 
 from __future__ import annotations
 
@@ -15,5 +16,6 @@ def add_key_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
                    help=f"the server's --api-key, sent on every request; for SGLang's gateway, its --api-key (default "
                         f"${ENV_API_KEY})")  # fmt: skip
     p.add_argument("--admin-api-key", metavar="KEY",
-                   help=f"the server's --admin-api-key, sent on its control route /set_internal_state; for SGLang's "
-                        f"gateway, a control-plane key of the admin role (default ${ENV_ADMIN_API_KEY})")  # fmt: skip
+                   help=f"the server's --admin-api-key, sent on its control routes (/set_internal_state, the weight "
+                        f"updates); for SGLang's gateway, a control-plane key of the admin role (default "
+                        f"${ENV_ADMIN_API_KEY})")  # fmt: skip

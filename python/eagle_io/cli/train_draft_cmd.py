@@ -25,6 +25,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--vocab-map", help="mapping from `eagle-io vocab-map` (checked against this dataset)")
     p.add_argument(
+        "--keep-vocab-map",
+        metavar="DRAFT",
+        help="train on the vocab map of this exported draft (its d2t/t2d), e.g. the served one a `swap-draft` will "
+        "replace: SGLang fixes the map at server start",
+    )
+    p.add_argument(
         "--draft-vocab-size",
         type=int,
         help="when no --vocab-map: build one of this size (default 4096); with --vocab-map it must equal the map's",
@@ -69,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from ..draft.train import check_draft_memory
     from ..feed import ShardDataset
     from ..interop.speculation_profile import PROFILE_NAME, TRAINING_SAMPLES_NAME, build_profile, write_json
-    from ..interop.vocab import build_vocab_mapping, dataset_fingerprint, load_vocab_mapping
+    from ..interop.vocab import build_vocab_mapping, dataset_fingerprint, draft_vocab_mapping, load_vocab_mapping
     from ..store.eagle3 import check_eagle3_dataset, require_samples
     from ..store.reader import Dataset
     from ..store.target_identity import dataset_target, require_same_target
@@ -77,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
     # Every option is checked before anything is read or written (--ttt-length 0 left a vocab_map in --out).
     check_output("--out", args.out, directory=True, makes_parents=True)
     check_input("--vocab-map", args.vocab_map, "a vocab map (eagle-io vocab-map --out FILE)")
+    kept = None if args.keep_vocab_map is None else os.path.join(args.keep_vocab_map, "config.json")
+    check_input("--keep-vocab-map", kept, "an exported draft directory (eagle-io train-draft --out DIR)")
+    if args.vocab_map and args.keep_vocab_map:
+        raise InvalidArgumentError("--vocab-map and --keep-vocab-map each name the map to train on: pick one")
     cfg = TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
@@ -125,11 +135,15 @@ def run(args: argparse.Namespace) -> int:
     # The draft's training memory, estimated before the vocabulary map is written or the draft built.
     check_draft_memory(head, meta, args.draft_vocab_size or DEFAULT_DRAFT_VOCAB, args.intermediate_size)
     vocab = head.config["vocab_size"]
-    if args.vocab_map:
-        mapping = load_vocab_mapping(args.vocab_map, dataset=args.path, target_vocab_size=vocab)
+    if args.vocab_map or args.keep_vocab_map:
+        if args.vocab_map:
+            mapping = load_vocab_mapping(args.vocab_map, dataset=args.path, target_vocab_size=vocab)
+        else:
+            mapping = draft_vocab_mapping(args.keep_vocab_map, target_vocab_size=vocab)
         if args.draft_vocab_size is not None and args.draft_vocab_size != mapping.draft_vocab_size:
+            given = f"--vocab-map {args.vocab_map}" if args.vocab_map else f"--keep-vocab-map {args.keep_vocab_map}"
             raise InvalidArgumentError(
-                f"--vocab-map {args.vocab_map} has {mapping.draft_vocab_size} entries but --draft-vocab-size "
+                f"{given} has {mapping.draft_vocab_size} entries but --draft-vocab-size "
                 f"{args.draft_vocab_size} was asked for: drop one, or build a map of that size (`eagle-io vocab-map`)"
             )
     else:

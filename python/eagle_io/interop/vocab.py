@@ -503,3 +503,34 @@ def load_vocab_mapping(
         source=path,
     )
     return mapping
+
+
+def draft_vocab_mapping(draft_dir: str | os.PathLike[str], *, target_vocab_size: int | None = None) -> VocabMapping:
+    """The vocabulary map an exported draft serves with (its ``d2t`` and ``t2d`` tensors), to train a successor on
+    exactly that map (``train-draft --keep-vocab-map``): SGLang's worker copies a draft's map once at start, so a
+    draft swapped in place (``swap-draft``) must carry the served one. The key is the one the draft records
+    (``config.json`` ``eagle_io.vocab_map``), plus ``kept_from`` (the directory).
+
+    Raises:
+        CheckpointError: a directory without a ``d2t`` / ``t2d`` tensor, or whose tensors break the map's invariants
+            (:func:`mapping_problems`), naming it.
+        VocabMappingMismatchError: its target vocabulary is not ``target_vocab_size``.
+    """
+    from ..sglang.checkpoint import read_draft, read_tensor_values
+
+    info = read_draft(draft_dir)
+    if info.d2t is None or info.t2d is None:
+        raise CheckpointError(
+            f"{info.path}: holds no d2t / t2d tensor: not an EAGLE-3 draft with a vocab map", info.path
+        )
+    d2t = read_tensor_values(info.path, info.d2t).to(torch.int64)
+    t2d = read_tensor_values(info.path, info.t2d).to(torch.bool)
+    problems = mapping_problems(d2t, t2d, None, int(t2d.shape[0]))
+    if problems:
+        raise CheckpointError(f"{info.path}: " + "; ".join(problems), info.path)
+    recorded = (info.eagle_io_record or {}).get("vocab_map")
+    key = {**(recorded if isinstance(recorded, dict) else {}), "kept_from": str(info.path)}
+    key.update(draft_vocab_size=int(d2t.shape[0]), target_vocab_size=int(t2d.shape[0]))
+    mapping = VocabMapping(d2t=d2t, t2d=t2d, key=key)
+    mapping.check(target_vocab_size=target_vocab_size, source=f"the vocab map of {info.path}")
+    return mapping

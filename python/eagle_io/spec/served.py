@@ -30,7 +30,7 @@ from ..sglang.gateway import routes
 from ..sglang.servers import ServerKeys, http_json
 from ..sglang.spec_params import speculative_param_problems
 
-__all__ = ["ServedRun", "engine_args", "run_engine", "run_server"]
+__all__ = ["ServedRun", "engine_args", "run_engine", "run_server", "sampling_params", "served_run"]
 
 
 @dataclass
@@ -112,7 +112,7 @@ def engine_args(
     }
 
 
-def _sampling(max_new_tokens: int, stop_token_ids: Sequence[int]) -> dict[str, Any]:
+def sampling_params(max_new_tokens: int, stop_token_ids: Sequence[int]) -> dict[str, Any]:
     params: dict[str, Any] = {"temperature": 0.0, "max_new_tokens": int(max_new_tokens)}
     if stop_token_ids:
         params["stop_token_ids"] = [int(t) for t in stop_token_ids]
@@ -179,7 +179,8 @@ def run_engine(
     try:
         t0 = time.perf_counter()
         outs = engine.generate(
-            input_ids=[list(map(int, p)) for p in prompts], sampling_params=_sampling(max_new_tokens, stop_token_ids)
+            input_ids=[list(map(int, p)) for p in prompts],
+            sampling_params=sampling_params(max_new_tokens, stop_token_ids),
         )
         seconds = time.perf_counter() - t0
         info = engine.get_server_info()
@@ -187,7 +188,7 @@ def run_engine(
         raise SGLangError(f"sglang.Engine failed while decoding: {type(e).__name__}: {e}") from e
     finally:
         engine.shutdown()
-    return _run(info, outs, seconds, "sglang.Engine")
+    return served_run(info, outs, seconds, "sglang.Engine")
 
 
 # The resolved launch settings a measurement reports (GET /server_info, Engine.get_server_info).
@@ -207,8 +208,9 @@ SERVER_KEYS = (
 )
 
 
-def _run(info: dict[str, Any], outs: Sequence[dict[str, Any]], seconds: float, where: str) -> ServedRun:
-    """The run's counts; a launch without speculative decoding (``speculative_num_steps`` None) counts 0 verify
+def served_run(info: dict[str, Any], outs: Sequence[dict[str, Any]], seconds: float, where: str) -> ServedRun:
+    """The run's counts from ``/server_info`` (``info``) and the ``/generate`` answers ``outs`` (SGLang's ``meta_info``:
+    :func:`_parse`); a launch without speculative decoding (``speculative_num_steps`` None) counts 0 verify
     steps of a 1-step histogram."""
     num_steps = int(info.get("speculative_num_steps") or 1)
     tokens, completion, verify, hists = _parse(outs, num_steps, where)
@@ -255,7 +257,7 @@ def run_server(
         )
     if algorithm is not None and served != algorithm:
         raise SGLangError(f"{base} serves speculative_algorithm {served!r}, not {algorithm!r}")
-    sampling = _sampling(max_new_tokens, stop_token_ids)
+    sampling = sampling_params(max_new_tokens, stop_token_ids)
 
     def one(prompt: Sequence[int]) -> dict[str, Any]:
         body = {"input_ids": list(map(int, prompt)), "sampling_params": sampling}
@@ -265,4 +267,4 @@ def run_server(
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(prompts)))) as pool:
         outs = list(pool.map(one, prompts))
     seconds = time.perf_counter() - t0
-    return _run(info, outs, seconds, base)
+    return served_run(info, outs, seconds, base)

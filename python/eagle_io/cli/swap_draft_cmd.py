@@ -1,0 +1,85 @@
+"""Swap the draft a running SGLang server serves for an exported one (`train-draft --out`), in place, without a
+restart: checked against the served draft first (architecture, widths, layer ids, vocab map, target; check-serving's
+checks), loaded with SGLang's weight-update API (selector draft, a weight_version naming the draft), then proven: the
+draft's checksums read back, and the served accept length on a few greedy prompts. Same host only (shared-memory
+tensors). Exit 0 when the swap is proven, 2 when refused or not proven (the message says whether anything was sent)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .. import defaults
+from .io_paths import check_input
+from .server_keys import add_key_args
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("url", help="the SGLang server serving the draft to replace (http://HOST:PORT, on this host)")
+    p.add_argument("--draft", required=True, help="the exported draft directory to load (`eagle-io train-draft --out`)")
+    p.add_argument(
+        "--prompts-file",
+        help='check prompts, one JSON object a line: {"input_ids": [...]} or {"messages": [...]} (rendered with the '
+        "served target's chat template) (default: a few fixed token-id prompts)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=defaults.SWAP_MAX_NEW_TOKENS, help="greedy tokens per prompt")
+    p.add_argument(
+        "--accept-floor",
+        type=float,
+        default=defaults.SWAP_ACCEPT_FLOOR,
+        help="refuse a swap whose served accept length (SGLang's pooled count) is below this",
+    )
+    p.add_argument(
+        "--accept-fraction",
+        type=float,
+        default=defaults.SWAP_ACCEPT_FRACTION,
+        help="... or below this fraction of the draft's speculation_profile.json prediction",
+    )
+    p.add_argument("--weight-version", help="the version the server reports after the swap (default: DIRNAME@SHA)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_key_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..sglang.servers import ServerKeys
+    from ..spec.swap import http_call, swap_draft
+
+    check_input("--draft", f"{args.draft}/config.json", "an exported draft directory (eagle-io train-draft --out DIR)")
+    check_input("--prompts-file", args.prompts_file, 'a JSONL file of {"input_ids": [...]} prompts')
+    call = http_call(args.url, ServerKeys.resolve(args.api_key, args.admin_api_key))
+    prompts = None
+    if args.prompts_file:
+        from transformers import AutoTokenizer
+
+        from ..spec.evaluate import read_prompts_file
+
+        tokenizer = AutoTokenizer.from_pretrained(call("/server_info", None, False)["model_path"])
+        prompts = read_prompts_file(args.prompts_file, tokenizer)
+    result = swap_draft(
+        call,
+        args.draft,
+        prompts=prompts,
+        max_new_tokens=args.max_new_tokens,
+        accept_floor=args.accept_floor,
+        accept_fraction=args.accept_fraction,
+        weight_version=args.weight_version,
+        where=args.url,
+    )
+    r = result.to_dict()
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    checked = (
+        f"{r['checksums_matched']} checksums read back equal"
+        if r["checksums_unchecked"] is None
+        else f"checksums not compared ({r['checksums_unchecked']})"
+    )
+    print(f"swapped   {args.url} now serves {r['weight_version']} ({r['tensors_sent']} tensors, "
+          f"{r['update_seconds']:.1f} s; {checked})")  # fmt: skip
+    expected = r["profile_accept_length"]
+    print(
+        f"accept    {r['sglang_accept_length']:.3f} served (SGLang's pooled count, {len(r['request_verify_ct'])} "
+        f"prompts), at least {r['accept_threshold']:.3f} required"
+        + (f" (profile {expected:.3f})" if expected is not None else "")
+    )
+    return 0
