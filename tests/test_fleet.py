@@ -179,6 +179,23 @@ def test_a_gateway_without_its_control_plane_is_named_with_the_flag_to_add(fleet
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+def test_swap_draft_through_the_gateway_goes_worker_by_worker_and_says_who_was_left(fleet, tmp_path_factory):
+    """``eagle-io swap-draft GATEWAY --draft D`` reaches each worker through the control plane, one at a time: these
+    capture-only workers serve no draft, so the first refuses before anything is sent, and the message names the
+    worker not tried (the swap itself, on a real EAGLE3 server: tests/test_serving_swap.py)."""
+    from helpers.spec_fixture import shared_spec_fixture
+
+    gateway, _, _, _, _ = fleet
+    draft = shared_spec_fixture(tmp_path_factory)[2]
+    cmd = [sys.executable, "-m", "eagle_io.cli", "swap-draft", gateway, "--draft", str(draft), "--api-key", KEY,
+           "--admin-api-key", CONTROL]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 2, r.stderr[-3000:]
+    first, second = (w["url"] for w in capture_status(gateway, **KEYS))
+    assert f"{first} serves no draft" in r.stderr and "swapped before it: none" in r.stderr, r.stderr
+    assert f"not tried, still serving their draft: {second}" in r.stderr, r.stderr
+
+
 def test_a_worker_lost_mid_capture_is_reported_and_the_others_commit(fleet, tmp_path):
     """Runs last (it stops a worker): a capture through the gateway, one worker killed after some samples; the close
     commits the other's, merges what both committed (marked incomplete), and raises naming the lost worker; the status

@@ -1,7 +1,7 @@
 """``swap-draft``: an exported EAGLE-3 draft loaded into a running SGLang 0.5.23 server in place, then proven.
 
-The flow (:func:`swap_draft`), over a per-worker transport ``call(route, body, control)`` (:func:`http_call` for one
-server; a gateway's control plane can wrap the same calls):
+The flow (:func:`swap_draft`), over a per-worker transport ``call(route, body, control)`` (:func:`http_call`: one
+server, or one worker behind SGLang's gateway through its control plane):
 
 1. **Preflight, nothing sent.** ``GET /server_info`` names the served target and draft (``model_path``,
    ``speculative_draft_model_path``, on this host). The new draft must pass ``check-serving``'s checks against the
@@ -47,7 +47,8 @@ from ..sglang.draft_weights import (
     serialized_tensors,
     served_checksums,
 )
-from ..sglang.servers import ServerKeys, http_json, server_url
+from ..sglang.gateway import Route
+from ..sglang.servers import ServerKeys
 from .served import ServedRun, sampling_params, served_run
 
 __all__ = ["Call", "SwapResult", "http_call", "swap_draft", "weight_version_of"]
@@ -57,12 +58,15 @@ Call = Callable[[str, "Mapping[str, Any] | None", bool], Any]
 routes SGLang's admin key guards; returns the decoded JSON answer, raises :class:`~eagle_io.errors.SGLangError`."""
 
 
-def http_call(url: str, keys: ServerKeys | None = None, timeout_s: float = defaults.SERVER_REQUEST_TIMEOUT_S) -> Call:
-    """The transport to one SGLang server at ``url`` (:func:`eagle_io.sglang.servers.http_json`, its keys)."""
-    base = server_url(url)
+def http_call(server: str | Route, keys: ServerKeys | None = None,
+              timeout_s: float = defaults.SERVER_REQUEST_TIMEOUT_S) -> Call:  # fmt: skip
+    """The transport to one SGLang worker: a server's URL, or a :class:`~eagle_io.sglang.gateway.Route` (a worker
+    behind SGLang's gateway, reached through its control plane: ``keys`` the gateway's inference and control-plane
+    keys), through :meth:`Route.call <eagle_io.sglang.gateway.Route.call>`."""
+    route = server if isinstance(server, Route) else Route.direct(server)
 
-    def call(route: str, body: Mapping[str, Any] | None, control: bool) -> Any:
-        return http_json(base + route, body, timeout_s, keys=keys, control=control)
+    def call(path: str, body: Mapping[str, Any] | None, control: bool) -> Any:
+        return route.call(path.lstrip("/"), body, keys=keys, control=control, timeout_s=timeout_s)
 
     return call
 
