@@ -107,17 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     from helpers.gateway import launch_gateway
     from helpers.sglang_cpu import cpu_engine_env
-    from test_capture_server import CPU
-    from test_capture_session import tiny_target
+    from test_capture_server import CPU, tiny_checkpoint
 
     from eagle_io.capturing.sglang.launch import launch_capture_server
-    from eagle_io.data import load_default_tokenizer
 
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
-    tok = load_default_tokenizer()
-    model, _ = tiny_target(vocab=len(tok))
-    model.save_pretrained(work / "tiny")
-    tok.save_pretrained(work / "tiny")
+    tiny_checkpoint(work)
     procs, workers, started = [], [], time.time()
     try:
         for i in range(2):

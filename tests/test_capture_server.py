@@ -31,25 +31,33 @@ CPU = {"device": "cpu", "attention_backend": "torch_native", "disable_cuda_graph
 CPU |= {"max_total_tokens": 4096, "mem_fraction_static": 0.3, "chunked_prefill_size": 32, "log_level": "info"}
 
 
+def tiny_checkpoint(where: Path):
+    """The tiny float32 Llama target (8 layers, 64 wide) with SmolLM2's tokenizer saved as an HF checkpoint in
+    ``where/tiny``, as the servers of these tests load it; returns the HF model (float32, eval)."""
+    from eagle_io.data import load_default_tokenizer
+
+    tok = load_default_tokenizer()
+    model, _ = tiny_target(vocab=len(tok))
+    model.save_pretrained(where / "tiny")
+    tok.save_pretrained(where / "tiny")
+    return model.float().eval()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One real CPU server for the module: ``(url, model directory, HF model)``."""
     from eagle_io.capturing.options import CaptureOptions
     from eagle_io.capturing.sglang.launch import launch_capture_server
-    from eagle_io.data import load_default_tokenizer
     from eagle_io.sglang.servers import stop_server
 
     tmp = tmp_path_factory.mktemp("server")
-    tok = load_default_tokenizer()
-    model, _ = tiny_target(vocab=len(tok))
-    model.save_pretrained(tmp / "tiny")
-    tok.save_pretrained(tmp / "tiny")
+    model = tiny_checkpoint(tmp)
     env = cpu_engine_env()
     root = tmp_path_factory.getbasetemp()  # the operator lets clients capture under this run's temporary directory
     url, proc = launch_capture_server(tmp / "tiny", CaptureOptions(), tmp / "server.log", capture_roots=[root], env=env,
                                       **CPU)  # fmt: skip
     try:
-        yield url, tmp / "tiny", model.float().eval()
+        yield url, tmp / "tiny", model
     finally:
         stop_server(proc)
 

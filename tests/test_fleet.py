@@ -16,8 +16,8 @@ import pytest
 import torch
 from helpers.gateway import launch_gateway, smg_binary
 from helpers.sglang_cpu import cpu_engine_env
-from test_capture_server import CPU, held_to_reference, samples
-from test_capture_session import FIXTURE, tiny_target
+from test_capture_server import CPU, held_to_reference, samples, tiny_checkpoint
+from test_capture_session import FIXTURE
 from test_serving_plugin import needs_sglang
 
 import eagle_io
@@ -40,13 +40,9 @@ def fleet(tmp_path_factory):
     """Two workers and a gateway: ``(gateway url, [worker processes], HF model, model dir, tmp)``."""
     from eagle_io.capturing.options import CaptureOptions
     from eagle_io.capturing.sglang.launch import launch_capture_server
-    from eagle_io.data import load_default_tokenizer
 
     tmp = tmp_path_factory.mktemp("fleet")
-    tok = load_default_tokenizer()
-    model, _ = tiny_target(vocab=len(tok))
-    model.save_pretrained(tmp / "tiny")
-    tok.save_pretrained(tmp / "tiny")
+    model = tiny_checkpoint(tmp)
     root = tmp_path_factory.getbasetemp()
     procs, urls = [], []
     try:
@@ -58,7 +54,7 @@ def fleet(tmp_path_factory):
             urls.append(url)
         gateway, gw = launch_gateway(urls, tmp / "gateway.log", api_key=KEY, control_key=CONTROL)
         procs.append(gw)
-        yield gateway, procs, model.float().eval(), tmp / "tiny", tmp
+        yield gateway, procs, model, tmp / "tiny", tmp
     finally:
         for p in procs:
             stop_server(p)
