@@ -20,6 +20,8 @@ pub struct ShardFile {
     pub path: PathBuf,
     source: Box<dyn ByteSource>,
     pub schema: Schema,
+    /// The header's format version (records of version 3 may reference a prefix record).
+    pub version: u32,
     pub footer: Footer,
     pub file_len: u64,
     pub entries: Vec<IndexEntry>,
@@ -136,6 +138,7 @@ impl ShardFile {
             path: path.to_owned(),
             source,
             schema,
+            version: header.version,
             footer,
             file_len,
             entries,
