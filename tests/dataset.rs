@@ -593,3 +593,32 @@ fn verify_names_every_sample_of_a_corrupt_or_missing_prefix() {
         .error
         .contains("references prefix record 7, which the dataset does not hold")));
 }
+
+#[test]
+fn a_suffix_too_small_to_carry_its_prefix_is_refused() {
+    // Readers refuse an entry decoding to more than 40000 x its record's bytes (FORMAT.md 4.3): an empty suffix
+    // (a record of about 200 bytes) cannot reference 300 tokens of 32 KiB rows.
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = DatasetWriter::create(dir.path(), eagle3_schema(4096), serde_json::json!({}), small_opts()).unwrap();
+    let schema = w.schema().clone();
+    let prefix: Vec<Vec<u8>> = (0..4).map(|t| tensor_bytes(&schema, 1, t, 300)).collect();
+    let sample = |id, n_tokens, tensors: Vec<&'static [u8]>, prefix| SampleRef {
+        sample_id: id,
+        key: "",
+        n_tokens,
+        tensors,
+        prequantised: None,
+        prefix,
+    };
+    let p: &'static [Vec<u8>] = Box::leak(prefix.into_boxed_slice());
+    w.write_prefix(&sample(1, 300, p.iter().map(|v| v.as_slice()).collect(), None))
+        .unwrap();
+    let err = w.write_batch(&[sample(2, 0, vec![&[]; 4], Some(1))]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cannot carry a reference to a prefix of 300 tokens"),
+        "{err}"
+    );
+    assert!(!w.contains(2)); // nothing of it was queued
+    w.close().unwrap();
+}

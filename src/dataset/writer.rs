@@ -28,7 +28,7 @@ use crate::layout::PREFIX_SHARD_INFIX;
 use crate::pool;
 use crate::quant::QuantCounts;
 use crate::schema::{Schema, TensorSpec};
-use crate::shard::ShardBuilder;
+use crate::shard::{ShardBuilder, MAX_EXPANSION};
 
 /// One sample handed to the writer: its tensors' bytes in schema order, borrowed from the
 /// caller (no copy is made before encoding).
@@ -525,7 +525,7 @@ impl DatasetWriter {
         for (&(si, ti, _, _), (chunk, _)) in jobs.iter().zip(encoded) {
             per_sample[si][ti].push(chunk);
         }
-        Ok(samples
+        samples
             .iter()
             .zip(per_sample)
             .map(|(s, tensors)| {
@@ -533,17 +533,30 @@ impl DatasetWriter {
                 let n_tokens = s.n_tokens + prefix.map_or(0, |p| p.n_tokens);
                 let mut parts = vec![record::encode_table(s.sample_id, n_tokens, prefix, &tensors)];
                 parts.extend(tensors.into_iter().flatten().map(|c| c.payload));
-                Record {
+                // Decoded (dequantised) bytes of the whole sample, however the tensors were given.
+                let raw_bytes = n_tokens * schema.token_bytes();
+                let length: u64 = parts.iter().map(|p| p.len() as u64).sum();
+                if raw_bytes > length.saturating_mul(MAX_EXPANSION) {
+                    // Readers bound an entry's decoded size by its record's length (docs/FORMAT.md 4.3).
+                    return Err(Error::Schema {
+                        sample_id: s.sample_id,
+                        message: format!(
+                            "its suffix record of {length} bytes cannot carry a reference to a prefix of {} tokens \
+                             (readers refuse {raw_bytes} decoded bytes from it); store it whole",
+                            prefix.map_or(0, |p| p.n_tokens)
+                        ),
+                    });
+                }
+                Ok(Record {
                     sample_id: s.sample_id,
                     key: s.key.to_owned(),
                     is_prefix: false,
                     n_tokens,
-                    // Decoded (dequantised) bytes of the whole sample, however the tensors were given.
-                    raw_bytes: n_tokens * schema.token_bytes(),
+                    raw_bytes,
                     parts,
-                }
+                })
             })
-            .collect())
+            .collect()
     }
 
     pub fn stats(&self) -> WriterStats {

@@ -14,7 +14,7 @@ use crate::storage::{self, ByteSource};
 /// zstd cannot expand a frame by more than this factor (an RLE block of 128 KiB is a few
 /// bytes); a record claiming a larger decoded size is corrupt, and is refused before any
 /// buffer of that size is allocated.
-const MAX_EXPANSION: u64 = 40_000;
+pub const MAX_EXPANSION: u64 = 40_000;
 
 pub struct ShardFile {
     pub path: PathBuf,
