@@ -36,14 +36,18 @@ META = {
 PREFIX_ID = 70
 
 
-def write_pair(root: Path, prefix_len: int, suffix_lens: list[int]) -> dict[int, dict[str, torch.Tensor]]:
+def write_pair(
+    root: Path, prefix_len: int, suffix_lens: list[int], precision: str | None = None
+) -> dict[int, dict[str, torch.Tensor]]:
     """Writes ``root/dd`` (prefix record PREFIX_ID of ``prefix_len`` tokens; even samples reference it and store their
-    suffix) and ``root/whole`` (the same samples stored whole); returns each sample's whole tensors by id."""
+    suffix) and ``root/whole`` (the same samples stored whole), states stored in ``precision``; returns each sample's
+    whole tensors by id (as given: FP8 states read back quantised)."""
     prefix = make_sample(999, prefix_len, hidden=H)
     whole = {}
+    schema = eagle_io.eagle3_schema(H, precision=precision)
     with (
-        eagle_io.ShardWriter(root / "dd", eagle_io.eagle3_schema(H), META, shard_bytes=6_000, threads=1) as dd,
-        eagle_io.ShardWriter(root / "whole", eagle_io.eagle3_schema(H), META, shard_bytes=6_000, threads=1) as w,
+        eagle_io.ShardWriter(root / "dd", schema, META, shard_bytes=6_000, threads=1) as dd,
+        eagle_io.ShardWriter(root / "whole", schema, META, shard_bytes=6_000, threads=1) as w,
     ):
         assert dd.write_prefix(PREFIX_ID, prefix)[:2] == (PREFIX_ID, prefix_len)
         for sid, n in enumerate(suffix_lens):
@@ -124,6 +128,17 @@ def test_exporters_and_transcode_write_what_the_whole_samples_give(pair, tmp_pat
     assert len(x) == len(y)
     for pos in range(len(x)):
         same(x[pos], y[pos])
+
+
+def test_fp8_states_and_single_tensor_reads_are_joined_as_stored(tmp_path):
+    whole = write_pair(tmp_path, 17, [4, 0, 6, 3], precision="fp8")
+    a, b = eagle_io.Dataset(tmp_path / "dd"), eagle_io.Dataset(tmp_path / "whole")
+    assert a.schema[2].precision == "float8_e4m3fn"
+    for pos in range(len(a)):
+        same(a[pos], b[pos])
+        assert torch.equal(a[pos]["input_ids"], whole[a.entry(pos).sample_id]["input_ids"])
+    for name in ("aux_hidden_states", "input_ids"):
+        same(a.read_tensor(name, range(len(a))), b.read_tensor(name, range(len(b))))
 
 
 def test_verify_names_every_sample_of_a_corrupt_prefix(pair):
