@@ -497,6 +497,7 @@ fn write_with_prefix(root: &Path) -> Vec<(u64, Vec<Vec<u8>>)> {
     );
     let dangling = w.write_batch(&as_ref(9, 2, &tensors(9, 2), Some(8))).unwrap_err();
     assert!(dangling.to_string().contains("prefix record 8"), "{dangling}");
+    w.write_prefix(&as_ref(8, 6, &tensors(800, 6), None)[0]).unwrap(); // referenced by none
     w.close().unwrap();
     whole
 }
@@ -507,7 +508,7 @@ fn samples_referencing_a_shared_prefix_read_back_whole() {
     let whole = write_with_prefix(dir.path());
     let ds = Dataset::open(dir.path(), 2).unwrap();
     assert_eq!(ds.manifest().format_version, 3);
-    assert_eq!(ds.manifest().prefixes.len(), 1);
+    assert_eq!(ds.manifest().prefixes.len(), 2);
     assert_eq!(ds.len(), 5);
     for (id, full) in &whole {
         let pos = ds.position(*id).unwrap();
@@ -580,9 +581,9 @@ fn verify_names_every_sample_of_a_corrupt_or_missing_prefix() {
     let err = ds.read(ds.position(3).unwrap()).unwrap_err().to_string();
     assert!(err.contains("its prefix record 7 is unreadable"), "{err}");
     assert!(ds.read(ds.position(2).unwrap()).is_ok());
-    // A manifest that no longer lists the prefix: each referencing sample's reference dangles.
+    // A manifest that no longer lists prefix 7 (only 8): each referencing sample's reference dangles.
     let mut m = Manifest::load(&manifest_path).unwrap();
-    m.prefixes.clear();
+    m.prefixes.remove(0);
     m.store(&manifest_path).unwrap();
     let bad = Dataset::verify(dir.path(), 2).unwrap();
     assert_eq!(

@@ -160,8 +160,10 @@ def test_verify_names_every_sample_of_a_corrupt_prefix(pair):
 
 def test_a_dangling_reference_is_named(pair):
     dd, _, _ = pair
+    with eagle_io.ShardWriter(dd, eagle_io.eagle3_schema(H), META, resume=True) as w:
+        w.write_prefix(PREFIX_ID + 1, make_sample(5, 3, hidden=H))  # referenced by none
     m = json.loads((dd / "manifest.json").read_text())
-    del m["prefixes"], m["checksum"]
+    del m["prefixes"][0], m["checksum"]  # PREFIX_ID's shard is no longer listed
     (dd / "manifest.json").write_bytes(manifest_bytes(m))
     bad = eagle_io.Dataset.verify(dd)
     assert [b[1] for b in bad] == [0, 2, 4, 6]
@@ -192,6 +194,18 @@ def test_merge_refuses_ranks_holding_prefixes(tmp_path):
     with pytest.raises(eagle_io.IncompatibleDatasetError, match="shared prefix record"):
         merge_ranks(tmp_path)
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_version_3_is_the_version_of_manifests_listing_prefixes_only(pair):
+    dd, whole_root, _ = pair
+    for root, change in ((dd, {"format_version": 2}), (whole_root, {"format_version": 3})):
+        m = json.loads((root / "manifest.json").read_text()) | change
+        del m["checksum"]
+        (root / "manifest.json").write_bytes(manifest_bytes(m))
+        with pytest.raises(eagle_io.CorruptRecordError, match="version 3 is the version"):
+            eagle_io.Dataset(root)
+        with pytest.raises(reference.ReferenceFormatError, match="version of manifests listing prefix"):
+            reference.open_dataset(root)
 
 
 @settings(max_examples=12, deadline=None)

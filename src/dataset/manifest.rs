@@ -92,14 +92,18 @@ impl Manifest {
             .map_err(|e| Error::corrupt(path, None, 0, format!("manifest fields ({e})")))?;
         Schema::new(manifest.schema.tensors.clone())
             .map_err(|e| Error::corrupt(path, None, 0, format!("manifest schema ({e})")))?;
-        if !manifest.prefixes.is_empty() && manifest.format_version < PREFIX_VERSION {
+        // Version 3 is the version of datasets with prefix shards, and only of them (a writer writes the lowest
+        // version that holds what it stores): either alone is damage.
+        if manifest.prefixes.is_empty() == (manifest.format_version >= PREFIX_VERSION) {
             return Err(Error::corrupt(
                 path,
                 None,
                 0,
                 format!(
-                    "manifest (format version {} lists prefix shards, which need version {PREFIX_VERSION})",
-                    manifest.format_version
+                    "manifest (format version {} with {} prefix shards; version {PREFIX_VERSION} is the version of \
+                     datasets that list prefix shards)",
+                    manifest.format_version,
+                    manifest.prefixes.len()
                 ),
             ));
         }

@@ -7,8 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::decode::decode_tensor;
-use super::reader::lock;
-use crate::error::{Error, Result};
+use crate::error::{lock, Error, Result};
 use crate::format::record::{prefix_key, token_digest, token_ids_tensor, PrefixRef};
 use crate::shard::ShardFile;
 

@@ -13,7 +13,7 @@ use super::decode::{check_output_len, decode_record, decode_tensor};
 use super::manifest::Manifest;
 use super::options::ReadOptions;
 use super::prefix::Prefixes;
-use crate::error::{Error, Result};
+use crate::error::{lock, Error, Result};
 use crate::pool;
 use crate::quant;
 use crate::schema::Schema;
@@ -611,10 +611,6 @@ impl Dataset {
 
 /// A position and its output buffers, one per schema tensor (`Dataset::read_batch`).
 type BatchItem<'a> = (u64, Vec<&'a mut [u8]>);
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn corrupt_offset(err: &Error) -> u64 {
     match err {

@@ -378,6 +378,10 @@ class ReferenceDataset:
         _check_version(m.get("format_version"), manifest_path, None)
         _check_seal(data, m.get("checksum"), manifest_path)
         self.schema = _parse_schema(m.get("schema"), manifest_path, None)
+        if bool(m.get("prefixes")) != (m["format_version"] >= 3):
+            raise ReferenceFormatError(
+                "format_version 3 is the version of manifests listing prefix shards, and only of them", manifest_path
+            )
         self.shards, self._positions = self._open_listed("shards"), {}
         self._entries: list[tuple[_Shard, int]] = []  # position -> (shard, index entry)
         for shard in self.shards:
@@ -385,8 +389,6 @@ class ReferenceDataset:
                 if self._positions.setdefault(e[0], len(self._entries)) != len(self._entries):
                     raise ReferenceFormatError("duplicate sample id", shard.path, e[0], e[1])
                 self._entries.append((shard, i))
-        if "prefixes" in m and m["format_version"] < 3:
-            raise ReferenceFormatError("a manifest below version 3 lists prefix shards", manifest_path)
         self._prefixes: dict[int, tuple[_Shard, tuple]] = {}  # prefix id -> (prefix shard, index entry) (4.7)
         for shard in self._open_listed("prefixes") if "prefixes" in m else []:
             for e in shard.entries:
