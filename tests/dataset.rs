@@ -622,4 +622,15 @@ fn a_suffix_too_small_to_carry_its_prefix_is_refused() {
     );
     assert!(!w.contains(2)); // nothing of it was queued
     w.close().unwrap();
+    // A capture uploading its shards as they commit follows the manifest's `shards`: no prefix shard may hide.
+    let staged = tempfile::tempdir().unwrap();
+    let opts = WriterOptions {
+        uploaded_to: Some(dir.path().join("remote")),
+        ..small_opts()
+    };
+    let mut w = DatasetWriter::create(staged.path(), eagle3_schema(4096), serde_json::json!({}), opts).unwrap();
+    let err = w
+        .write_prefix(&sample(1, 300, p.iter().map(|v| v.as_slice()).collect(), None))
+        .unwrap_err();
+    assert!(err.to_string().contains("not uploaded to object storage yet"), "{err}");
 }

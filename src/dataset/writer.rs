@@ -332,6 +332,14 @@ impl DatasetWriter {
             sample_id: prefix.sample_id,
             message,
         };
+        if self.opts.uploaded_to.is_some() {
+            // The upload follows the manifest's `shards` only: a listed prefix shard would never reach the object.
+            return Err(Error::InvalidArgument(
+                "prefix records are not uploaded to object storage yet: a capture to an object-storage root stores \
+                 its samples whole"
+                    .into(),
+            ));
+        }
         let t = token_ids_tensor(&self.schema)
             .ok_or_else(|| err("a prefix record needs an int64 input_ids tensor of shape [L]".into()))?;
         if prefix.prefix.is_some() || prefix.prequantised.is_some() || prefix.n_tokens == 0 {
