@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use eagle_io::codec::{decode_chunk, ChunkDesc, CHUNK_DESC_BYTES};
 use eagle_io::dataset::{seal_manifest, DatasetWriter, Manifest, SampleRef, WriterOptions, UNSEALED_CHECKSUM};
-use eagle_io::format::record;
+use eagle_io::format::{record, FORMAT_VERSION};
 use eagle_io::shard::ShardFile;
 use eagle_io::{DType, Dataset, Error, Schema, TensorSpec};
 
@@ -200,6 +200,7 @@ pub fn original() -> &'static Original {
                 n_tokens: n,
                 tensors: data.iter().map(|v| v.as_slice()).collect(),
                 prequantised: None,
+                prefix: None,
             }])
             .unwrap();
             samples.insert(id, (key.to_owned(), n, data));
@@ -228,7 +229,7 @@ fn u64_at(b: &[u8], o: usize) -> Option<u64> {
 fn manifest_for(shard: &ShardFile, file: &str) -> PathBuf {
     let m = serde_json::json!({
         "format": "eagle-io/dataset",
-        "format_version": 1,
+        "format_version": shard.version,
         "writer": "fuzz",
         "schema": shard.schema,
         "metadata": {},
@@ -450,7 +451,11 @@ pub fn record_bytes(data: &[u8]) {
     let n_tokens = u16::from_le_bytes([data[0], data[1]]) as u64;
     let rec = &data[2..];
     let sample_id = rec.get(8..16).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap()));
-    let (parsed, grew) = peak_during(|| timed("record parse", || record::parse(rec, schema, sample_id, n_tokens)));
+    let (parsed, grew) = peak_during(|| {
+        timed("record parse", || {
+            record::parse(rec, schema, FORMAT_VERSION, sample_id, n_tokens)
+        })
+    });
     assert!(
         grew <= 4 * rec.len() + SLACK,
         "parsing a {}-byte record allocated {grew}",

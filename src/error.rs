@@ -81,6 +81,12 @@ fn status_note(status: &Option<u16>) -> String {
 /// The core's result type.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Locks `m`, taking over a lock a panicking thread poisoned (that panic is reported where it happened;
+/// the data it guards is never left half-updated by the holders here).
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Runs `f`, turning a panic inside it into [`Error::panicked`] (`what` names the thread or job),
 /// so a bug surfaces as `InternalError` instead of unwinding through the caller.
 pub fn catch_panic<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {

@@ -76,6 +76,10 @@ pub fn lock_root(root: &Path, manifest_name: &str) -> Result<File> {
     Ok(file)
 }
 
+/// A prefix shard is named `{shard_prefix}{PREFIX_SHARD_INFIX}NNNNNN.eio` (one prefix record each;
+/// not a shard of the sample sequence, so resume neither adopts nor numbers after it).
+pub const PREFIX_SHARD_INFIX: &str = "prefix-";
+
 /// A file being written is named `{TEMP_PREFIX}{name}{TEMP_SUFFIX}` until its atomic rename.
 pub const TEMP_PREFIX: &str = ".";
 /// See [`TEMP_PREFIX`].

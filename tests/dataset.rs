@@ -75,6 +75,7 @@ fn write_samples(w: &mut DatasetWriter, ids: &[(u64, u64)]) {
             n_tokens: n,
             tensors: d.iter().map(|v| v.as_slice()).collect(),
             prequantised: None,
+            prefix: None,
         })
         .collect();
     w.write_batch(&samples).unwrap();
@@ -149,6 +150,7 @@ fn invalid_samples_are_refused_before_anything_is_written() {
             n_tokens: 5,
             tensors: d.iter().map(|v| v.as_slice()).collect(),
             prequantised: None,
+            prefix: None,
         }
     }
     let err = w.write_batch(&[s(1, &good), s(2, &short)]).unwrap_err();
@@ -281,11 +283,11 @@ fn newer_format_versions_are_refused_by_name() {
     w.close().unwrap();
     let shard = root.join("shards/r00000-000000.eio");
     let mut b = std::fs::read(&shard).unwrap();
-    b[8] = 3;
+    b[8] = 4;
     std::fs::write(&shard, &b).unwrap();
     assert!(matches!(
         eagle_io::shard::ShardFile::open(&shard),
-        Err(Error::FormatVersion { found: 3, .. })
+        Err(Error::FormatVersion { found: 4, .. })
     ));
     let m = std::fs::read_to_string(root.join("manifest.json"))
         .unwrap()
@@ -399,6 +401,7 @@ fn rows_quantised_on_the_source_device_make_the_same_shards_as_the_writers_own()
                 n_tokens: n,
                 tensors: d.iter().map(|v| v.as_slice()).collect(),
                 prequantised,
+                prefix: None,
             })
             .collect();
         w.write_batch(&samples).unwrap();
@@ -433,6 +436,7 @@ fn rows_quantised_on_the_source_device_make_the_same_shards_as_the_writers_own()
             n_tokens: n,
             tensors: d.iter().map(|v| v.as_slice()).collect(),
             prequantised: Some(0),
+            prefix: None,
         }
     }
     let err = w.write_batch(&[sample(&bad, 300)]).unwrap_err().to_string();
@@ -444,4 +448,189 @@ fn rows_quantised_on_the_source_device_make_the_same_shards_as_the_writers_own()
     // Given in the dtype's size while declared quantised: the byte count is wrong.
     let err = w.write_batch(&[sample(&given[1], 300)]).unwrap_err().to_string();
     assert!(err.contains("(FP8 scales and bytes)"), "{err}");
+}
+
+/// Writes prefix record 7 (40 tokens) and samples 1..=5, of which 1, 3 and 5 reference it (their given
+/// rows are their suffix); returns each sample's whole tensors by id.
+fn write_with_prefix(root: &Path) -> Vec<(u64, Vec<Vec<u8>>)> {
+    let mut w = writer_64(root, 0, false).unwrap();
+    let schema = w.schema().clone();
+    let tensors = |id: u64, n: u64| -> Vec<Vec<u8>> {
+        (0..schema.tensors.len())
+            .map(|t| tensor_bytes(&schema, id, t, n))
+            .collect()
+    };
+    let prefix = tensors(700, 40);
+    let as_ref = |id: u64, n: u64, d: &[Vec<u8>], prefix: Option<u64>| -> Vec<SampleRef<'static>> {
+        let d: &'static [Vec<u8>] = Box::leak(d.to_vec().into_boxed_slice());
+        vec![SampleRef {
+            sample_id: id,
+            key: "",
+            n_tokens: n,
+            tensors: d.iter().map(|v| v.as_slice()).collect(),
+            prequantised: None,
+            prefix,
+        }]
+    };
+    let p = w.write_prefix(&as_ref(7, 40, &prefix, None)[0]).unwrap();
+    assert_eq!((p.id, p.n_tokens), (7, 40));
+    let mut whole = Vec::new();
+    for id in 1..=5u64 {
+        let suffix = tensors(id, id * 3);
+        let refs = id % 2 == 1;
+        w.write_batch(&as_ref(id, id * 3, &suffix, refs.then_some(7))).unwrap();
+        let full = match refs {
+            true => prefix
+                .iter()
+                .zip(&suffix)
+                .map(|(a, b)| [a.as_slice(), b].concat())
+                .collect(),
+            false => suffix,
+        };
+        whole.push((id, full));
+    }
+    // The same token ids are stored once; a reference to a prefix the dataset lacks is refused.
+    let again = w.write_prefix(&as_ref(8, 40, &prefix, None)[0]).unwrap_err();
+    assert!(
+        again.to_string().contains("already stored as prefix record 7"),
+        "{again}"
+    );
+    let dangling = w.write_batch(&as_ref(9, 2, &tensors(9, 2), Some(8))).unwrap_err();
+    assert!(dangling.to_string().contains("prefix record 8"), "{dangling}");
+    w.write_prefix(&as_ref(8, 6, &tensors(800, 6), None)[0]).unwrap(); // referenced by none
+    w.close().unwrap();
+    whole
+}
+
+#[test]
+fn samples_referencing_a_shared_prefix_read_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = write_with_prefix(dir.path());
+    let ds = Dataset::open(dir.path(), 2).unwrap();
+    assert_eq!(ds.manifest().format_version, 3);
+    assert_eq!(ds.manifest().prefixes.len(), 2);
+    assert_eq!(ds.len(), 5);
+    for (id, full) in &whole {
+        let pos = ds.position(*id).unwrap();
+        assert_eq!(ds.entry(pos).unwrap().n_tokens, full[0].len() as u64 / 8, "sample {id}");
+        assert_eq!(&ds.read(pos).unwrap(), full, "sample {id}");
+    }
+    // A batch, and one tensor of a batch, read the same bytes.
+    let mut bufs: Vec<Vec<Vec<u8>>> = whole
+        .iter()
+        .map(|(_, full)| full.iter().map(|t| vec![0u8; t.len()]).collect())
+        .collect();
+    let mut items: Vec<(u64, Vec<&mut [u8]>)> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(pos, b)| (pos as u64, b.iter_mut().map(|v| v.as_mut_slice()).collect()))
+        .collect();
+    ds.read_batch(&mut items).unwrap();
+    assert_eq!(bufs, whole.iter().map(|(_, f)| f.clone()).collect::<Vec<_>>());
+    let mut aux: Vec<Vec<u8>> = whole.iter().map(|(_, f)| vec![0u8; f[2].len()]).collect();
+    let mut items: Vec<(u64, &mut [u8])> = aux
+        .iter_mut()
+        .enumerate()
+        .map(|(pos, b)| (pos as u64, b.as_mut_slice()))
+        .collect();
+    assert!(ds
+        .read_tensor_batch("aux_hidden_states", &mut items)
+        .unwrap()
+        .iter()
+        .all(Result::is_ok));
+    assert_eq!(aux, whole.iter().map(|(_, f)| f[2].clone()).collect::<Vec<_>>());
+    assert!(Dataset::verify(dir.path(), 2).unwrap().is_empty());
+    // Resume knows the prefix: a new sample may reference it, and its tokens are not stored again.
+    let mut w = writer_64(dir.path(), 0, true).unwrap();
+    assert_eq!(w.prefixes()[&7].n_tokens, 40);
+    let data: Vec<Vec<u8>> = (0..4).map(|t| tensor_bytes(w.schema(), 6, t, 2)).collect();
+    let sample = SampleRef {
+        sample_id: 6,
+        key: "",
+        n_tokens: 2,
+        tensors: data.iter().map(|v| v.as_slice()).collect(),
+        prequantised: None,
+        prefix: Some(7),
+    };
+    w.write_batch(&[sample]).unwrap();
+    w.close().unwrap();
+    let ds = Dataset::open(dir.path(), 2).unwrap();
+    assert_eq!(ds.entry(ds.position(6).unwrap()).unwrap().n_tokens, 42);
+}
+
+#[test]
+fn verify_names_every_sample_of_a_corrupt_or_missing_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    write_with_prefix(dir.path());
+    let manifest_path = dir.path().join("manifest.json");
+    let prefix_shard = dir
+        .path()
+        .join(&Manifest::load(&manifest_path).unwrap().prefixes[0].file);
+    let len = std::fs::metadata(&prefix_shard).unwrap().len();
+    flip(&prefix_shard, len / 2); // inside the prefix record's payload
+    let bad = Dataset::verify(dir.path(), 2).unwrap();
+    let named: Vec<Option<u64>> = bad.iter().map(|b| b.sample_id).collect();
+    assert_eq!(named, vec![Some(7), Some(1), Some(3), Some(5)], "{bad:?}");
+    assert!(
+        bad[1..]
+            .iter()
+            .all(|b| b.error.contains("its prefix record 7 is corrupt")),
+        "{bad:?}"
+    );
+    let ds = Dataset::open(dir.path(), 1).unwrap();
+    let err = ds.read(ds.position(3).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("its prefix record 7 is unreadable"), "{err}");
+    assert!(ds.read(ds.position(2).unwrap()).is_ok());
+    // A manifest that no longer lists prefix 7 (only 8): each referencing sample's reference dangles.
+    let mut m = Manifest::load(&manifest_path).unwrap();
+    m.prefixes.remove(0);
+    m.store(&manifest_path).unwrap();
+    let bad = Dataset::verify(dir.path(), 2).unwrap();
+    assert_eq!(
+        bad.iter().map(|b| b.sample_id).collect::<Vec<_>>(),
+        vec![Some(1), Some(3), Some(5)]
+    );
+    assert!(bad.iter().all(|b| b
+        .error
+        .contains("references prefix record 7, which the dataset does not hold")));
+}
+
+#[test]
+fn a_suffix_too_small_to_carry_its_prefix_is_refused() {
+    // Readers refuse an entry decoding to more than 40000 x its record's bytes (FORMAT.md 4.3): an empty suffix
+    // (a record of about 200 bytes) cannot reference 300 tokens of 32 KiB rows.
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = DatasetWriter::create(dir.path(), eagle3_schema(4096), serde_json::json!({}), small_opts()).unwrap();
+    let schema = w.schema().clone();
+    let prefix: Vec<Vec<u8>> = (0..4).map(|t| tensor_bytes(&schema, 1, t, 300)).collect();
+    let sample = |id, n_tokens, tensors: Vec<&'static [u8]>, prefix| SampleRef {
+        sample_id: id,
+        key: "",
+        n_tokens,
+        tensors,
+        prequantised: None,
+        prefix,
+    };
+    let p: &'static [Vec<u8>] = Box::leak(prefix.into_boxed_slice());
+    w.write_prefix(&sample(1, 300, p.iter().map(|v| v.as_slice()).collect(), None))
+        .unwrap();
+    let err = w.write_batch(&[sample(2, 0, vec![&[]; 4], Some(1))]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cannot carry a reference to a prefix of 300 tokens"),
+        "{err}"
+    );
+    assert!(!w.contains(2)); // nothing of it was queued
+    w.close().unwrap();
+    // A capture uploading its shards as they commit follows the manifest's `shards`: no prefix shard may hide.
+    let staged = tempfile::tempdir().unwrap();
+    let opts = WriterOptions {
+        uploaded_to: Some(dir.path().join("remote")),
+        ..small_opts()
+    };
+    let mut w = DatasetWriter::create(staged.path(), eagle3_schema(4096), serde_json::json!({}), opts).unwrap();
+    let err = w
+        .write_prefix(&sample(1, 300, p.iter().map(|v| v.as_slice()).collect(), None))
+        .unwrap_err();
+    assert!(err.to_string().contains("not uploaded to object storage yet"), "{err}");
 }

@@ -92,3 +92,10 @@ def test_live_overhead_summary_ratios_and_token_check():
     assert med["rate1"]["server_cpu_ms_per_token"] == 500.0 and med["rate1"]["ratio_server_cpu_per_token"] == 1.0
     assert s["same_tokens_as_off"] == {"off": True, "rate0": True, "rate1": False}
     assert "| rate1 | 7.0 | 0.583 |" in mod.table(s, rows)
+
+
+def test_shared_prefix_smoke_stores_the_prefix_once_and_reads_the_same_samples(tmp_path):
+    mod = load(BENCHES / "bench_shared_prefix.py")
+    assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "shared_prefix.json").read_text())
+    assert r["dedup"]["bytes"] < r["whole"]["bytes"] and r["bytes_ratio"] > 1.5, r  # 4 x 50 tokens vs 40 + 4 x 10

@@ -196,8 +196,8 @@ def test_truncated_shard(small: Path) -> None:
 def test_newer_versions(small: Path) -> None:
     manifest = json.loads((small / "manifest.json").read_text())
     original = (small / "manifest.json").read_bytes()
-    (small / "manifest.json").write_text(json.dumps(manifest | {"format_version": 3}))
-    with pytest.raises(R.ReferenceVersionError, match="format_version 3"):
+    (small / "manifest.json").write_text(json.dumps(manifest | {"format_version": 4}))
+    with pytest.raises(R.ReferenceVersionError, match="format_version 4"):
         R.open_dataset(small)  # reported as a newer version, not as a checksum mismatch
     (small / "manifest.json").write_bytes(original)
     flip(shard_path(small), 8 + 1)  # header format_version 2 -> 0x4002

@@ -201,22 +201,22 @@ def test_writer_refuses_metadata_its_manifest_could_not_be_read_back_with(tmp_pa
 def test_resuming_a_dataset_of_a_newer_format_is_refused(tmp_path):
     write(tmp_path)
     m = json.loads((tmp_path / "manifest.json").read_text())
-    (tmp_path / "manifest.json").write_text(json.dumps({**m, "format_version": 3}))
+    (tmp_path / "manifest.json").write_text(json.dumps({**m, "format_version": 4}))
     with pytest.raises(eagle_io.FormatVersionError) as e:
         eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(HIDDEN), {"target_model": "tiny"}, resume=True)
-    assert (e.value.found, e.value.supported, e.value.path) == (3, 2, str(tmp_path / "manifest.json"))
+    assert (e.value.found, e.value.supported, e.value.path) == (4, 3, str(tmp_path / "manifest.json"))
 
 
 def test_a_shard_of_a_newer_format_is_refused_naming_it(tmp_path):
     write(tmp_path)
     shard = tmp_path / json.loads((tmp_path / "manifest.json").read_text())["shards"][0]["file"]
     data = bytearray(shard.read_bytes())
-    data[8:12] = (3).to_bytes(4, "little")
+    data[8:12] = (4).to_bytes(4, "little")
     shard.write_bytes(data)
     with pytest.raises(eagle_io.FormatVersionError) as e:
         eagle_io.Dataset(tmp_path)
-    assert (e.value.found, e.value.supported, e.value.path) == (3, 2, str(shard))
-    assert "format version 3" in str(e.value)
+    assert (e.value.found, e.value.supported, e.value.path) == (4, 3, str(shard))
+    assert "format version 4" in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -124,7 +124,7 @@ def test_newer_format_version_and_storage_errors(small_dataset, tmp_path):
     manifest.write_text(manifest.read_text().replace('"format_version": 2', '"format_version": 9'))
     with pytest.raises(eagle_io.FormatVersionError) as e:
         eagle_io.Dataset(root)
-    assert (e.value.found, e.value.supported) == (9, 2)
+    assert (e.value.found, e.value.supported) == (9, 3)
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(eagle_io.StorageError) as e:

@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use crate::codec::{decode_chunk, fp8_geometry, LAYOUT_FP8};
 use crate::error::{Error, Result};
-use crate::format::record;
+use crate::format::record::{self, PrefixRef};
 use crate::format::IndexEntry;
 use crate::schema::TensorSpec;
 use crate::shard::ShardFile;
@@ -12,13 +12,15 @@ use crate::shard::ShardFile;
 /// Decodes record `i` of `shard`, whose checksummed bytes are `rec`, into `outs` (one
 /// buffer per schema tensor, each exactly `n_tokens x stored_row_bytes` long: FP8 tensors
 /// come out quantised, as scales and FP8 bytes per row; `crate::quant::dequantize` follows).
+/// Returns the record's prefix reference, if it has one: its chunks then filled only the rows
+/// after the prefix, and the first `prefix.n_tokens` rows of every buffer are the caller's to fill.
 pub fn decode_record(
     shard: &ShardFile,
     i: usize,
     rec: &[u8],
     outs: &mut [&mut [u8]],
     pool: &rayon::ThreadPool,
-) -> Result<()> {
+) -> Result<Option<PrefixRef>> {
     let e = &shard.entries[i];
     let schema = &shard.schema;
     if outs.len() != schema.tensors.len() {
@@ -32,11 +34,12 @@ pub fn decode_record(
         check_output(e, spec, out)?;
     }
     let layout = parse(shard, i, rec)?;
+    let prefix_rows = layout.prefix.map_or(0, |p| p.n_tokens as usize);
     // Pair each chunk with its slice of the output.
     let mut jobs = Vec::new();
     for ((chunks, spec), out) in layout.tensors.iter().zip(&schema.tensors).zip(outs.iter_mut()) {
         let row_bytes = spec.stored_row_bytes() as usize;
-        let mut rest: &mut [u8] = out;
+        let mut rest: &mut [u8] = &mut out[prefix_rows * row_bytes..];
         for c in chunks {
             check_chunk(shard, i, rec, c, spec)?;
             let (dst, tail) = std::mem::take(&mut rest).split_at_mut(c.desc.rows as usize * row_bytes);
@@ -45,27 +48,31 @@ pub fn decode_record(
         }
     }
     let run = |(c, dst): (&record::ChunkRef, &mut [u8])| decode_one(shard, i, rec, c, dst);
-    if jobs.len() == 1 {
-        return jobs.into_iter().try_for_each(run);
+    if jobs.len() <= 1 {
+        jobs.into_iter().try_for_each(run)?;
+    } else {
+        pool.install(|| jobs.into_par_iter().try_for_each(run))?;
     }
-    pool.install(|| jobs.into_par_iter().try_for_each(run))
+    Ok(layout.prefix)
 }
 
 /// Decodes tensor `t` alone of record `i` of `shard` (checksummed bytes `rec`) into `out`, exactly
-/// `n_tokens x stored_row_bytes` of it, chunk after chunk on the calling thread.
-pub fn decode_tensor(shard: &ShardFile, i: usize, rec: &[u8], t: usize, out: &mut [u8]) -> Result<()> {
+/// `n_tokens x stored_row_bytes` of it, chunk after chunk on the calling thread. Returns the
+/// record's prefix reference as `decode_record` does (the first rows are then the caller's).
+pub fn decode_tensor(shard: &ShardFile, i: usize, rec: &[u8], t: usize, out: &mut [u8]) -> Result<Option<PrefixRef>> {
     let spec = &shard.schema.tensors[t];
     check_output(&shard.entries[i], spec, out)?;
     let layout = parse(shard, i, rec)?;
     let row_bytes = spec.stored_row_bytes() as usize;
-    let mut rest: &mut [u8] = out;
+    let prefix_rows = layout.prefix.map_or(0, |p| p.n_tokens as usize);
+    let mut rest: &mut [u8] = &mut out[prefix_rows * row_bytes..];
     for c in &layout.tensors[t] {
         check_chunk(shard, i, rec, c, spec)?;
         let (dst, tail) = std::mem::take(&mut rest).split_at_mut(c.desc.rows as usize * row_bytes);
         rest = tail;
         decode_one(shard, i, rec, c, dst)?;
     }
-    Ok(())
+    Ok(layout.prefix)
 }
 
 fn check_output(e: &IndexEntry, spec: &TensorSpec, out: &[u8]) -> Result<()> {
@@ -89,7 +96,7 @@ pub fn check_output_len(e: &IndexEntry, spec: &TensorSpec, row_bytes: u64, out: 
 
 fn parse(shard: &ShardFile, i: usize, rec: &[u8]) -> Result<record::RecordLayout> {
     let e = &shard.entries[i];
-    record::parse(rec, &shard.schema, e.sample_id, e.n_tokens)
+    record::parse(rec, &shard.schema, shard.version, e.sample_id, e.n_tokens)
         .map_err(|w| Error::corrupt(&shard.path, Some(e.sample_id), e.offset, w))
 }
 

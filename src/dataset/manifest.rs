@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::format::FORMAT_VERSION;
+use crate::format::{FORMAT_VERSION, PREFIX_VERSION};
 use crate::layout;
 use crate::schema::Schema;
 use crate::shard::ShardSummary;
@@ -39,6 +39,10 @@ pub struct Manifest {
     pub codec: CodecInfo,
     /// Committed shards, in commit order.
     pub shards: Vec<ShardSummary>,
+    /// Committed prefix shards (format version 3): each holds one prefix record, which samples
+    /// reference instead of storing its rows (docs/FORMAT.md 4.7). Absent when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefixes: Vec<ShardSummary>,
     /// True once the writer was closed cleanly; false while writing or after a crash.
     pub complete: bool,
 }
@@ -88,6 +92,21 @@ impl Manifest {
             .map_err(|e| Error::corrupt(path, None, 0, format!("manifest fields ({e})")))?;
         Schema::new(manifest.schema.tensors.clone())
             .map_err(|e| Error::corrupt(path, None, 0, format!("manifest schema ({e})")))?;
+        // Version 3 is the version of datasets with prefix shards, and only of them (a writer writes the lowest
+        // version that holds what it stores): either alone is damage.
+        if manifest.prefixes.is_empty() == (manifest.format_version >= PREFIX_VERSION) {
+            return Err(Error::corrupt(
+                path,
+                None,
+                0,
+                format!(
+                    "manifest (format version {} with {} prefix shards; version {PREFIX_VERSION} is the version of \
+                     datasets that list prefix shards)",
+                    manifest.format_version,
+                    manifest.prefixes.len()
+                ),
+            ));
+        }
         Ok(manifest)
     }
 

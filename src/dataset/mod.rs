@@ -4,6 +4,7 @@
 mod decode;
 mod manifest;
 mod options;
+mod prefix;
 mod reader;
 mod resume;
 mod writer;

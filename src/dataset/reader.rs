@@ -12,11 +12,12 @@ use rayon::prelude::*;
 use super::decode::{check_output_len, decode_record, decode_tensor};
 use super::manifest::Manifest;
 use super::options::ReadOptions;
-use crate::error::{Error, Result};
+use super::prefix::Prefixes;
+use crate::error::{lock, Error, Result};
 use crate::pool;
 use crate::quant;
 use crate::schema::Schema;
-use crate::shard::ShardFile;
+use crate::shard::{ShardFile, ShardSummary};
 use crate::storage::{self, CacheOptions, CachedObject, FetchOptions, Fetcher};
 
 /// Output bytes per dequantisation job.
@@ -56,6 +57,8 @@ pub struct Dataset {
     manifest_path: PathBuf,
     manifest: Manifest,
     shards: Vec<ShardFile>,
+    /// The prefix records samples reference, and the cache of their decoded rows.
+    prefixes: Prefixes,
     /// Position of each shard's first record.
     starts: Vec<u64>,
     by_id: HashMap<u64, u64>,
@@ -72,8 +75,14 @@ pub fn manifest_path(path: &Path) -> PathBuf {
 /// A shard's copy in a read-through cache, and how to fill it.
 type Cached<'a> = Option<(&'a CacheOptions, FetchOptions)>;
 
-fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize, cache: Cached<'_>) -> Result<ShardFile> {
-    let summary = &manifest.shards[i];
+/// Opens the shard `summary` lists (one of `manifest`'s shards or prefix shards) and checks it
+/// against that entry.
+fn open_listed(
+    manifest_path: &Path,
+    manifest: &Manifest,
+    summary: &ShardSummary,
+    cache: Cached<'_>,
+) -> Result<ShardFile> {
     let escapes = Path::new(&summary.file)
         .components()
         .any(|c| !matches!(c, std::path::Component::Normal(_)));
@@ -100,7 +109,7 @@ fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize, cache: Cache
             };
             match open()? {
                 (Ok(shard), false) => shard,
-                (Ok(shard), true) if mismatch(manifest, i, &shard).is_none() => shard,
+                (Ok(shard), true) if mismatch(manifest, summary, &shard).is_none() => shard,
                 // A cached copy that fails its checks: deleted, and the object read again.
                 (Ok(_) | Err(Error::Corrupt { .. }), true) => {
                     storage::discard_cached(&path, cache)?;
@@ -110,7 +119,7 @@ fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize, cache: Cache
             }
         }
     };
-    match mismatch(manifest, i, &shard) {
+    match mismatch(manifest, summary, &shard) {
         Some(what) => Err(Error::corrupt(
             &path,
             None,
@@ -121,10 +130,11 @@ fn open_listed(manifest_path: &Path, manifest: &Manifest, i: usize, cache: Cache
     }
 }
 
-/// What of `shard` differs from the manifest's entry `i`, if anything.
-fn mismatch(manifest: &Manifest, i: usize, shard: &ShardFile) -> Option<&'static str> {
-    let summary = &manifest.shards[i];
-    if shard.schema != manifest.schema {
+/// What of `shard` differs from its entry `summary` in `manifest`, if anything.
+fn mismatch(manifest: &Manifest, summary: &ShardSummary, shard: &ShardFile) -> Option<&'static str> {
+    if shard.version > manifest.format_version {
+        Some("its format version, newer than the manifest's,")
+    } else if shard.schema != manifest.schema {
         Some("its schema")
     } else if shard.file_len != summary.bytes {
         Some("its size")
@@ -165,16 +175,14 @@ impl Dataset {
         let fetcher = Fetcher::new(options.fetch)?;
         let manifest_path = manifest_path(path);
         let manifest = Manifest::load(&manifest_path)?;
-        let shards = (0..manifest.shards.len())
-            .map(|i| {
-                open_listed(
-                    &manifest_path,
-                    &manifest,
-                    i,
-                    options.cache.as_ref().map(|c| (c, options.fetch)),
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let cache = options.cache.as_ref().map(|c| (c, options.fetch));
+        let open = |list: &[ShardSummary]| -> Result<Vec<ShardFile>> {
+            list.iter()
+                .map(|s| open_listed(&manifest_path, &manifest, s, cache))
+                .collect()
+        };
+        let shards = open(&manifest.shards)?;
+        let prefixes = Prefixes::new(open(&manifest.prefixes)?)?;
         let mut starts = Vec::with_capacity(shards.len());
         let mut by_id = HashMap::new();
         let mut pos = 0u64;
@@ -196,6 +204,7 @@ impl Dataset {
             manifest_path,
             manifest,
             shards,
+            prefixes,
             starts,
             by_id,
             threads: options.threads,
@@ -351,7 +360,7 @@ impl Dataset {
         let shard = &self.shards[e.shard];
         if let Some(rec) = fetched {
             shard.check_record(e.record, rec)?;
-            return decode_record(shard, e.record, rec, outs, &pool::shared(self.threads));
+            return self.decode_whole(shard, e.record, rec, outs);
         }
         // A pool thread waiting inside a decode may steal another read of the same batch: that
         // read gets a buffer of its own (borrowing the thread's again panicked).
@@ -359,8 +368,17 @@ impl Dataset {
             let (mut own, mut reused) = (Vec::new(), cell.try_borrow_mut().ok());
             let buf = reused.as_deref_mut().unwrap_or(&mut own);
             let rec = shard.read_record(e.record, buf)?;
-            decode_record(shard, e.record, rec, outs, &pool::shared(self.threads))
+            self.decode_whole(shard, e.record, rec, outs)
         })
+    }
+
+    /// Decodes record `record` of `shard` (checksummed bytes `rec`) into `outs` as stored, the rows
+    /// of a prefix it references included: the whole sample.
+    fn decode_whole(&self, shard: &ShardFile, record: usize, rec: &[u8], outs: &mut [&mut [u8]]) -> Result<()> {
+        match decode_record(shard, record, rec, outs, &pool::shared(self.threads))? {
+            Some(p) => self.prefixes.fill(shard, record, &p, outs),
+            None => Ok(()),
+        }
     }
 
     /// Reads, checksums and decodes several samples in one call, all on the decode pool: `items`
@@ -451,13 +469,20 @@ impl Dataset {
         let e = self.entry(pos)?;
         let shard = &self.shards[e.shard];
         let spec = &self.schema().tensors[t];
+        // The tensor's stored rows, the rows of a prefix the record references included.
+        let stored_rows = |rec: &[u8], stored: &mut [u8]| -> Result<()> {
+            match decode_tensor(shard, e.record, rec, t, stored)? {
+                Some(p) => self.prefixes.fill_tensor(shard, e.record, &p, t, stored),
+                None => Ok(()),
+            }
+        };
         let mut decode = |rec: &[u8]| -> Result<()> {
             let Some(p) = &spec.precision else {
-                return decode_tensor(shard, e.record, rec, t, out);
+                return stored_rows(rec, out);
             };
             check_output_len(&shard.entries[e.record], spec, spec.row_bytes(), out)?;
             let mut stored = vec![0u8; (e.n_tokens * spec.stored_row_bytes()) as usize];
-            decode_tensor(shard, e.record, rec, t, &mut stored)?;
+            stored_rows(rec, &mut stored)?;
             let width = spec.elems_per_row() as usize;
             quant::dequantize(&stored, e.n_tokens as usize, width, p, spec.dtype, out);
             Ok(())
@@ -487,27 +512,59 @@ impl Dataset {
         Ok(bufs)
     }
 
-    /// Checks a dataset end to end: the manifest, every shard it lists, every record's
-    /// checksum and decoding. Returns every problem found (empty when all is well); `Err`
-    /// only when the manifest itself cannot be read.
+    /// Checks a dataset end to end: the manifest, every shard and prefix shard it lists, every
+    /// record's checksum and decoding, every prefix record's digest of its token ids, and every
+    /// sample's prefix reference (it resolves, to a prefix of its token count and digest, which is
+    /// itself sound: a corrupt prefix record is named in every sample referencing it). Returns
+    /// every problem found (empty when all is well); `Err` only when the manifest itself cannot be
+    /// read.
     pub fn verify(path: &Path, threads: usize) -> Result<Vec<BadRecord>> {
         let manifest_path = manifest_path(path);
         let manifest = Manifest::load(&manifest_path)?;
         let pool = pool::shared(threads);
         let mut bad = Vec::new();
-        for i in 0..manifest.shards.len() {
-            let shard = match open_listed(&manifest_path, &manifest, i, None) {
-                Ok(s) => s,
-                Err(err) => {
+        let mut open = |summary: &ShardSummary| match open_listed(&manifest_path, &manifest, summary, None) {
+            Ok(s) => Some(s),
+            Err(err) => {
+                bad.push(BadRecord {
+                    shard: Manifest::shard_path(&manifest_path, summary),
+                    sample_id: None,
+                    offset: corrupt_offset(&err),
+                    error: err.to_string(),
+                });
+                None
+            }
+        };
+        let prefix_shards: Vec<ShardFile> = manifest.prefixes.iter().filter_map(&mut open).collect();
+        let shards: Vec<ShardFile> = manifest.shards.iter().filter_map(&mut open).collect();
+        let prefixes = Prefixes::new(prefix_shards).unwrap_or_else(|err| {
+            bad.push(BadRecord {
+                shard: manifest_path.clone(),
+                sample_id: None,
+                offset: corrupt_offset(&err),
+                error: err.to_string(),
+            });
+            Prefixes::new(Vec::new()).expect("no prefix records")
+        });
+        // Prefix id -> why its record is unsound.
+        let mut broken = HashMap::new();
+        for (s, shard) in prefixes.shards().iter().enumerate() {
+            for (r, e) in shard.entries.iter().enumerate() {
+                let checked = prefixes
+                    .decode(s, r)
+                    .and_then(|rows| prefixes.check_digest(s, r, &rows));
+                if let Err(err) = checked {
+                    broken.insert(e.sample_id, err.to_string());
                     bad.push(BadRecord {
-                        shard: Manifest::shard_path(&manifest_path, &manifest.shards[i]),
-                        sample_id: None,
-                        offset: corrupt_offset(&err),
+                        shard: shard.path.clone(),
+                        sample_id: Some(e.sample_id),
+                        offset: corrupt_offset(&err).max(e.offset),
                         error: err.to_string(),
                     });
-                    continue;
                 }
-            };
+            }
+        }
+        for shard in shards {
             let found: Vec<BadRecord> = pool.install(|| {
                 (0..shard.entries.len())
                     .into_par_iter()
@@ -523,7 +580,19 @@ impl Dataset {
                                 .map(|t| vec![0u8; (e.n_tokens * t.stored_row_bytes()) as usize])
                                 .collect();
                             let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-                            decode_record(&shard, r, rec, &mut outs, &pool)
+                            let Some(p) = decode_record(&shard, r, rec, &mut outs, &pool)? else {
+                                return Ok(());
+                            };
+                            prefixes.resolve(&shard, r, &p)?;
+                            match broken.get(&p.id) {
+                                None => Ok(()),
+                                Some(why) => Err(Error::corrupt(
+                                    &shard.path,
+                                    Some(e.sample_id),
+                                    e.offset,
+                                    format!("record (its prefix record {} is corrupt: {why})", p.id),
+                                )),
+                            }
                         };
                         check().err().map(|err| BadRecord {
                             shard: shard.path.clone(),
@@ -542,10 +611,6 @@ impl Dataset {
 
 /// A position and its output buffers, one per schema tensor (`Dataset::read_batch`).
 type BatchItem<'a> = (u64, Vec<&'a mut [u8]>);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 fn corrupt_offset(err: &Error) -> u64 {
     match err {
@@ -585,6 +650,7 @@ mod tests {
             n_tokens: 4,
             tensors: vec![&data],
             prequantised: None,
+            prefix: None,
         };
         w.write_batch(&[sample]).unwrap();
         w.close().unwrap();

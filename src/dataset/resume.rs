@@ -9,12 +9,15 @@ use std::path::Path;
 use super::manifest::Manifest;
 use super::options::WriterOptions;
 use crate::error::{Error, Result};
+use crate::format::record::{parse_prefix_key, PrefixRef};
 use crate::layout;
 use crate::shard::{ShardFile, ShardSummary};
 
 pub struct Prepared {
     pub manifest: Manifest,
     pub seen: HashSet<u64>,
+    /// The prefix records the manifest lists.
+    pub prefixes: Vec<PrefixRef>,
     pub next_seq: u64,
     pub removed_temp_files: u64,
     pub adopted_shards: u64,
@@ -66,6 +69,9 @@ pub fn prepare(root: &Path, manifest_path: &Path, opts: &WriterOptions, fresh: M
         )));
     }
     manifest.complete = false;
+    // The shards this writer adds are of its version at least (a version-1 dataset continued with
+    // version-2 shards says so, or a version-1 reader would misread them).
+    manifest.format_version = manifest.format_version.max(fresh.format_version);
     let mut seen = HashSet::new();
     for summary in &manifest.shards {
         let mut path = Manifest::shard_path(manifest_path, summary);
@@ -100,6 +106,37 @@ pub fn prepare(root: &Path, manifest_path: &Path, opts: &WriterOptions, fresh: M
             ));
         }
         add_ids(&shard, &mut seen)?;
+    }
+    let mut prefixes = Vec::new();
+    for summary in &manifest.prefixes {
+        let path = Manifest::shard_path(manifest_path, summary);
+        let shard = ShardFile::open(&path)?;
+        if summary_of(&shard, &summary.file) != *summary {
+            return Err(Error::corrupt(
+                &path,
+                None,
+                0,
+                format!(
+                    "prefix shard (differs from its manifest entry in {})",
+                    manifest_path.display()
+                ),
+            ));
+        }
+        for (r, e) in shard.entries.iter().enumerate() {
+            let digest = parse_prefix_key(shard.key(r)).ok_or_else(|| {
+                Error::corrupt(
+                    &path,
+                    Some(e.sample_id),
+                    e.offset,
+                    "prefix record (its key is not sha256:<hex>)",
+                )
+            })?;
+            prefixes.push(PrefixRef {
+                id: e.sample_id,
+                n_tokens: e.n_tokens,
+                digest,
+            });
+        }
     }
     let listed: HashSet<&str> = manifest.shards.iter().map(|s| s.file.as_str()).collect();
     let mut orphans: Vec<(u64, String)> = committed
@@ -145,6 +182,7 @@ pub fn prepare(root: &Path, manifest_path: &Path, opts: &WriterOptions, fresh: M
     Ok(Prepared {
         manifest,
         seen,
+        prefixes,
         next_seq,
         removed_temp_files: temps.len() as u64,
         adopted_shards,

@@ -5,7 +5,7 @@
 //! atomically and rewrites the manifest after each commit, so a crash loses at most the
 //! shard being written.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -21,12 +21,14 @@ use super::options::WriterOptions;
 use super::resume;
 use crate::codec::{encode_chunk, encode_fp8_rows, recycle_payload, EncodedChunk, Fp8Input};
 use crate::error::{catch_panic, Error, Result};
-use crate::format::{record, FORMAT_VERSION, MAX_KEY_BYTES};
+use crate::format::record::{self, prefix_key, token_digest, token_ids_tensor, PrefixRef};
+use crate::format::{MAX_KEY_BYTES, PLAIN_VERSION, PREFIX_VERSION};
 use crate::layout;
+use crate::layout::PREFIX_SHARD_INFIX;
 use crate::pool;
 use crate::quant::QuantCounts;
 use crate::schema::{Schema, TensorSpec};
-use crate::shard::ShardBuilder;
+use crate::shard::{ShardBuilder, MAX_EXPANSION};
 
 /// One sample handed to the writer: its tensors' bytes in schema order, borrowed from the
 /// caller (no copy is made before encoding).
@@ -42,6 +44,10 @@ pub struct SampleRef<'a> {
     /// saturated `clamped` values; the writer checks the rows (`codec::encode_fp8_rows`) and
     /// codes them as given. `None`: every tensor is given in its dtype (FP8 ones quantised here).
     pub prequantised: Option<u64>,
+    /// `Some(id)`: the sample's first tokens are the prefix record `id` (written by
+    /// [`DatasetWriter::write_prefix`]), and `n_tokens` and `tensors` hold only the rows after it;
+    /// its record references the prefix (format version 3) and reads back whole.
+    pub prefix: Option<u64>,
 }
 
 impl SampleRef<'_> {
@@ -130,6 +136,9 @@ struct Counters {
 struct Record {
     sample_id: u64,
     key: String,
+    /// A prefix record, committed in a prefix shard of its own (not a sample).
+    is_prefix: bool,
+    /// The whole sample's tokens (a prefix it references included).
     n_tokens: u64,
     raw_bytes: u64,
     parts: Vec<Vec<u8>>,
@@ -144,6 +153,9 @@ pub struct DatasetWriter {
     io: Option<JoinHandle<Result<Manifest>>>,
     stats: StatsHandle,
     seen: Mutex<HashSet<u64>>,
+    /// The prefix records written or found on resume, by id, and their ids by digest.
+    prefixes: HashMap<u64, PrefixRef>,
+    prefix_ids: HashMap<[u8; 32], u64>,
     /// The error that stopped the I/O thread, raised again (same variant) by every later call.
     failed: Option<Error>,
     /// The root lock, released by `close`.
@@ -185,7 +197,7 @@ impl DatasetWriter {
         }
         let fresh = Manifest {
             format: MANIFEST_FORMAT.into(),
-            format_version: FORMAT_VERSION,
+            format_version: PLAIN_VERSION,
             writer: concat!("eagle-io ", env!("CARGO_PKG_VERSION")).into(),
             schema: schema.clone(),
             metadata,
@@ -194,6 +206,7 @@ impl DatasetWriter {
                 chunk_bytes: opts.chunk_bytes,
             },
             shards: Vec::new(),
+            prefixes: Vec::new(),
             complete: false,
         };
         // Never write a manifest no reader can load (e.g. metadata nested past serde_json's 128 levels).
@@ -239,6 +252,8 @@ impl DatasetWriter {
                 adopted_shards: state.adopted_shards,
             },
             seen: Mutex::new(state.seen),
+            prefix_ids: state.prefixes.iter().map(|p| (p.digest, p.id)).collect(),
+            prefixes: state.prefixes.into_iter().map(|p| (p.id, p)).collect(),
             failed: None,
             lock: Some(lock),
             complete_on_close,
@@ -298,7 +313,74 @@ impl DatasetWriter {
             .counters
             .encode_ns
             .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
-        let tx = self.tx.as_ref().expect("checked above");
+        self.send(records)
+    }
+
+    /// Stores the prefix `prefix` (its `sample_id` is the prefix record's id, unique among the
+    /// dataset's prefixes; `key` is ignored: the record's key is `sha256:` and the digest of its
+    /// `input_ids`, which the schema must hold as int64 `[L]`) once, in a prefix shard of its own,
+    /// committed before any later sample's shard. Returns the reference a sample gives as
+    /// `SampleRef::prefix` (its id). Refuses a prefix whose token ids are already stored.
+    pub fn write_prefix(&mut self, prefix: &SampleRef<'_>) -> Result<PrefixRef> {
+        if let Some(err) = &self.failed {
+            return Err(err.earlier("the writer failed earlier and accepts no more samples"));
+        }
+        if self.tx.is_none() {
+            return Err(Error::InvalidArgument("the writer is closed".into()));
+        }
+        let err = |message: String| Error::Schema {
+            sample_id: prefix.sample_id,
+            message,
+        };
+        if self.opts.uploaded_to.is_some() {
+            // The upload follows the manifest's `shards` only: a listed prefix shard would never reach the object.
+            return Err(Error::InvalidArgument(
+                "prefix records are not uploaded to object storage yet: a capture to an object-storage root stores \
+                 its samples whole"
+                    .into(),
+            ));
+        }
+        let t = token_ids_tensor(&self.schema)
+            .ok_or_else(|| err("a prefix record needs an int64 input_ids tensor of shape [L]".into()))?;
+        if prefix.prefix.is_some() || prefix.prequantised.is_some() || prefix.n_tokens == 0 {
+            return Err(err(
+                "a prefix record holds at least one token, given unquantised, and references no prefix".into(),
+            ));
+        }
+        if self.prefixes.contains_key(&prefix.sample_id) {
+            return Err(err(
+                "this prefix id is already in the dataset (ids must be unique)".into()
+            ));
+        }
+        self.check_sample(prefix)?;
+        let digest = token_digest(prefix.tensors[t]);
+        if let Some(id) = self.prefix_ids.get(&digest) {
+            return Err(err(format!("these token ids are already stored as prefix record {id}")));
+        }
+        let mut records = self.encode(std::slice::from_ref(prefix))?;
+        for rec in &mut records {
+            rec.is_prefix = true;
+            rec.key = prefix_key(&digest);
+        }
+        self.send(records)?;
+        let p = PrefixRef {
+            id: prefix.sample_id,
+            n_tokens: prefix.n_tokens,
+            digest,
+        };
+        self.prefixes.insert(p.id, p);
+        self.prefix_ids.insert(digest, p.id);
+        Ok(p)
+    }
+
+    /// The prefix records written or found on resume, by id.
+    pub fn prefixes(&self) -> &HashMap<u64, PrefixRef> {
+        &self.prefixes
+    }
+
+    /// Queues encoded records for the I/O thread, blocking while the queue is full.
+    fn send(&mut self, records: Vec<Record>) -> Result<()> {
+        let tx = self.tx.as_ref().expect("checked by the callers");
         for rec in records {
             let t1 = Instant::now();
             let sent = tx.send(rec);
@@ -323,15 +405,32 @@ impl DatasetWriter {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let mut batch = HashSet::with_capacity(samples.len());
         for s in samples {
-            let err = |message: String| Error::Schema {
-                sample_id: s.sample_id,
-                message,
-            };
             if seen.contains(&s.sample_id) || !batch.insert(s.sample_id) {
-                return Err(err(
-                    "this sample id is already in the dataset (ids must be unique)".into()
-                ));
+                return Err(Error::Schema {
+                    sample_id: s.sample_id,
+                    message: "this sample id is already in the dataset (ids must be unique)".into(),
+                });
             }
+            self.check_sample(s)?;
+        }
+        seen.extend(batch);
+        Ok(())
+    }
+
+    /// Checks a sample's key, tensors and prefix reference against the schema and the prefixes.
+    fn check_sample(&self, s: &SampleRef<'_>) -> Result<()> {
+        let err = |message: String| Error::Schema {
+            sample_id: s.sample_id,
+            message,
+        };
+        if let Some(id) = s.prefix {
+            if !self.prefixes.contains_key(&id) {
+                return Err(err(format!(
+                    "it references prefix record {id}, which this dataset does not hold"
+                )));
+            }
+        }
+        {
             if s.key.len() > MAX_KEY_BYTES {
                 return Err(err(format!("key of {} bytes (at most {MAX_KEY_BYTES})", s.key.len())));
             }
@@ -362,7 +461,6 @@ impl DatasetWriter {
                 }
             }
         }
-        seen.extend(batch);
         Ok(())
     }
 
@@ -435,22 +533,38 @@ impl DatasetWriter {
         for (&(si, ti, _, _), (chunk, _)) in jobs.iter().zip(encoded) {
             per_sample[si][ti].push(chunk);
         }
-        Ok(samples
+        samples
             .iter()
             .zip(per_sample)
             .map(|(s, tensors)| {
-                let mut parts = vec![record::encode_table(s.sample_id, s.n_tokens, &tensors)];
+                let prefix = s.prefix.map(|id| self.prefixes[&id]);
+                let n_tokens = s.n_tokens + prefix.map_or(0, |p| p.n_tokens);
+                let mut parts = vec![record::encode_table(s.sample_id, n_tokens, prefix, &tensors)];
                 parts.extend(tensors.into_iter().flatten().map(|c| c.payload));
-                Record {
+                // Decoded (dequantised) bytes of the whole sample, however the tensors were given.
+                let raw_bytes = n_tokens * schema.token_bytes();
+                let length: u64 = parts.iter().map(|p| p.len() as u64).sum();
+                if raw_bytes > length.saturating_mul(MAX_EXPANSION) {
+                    // Readers bound an entry's decoded size by its record's length (docs/FORMAT.md 4.3).
+                    return Err(Error::Schema {
+                        sample_id: s.sample_id,
+                        message: format!(
+                            "its suffix record of {length} bytes cannot carry a reference to a prefix of {} tokens \
+                             (readers refuse {raw_bytes} decoded bytes from it); store it whole",
+                            prefix.map_or(0, |p| p.n_tokens)
+                        ),
+                    });
+                }
+                Ok(Record {
                     sample_id: s.sample_id,
                     key: s.key.to_owned(),
-                    n_tokens: s.n_tokens,
-                    // Decoded (dequantised) bytes, however the tensors were given.
-                    raw_bytes: s.n_tokens * schema.token_bytes(),
+                    is_prefix: false,
+                    n_tokens,
+                    raw_bytes,
                     parts,
-                }
+                })
             })
-            .collect())
+            .collect()
     }
 
     pub fn stats(&self) -> WriterStats {
@@ -553,12 +667,16 @@ impl IoThread {
     }
 
     fn append(&mut self, rec: Record) -> Result<()> {
+        if rec.is_prefix {
+            return self.commit_prefix(rec);
+        }
         if self.builder.is_none() {
             let name = layout::shard_name(&self.opts.shard_prefix, self.next_seq);
             self.next_seq += 1;
             self.builder = Some(ShardBuilder::create(
                 &self.root.join(layout::SHARD_DIR).join(name),
                 &self.manifest.schema,
+                self.manifest.format_version.max(PLAIN_VERSION),
             )?);
         }
         let b = self.builder.as_mut().expect("created above");
@@ -575,6 +693,28 @@ impl IoThread {
             self.commit()?;
         }
         Ok(())
+    }
+
+    /// Commits a prefix record in a prefix shard of its own (`{shard_prefix}prefix-NNNNNN.eio`) and
+    /// lists it; the dataset becomes format version 3, and so does the next shard (the open one,
+    /// of an older version, is committed first: it cannot hold references).
+    fn commit_prefix(&mut self, rec: Record) -> Result<()> {
+        if self.manifest.format_version < PREFIX_VERSION {
+            self.commit()?;
+            self.manifest.format_version = PREFIX_VERSION;
+        }
+        let name = layout::shard_name(
+            &format!("{}{PREFIX_SHARD_INFIX}", self.opts.shard_prefix),
+            self.manifest.prefixes.len() as u64,
+        );
+        let path = self.root.join(layout::SHARD_DIR).join(name);
+        let mut b = ShardBuilder::create(&path, &self.manifest.schema, PREFIX_VERSION)?;
+        b.append(rec.sample_id, &rec.key, rec.n_tokens, rec.raw_bytes, &rec.parts)?;
+        rec.parts.into_iter().for_each(recycle_payload);
+        self.counters.stored_bytes.fetch_add(b.len(), Relaxed);
+        let summary = b.commit(&self.root)?;
+        self.manifest.prefixes.push(summary);
+        self.manifest.store(&self.manifest_path)
     }
 
     fn commit(&mut self) -> Result<()> {

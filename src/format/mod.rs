@@ -1,4 +1,4 @@
-//! The shard file format, version 2 (reads 1 and 2), as bytes (docs/FORMAT.md is the specification; this
+//! The shard file format, version 3 (reads 1 to 3), as bytes (docs/FORMAT.md is the specification; this
 //! module and the pure-Python reference reader are two implementations of it).
 //!
 //! ```text
@@ -12,8 +12,13 @@ pub mod record;
 pub const SHARD_MAGIC: &[u8; 8] = b"EAGLEIO\0";
 /// Last 8 bytes of every shard.
 pub const FOOTER_MAGIC: &[u8; 8] = b"EIOINDX\0";
-/// The format version this build writes, and the newest it reads.
-pub const FORMAT_VERSION: u32 = 2;
+/// The newest format version this build reads, and what it writes for a dataset with shared-prefix
+/// references (records that store a suffix and name a prefix record, docs/FORMAT.md 4.7).
+pub const FORMAT_VERSION: u32 = 3;
+/// What this build writes for a dataset without shared-prefix references: a version-2 reader reads it.
+pub const PLAIN_VERSION: u32 = 2;
+/// The first version whose records may reference a prefix record.
+pub const PREFIX_VERSION: u32 = 3;
 pub const HEADER_BYTES: u64 = 32;
 pub const FOOTER_BYTES: u64 = 40;
 pub const INDEX_ENTRY_BYTES: u64 = 40;

@@ -14,6 +14,7 @@ use super::values::{py_to_json, schema_of, PyTensorSpecIn};
 use crate::codec::CodecOptions;
 use crate::dataset::{DatasetWriter, SampleRef, WriterOptions, WriterStats};
 use crate::error::Error;
+use crate::format::record::prefix_key;
 use crate::schema::Schema;
 
 /// One tensor as handed over by Python: dtype name, shape, buffer.
@@ -120,10 +121,27 @@ impl Writer {
     }
 
     /// Validates, encodes and queues samples `[(sample_id, key, [(dtype, shape, buffer)])]`
-    /// with the GIL released. Nothing is written when any sample is invalid.
-    fn write_batch(&mut self, py: Python<'_>, samples: Vec<PySample<'_>>) -> PyResult<()> {
+    /// with the GIL released. Nothing is written when any sample is invalid. `prefixes`, one per
+    /// sample when given: the id of a prefix record (`write_prefix`) whose tokens precede the
+    /// sample's given rows, or None.
+    #[pyo3(signature = (samples, prefixes = None))]
+    fn write_batch(
+        &mut self,
+        py: Python<'_>,
+        samples: Vec<PySample<'_>>,
+        prefixes: Option<Vec<Option<u64>>>,
+    ) -> PyResult<()> {
         let inner = self.get()?;
         let schema = inner.schema().clone();
+        let prefixes = prefixes.unwrap_or_else(|| vec![None; samples.len()]);
+        if prefixes.len() != samples.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} prefixes given for {} samples",
+                prefixes.len(),
+                samples.len()
+            ))
+            .into());
+        }
         let borrowed = samples
             .iter()
             .map(|s| borrow_sample(&schema, s))
@@ -131,15 +149,45 @@ impl Writer {
         let refs: Vec<SampleRef<'_>> = samples
             .iter()
             .zip(&borrowed)
-            .map(|((sample_id, key, _), (n_tokens, bufs))| SampleRef {
+            .zip(prefixes)
+            .map(|(((sample_id, key, _), (n_tokens, bufs)), prefix)| SampleRef {
                 sample_id: *sample_id,
                 key,
                 n_tokens: *n_tokens,
                 tensors: bufs.iter().map(Borrowed::bytes).collect(),
                 prequantised: None,
+                prefix,
             })
             .collect();
         blocking(py, |_| inner.write_batch(&refs))
+    }
+
+    /// Stores the prefix record `(prefix_id, _, [(dtype, shape, buffer)])` once (docs/FORMAT.md
+    /// 4.7) and returns `(prefix_id, n_tokens, "sha256:<hex>")`, the hex digest of its input_ids.
+    fn write_prefix(&mut self, py: Python<'_>, prefix: PySample<'_>) -> PyResult<(u64, u64, String)> {
+        let inner = self.get()?;
+        let schema = inner.schema().clone();
+        let (n_tokens, bufs) = borrow_sample(&schema, &prefix)?;
+        let sample = SampleRef {
+            sample_id: prefix.0,
+            key: "",
+            n_tokens,
+            tensors: bufs.iter().map(Borrowed::bytes).collect(),
+            prequantised: None,
+            prefix: None,
+        };
+        let p = blocking(py, |_| inner.write_prefix(&sample))?;
+        Ok((p.id, p.n_tokens, prefix_key(&p.digest)))
+    }
+
+    /// The prefix records written or found on resume: `{"sha256:<hex>": (prefix_id, n_tokens)}`.
+    fn prefixes(&mut self) -> PyResult<std::collections::HashMap<String, (u64, u64)>> {
+        Ok(self
+            .get()?
+            .prefixes()
+            .values()
+            .map(|p| (prefix_key(&p.digest), (p.id, p.n_tokens)))
+            .collect())
     }
 
     /// True when `sample_id` is committed or queued (including samples found on resume); False

@@ -53,6 +53,7 @@ fn sample_ref<'a>(ring: &'a Ring, writer: &DatasetWriter, c: &'a Committed) -> S
         n_tokens: c.n_tokens,
         tensors,
         prequantised: c.prequantised,
+        prefix: None,
     }
 }
 

@@ -6,7 +6,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::format::{Footer, Header, IndexEntry, FORMAT_VERSION, HEADER_BYTES};
+use crate::format::{Footer, Header, IndexEntry, HEADER_BYTES};
 use crate::layout;
 use crate::schema::Schema;
 
@@ -37,13 +37,13 @@ pub struct ShardBuilder {
 }
 
 impl ShardBuilder {
-    /// Creates `path`'s temporary file and writes the header and schema.
-    pub fn create(path: &Path, schema: &Schema) -> Result<ShardBuilder> {
+    /// Creates `path`'s temporary file and writes the header (format `version`) and schema.
+    pub fn create(path: &Path, schema: &Schema, version: u32) -> Result<ShardBuilder> {
         let tmp = layout::temp_path(path);
         let file = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let schema_json = schema.to_json();
         let header = Header {
-            version: FORMAT_VERSION,
+            version,
             schema_len: schema_json.len() as u32,
             schema_crc32: crc32fast::hash(schema_json.as_bytes()),
         };

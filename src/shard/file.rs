@@ -14,12 +14,14 @@ use crate::storage::{self, ByteSource};
 /// zstd cannot expand a frame by more than this factor (an RLE block of 128 KiB is a few
 /// bytes); a record claiming a larger decoded size is corrupt, and is refused before any
 /// buffer of that size is allocated.
-const MAX_EXPANSION: u64 = 40_000;
+pub const MAX_EXPANSION: u64 = 40_000;
 
 pub struct ShardFile {
     pub path: PathBuf,
     source: Box<dyn ByteSource>,
     pub schema: Schema,
+    /// The header's format version (records of version 3 may reference a prefix record).
+    pub version: u32,
     pub footer: Footer,
     pub file_len: u64,
     pub entries: Vec<IndexEntry>,
@@ -136,6 +138,7 @@ impl ShardFile {
             path: path.to_owned(),
             source,
             schema,
+            version: header.version,
             footer,
             file_len,
             entries,

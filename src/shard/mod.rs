@@ -5,4 +5,4 @@ mod builder;
 mod file;
 
 pub use builder::{ShardBuilder, ShardSummary};
-pub use file::ShardFile;
+pub use file::{ShardFile, MAX_EXPANSION};

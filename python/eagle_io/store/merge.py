@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _native
-from .._native import FORMAT_VERSION, __version__
+from .._native import __version__
 from ..errors import CorruptRecordError, EagleIOError, IncompatibleDatasetError, InvalidArgumentError
 from . import layout
 from .manifest import manifest_bytes, read_manifest
@@ -256,6 +256,7 @@ def _merge(where, ranks, names, expected_ids, skipped, write, report: MergeRepor
     holders: dict[int, list[str]] = {}
     shards: list[dict] = []
     listed_by: dict[str, str] = {}
+    version = 1
     for name in names:
         ds = Dataset(where.at(name), threads=1)
         m = ds.manifest
@@ -275,6 +276,16 @@ def _merge(where, ranks, names, expected_ids, skipped, write, report: MergeRepor
                 )
             if m["codec"] != first["codec"]:
                 report.warnings.append(f"{name} was written with codec {m['codec']}, {names[0]} with {first['codec']}")
+        if ranks and m.get("prefixes"):
+            # A sample of a rank references that rank's prefix records by id; the ranks number theirs apart,
+            # so one merged list could resolve a reference to another rank's prefix: refused, not guessed.
+            raise IncompatibleDatasetError(
+                f"{root}: cannot merge {name}: it stores {len(m['prefixes'])} shared prefix record(s) "
+                f"({m['prefixes'][0]['file']}, ...) that its samples reference, and a merged manifest could "
+                "resolve them to another rank's prefixes; capture with --dedup-prefixes off, or read each rank's "
+                "manifest on its own"
+            )
+        version = max(version, m["format_version"])
         if not m["complete"]:
             report.complete = False
             report.incomplete_ranks.append(name)
@@ -328,7 +339,7 @@ def _merge(where, ranks, names, expected_ids, skipped, write, report: MergeRepor
     if write and not report.duplicates:
         merged = {
             "format": "eagle-io/dataset",
-            "format_version": FORMAT_VERSION,
+            "format_version": version,  # the ranks' own (a version-2 reader reads a merge of version-2 ranks)
             "writer": f"eagle-io {__version__}",
             "schema": first["schema"],
             "metadata": first["metadata"],

@@ -1,4 +1,4 @@
-"""Pure-Python reference reader for the eagle-io dataset format, version 2 (docs/FORMAT.md).
+"""Pure-Python reference reader for the eagle-io dataset format, version 3 (docs/FORMAT.md).
 
 Written from the specification alone, with numpy, zstandard and the standard library only; it never
 touches ``eagle_io._native`` and also runs as a standalone file. It is slow on purpose: it exists to
@@ -11,7 +11,8 @@ document the format and to cross-check the Rust reader.
 Arrays have shape ``[L]`` (width null) or ``[L, width]`` and the schema dtype, little-endian, except
 ``bfloat16``, which numpy lacks: it is returned as ``numpy.uint16`` holding the raw bf16 bits
 (``torch.from_numpy(a).view(torch.bfloat16)`` recovers the tensor). Tensors stored as FP8 (section 3.1) are
-dequantised into their schema dtype, bit for bit as the Rust reader does. Every violation of the spec raises
+dequantised into their schema dtype, bit for bit as the Rust reader does; a sample referencing a prefix record
+(section 4.7) is returned whole, the prefix's rows first. Every violation of the spec raises
 :class:`ReferenceFormatError` naming the file, the sample id (or None) and a byte offset.
 """
 
@@ -25,11 +26,12 @@ import zlib
 import numpy as np
 import zstandard
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 HEADER = struct.Struct("<8sIII12s")  # magic, format_version, schema_len, schema_crc32, reserved (4.1)
 FOOTER = struct.Struct("<QQQII8s")  # index_offset, index_len, n_records, index_crc32, reserved, magic (4.2)
 ENTRY = struct.Struct("<QQQQII")  # sample_id, offset, length, n_tokens, crc32, key_len (4.3)
 RECORD = struct.Struct("<4sIQQ")  # magic, n_tensors, sample_id, n_tokens (4.4)
+PREFIX_REF = struct.Struct("<QQ32s")  # prefix_id, prefix_tokens, sha256 of its input_ids (4.7)
 TENSOR = struct.Struct("<II")  # n_chunks, reserved (4.4)
 CHUNK = struct.Struct("<BBBBI4I")  # codec, planes, plane_zstd, layout, rows, stored[4] (4.5)
 RAW, ZSTD, PLANES = 0, 1, 2
@@ -295,6 +297,7 @@ class _Shard:
                 fail(f"bad header magic {magic!r}", 0)
             if version != FORMAT_VERSION:
                 _check_version(version, path, 8)
+            self.version = version
             if any(reserved):
                 fail("non-zero reserved header bytes", 20)
             if schema_len > 1 << 20 or 32 + schema_len > size - FOOTER.size:
@@ -375,23 +378,40 @@ class ReferenceDataset:
         _check_version(m.get("format_version"), manifest_path, None)
         _check_seal(data, m.get("checksum"), manifest_path)
         self.schema = _parse_schema(m.get("schema"), manifest_path, None)
-        base, self.shards, self._positions = os.path.dirname(manifest_path), [], {}
+        if bool(m.get("prefixes")) != (m["format_version"] >= 3):
+            raise ReferenceFormatError(
+                "format_version 3 is the version of manifests listing prefix shards, and only of them", manifest_path
+            )
+        self.shards, self._positions = self._open_listed("shards"), {}
         self._entries: list[tuple[_Shard, int]] = []  # position -> (shard, index entry)
-        fields = {"file": str, "samples": int, "tokens": int, "bytes": int, "raw_bytes": int, "index_crc32": int}
-        for listed in m.get("shards") if isinstance(m.get("shards"), list) else [None]:
-            if not isinstance(listed, dict) or any(type(listed.get(k)) is not t for k, t in fields.items()):
-                raise ReferenceFormatError(f"invalid shards entry {listed!r}", manifest_path)
-            parts = listed["file"].split("/")
-            if listed["file"].startswith("/") or parts[0] == "." or ".." in parts:
-                raise ReferenceFormatError(
-                    f"shard path {listed['file']!r} is not relative to the dataset", manifest_path
-                )
-            shard = _Shard(os.path.join(base, listed["file"]), listed, self.schema)
+        for shard in self.shards:
             for i, e in enumerate(shard.entries):
                 if self._positions.setdefault(e[0], len(self._entries)) != len(self._entries):
                     raise ReferenceFormatError("duplicate sample id", shard.path, e[0], e[1])
                 self._entries.append((shard, i))
-            self.shards.append(shard)
+        self._prefixes: dict[int, tuple[_Shard, tuple]] = {}  # prefix id -> (prefix shard, index entry) (4.7)
+        for shard in self._open_listed("prefixes") if "prefixes" in m else []:
+            for e in shard.entries:
+                if self._prefixes.setdefault(e[0], (shard, e))[1] is not e:
+                    raise ReferenceFormatError("duplicate prefix id", shard.path, e[0], e[1])
+
+    def _open_listed(self, member: str) -> list[_Shard]:
+        """The shards the manifest's list ``member`` (``shards`` or ``prefixes``) names, each checked (2)."""
+        m, base, shards = self.manifest, os.path.dirname(self.path), []
+        fields = {"file": str, "samples": int, "tokens": int, "bytes": int, "raw_bytes": int, "index_crc32": int}
+        for listed in m.get(member) if isinstance(m.get(member), list) else [None]:
+            if not isinstance(listed, dict) or any(type(listed.get(k)) is not t for k, t in fields.items()):
+                raise ReferenceFormatError(f"invalid {member} entry {listed!r}", self.path)
+            parts = listed["file"].split("/")
+            if listed["file"].startswith("/") or parts[0] == "." or ".." in parts:
+                raise ReferenceFormatError(f"shard path {listed['file']!r} is not relative to the dataset", self.path)
+            shard = _Shard(os.path.join(base, listed["file"]), listed, self.schema)
+            if shard.version > m["format_version"]:
+                raise ReferenceFormatError(
+                    f"shard version {shard.version} is newer than the manifest's", shard.path, None, 8
+                )
+            shards.append(shard)
+        return shards
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -412,8 +432,12 @@ class ReferenceDataset:
         return self._positions.get(sample_id)
 
     def read(self, pos: int) -> dict[str, np.ndarray]:
-        """Reads, checksums and decodes the record at ``pos`` (sections 4.4, 4.5)."""
-        shard, (sample_id, offset, length, n_tokens, crc, _) = self._at(pos)
+        """Reads, checksums and decodes the record at ``pos`` (sections 4.4, 4.5), and the prefix record it
+        references, if any, whose rows come first (4.7)."""
+        return self._read(*self._at(pos), prefix_record=False)
+
+    def _read(self, shard: _Shard, entry: tuple, prefix_record: bool) -> dict[str, np.ndarray]:
+        sample_id, offset, length, n_tokens, crc, _ = entry
 
         def fail(msg: str) -> None:
             raise ReferenceFormatError(msg, shard.path, sample_id, offset)
@@ -426,9 +450,29 @@ class ReferenceDataset:
         if length < RECORD.size:
             fail("record shorter than its header")
         magic, n_tensors, rec_id, rec_tokens = RECORD.unpack_from(rec, 0)
-        if magic != b"EREC" or n_tensors != len(self.schema) or rec_id != sample_id or rec_tokens != n_tokens:
+        referencing = magic == b"EREF" and shard.version >= 3 and not prefix_record
+        if (
+            not (magic == b"EREC" or referencing)
+            or n_tensors != len(self.schema)
+            or rec_id != sample_id
+            or rec_tokens != n_tokens
+        ):
             fail(f"record header {magic!r}, {n_tensors} tensors, sample {rec_id}, {rec_tokens} tokens disagrees")
-        at, chunk_lists = RECORD.size, []
+        at, chunk_lists, prefix = RECORD.size, [], None
+        if referencing:
+            if length < at + PREFIX_REF.size:
+                fail("prefix reference overruns the record")
+            prefix_id, prefix_tokens, digest = PREFIX_REF.unpack_from(rec, at)
+            at += PREFIX_REF.size
+            if not 1 <= prefix_tokens <= n_tokens:
+                fail(f"prefix reference of {prefix_tokens} tokens in a sample of {n_tokens}")
+            if prefix_id not in self._prefixes:
+                fail(f"references prefix record {prefix_id}, which the dataset does not hold")
+            prefix = self._prefixes[prefix_id]
+            if prefix[1][3] != prefix_tokens or prefix[1][5] != "sha256:" + digest.hex():
+                fail(f"references prefix record {prefix_id} as {prefix_tokens} tokens with sha256:{digest.hex()}, "
+                     f"but it holds {prefix[1][3]} tokens with {prefix[1][5]}")  # fmt: skip
+            n_tokens -= prefix_tokens  # the rows this record stores
         for name, _, _, _ in self.schema:
             if at + TENSOR.size > length:
                 fail(f"tensor {name!r}: chunk table overruns the record")
@@ -471,7 +515,10 @@ class ReferenceDataset:
             out[name] = array
         if at != length:
             fail(f"payloads end at record byte {at}, the record is {length} bytes")
-        return out
+        if prefix is None:
+            return out
+        head = self._read(*prefix, prefix_record=True)
+        return {name: np.concatenate([head[name], out[name]]) for name in out}
 
 
 def open_dataset(path: str | os.PathLike[str]) -> ReferenceDataset:

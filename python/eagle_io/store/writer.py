@@ -129,20 +129,42 @@ class ShardWriter:
         except (ValueError, TypeError) as e:
             raise SchemaError.for_sample(sample_id, str(e)) from e
 
-    def write(self, sample_id: int, tensors: Mapping[str, Any], key: str = "") -> None:
+    def write(self, sample_id: int, tensors: Mapping[str, Any], key: str = "", prefix: int | None = None) -> None:
         """Writes one sample. ``sample_id`` is the caller's unique id (e.g. the source record
-        number), ``key`` an optional string id (e.g. ShareGPT's ``id``). Blocks while the
-        queue is full.
+        number), ``key`` an optional string id (e.g. ShareGPT's ``id``). With ``prefix`` (an id
+        ``write_prefix`` returned), the sample's first tokens are that prefix record's and
+        ``tensors`` hold only the rows after it (``[L - prefix_tokens, ...]``); readers return the
+        whole sample. Blocks while the queue is full.
 
         Raises:
-            SchemaError: a tensor's dtype, shape or contiguity does not match, or the id is taken.
+            SchemaError: a tensor's dtype, shape or contiguity does not match, the id is taken, or
+                ``prefix`` names no prefix record of this dataset.
         """
-        self._native.write_batch([self._convert(sample_id, tensors, key)])
+        self._native.write_batch([self._convert(sample_id, tensors, key)], [prefix])
 
-    def write_batch(self, samples: Sequence[tuple[int, Mapping[str, Any], str]]) -> None:
-        """Writes ``[(sample_id, tensors, key)]``, encoding all of them in parallel. Nothing is
-        written when any sample is invalid."""
-        self._native.write_batch([self._convert(i, t, k) for i, t, k in samples])
+    def write_batch(
+        self, samples: Sequence[tuple[int, Mapping[str, Any], str]], prefixes: Sequence[int | None] | None = None
+    ) -> None:
+        """Writes ``[(sample_id, tensors, key)]``, encoding all of them in parallel; ``prefixes``, one
+        per sample when given, as ``write``'s ``prefix``. Nothing is written when any sample is invalid."""
+        self._native.write_batch([self._convert(i, t, k) for i, t, k in samples], prefixes)
+
+    def write_prefix(self, prefix_id: int, tensors: Mapping[str, Any]) -> tuple[int, int, str]:
+        """Stores a shared prefix (e.g. a system prompt's tokens and states, every schema tensor
+        ``[P, ...]``) once, as a prefix record (docs/FORMAT.md 4.7), and makes the dataset format
+        version 3. ``prefix_id`` is unique among this dataset's prefixes (its own namespace, apart
+        from sample ids). Returns ``(prefix_id, P, "sha256:<hex>")``, the digest of its int64
+        ``input_ids``; samples then pass ``prefix=prefix_id``.
+
+        Raises:
+            SchemaError: the schema has no int64 ``input_ids [L]``, the id is taken, the same token
+                ids are stored already, P is 0, or a tensor does not match the schema.
+        """
+        return self._native.write_prefix(self._convert(prefix_id, tensors, ""))
+
+    def prefixes(self) -> dict[str, tuple[int, int]]:
+        """The prefix records written or found on resume: ``{"sha256:<hex>": (prefix_id, P)}``."""
+        return self._native.prefixes()
 
     def __contains__(self, sample_id: int) -> bool:
         """True when ``sample_id`` is written or queued (including samples found on resume)."""

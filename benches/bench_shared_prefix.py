@@ -1,0 +1,87 @@
+"""Bytes on disk and read rate of samples sharing a long system prompt, stored whole vs as references to one prefix
+record (format version 3, docs/FORMAT.md 4.7; issue 44 item 5, offline part).
+
+Synthetic states (bf16, normal with std 3 for the aux blocks and 1 for the final state, like the tests'), at a
+target's widths: this measures the format and the reader (what a reference saves and what reassembly costs), not a
+model's value statistics. Both datasets hold the same whole samples (checked: every sample reads back equal).
+
+    python benches/bench_shared_prefix.py --out /tmp/prefix-bench            # 2,000 + 500 tokens, 32 samples, H 576
+    python benches/bench_shared_prefix.py --smoke --out /tmp/prefix-smoke    # tiny, for tests
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+import eagle_io
+
+
+def states(seed: int, n: int, hidden: int, k: int = 3) -> dict[str, torch.Tensor]:
+    """One sample's EAGLE-3 tensors (``n`` tokens), seeded."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "input_ids": torch.randint(0, 49152, (n,), generator=g),
+        "loss_mask": (torch.rand(n, generator=g) > 0.4).to(torch.uint8),
+        "aux_hidden_states": (torch.randn(n, k * hidden, generator=g) * 3).to(torch.bfloat16),
+        "hidden_states": torch.randn(n, hidden, generator=g).to(torch.bfloat16),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prefix-tokens", type=int, default=2000)
+    ap.add_argument("--suffix-tokens", type=int, default=500)
+    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=576, help="SmolLM2-135M's width by default")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--smoke", action="store_true", help="40 + 10 tokens, 4 samples, hidden 16")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        a.prefix_tokens, a.suffix_tokens, a.samples, a.hidden = 40, 10, 4, 16
+    shutil.rmtree(a.out, ignore_errors=True)
+    schema = eagle_io.eagle3_schema(a.hidden)
+    prefix = states(10**6, a.prefix_tokens, a.hidden)
+    result: dict = {"prefix_tokens": a.prefix_tokens, "suffix_tokens": a.suffix_tokens, "samples": a.samples}
+    for name in ("whole", "dedup"):
+        t0 = time.perf_counter()
+        with eagle_io.ShardWriter(a.out / name, schema, {}) as w:
+            if name == "dedup":
+                w.write_prefix(1, prefix)
+            for i in range(a.samples):
+                s = states(i, a.suffix_tokens, a.hidden)
+                if name == "dedup":
+                    w.write(i, s, prefix=1)
+                else:
+                    w.write(i, {k: torch.cat([prefix[k], v]) for k, v in s.items()})
+        written = time.perf_counter() - t0
+        m = json.loads((a.out / name / "manifest.json").read_text())
+        ds = eagle_io.Dataset(a.out / name)
+        t1 = time.perf_counter()
+        for pos in range(len(ds)):
+            ds[pos]
+        read = time.perf_counter() - t1
+        stored = sum(s["bytes"] for s in m["shards"] + m.get("prefixes", []))
+        result[name] = {
+            "bytes": stored,
+            "bytes_per_sample": stored / a.samples,
+            "write_s": round(written, 3),
+            "read_samples_per_s": round(a.samples / read, 1),
+        }
+    whole, dedup = eagle_io.Dataset(a.out / "whole"), eagle_io.Dataset(a.out / "dedup")
+    for pos in range(len(whole)):
+        x, y = whole[pos], dedup[pos]
+        assert all(torch.equal(x[k], y[k]) for k in ("input_ids", "loss_mask", "aux_hidden_states", "hidden_states"))
+    result["bytes_ratio"] = round(result["whole"]["bytes"] / result["dedup"]["bytes"], 3)
+    (a.out / "shared_prefix.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
