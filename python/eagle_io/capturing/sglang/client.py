@@ -15,7 +15,9 @@ cache then never serves a sample's prompt from another request's cache: every pr
 ``routed_dp_rank`` fixed by the sample id (a resumed capture sends each sample to the rank that holds its
 manifest). Several servers are several groups of shard writers, numbered one after the other, writing into the one
 ``out_dir`` (a path each server can write, or an ``s3://`` prefix); ``close`` merges their manifests where the client
-can reach them.
+can reach them. A URL may also be SGLang's gateway (SMG, ``--enable-rl``): each worker it lists is then one such
+server, its routes reached through the gateway's control plane (:mod:`eagle_io.sglang.gateway`), while the sample
+requests go to the gateway's ``/generate`` (no ``routed_dp_rank``: the gateway picks the worker).
 """
 
 from __future__ import annotations
