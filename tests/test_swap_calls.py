@@ -80,7 +80,7 @@ def test_each_weight_call_names_the_draft_selector_and_takes_the_admin_key(dirs)
     routes = [r for r, _, _ in call.calls]
     assert routes[:5] == ["/server_info", "/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update",
                           "/weights_checker"]  # fmt: skip
-    assert routes[5] == "/server_info" and set(routes[6:]) == {"/generate"} and len(routes[6:]) == 4
+    assert routes[5:] == ["/generate"] * 4  # the check prompts decode under the settings read first
     for route, body, control in call.calls:
         weights = route in ("/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update",
                             "/weights_checker")  # fmt: skip

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +30,7 @@ from ..sglang.gateway import routes
 from ..sglang.servers import ServerKeys, http_json
 from ..sglang.spec_params import speculative_param_problems
 
-__all__ = ["ServedRun", "engine_args", "run_engine", "run_server", "sampling_params", "served_run"]
+__all__ = ["ServedRun", "decode_prompts", "engine_args", "run_engine", "run_server"]
 
 
 @dataclass
@@ -112,7 +112,7 @@ def engine_args(
     }
 
 
-def sampling_params(max_new_tokens: int, stop_token_ids: Sequence[int]) -> dict[str, Any]:
+def _sampling(max_new_tokens: int, stop_token_ids: Sequence[int]) -> dict[str, Any]:
     params: dict[str, Any] = {"temperature": 0.0, "max_new_tokens": int(max_new_tokens)}
     if stop_token_ids:
         params["stop_token_ids"] = [int(t) for t in stop_token_ids]
@@ -180,7 +180,7 @@ def run_engine(
         t0 = time.perf_counter()
         outs = engine.generate(
             input_ids=[list(map(int, p)) for p in prompts],
-            sampling_params=sampling_params(max_new_tokens, stop_token_ids),
+            sampling_params=_sampling(max_new_tokens, stop_token_ids),
         )
         seconds = time.perf_counter() - t0
         info = engine.get_server_info()
@@ -188,7 +188,7 @@ def run_engine(
         raise SGLangError(f"sglang.Engine failed while decoding: {type(e).__name__}: {e}") from e
     finally:
         engine.shutdown()
-    return served_run(info, outs, seconds, "sglang.Engine")
+    return _run(info, outs, seconds, "sglang.Engine")
 
 
 # The resolved launch settings a measurement reports (GET /server_info, Engine.get_server_info).
@@ -208,7 +208,7 @@ SERVER_KEYS = (
 )
 
 
-def served_run(info: dict[str, Any], outs: Sequence[dict[str, Any]], seconds: float, where: str) -> ServedRun:
+def _run(info: dict[str, Any], outs: Sequence[dict[str, Any]], seconds: float, where: str) -> ServedRun:
     """The run's counts from ``/server_info`` (``info``) and the ``/generate`` answers ``outs`` (SGLang's ``meta_info``:
     :func:`_parse`); a launch without speculative decoding (``speculative_num_steps`` None) counts 0 verify
     steps of a 1-step histogram."""
@@ -257,14 +257,36 @@ def run_server(
         )
     if algorithm is not None and served != algorithm:
         raise SGLangError(f"{base} serves speculative_algorithm {served!r}, not {algorithm!r}")
-    sampling = sampling_params(max_new_tokens, stop_token_ids)
 
-    def one(prompt: Sequence[int]) -> dict[str, Any]:
-        body = {"input_ids": list(map(int, prompt)), "sampling_params": sampling}
+    def generate(body: dict[str, Any]) -> Any:
         return http_json(generate_url, body, timeout_s=timeout, keys=keys)
+
+    return decode_prompts(info, generate, prompts, max_new_tokens, stop_token_ids, concurrency=concurrency, where=base)
+
+
+def decode_prompts(
+    info: dict[str, Any],
+    generate: Callable[[dict[str, Any]], Any],
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    stop_token_ids: Sequence[int] = (),
+    *,
+    concurrency: int = 8,
+    where: str = "the server",
+) -> ServedRun:
+    """Greedy ``/generate`` of every prompt (``input_ids``), ``concurrency`` at once, through ``generate(body)`` (the
+    server's route, or one worker's through a transport of its own); their counts under the settings ``info`` (its
+    ``/server_info``).
+
+    Raises:
+        SGLangError: what ``generate`` raises, or an answer without SGLang's counts (naming ``where``).
+    """
+    sampling = _sampling(max_new_tokens, stop_token_ids)
+
+    def one(prompt: Sequence[int]) -> Any:
+        return generate({"input_ids": [int(t) for t in prompt], "sampling_params": sampling})
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(prompts)))) as pool:
         outs = list(pool.map(one, prompts))
-    seconds = time.perf_counter() - t0
-    return served_run(info, outs, seconds, base)
+    return _run(info, outs, time.perf_counter() - t0, where)

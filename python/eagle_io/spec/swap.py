@@ -30,7 +30,6 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ from ..sglang.draft_weights import (
 )
 from ..sglang.gateway import Route
 from ..sglang.servers import ServerKeys
-from .served import ServedRun, sampling_params, served_run
+from .served import ServedRun, decode_prompts
 
 __all__ = ["Call", "SwapResult", "http_call", "swap_draft", "weight_version_of"]
 
@@ -229,19 +228,6 @@ def _readback(call: Call, info: Mapping[str, Any], tensors: Mapping[str, Any]) -
     return len(expected) - len(bad), None, bad
 
 
-def _accept(call: Call, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop: Sequence[int]) -> ServedRun:
-    info = call("/server_info", None, False)
-    sampling = sampling_params(max_new_tokens, stop)
-
-    def one(prompt: Sequence[int]) -> Any:
-        return call("/generate", {"input_ids": [int(t) for t in prompt], "sampling_params": sampling}, False)
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=max(1, len(prompts))) as pool:
-        outs = list(pool.map(one, prompts))
-    return served_run(info, outs, time.perf_counter() - t0, "swap-draft's check prompts")
-
-
 def _update(call: Call, tensors: Mapping[str, Any], version: str, tp_size: int) -> None:
     """begin -> update -> end, each naming the draft selector; ``end`` is sent once ``begin`` succeeded, whatever
     the update did. ``tensors`` (the caller's) keep the shared-memory storages alive until the server answered.
@@ -317,7 +303,9 @@ def swap_draft(
     if bad:
         raise _refuse(bad, f"{where}: the draft weights read back are not {version}'s", sent=True)
     try:
-        run = _accept(call, prompts or defaults.SWAP_PROMPTS, max_new_tokens, stop_token_ids)
+        checks = prompts or defaults.SWAP_PROMPTS  # the settings decoded under are the server's: info, read above
+        run = decode_prompts(info, lambda body: call("/generate", body, False), checks, max_new_tokens,
+                             stop_token_ids, concurrency=len(checks), where="swap-draft's check prompts")  # fmt: skip
     except EagleIOError as e:
         raise DraftSwapError(f"{where}: the check prompts failed after the swap to {version}: {e}", sent=True) from e
     profile = read_profile(draft)
