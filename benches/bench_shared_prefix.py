@@ -14,23 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
 import eagle_io
-
-
-def states(seed: int, n: int, hidden: int, k: int = 3) -> dict[str, torch.Tensor]:
-    """One sample's EAGLE-3 tensors (``n`` tokens), seeded."""
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "input_ids": torch.randint(0, 49152, (n,), generator=g),
-        "loss_mask": (torch.rand(n, generator=g) > 0.4).to(torch.uint8),
-        "aux_hidden_states": (torch.randn(n, k * hidden, generator=g) * 3).to(torch.bfloat16),
-        "hidden_states": torch.randn(n, hidden, generator=g).to(torch.bfloat16),
-    }
+from conftest import make_sample
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         a.prefix_tokens, a.suffix_tokens, a.samples, a.hidden = 40, 10, 4, 16
     shutil.rmtree(a.out, ignore_errors=True)
     schema = eagle_io.eagle3_schema(a.hidden)
-    prefix = states(10**6, a.prefix_tokens, a.hidden)
+    prefix = make_sample(10**6, a.prefix_tokens, hidden=a.hidden)
     result: dict = {"prefix_tokens": a.prefix_tokens, "suffix_tokens": a.suffix_tokens, "samples": a.samples}
     for name in ("whole", "dedup"):
         t0 = time.perf_counter()
@@ -54,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             if name == "dedup":
                 w.write_prefix(1, prefix)
             for i in range(a.samples):
-                s = states(i, a.suffix_tokens, a.hidden)
+                s = make_sample(i, a.suffix_tokens, hidden=a.hidden)
                 if name == "dedup":
                     w.write(i, s, prefix=1)
                 else:
