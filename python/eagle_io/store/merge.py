@@ -282,7 +282,7 @@ def _merge(where, ranks, names, expected_ids, skipped, write, report: MergeRepor
             raise IncompatibleDatasetError(
                 f"{root}: cannot merge {name}: it stores {len(m['prefixes'])} shared prefix record(s) "
                 f"({m['prefixes'][0]['file']}, ...) that its samples reference, and a merged manifest could "
-                "resolve them to another rank's prefixes; capture with --dedup-prefixes off, or read each rank's "
+                "resolve them to another rank's prefixes; write the ranks without prefix records, or read each rank's "
                 "manifest on its own"
             )
         version = max(version, m["format_version"])
