@@ -153,7 +153,7 @@ def test_one_writer_refuses_a_prefix_of_dp_ranks_and_each_rank_resumes_its_own_m
     url = new_bucket(s3)
     for rank in (0, 1):
         capture(url, tmp_path / f"r{rank}", list(range(8 * rank, 8 * rank + 8)), rank=rank, world_size=2)
-    assert committed_ids(url, 2) == set(range(16))
+    assert committed_ids(url) == set(range(16))
     # A one-writer run would name its shards as rank 0's: refused before a target loads, whatever --resume says.
     for extra in ([], ["--resume"]):
         assert main(["generate", "--out", url, "--staging", str(tmp_path / "one"), "--limit", "1", *extra]) == 2
@@ -171,7 +171,7 @@ def test_one_writer_refuses_a_prefix_of_dp_ranks_and_each_rank_resumes_its_own_m
     bucket = s3.root / url.split("/")[2]
     next((bucket / "run" / "shards").glob("r00001-*.eio")).unlink()
     with pytest.raises(eagle_io.ObjectStorageError, match=r"shards/r00001-.*\(HTTP status 404\)"):
-        committed_ids(url, 2)
+        committed_ids(url)
 
 
 def test_a_shard_lost_from_the_staging_before_its_upload_is_named_at_resume(s3, tmp_path):  # noqa: F811

@@ -77,3 +77,43 @@ def _ready(url: str, workers: int, control_key: str | None, control_plane: bool)
     except (OSError, urllib.error.URLError, ValueError, KeyError):
         return False
     return sum(w.get("health") == "ready" for w in listed) == workers
+
+
+def _control(gateway: str, method: str, path: str, control_key: str | None, body: dict | None = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {
+        "Content-Type": "application/json",
+        **({"Authorization": f"Bearer {control_key}"} if control_key else {}),
+    }
+    req = urllib.request.Request(gateway + path, data=data, headers=headers, method=method)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        raw = r.read()
+    return json.loads(raw) if raw else {}
+
+
+def add_worker(gateway: str, worker_url: str, control_key: str | None, timeout_s: float = 120.0) -> str:
+    """Adds a running worker to the gateway as an operator does (SMG's ``POST /workers {"url"}``, answered
+    ``accepted`` and registered in the background); returns its id once the control plane lists it ready."""
+    wid = _control(gateway, "POST", "/workers", control_key, {"url": worker_url})["worker_id"]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        listed = _control(gateway, "GET", "/v1/rl/workers", control_key)["workers"]
+        if any(w["id"] == wid and w.get("health") == "ready" for w in listed):
+            return wid
+        time.sleep(0.5)
+    raise RuntimeError(f"{gateway}: worker {worker_url} ({wid}) not listed ready within {timeout_s:.0f} s")
+
+
+def remove_worker(gateway: str, worker_url: str, control_key: str | None, timeout_s: float = 60.0) -> None:
+    """Removes the worker at ``worker_url`` from the gateway (SMG's ``DELETE /workers/{id}``); returns once the
+    control plane no longer lists it."""
+    listed = _control(gateway, "GET", "/v1/rl/workers", control_key)["workers"]
+    for w in listed:
+        if w["url"] == worker_url:
+            _control(gateway, "DELETE", f"/workers/{w['id']}", control_key)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(w["url"] != worker_url for w in _control(gateway, "GET", "/v1/rl/workers", control_key)["workers"]):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{gateway}: worker {worker_url} still listed {timeout_s:.0f} s after its removal")

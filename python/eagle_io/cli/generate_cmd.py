@@ -429,11 +429,14 @@ def _same_target(model: str | None, tokenizer, server) -> None:
 def _check_writers(args) -> None:
     """A dataset at ``--out`` (where this client sees it) is continued only with ``--resume``, and by as many shard
     writers as captured it (``args.writers``: the data-parallel ranks of the servers; each resumes its own
-    manifest)."""
+    manifest); through a gateway by any number (its workers come and go: the ranks no worker continues are closed
+    by :meth:`~eagle_io.capturing.sglang.client.ServerCapture.close`)."""
     held = layout.dataset_manifests(args.out)
     where = args.remote or args.out
     if held and not args.resume:
         raise InvalidArgumentError(f"{where} already holds a capture: pass --resume to continue it")
+    if any(f.route.via_gateway for f in getattr(args, "server_facts", [])):
+        return
     remote_ranks = {n for n in getattr(args, "remote_manifests", []) if n != layout.MANIFEST}
     ranks = len({p.name for p in layout.rank_manifests(args.out)} | remote_ranks)
     if args.resume and held and ranks != (args.writers if args.writers > 1 else 0):
@@ -494,7 +497,7 @@ def run(args: argparse.Namespace) -> int:
     if remote is not None and remote.rstrip("/").endswith(".json"):
         raise InvalidArgumentError(f"--out {remote}: name the dataset's prefix (s3://bucket/run), not a manifest")
     if args.server:
-        from ..capturing.sglang.client import preflight
+        from ..capturing.sglang.client import preflight, writer_world
 
         if args.backend != "hf":
             raise InvalidArgumentError(
@@ -506,16 +509,17 @@ def run(args: argparse.Namespace) -> int:
         args.server_facts = [f for u in args.server  # a gateway's URL: each of its workers
                              for f in preflight(u, aux_layer_ids=layer_ids, keys=keys, timeout_s=timeout)]  # fmt: skip
         args.writers = sum(f.writers for f in args.server_facts)  # shard writers of every server, numbered in turn
+        args.world = writer_world(args.server_facts)  # what their manifests are named by
     if args.backend == "sglang":
         args.engine_args = _engine_args(args)
-        args.writers = writers_of(args.engine_args)  # one per data-parallel rank (replica or attention-DP group)
+        args.writers = args.world = writers_of(args.engine_args)  # one per data-parallel rank (replica or DP group)
     if remote is not None:
         from ..store.upload import default_staging, stage_remote_manifests
 
         args.out = args.staging or default_staging(remote)
         served = args.backend in ("sglang", "server")
         writers = range(args.writers) if served else [args.rank]
-        world = args.writers if served else args.world_size
+        world = args.world if served else args.world_size
         mine = [layout.manifest_name(r, world) for r in writers]
         # The checks below then see the remote dataset's manifests, fetched into the staging.
         args.remote_manifests = stage_remote_manifests(remote, args.out, mine, resume=args.resume)
@@ -592,7 +596,7 @@ def _take_back(args: argparse.Namespace, footprint: layout.Footprint | None) -> 
         return False
     served = args.backend in ("sglang", "server")
     writers = getattr(args, "writers", 1)
-    mine = [layout.manifest_name(r, writers) for r in range(writers)] if served else []
+    mine = [layout.manifest_name(r, args.world) for r in range(writers)] if served else []
     mine = sorted({*mine, layout.MANIFEST} if served else {layout.manifest_name(args.rank, args.world_size)})
     for name in mine:
         path = os.path.join(args.out, name)

@@ -11,13 +11,13 @@ from typing import Any
 
 from .. import defaults
 from ..capturing.options import CaptureOptions
-from ..capturing.sglang.client import ServerCapture, capture_status, stop_server_capture
+from ..capturing.sglang.client import ServerCapture, capture_status, join_live_capture, stop_server_capture
 from ..capturing.sglang.live import LivePolicy
 from .server_keys import add_key_args
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", required=True, help="start, status or stop")
+    sub = p.add_subparsers(dest="action", required=True, help="start, join, status or stop")
     fmt = p.formatter_class
     start = sub.add_parser("start", formatter_class=fmt,
                            help="start a live capture on each server, then return (it runs until stopped)")  # fmt: skip
@@ -41,6 +41,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                        help="continue the live capture this machine started into --out (the same options; another "
                             "capture's dataset is refused)")  # fmt: skip
     add_key_args(start)
+    join = sub.add_parser("join", formatter_class=fmt,
+                          help="start the live capture this machine started through a gateway on the workers that "
+                               "joined the gateway since (the same dataset, options and policy; the next writer "
+                               "ranks); run it after adding a worker")  # fmt: skip
+    join.add_argument("urls", nargs="+", metavar="URL", help="the gateway's (or a server's) base URL")
+    add_key_args(join)
     status = sub.add_parser("status", formatter_class=fmt, help="print each DP rank's capture status as JSON")
     status.add_argument("urls", nargs="+", metavar="URL", help="each server's (or gateway's) base URL")
     add_key_args(status)
@@ -56,6 +62,14 @@ def run(args: argparse.Namespace) -> int:
     keys = {"api_key": args.api_key, "admin_api_key": args.admin_api_key}
     if args.action == "status":
         print(json.dumps([st for u in args.urls for st in capture_status(u, **keys)], indent=2))
+        return 0
+    if args.action == "join":
+        joined = []
+        for u in args.urls:
+            cap = join_live_capture(u, **keys)
+            joined.append({"url": u, "out": cap.url, "joined": [s.url for s in cap.joined], "writers": cap.writers,
+                           "capture": cap.capture_id})  # fmt: skip
+        print(json.dumps(joined, indent=2))
         return 0
     if args.action == "stop":
         out: list[dict[str, Any]] = []
@@ -87,13 +101,10 @@ def _merge_where_reachable(statuses: list[dict[str, Any]]) -> dict[str, str]:
     from ..store import layout
     from ..store.merge import merge_ranks
 
-    writers: dict[str, int] = {}
-    for st in statuses:
-        if st.get("state") == "stopped" and st.get("out_dir"):
-            writers[st["out_dir"]] = writers.get(st["out_dir"], 0) + 1
+    stopped = {st["out_dir"] for st in statuses if st.get("state") == "stopped" and st.get("out_dir")}
     merged = {}
-    for out_dir, n in writers.items():
-        if n > 1 and (layout.is_url(out_dir) or os.path.isdir(out_dir)):
+    for out_dir in sorted(stopped):  # several writers (or one behind a gateway) wrote rank manifests
+        if layout.is_url(out_dir) or layout.rank_manifests(out_dir):
             report = merge_ranks(out_dir)
             if report.manifest:
                 merged[out_dir] = report.manifest

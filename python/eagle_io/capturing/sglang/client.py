@@ -23,6 +23,7 @@ requests go to the gateway's ``/generate`` (no ``routed_dp_rank``: the gateway p
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import threading
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import defaults
-from ...errors import CaptureStopTimeoutError, InvalidArgumentError, ObjectStorageError, SGLangError, StorageError
+from ...errors import CaptureStopTimeoutError, InvalidArgumentError, SGLangError, StorageError
 from ...host import cache_dir
 from ...sglang.gateway import Route, routes
 from ...sglang.servers import ServerKeys, http_json, server_url
@@ -59,9 +60,11 @@ __all__ = [
     "ServerFacts",
     "capture_status",
     "committed_ids",
+    "join_live_capture",
     "preflight",
     "server_facts",
     "stop_server_capture",
+    "writer_world",
 ]
 
 logger = logging.getLogger("eagle_io.capture")
@@ -72,31 +75,41 @@ _RETRYABLE = {429, 500, 502, 503, 504}
 _RETRYABLE_VIA_GATEWAY = {429, 503}
 
 
-def committed_ids(out_dir: str | os.PathLike[str], writers: int = 1) -> set[int]:
-    """Sample ids the ``writers`` shard writers of a capture into ``out_dir`` have committed (all of them). For an
+def committed_ids(out_dir: str | os.PathLike[str]) -> set[int]:
+    """Sample ids the manifests of a capture into ``out_dir`` list: its rank manifests (``manifest.rNNNNN.json``,
+    whichever writers wrote them: workers behind a gateway come and go), else its ``manifest.json``. For an
     object-storage ``out_dir`` (``s3://...``): those its remote manifests list. Shards committed in the staging but
     not uploaded yet are left out; the schedulers' writers know them and skip their samples, counted as
     ``already_done``.
 
     Raises:
-        ObjectStorageError: a request failed (other than a 404 on a manifest: that rank has uploaded nothing yet).
+        ObjectStorageError: a request failed.
+        CorruptRecordError, StorageError: a manifest, or a shard it lists, cannot be read (as
+            :class:`eagle_io.Dataset` raises).
     """
+    from ... import _native
     from ...store.reader import Dataset
 
+    root = os.fspath(out_dir).rstrip("/")
+    if layout.is_url(root):
+        names = [u[len(root) + 1 :] for u, _ in _native.list_objects(root, [])]
+    else:
+        names = os.listdir(root) if os.path.isdir(root) else []
+    ranks = sorted(n for n in names if layout.RANK_MANIFEST.match(n))
     ids: set[int] = set()
-    remote = layout.is_url(out_dir)
-    for r in range(writers):
-        m = os.path.join(os.fspath(out_dir), layout.manifest_name(r, writers))
-        if not remote and not os.path.exists(m):
-            continue
-        try:
-            ds = Dataset(m, threads=1)
-        except ObjectStorageError as e:
-            if e.status == 404 and e.url.endswith(os.path.basename(m)):  # no such manifest (not: a shard missing)
-                continue
-            raise
+    for name in ranks or [n for n in names if n == layout.MANIFEST]:
+        ds = Dataset(f"{root}/{name}", threads=1)
         ids.update(ds.entry(p).sample_id for p in range(len(ds)))
     return ids
+
+
+def writer_world(servers: Sequence[ServerFacts]) -> int:
+    """The ``world_size`` the shard writers of a capture through ``servers`` name their manifests by
+    (:func:`eagle_io.store.layout.manifest_name`): their count, and at least 2 when one is reached through a gateway,
+    whose workers come and go: such a capture always writes rank manifests, so a worker joining it later (or a
+    resume by fewer workers) never meets a ``manifest.json`` of one writer."""
+    writers = sum(s.writers for s in servers)
+    return max(writers, 2) if any(s.route.via_gateway for s in servers) else writers
 
 
 @dataclass(frozen=True)
@@ -205,6 +218,15 @@ def server_facts(url: str | Route, *, model: str | None = None, aux_layer_ids: S
     return ServerFacts(route, model_path, model_info.get("tokenizer_path"), target, ranks)
 
 
+def _same_target(first: ServerFacts, other: ServerFacts) -> None:
+    """Raises InvalidArgumentError unless ``other`` serves ``first``'s target with the same aux layers."""
+    if dict(other.target_info) != dict(first.target_info) or other.target["layers"] != first.target["layers"]:
+        raise InvalidArgumentError(
+            f"{other.url} serves {other.target_info} (layers {other.target['layers']}), {first.url} serves "
+            f"{first.target_info} (layers {first.target['layers']}): one capture needs one target"
+        )
+
+
 class ServerCapture:
     """A capture through running SGLang servers (a :class:`eagle_io.capturing.session.Capture`).
 
@@ -283,11 +305,7 @@ class ServerCapture:
         ]
         first = self.servers[0]
         for s in self.servers[1:]:
-            if dict(s.target_info) != dict(first.target_info) or s.target["layers"] != first.target["layers"]:
-                raise InvalidArgumentError(
-                    f"{s.url} serves {s.target_info} (layers {s.target['layers']}), {first.url} serves "
-                    f"{first.target_info} (layers {first.target['layers']}): one capture needs one target"
-                )
+            _same_target(first, s)
         # the target's shapes are the servers' own: only its name and files travel
         info = options.target_info or first.target_info
         options = options.replace(target_info={k: v for k, v in info.items() if k in CLIENT_TARGET_INFO})
@@ -305,29 +323,102 @@ class ServerCapture:
         self.request_timeout_s, self.progress = request_timeout_s, progress
         self.aux_layer_ids = list(first.target["layers"])
         self.writers = sum(s.writers for s in self.servers)
-        self.manifest_path = os.path.join(self.url, layout.MANIFEST) if self.writers == 1 else self.url
+        self.ranked = writer_world(self.servers) > 1  # several writers' manifests, merged at close
+        self.manifest_path = self.url if self.ranked else os.path.join(self.url, layout.MANIFEST)
         self.merge_warnings: list[str] | None = None  # after close, when several writers' manifests were merged
         self.counts = dict.fromkeys(("submitted", "already_done", "sent", "retried", "prefix_tokens_reused"), 0)
         self.answers: list[dict[str, Any]] = []
+        self.joined: list[ServerFacts] = []  # workers started after others already ran this capture
+        self.not_joined: list[str] = []  # workers a gateway listed later that could not join (why)
         self._sent_ids: set[int] = set()
         self.manifest: dict[str, Any] | None = None
         self._lock = threading.Lock()
+        self._model, self._live = model, live
         self.done = self._committed()
         resume = bool(options.writer_options.get("resume"))
         self._secret = (recall_secret(self.url) if resume else None) or new_secret()
         self.capture_id = capture_id(self._secret)
-        offset = 0
-        for s in self.servers:
-            cmd = control_args("start", self._secret, out_dir=self.url, options=options.to_dict(),
-                               writer_offset=offset, all_writers=self.writers, client=_client_name(),
-                               live=live.to_dict() if live is not None else None)  # fmt: skip
-            s.route.call("set_internal_state", {"server_args": cmd}, keys=self.keys, control=True)
-            offset += s.writers
-        self._wait({"capturing"}, "id", defaults.STOP_TIMEOUT_S, "start")
+        running = self._running() if resume else {}
+        # A resume while some workers still run this capture (a worker that joined the gateway since): those go on
+        # as they are, the others start after the highest writer rank the capture has used.
+        self._next_rank = self._highest_rank(running) + 1 if running else 0
+        todo = [s for s in self.servers if s.route.name not in running]
+        self._start(todo, world=writer_world(self.servers) if not running else None)
+        self.joined = todo if running else []
         remember_secret(self.url, self._secret)  # once started: a refused start leaves no secret to stop with
         if live is not None:
             for u in {s.route.url for s in self.servers}:
                 remember_secret(u, self._secret)
+                remember_start(u, {"out_dir": self.url, "options": options.to_dict(), "live": live.to_dict()})
+
+    def _running(self) -> dict[str, list[int]]:
+        """The writer ranks of each server (by :attr:`ServerFacts.url`) that already runs this capture."""
+        out: dict[str, list[int]] = {}
+        for name, _, st in _statuses([s.route for s in self.servers], self.keys):
+            if st.get("id") == self.capture_id and st.get("state") in ("capturing", "starting"):
+                out.setdefault(name, []).append(int(st["writer_rank"]))
+        return out
+
+    def _highest_rank(self, running: Mapping[str, list[int]]) -> int:
+        """The highest writer rank this capture has used: a running writer's, or a rank manifest's in ``out_dir``
+        where this client sees it (a worker that left)."""
+        held = [-1, *(r for ranks in running.values() for r in ranks)]
+        if not layout.is_url(self.url):
+            held += [int(layout.RANK_MANIFEST.match(p.name).group(1)) for p in layout.rank_manifests(self.url)]
+        return max(held)
+
+    def _start(self, servers: Sequence[ServerFacts], world: int | None = None) -> None:
+        """Starts this capture on ``servers``, their writers numbered from ``self._next_rank`` on (``world``: the
+        world size their manifests are named by; None: each names its own, as a later joiner of a gateway's
+        capture does); returns once every one of them captures.
+
+        Raises:
+            InvalidArgumentError: a start refused (what :func:`_wait_ranks` raises).
+        """
+        if not servers:
+            return
+        options = self.options.replace(writer_options={**self.options.writer_options, "resume": True}) if (
+            world is None) else self.options  # fmt: skip
+        for s in servers:
+            cmd = control_args("start", self._secret, out_dir=self.url, options=options.to_dict(),
+                               writer_offset=self._next_rank, all_writers=world or self._next_rank + s.writers,
+                               client=_client_name(),
+                               live=self._live.to_dict() if self._live is not None else None)  # fmt: skip
+            s.route.call("set_internal_state", {"server_args": cmd}, keys=self.keys, control=True)
+            self._next_rank += s.writers
+        _wait_ranks([s.route for s in servers], self._secret, {"capturing"}, "id", defaults.STOP_TIMEOUT_S, "start",
+                    keys=self.keys)  # fmt: skip
+
+    def join_new_workers(self) -> list[ServerFacts]:
+        """Starts this capture on the workers each gateway it captures through lists now and did not list before
+        (the same options, the next writer ranks); returns them. :meth:`submit` calls it first. A worker that cannot
+        join (refused by the preflight or its start) is logged and named in :attr:`not_joined`; what the gateway sends
+        it is answered but not stored, which :meth:`close` reports.
+
+        Raises:
+            SGLangError: a gateway does not answer.
+        """
+        gateways = {s.route.url for s in self.servers if s.route.via_gateway}
+        known = {s.route.worker_id for s in self.servers} | {n.split(" ", 1)[0] for n in self.not_joined}
+        new = []
+        for g in sorted(gateways):
+            for route in routes(g, keys=self.keys, timeout_s=self.request_timeout_s):
+                if route.worker_id in known:
+                    continue
+                try:
+                    facts = server_facts(route, model=self._model, aux_layer_ids=self.aux_layer_ids, keys=self.keys,
+                                         timeout_s=self.request_timeout_s)  # fmt: skip
+                    _same_target(self.servers[0], facts)
+                    self._start([facts])
+                except (InvalidArgumentError, SGLangError) as e:
+                    logger.warning("eagle-io: %s joined the gateway but not the capture: %s", route.name, e)
+                    self.not_joined.append(f"{route.worker_id} {route.name}: {e}")
+                    continue
+                self.servers.append(facts)
+                self.writers += facts.writers
+                new.append(facts)
+        self.joined += new
+        return new
 
     forward_seconds = store_seconds = None  # the forwards run in the servers
 
@@ -342,7 +433,7 @@ class ServerCapture:
         or a directory it shares with the servers); else none: each server's writer then skips what it holds,
         counted as ``already_done`` in its counts."""
         if layout.is_url(self.url) or os.path.isdir(self.url):
-            return committed_ids(self.url, self.writers)
+            return committed_ids(self.url)
         return set()
 
     def _wait(self, states: set[str], key: str, timeout_s: float, what: str) -> list[dict[str, Any]]:
@@ -392,7 +483,9 @@ class ServerCapture:
         """Sends each sample (``index``, ``input_ids [L]``, ``loss_mask [L]``, optional ``id``, e.g.
         :class:`eagle_io.data.TokenizedSample`) as one request, ``concurrency`` in flight per server; returns when
         every server has answered every request. Sample ``i`` goes to server ``i % len(urls)``, and there to DP rank
-        ``(i // len(urls)) % writers``. Committed samples are skipped and counted.
+        ``(i // len(urls)) % writers``; through a gateway, where the gateway routes it, after the workers it lists
+        now and did not before have joined the capture (:meth:`join_new_workers`). Committed samples are skipped and
+        counted.
 
         Raises:
             SchemaError: a sample the capture cannot store (checked before anything is sent).
@@ -411,6 +504,8 @@ class ServerCapture:
         self.counts["already_done"] += len(samples) - len(todo)
         if not todo:
             return
+        if any(s.route.via_gateway for s in self.servers):
+            self.join_new_workers()  # before the gateway can route a sample to a worker that does not capture
         n = len(self.servers)
         bar = _bar(len(todo)) if self.progress else None
         pools = [ThreadPoolExecutor(self.concurrency, thread_name_prefix="eagle-io-send") for _ in self.servers]
@@ -475,17 +570,19 @@ class ServerCapture:
         lost = [a for a in self.answers if a.get("state") == "lost"]
         self.manifest = {}
         reachable = layout.is_url(self.url) or os.path.isdir(self.url)
-        if reachable and self.writers == 1 and not layout.is_url(self.url):
+        if reachable and not self.ranked and not layout.is_url(self.url):
             self.manifest = read_manifest(os.path.join(self.url, layout.MANIFEST))
-        elif reachable and complete and self.writers > 1:
+        elif reachable and complete and self.ranked:
             from ...store.merge import merge_ranks
 
+            left = self._close_ranks_left_behind() if not lost else []
             merged = merge_ranks(self.url)
             self.manifest_path, self.merge_warnings = merged.manifest, list(merged.warnings)
             self.manifest = read_manifest(merged.manifest) if not layout.is_url(self.url) else {}
+            self.merge_warnings += left
         via_gateway = any(s.route.via_gateway for s in self.servers)
         if via_gateway and complete and not lost and self.manifest and not layout.is_url(self.url):
-            unstored = sorted(self._sent_ids - committed_ids(self.url, self.writers))
+            unstored = sorted(self._sent_ids - committed_ids(self.url))
             if unstored:  # answered by a worker that holds no capture (one that joined the gateway after the start)
                 raise StorageError(
                     f"{len(unstored)} sample(s) sent through the gateway were answered but not stored in {self.url} "
@@ -500,6 +597,36 @@ class ServerCapture:
                 "captures them again)"
             )
         return self.manifest
+
+    def _close_ranks_left_behind(self) -> list[str]:
+        """After a resumed capture through fewer workers than an earlier run of it (a worker left the gateway): the
+        rank manifests in a local ``out_dir`` that no writer of this run continued and that are marked incomplete
+        (their worker stopped without committing) are closed complete by this client, adding nothing (what they
+        committed stays; the samples they had not committed were not in the dataset, so this run sent them again).
+        Returns a line per rank closed, or per rank that could not be (another writer holds it)."""
+        from ...store.reader import Dataset
+        from ...store.writer import ShardWriter
+
+        if not self.options.writer_options.get("resume") or layout.is_url(self.url):
+            return []
+        mine = {a.get("writer_rank") for a in self.answers}
+        said = []
+        for path in layout.rank_manifests(self.url):
+            rank = int(layout.RANK_MANIFEST.match(path.name).group(1))
+            if rank in mine:
+                continue
+            ds = Dataset(path, threads=1)
+            if ds.manifest["complete"]:
+                continue
+            try:
+                ShardWriter(self.url, ds.schema, ds.manifest["metadata"], rank=rank, world_size=max(rank + 1, 2),
+                            resume=True).close(complete=True)  # fmt: skip
+            except InvalidArgumentError as e:  # a writer still holds it: left as it is, merged incomplete
+                said.append(f"{path.name}: left incomplete, no writer of this run continued it and it is held: {e}")
+                continue
+            said.append(f"{path.name}: closed complete by the client ({len(ds)} samples; no writer of this resumed "
+                        "run continued it)")  # fmt: skip
+        return said
 
     def __enter__(self) -> ServerCapture:
         return self
@@ -706,12 +833,7 @@ def _secret_path(key: str) -> str:
 def remember_secret(key: str, secret: str) -> None:
     """Keeps a capture's secret for ``key`` (its dataset's URL, or a server's URL) in this user's cache
     (``$EAGLE_IO_CACHE/captures``, directory 0700, file 0600), so that a resume or a later stop can prove it."""
-    path = _secret_path(key)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secret)
-    os.replace(path + ".tmp", path)
+    _keep(_secret_path(key), secret)
 
 
 def recall_secret(key: str) -> str | None:
@@ -721,6 +843,59 @@ def recall_secret(key: str) -> str | None:
             return f.read().strip() or None
     except OSError:
         return None
+
+
+def remember_start(key: str, start: Mapping[str, Any]) -> None:
+    """Keeps what a live capture through the server or gateway ``key`` was started with (``out_dir``, ``options``,
+    ``live``: no secret) beside its secret, for :func:`join_live_capture`."""
+    _keep(_secret_path(f"start {key}"), json.dumps(start))
+
+
+def recall_start(key: str) -> dict[str, Any] | None:
+    """What :func:`remember_start` kept for ``key``, or None."""
+    try:
+        with open(_secret_path(f"start {key}")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _keep(path: str, text: str) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def join_live_capture(url: str, *, api_key: str | None = None, admin_api_key: str | None = None) -> ServerCapture:
+    """Starts the live capture this machine started through ``url`` (``eagle-io live start``; a gateway's URL) on
+    every worker behind it that does not run it yet, e.g. one added to the gateway since: the same dataset, options
+    and policy, the writer ranks after the highest the capture has used. Returns the capture
+    (:attr:`ServerCapture.joined`: the workers started now; empty when every worker already runs it).
+
+    Raises:
+        InvalidArgumentError: this machine started no live capture through ``url``, or no worker runs it any more
+            (``eagle-io live start --resume`` continues a stopped one); what :class:`ServerCapture` raises.
+        SGLangError: ``url`` does not answer, or refuses the key.
+    """
+    url, keys = server_url(url), ServerKeys.resolve(api_key, admin_api_key)
+    start, secret = recall_start(url), recall_secret(url)
+    if start is None or secret is None:
+        raise InvalidArgumentError(
+            f"this machine started no live capture through {url} (eagle-io live start keeps its secret and options "
+            "in this user's cache): join from the machine that started it"
+        )
+    if not any(st.get("id") == capture_id(secret) and st.get("state") == "capturing"
+               for _, _, st in _statuses(routes(url, keys=keys), keys)):  # fmt: skip
+        raise InvalidArgumentError(
+            f"no worker behind {url} runs the live capture into {start['out_dir']} any more: eagle-io live start "
+            "--resume continues a stopped capture on every worker"
+        )
+    options = CaptureOptions.from_dict(start["options"])
+    options = options.replace(writer_options={**options.writer_options, "resume": True})
+    return ServerCapture(url, start["out_dir"], options, live=LivePolicy.from_dict(start["live"]), api_key=api_key,
+                         admin_api_key=admin_api_key)  # fmt: skip
 
 
 def _bar(total: int) -> Any:
