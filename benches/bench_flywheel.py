@@ -117,12 +117,16 @@ def _first_turns(tokenizer, start: int, count: int, max_tokens: int) -> tuple[li
 
 
 def _generate(args, ckpt: Path, out: Path, log: Path, limit: int, dataset: Path | None = None) -> float:
+    return _run(_generate_cmd(args, ckpt, out, limit, dataset), log, _env(args.threads))
+
+
+def _generate_cmd(args, ckpt: Path, out: Path, limit: int, dataset: Path | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "eagle_io.cli", "generate", "--model", str(ckpt), "--out", str(out)]
     cmd += ["--limit", str(limit), "--max-length", str(args.max_length), "--skip-bad-records", "--threads"]
     cmd += [str(args.threads), "--summary-json", str(out) + ".json"]
     if dataset is not None:
         cmd += ["--dataset", str(dataset)]
-    return _run(cmd, log, _env(args.threads))
+    return cmd
 
 
 def _train_cmd(args, dataset: Path, out: Path, ckpt: Path, init: Path | None) -> list[str]:
