@@ -45,6 +45,18 @@ def _head(num_layers: int = 4):
     return head
 
 
+def _write(root, aux_ids: list[int], num_layers: int = 4) -> None:
+    """8 random samples of 16 tokens captured on ``aux_ids`` of a ``num_layers``-layer target."""
+    g = torch.Generator().manual_seed(2)
+    meta = {"hidden_size": H, "vocab_size": V, "aux_layer_ids": aux_ids, "num_layers": num_layers}
+    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(H, len(aux_ids)), meta, threads=1) as w:
+        for i in range(8):
+            hid = torch.randn(16, H, generator=g).bfloat16()
+            w.write(i, {"input_ids": torch.randint(0, V, (16,), generator=g),
+                        "loss_mask": torch.ones(16, dtype=torch.uint8),
+                        "aux_hidden_states": torch.cat([hid] * len(aux_ids), 1), "hidden_states": hid})  # fmt: skip
+
+
 def _cli(monkeypatch, head):
     import eagle_io.draft as draft_mod
     from eagle_io import cli as cli_mod
@@ -117,17 +129,20 @@ def test_init_from_refuses_a_draft_that_does_not_fit_naming_each_difference(tmp_
     _cli(monkeypatch, _head(num_layers=6))
     err = refused("--allow-other-target")
     assert "num_layers" in err
+    # A draft trained for another target (6 layers) than the one loaded and the dataset's (4): its record refuses it.
+    six = tmp_path / "six-layers"
+    _write(six, [1, 2, 3], num_layers=6)
+    _cli(monkeypatch, _head(num_layers=6))
+    assert main(["train-draft", str(six), "--out", str(tmp_path / "v0-six"), "--draft-vocab-size", "32", *COMMON]) == 0
+    _cli(monkeypatch, _head())
+    capsys.readouterr()
+    err = refused("--init-from", str(tmp_path / "v0-six"))
+    assert "[draft-for-another-target] the draft was trained for target num_layers 6" in err, err
+    assert "the target loaded has num_layers 4" in err
     # A dataset captured on other aux layers than v0 was trained on: check_dataset_fits names them.
     _cli(monkeypatch, _head())
     other = tmp_path / "other-layers"
-    g = torch.Generator().manual_seed(2)
-    meta = {"hidden_size": H, "vocab_size": V, "aux_layer_ids": [1, 3], "num_layers": 4}
-    with eagle_io.ShardWriter(other, eagle_io.eagle3_schema(H, 2), meta, threads=1) as w:
-        for i in range(8):
-            hid = torch.randn(16, H, generator=g).bfloat16()
-            w.write(i, {"input_ids": torch.randint(0, V, (16,), generator=g),
-                        "loss_mask": torch.ones(16, dtype=torch.uint8),
-                        "aux_hidden_states": torch.cat([hid] * 2, 1), "hidden_states": hid})  # fmt: skip
+    _write(other, [1, 3])
     cont[1] = str(other)
     err = refused()
     assert "cannot continue training this draft on" in err and "fc takes 96" in err, err
