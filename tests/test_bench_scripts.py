@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCHES = Path(__file__).resolve().parent.parent / "benches"
@@ -99,3 +100,77 @@ def test_shared_prefix_smoke_stores_the_prefix_once_and_reads_the_same_samples(t
     assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
     r = json.loads((tmp_path / "shared_prefix.json").read_text())
     assert r["dedup"]["bytes"] < r["whole"]["bytes"] and r["bytes_ratio"] > 1.5, r  # 4 x 50 tokens vs 40 + 4 x 10
+
+
+def _pairs_dataset(root, samples: list[tuple[list[int], int]], h: int = 8) -> None:
+    """Samples of ``prompt + answer`` token ids, the loss mask over the answer (``(ids, prompt length)`` each)."""
+    import eagle_io
+
+    meta = {"hidden_size": h, "vocab_size": 100, "aux_layer_ids": [1, 2, 3], "num_layers": 4}
+    with eagle_io.ShardWriter(root, eagle_io.eagle3_schema(h, 3), meta, threads=1) as w:
+        for i, (ids, n_prompt) in enumerate(samples):
+            mask = torch.zeros(len(ids), dtype=torch.uint8)
+            mask[n_prompt:] = 1
+            hid = torch.arange(len(ids) * h, dtype=torch.float32).reshape(len(ids), h).bfloat16()
+            w.write(i, {"input_ids": torch.tensor(ids), "loss_mask": mask,
+                        "aux_hidden_states": torch.cat([hid] * 3, 1), "hidden_states": hid})  # fmt: skip
+
+
+def test_flywheel_cuts_a_prime_to_the_served_samples_tokens_in_their_order(tmp_path):
+    """A' (bench_flywheel): for each served sample, the original answer to its prompt cut after as many supervised
+    tokens as the served one holds (all of it when shorter), rows cut with the ids; written in the served order."""
+    import eagle_io
+
+    mod = load(BENCHES / "bench_flywheel.py")
+    prompts = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}, {"input_ids": [6, 7, 8, 9]}]
+    _pairs_dataset(tmp_path / "full", [([1, 2, 3, 10, 11, 12, 13, 14], 3), ([4, 5, 20, 21], 2),
+                                       ([6, 7, 8, 9, 30, 31, 32], 4)])  # fmt: skip
+    # Served in another order: prompt 3 (3 answer tokens), prompt 1 (2), prompt 2 (5: its original answer has 2).
+    _pairs_dataset(tmp_path / "B", [([6, 7, 8, 9, 40, 41, 42], 4), ([1, 2, 3, 50, 51], 3),
+                                    ([4, 5, 60, 61, 62, 63, 64], 2)])  # fmt: skip
+    counts = mod._cut_a_prime(tmp_path / "full", tmp_path / "B", tmp_path / "A_prime", prompts)
+    assert counts == {"B_samples": 3, "matched": 3, "B_supervised": 10, "A_prime_supervised": 7, "unmatched": 0}
+    cut = eagle_io.Dataset(tmp_path / "A_prime")
+    got = [[int(t) for t in cut.read(p)["input_ids"]] for p in range(len(cut))]
+    assert got == [[6, 7, 8, 9, 30, 31, 32], [1, 2, 3, 10, 11], [4, 5, 20, 21]]
+    first = cut.read(1)
+    assert first["hidden_states"].shape == (5, 8) and first["aux_hidden_states"].shape == (5, 24)
+    assert float(first["hidden_states"][4, 0]) == 32.0  # row 4 of the original sample, not another
+    assert cut.metadata["cut_to_supervised_of"] == str(tmp_path / "B")
+
+
+def test_flywheel_bootstrap_pools_like_sglang_and_pairs_prompts():
+    """SGLang's pooled accept length (sum completion / sum verify) and bootstrap intervals over prompts; the paired
+    difference of two drafts with identical counts is exactly 0."""
+    from types import SimpleNamespace
+
+    mod = load(BENCHES / "bench_flywheel.py")
+    a = SimpleNamespace(completion_tokens=[10, 20, 30, 40], verify_ct=[10, 10, 20, 20], seconds=1.0)
+    r = mod._bootstrap(a, 400)
+    assert r["pooled"] == 1.6667 and r["verify_ct"] == 60 and r["completion_tokens"] == 100
+    assert 1.0 <= r["ci95"][0] <= r["pooled"] <= r["ci95"][1] <= 2.0 and r["ci95"][0] < r["ci95"][1]
+    assert mod._paired({"x": a, "y": a}, "x", "y", 200) == [0.0, 0.0]
+    b = SimpleNamespace(completion_tokens=[10, 20, 30, 40], verify_ct=[4, 8, 12, 16])  # 2.5 on every prompt
+    lo, hi = mod._paired({"x": a, "y": b}, "x", "y", 400)
+    assert 0.5 <= lo <= hi <= 1.5  # y: 2.5 on every prompt, x: between 1 and 2
+
+
+@pytest.mark.slow
+def test_flywheel_offline_runs_every_stage_at_tiny_size(tmp_path):
+    """benches/gpu/flywheel_offline.py (the loop without SGLang, for a lent device) on this CPU, tiny: A, A', B_offline,
+    v0, v1 and v1' (--init-from v0), and the reference decoder's figures of the three (about 4 minutes on 2 cores)."""
+    mod = load(BENCHES / "gpu" / "flywheel_offline.py")
+    argv = ["--out", str(tmp_path), "--a-records", "6", "--b-records", "8", "--eval-prompts", "2", "--steps", "3"]
+    argv += ["--continue-steps", "2", "--answer-tokens", "12", "--eval-tokens", "8", "--max-length", "192"]
+    assert mod.main([*argv, "--max-prompt-tokens", "160", "--eval-samples", "1", "--threads", "1"]) == 0
+    r = json.loads((tmp_path / "flywheel_offline.json").read_text())
+    cut = r["A_prime_cut"]
+    assert cut["matched"] == cut["B_samples"] > 0 and 0 < cut["A_prime_supervised"] <= cut["B_supervised"]
+    assert r["train"]["v1"]["steps"] == r["train"]["v1_prime"]["steps"] == 2
+    for name in ("v0", "v1_prime", "v1"):
+        live = r["eval"][name]["live"]
+        assert live["lossless"] is True and live["accept_length"] >= 1.0 and live["verify_steps"] > 0
+    v0 = json.loads((tmp_path / "v0" / "config.json").read_text())["eagle_io"]
+    v1 = json.loads((tmp_path / "v1" / "config.json").read_text())["eagle_io"]
+    assert v1["init_from"] == str(tmp_path / "v0") and v1["vocab_map"]["kept_from"] == str(tmp_path / "v0")
+    assert "init_from" not in v0

@@ -1,5 +1,6 @@
 """Train the reference EAGLE-3 draft on shards (CPU) and export it for SGLang (safetensors + config.json), with its
-held-out offline accept length (speculation_profile.json) and the sample ids it trained on (training_samples.json)."""
+held-out offline accept length (speculation_profile.json) and the sample ids it trained on (training_samples.json).
+``--init-from DRAFT`` continues from a draft train-draft exported (:mod:`eagle_io.draft.init_from`)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         metavar="DRAFT",
         help="train on the vocab map of this exported draft (its d2t/t2d), e.g. the served one a `swap-draft` will "
         "replace: SGLang fixes the map at server start",
+    )
+    p.add_argument(
+        "--init-from",
+        metavar="DRAFT",
+        help="continue training from this exported draft (train-draft --out DIR): its weights, its vocab map (d2t/t2d "
+        "value for value: the result can be swapped into a server serving DRAFT), architecture and widths are kept; "
+        "optimizer and learning-rate schedule start fresh. Refused, each difference named: a draft for another target "
+        "(--allow-other-target as for eval-draft), other aux layer ids, vocabulary or hidden size than the dataset's, "
+        "the check-serving errors eval-draft refuses, and --vocab-map / --keep-vocab-map / an --intermediate-size or "
+        "--draft-vocab-size other than the draft's",
     )
     p.add_argument(
         "--draft-vocab-size",
@@ -85,8 +96,13 @@ def run(args: argparse.Namespace) -> int:
     check_input("--vocab-map", args.vocab_map, "a vocab map (eagle-io vocab-map --out FILE)")
     kept = None if args.keep_vocab_map is None else os.path.join(args.keep_vocab_map, "config.json")
     check_input("--keep-vocab-map", kept, "an exported draft directory (eagle-io train-draft --out DIR)")
+    init = None if args.init_from is None else os.path.join(args.init_from, "config.json")
+    check_input("--init-from", init, "an exported draft directory (eagle-io train-draft --out DIR)")
     if args.vocab_map and args.keep_vocab_map:
         raise InvalidArgumentError("--vocab-map and --keep-vocab-map each name the map to train on: pick one")
+    if args.init_from and (args.vocab_map or args.keep_vocab_map):
+        given = "--vocab-map" if args.vocab_map else "--keep-vocab-map"
+        raise InvalidArgumentError(f"--init-from keeps the draft's own vocab map: drop {given}")
     cfg = TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
@@ -135,7 +151,20 @@ def run(args: argparse.Namespace) -> int:
     # The draft's training memory, estimated before the vocabulary map is written or the draft built.
     check_draft_memory(head, meta, args.draft_vocab_size or DEFAULT_DRAFT_VOCAB, args.intermediate_size)
     vocab = head.config["vocab_size"]
-    if args.vocab_map or args.keep_vocab_map:
+    init_model = None
+    if args.init_from:  # eval-draft's checks of a draft against a target and dataset, before anything is written
+        from ..draft.init_from import load_init_draft
+
+        init_model, mapping = load_init_draft(
+            args.init_from,
+            head,
+            meta,
+            dataset=args.path,
+            allow_other_target=args.allow_other_target,
+            intermediate_size=args.intermediate_size,
+            draft_vocab_size=args.draft_vocab_size,
+        )
+    elif args.vocab_map or args.keep_vocab_map:
         if args.vocab_map:
             mapping = load_vocab_mapping(args.vocab_map, dataset=args.path, target_vocab_size=vocab)
         else:
@@ -156,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         f"coverage {mapping.key.get('coverage', float('nan')):.4f}, padded {mapping.key.get('padded')}"
     )
     data = ShardDataset(args.path, max_length=cfg.seq_length, on_corrupt=args.on_corrupt)
-    result = train_draft(data, head, mapping, cfg)
+    result = train_draft(data, head, mapping, cfg, init=init_model)
     fingerprint = dataset_fingerprint(args.path)
     provenance = {
         "dataset_sha256": fingerprint,
@@ -165,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
         "ttt_length": args.ttt_length,
         "training_samples": TRAINING_SAMPLES_NAME,
     }
+    if args.init_from:
+        provenance["init_from"] = os.path.abspath(args.init_from)
     paths = save_draft(
         result.model,
         args.out,

@@ -560,6 +560,7 @@ def train_draft(
     mapping: Any,
     config: TrainConfig | None = None,
     *,
+    init: Eagle3Draft | None = None,
     log: Callable[[str], None] | None = print,
 ) -> TrainResult:
     """Trains a draft on ``dataset`` and measures it on held-out samples before and after.
@@ -574,6 +575,9 @@ def train_draft(
         head: the target's frozen head (:func:`load_target_head` / :meth:`TargetHead.from_model`).
         mapping: :class:`eagle_io.interop.vocab.VocabMapping` whose ``target_vocab_size`` is the head's vocabulary.
         config: :class:`TrainConfig`.
+        init: a draft to continue training from (trained in place; its weights are the step-0 weights, so
+            ``initial`` measures it) instead of a freshly initialised one: :func:`eagle_io.draft.init_from.
+            load_init_draft` loads and checks an exported one. Its draft vocabulary must be ``mapping``'s.
         log: progress lines (None for silence).
 
     Returns:
@@ -599,7 +603,15 @@ def train_draft(
             f"vocab mapping target_vocab_size {mapping.target_vocab_size} != target vocab {head.config['vocab_size']}"
         )
     check_draft_memory(head, ds.metadata, mapping.draft_vocab_size, cfg.intermediate_size)
-    model = build_draft(head, ds.metadata, mapping.draft_vocab_size, cfg.intermediate_size)
+    if init is None:
+        model = build_draft(head, ds.metadata, mapping.draft_vocab_size, cfg.intermediate_size)
+    elif init.config.draft_vocab_size != mapping.draft_vocab_size:
+        raise IncompatibleDatasetError(
+            f"the init draft's draft vocabulary has {init.config.draft_vocab_size} entries, the mapping "
+            f"{mapping.draft_vocab_size}: continue on the draft's own map (eagle_io.draft.init_from.load_init_draft)"
+        )
+    else:
+        model = init
     model.set_vocab_mapping(mapping.d2t, mapping.t2d)
     head_w = head.lm_head.float()
     head_draft = head_w[mapping.t2d].contiguous()  # rows in ascending target id = draft id order
