@@ -252,3 +252,19 @@ def test_any_prefix_and_suffixes_read_back_whole(tmp_path_factory, prefix_len, s
         same({k: ds[pos][k] for k in whole[sid]}, whole[sid])
         assert np.array_equal(ref.read(pos)["input_ids"], whole[sid]["input_ids"].numpy())
     assert eagle_io.Dataset.verify(root / "dd") == []
+
+
+def test_the_capture_ring_carries_the_shared_prefix_count(tmp_path):
+    from eagle_io.capturing.ring import RingSink
+
+    first = make_sample(1, 6, hidden=H)
+    second = {k: torch.cat([v[:4], make_sample(2, 3, hidden=H)[k]]) for k, v in first.items()}
+    sink = RingSink(eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(H), META, threads=1), ring_bytes=1 << 20)
+    with pytest.raises(eagle_io.SchemaError, match=r"shared_prefix 6: a shared prefix is an int in \[0, 6\)"):
+        sink.put(1, first, shared_prefix=6)
+    assert sink.put(1, first, shared_prefix=4) and sink.put(2, second, shared_prefix=4)
+    m = sink.close()
+    assert m["format_version"] == 3 and [p["tokens"] for p in m["prefixes"]] == [4]
+    ds = eagle_io.Dataset(tmp_path)
+    same({k: ds[0][k] for k in first}, first)
+    same({k: ds[1][k] for k in second}, second)
