@@ -99,3 +99,17 @@ def test_shared_prefix_smoke_stores_the_prefix_once_and_reads_the_same_samples(t
     assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
     r = json.loads((tmp_path / "shared_prefix.json").read_text())
     assert r["dedup"]["bytes"] < r["whole"]["bytes"] and r["bytes_ratio"] > 1.5, r  # 4 x 50 tokens vs 40 + 4 x 10
+
+
+def test_shared_prefix_generate_measures_both_runs(tmp_path):
+    from helpers.tiny_model import build_tiny_model_dir
+
+    mod = load(BENCHES / "bench_shared_prefix.py")
+    model = build_tiny_model_dir(tmp_path / "model")
+    argv = ["--generate", "--model", str(model), "--records", "6", "--system-words", "100", "--max-length", "512"]
+    assert mod.main([*argv, "--out", str(tmp_path / "run")]) == 0
+    r = json.loads((tmp_path / "run" / "shared_prefix_generate.json").read_text())
+    n = r["on"]["samples"]  # records whose answer truncation leaves out are skipped alike
+    assert r["records"] == 6 and n == r["off"]["samples"] >= 3 and r["bit_identical_samples"] == n, r
+    assert len(r["on"]["prefix_records"]) == 1 and r["off"]["prefix_records"] == [], r
+    assert r["on"]["bytes"] < r["off"]["bytes"], r
