@@ -37,6 +37,22 @@ def make_sample(sample_id: int, n_tokens: int, hidden: int = 32, k: int = 3) -> 
     }
 
 
+def same(a, b) -> None:
+    """Equal structure, and every tensor equal in dtype, shape and bits."""
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            same(x, y)
+    else:
+        assert a == b
+
+
 #: Token counts of the feed tests' samples: 1..23, deterministic.
 FEED_LENGTHS = [(i * 37) % 23 + 1 for i in range(60)]
 

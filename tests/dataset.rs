@@ -634,3 +634,49 @@ fn a_suffix_too_small_to_carry_its_prefix_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("not uploaded to object storage yet"), "{err}");
 }
+
+#[test]
+fn shared_prefixes_are_numbered_in_the_ranks_range_and_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = WriterOptions {
+        rank: 3,
+        shard_prefix: "r00003-".into(),
+        manifest_name: "manifest.r00003.json".into(),
+        ..small_opts()
+    };
+    let mut w = DatasetWriter::create(dir.path(), eagle3_schema(8), serde_json::json!({}), opts).unwrap();
+    let schema = w.schema().clone();
+    // Samples 1 and 2 hold the same 10 tokens (every tensor's first 10 rows), then 5 rows of their own.
+    let whole: Vec<Vec<Vec<u8>>> = (1..=2u64)
+        .map(|id| {
+            (0..4)
+                .map(|t| {
+                    let mut rows = tensor_bytes(&schema, 100, t, 10);
+                    rows.extend(tensor_bytes(&schema, id, t, 5));
+                    rows
+                })
+                .collect()
+        })
+        .collect();
+    let sample = |id: u64| SampleRef {
+        sample_id: id,
+        key: "",
+        n_tokens: 15,
+        tensors: whole[id as usize - 1].iter().map(|v| v.as_slice()).collect(),
+        prequantised: None,
+        prefix: None,
+    };
+    let err = w.write_batch_sharing(&[sample(1)], &[15]).unwrap_err();
+    assert!(err.to_string().contains("must leave at least one token"), "{err}");
+    let err = w.write_batch_sharing(&[sample(1), sample(1)], &[10, 10]).unwrap_err();
+    assert!(err.to_string().contains("already in the dataset"), "{err}");
+    assert!(w.prefixes().is_empty()); // refused before any prefix record was written
+    w.write_batch_sharing(&[sample(1), sample(2)], &[10, 10]).unwrap();
+    let ids: Vec<u64> = w.prefixes().keys().copied().collect();
+    assert_eq!(ids, vec![3 << 40]);
+    w.close().unwrap();
+    let ds = Dataset::open(&dir.path().join("manifest.r00003.json"), 1).unwrap();
+    for (pos, id) in [(0, 1u64), (1, 2)] {
+        assert_eq!(ds.read(pos).unwrap(), whole[id as usize - 1], "sample {id}");
+    }
+}

@@ -174,3 +174,17 @@ def test_flywheel_offline_runs_every_stage_at_tiny_size(tmp_path):
     v1 = json.loads((tmp_path / "v1" / "config.json").read_text())["eagle_io"]
     assert v1["init_from"] == str(tmp_path / "v0") and v1["vocab_map"]["kept_from"] == str(tmp_path / "v0")
     assert "init_from" not in v0
+
+
+def test_shared_prefix_generate_measures_both_runs(tmp_path):
+    from helpers.tiny_model import build_tiny_model_dir
+
+    mod = load(BENCHES / "bench_shared_prefix.py")
+    model = build_tiny_model_dir(tmp_path / "model")
+    argv = ["--generate", "--model", str(model), "--records", "6", "--system-words", "100", "--max-length", "512"]
+    assert mod.main([*argv, "--out", str(tmp_path / "run")]) == 0
+    r = json.loads((tmp_path / "run" / "shared_prefix_generate.json").read_text())
+    n = r["on"]["samples"]  # records whose answer truncation leaves out are skipped alike
+    assert r["records"] == 6 and n == r["off"]["samples"] >= 3 and r["bit_identical_samples"] == n, r
+    assert len(r["on"]["prefix_records"]) == 1 and r["off"]["prefix_records"] == [], r
+    assert r["on"]["bytes"] < r["off"]["bytes"], r

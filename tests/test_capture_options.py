@@ -33,7 +33,7 @@ def test_options_round_trip_through_json_and_refuse_unknown_keys():
         CaptureOptions.from_dict({**wire, "drop_when_ful": True})
     assert str(e.value).startswith(
         "capture options: unknown keyword argument 'drop_when_ful' (did you mean 'drop_when_full'?); the valid ones: "
-        "aux_layer_ids, drop_when_full, implausible, max_length, metadata,"
+        "aux_layer_ids, dedup_prefixes, drop_when_full, implausible, max_length, metadata,"
     )
     assert isinstance(e.value, TypeError) and isinstance(e.value, eagle_io.InvalidArgumentError)
     with pytest.raises(eagle_io.InvalidArgumentError, match="nonfinite must be 'raise' or 'skip', not 'drop'"):

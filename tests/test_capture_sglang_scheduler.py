@@ -57,7 +57,13 @@ def test_chunked_prefill_decode_and_retraction_assemble_one_sample_in_order(tmp_
 
     sink = _SlowSink(0)
     sink.tensors = {}
-    sink.put = lambda sid, tensors, key="": (sink.put_ids.append(sid), sink.tensors.update({sid: tensors}))[1] is None
+
+    def put(sid, tensors, key="", shared_prefix=0):
+        sink.put_ids.append(sid)
+        sink.tensors[sid] = tensors
+        return True
+
+    sink.put = put
     cap = _writing_capture(tmp_path, sink)
     cap.max_length, cap.vocab_size = None, 1000
     params = {
@@ -114,7 +120,7 @@ class _SlowSink:
     def __init__(self, delay: float) -> None:
         self.delay, self.put_ids, self.closed = delay, [], 0
 
-    def put(self, sample_id, tensors, key=""):
+    def put(self, sample_id, tensors, key="", shared_prefix=0):
         self.put_ids.append(sample_id)
         return True
 

@@ -1,6 +1,6 @@
 """Shared prefixes stored once (issue 44, docs/FORMAT.md 4.7): a dataset whose samples reference a prefix record reads
 back bit-identical to the same samples stored whole, through every reader and exporter; verify names every sample of a
-corrupt or missing prefix; merge refuses ranks holding prefixes."""
+corrupt or missing prefix; merge carries every rank's prefixes (ids numbered apart by rank), refusing two of one id."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eagle_io
-from conftest import make_sample
+from conftest import make_sample, same
 from eagle_io.cli import main
 from eagle_io.feed import Loader, PackingCollator, PaddingCollator, ShardDataset
 from eagle_io.interop.specforge import export_specforge
@@ -62,22 +62,6 @@ def write_pair(
 def pair(tmp_path):
     whole = write_pair(tmp_path, 24, [3, 5, 1, 9, 0, 2, 7, 4])
     return tmp_path / "dd", tmp_path / "whole", whole
-
-
-def same(a, b) -> None:
-    """Equal structure, and every tensor equal in dtype, shape and bits."""
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            same(x, y)
-    else:
-        assert a == b
 
 
 def test_the_dataset_stores_the_prefix_once_and_is_version_3(pair):
@@ -185,15 +169,64 @@ def test_a_reference_must_name_a_prefix_of_this_dataset(tmp_path):
         assert w.prefixes() == {next(iter(w.prefixes())): (1, 4)}
 
 
-def test_merge_refuses_ranks_holding_prefixes(tmp_path):
+def test_merge_carries_every_ranks_prefixes(tmp_path):
+    """Two ranks share a system prompt of 20 tokens (and rank 1 a second one): each numbers its prefix records in its
+    own range, and the merged dataset reads every sample back as the rank's own manifest does."""
+    system, other = make_sample(900, 20, hidden=H), make_sample(901, 12, hidden=H)
+    given = {}
+    for rank in (0, 1):
+        with eagle_io.ShardWriter(
+            tmp_path, eagle_io.eagle3_schema(H), META, rank=rank, world_size=2, shard_bytes=3_000, threads=1
+        ) as w:
+            for sid in range(rank, 12, 2):
+                head = other if rank == 1 and sid % 4 == 3 else system
+                tail = make_sample(sid, 3 + sid % 5, hidden=H)
+                given[sid] = {k: torch.cat([head[k], v]) for k, v in tail.items()}
+                w.write(sid, given[sid], shared_prefix=len(head["input_ids"]))
+            assert sorted(p for p, _ in w.prefixes().values()) == [rank * 2**40 + i for i in range(1 + rank)]
+    report = merge_ranks(tmp_path)
+    assert report.ok and report.written and report.prefix_records == 3
+    merged = eagle_io.Dataset(tmp_path)
+    assert merged.manifest["format_version"] == 3 and len(merged) == 12
+    assert [(p, n) for p, n, _, _ in merged.prefix_records()] == [(0, 20), (2**40, 20), (2**40 + 1, 12)]
+    for rank in (0, 1):
+        own = eagle_io.Dataset(tmp_path / f"manifest.r{rank:05}.json")
+        for pos in range(len(own)):
+            sid = own.entry(pos).sample_id
+            same(merged[merged.position(sid)], own[pos])
+            same({k: own[pos][k] for k in given[sid]}, given[sid])  # whole samples, their prefix's rows first
+    assert eagle_io.Dataset.verify(tmp_path) == []
+    ref = reference.open_dataset(tmp_path)
+    for pos in range(len(merged)):
+        assert np.array_equal(ref.read(pos)["input_ids"], merged[pos]["input_ids"].numpy())
+
+
+def test_merge_refuses_two_prefix_records_of_one_id(tmp_path):
     for rank in (0, 1):
         with eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(H), META, rank=rank, world_size=2) as w:
-            if rank == 0:
-                w.write_prefix(1, make_sample(1, 4, hidden=H))
-            w.write(rank, make_sample(rank, 3, hidden=H), prefix=1 if rank == 0 else None)
-    with pytest.raises(eagle_io.IncompatibleDatasetError, match="shared prefix record"):
+            w.write_prefix(1, make_sample(1 + rank, 4, hidden=H))  # the caller's ids: the same on both ranks
+            w.write(rank, make_sample(rank, 3, hidden=H), prefix=1)
+    with pytest.raises(eagle_io.IncompatibleDatasetError) as e:
         merge_ranks(tmp_path)
+    msg = str(e.value)
+    assert "prefix record 1 is held by both shards/r00000-prefix-000000.eio (manifest.r00000.json)" in msg
+    assert "and shards/r00001-prefix-000000.eio (manifest.r00001.json), with different token ids" in msg
     assert not (tmp_path / "manifest.json").exists()
+
+
+def test_a_shared_prefix_is_stored_once_and_must_leave_a_token(tmp_path):
+    first = make_sample(1, 4, hidden=H)
+    second = {k: torch.cat([v[:3], make_sample(2, 2, hidden=H)[k]]) for k, v in first.items()}
+    with eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(H), META, rank=0) as w:
+        with pytest.raises(eagle_io.SchemaError, match="a shared prefix of 4 tokens in a sample of 4"):
+            w.write(1, first, shared_prefix=4)
+        w.write(1, first, shared_prefix=3)
+        w.write(2, second, shared_prefix=3)  # the same first 3 token ids: a reference to the record sample 1 made
+        assert list(w.prefixes().values()) == [(0, 3)]
+    ds = eagle_io.Dataset(tmp_path)
+    same({k: ds[0][k] for k in first}, first)
+    same({k: ds[1][k] for k in second}, second)
+    assert [p[:2] for p in ds.prefix_records()] == [(0, 3)]
 
 
 def test_version_3_is_the_version_of_manifests_listing_prefixes_only(pair):
@@ -219,3 +252,19 @@ def test_any_prefix_and_suffixes_read_back_whole(tmp_path_factory, prefix_len, s
         same({k: ds[pos][k] for k in whole[sid]}, whole[sid])
         assert np.array_equal(ref.read(pos)["input_ids"], whole[sid]["input_ids"].numpy())
     assert eagle_io.Dataset.verify(root / "dd") == []
+
+
+def test_the_capture_ring_carries_the_shared_prefix_count(tmp_path):
+    from eagle_io.capturing.ring import RingSink
+
+    first = make_sample(1, 6, hidden=H)
+    second = {k: torch.cat([v[:4], make_sample(2, 3, hidden=H)[k]]) for k, v in first.items()}
+    sink = RingSink(eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(H), META, threads=1), ring_bytes=1 << 20)
+    with pytest.raises(eagle_io.SchemaError, match=r"shared_prefix 6: a shared prefix is an int in \[0, 6\)"):
+        sink.put(1, first, shared_prefix=6)
+    assert sink.put(1, first, shared_prefix=4) and sink.put(2, second, shared_prefix=4)
+    m = sink.close()
+    assert m["format_version"] == 3 and [p["tokens"] for p in m["prefixes"]] == [4]
+    ds = eagle_io.Dataset(tmp_path)
+    same({k: ds[0][k] for k in first}, first)
+    same({k: ds[1][k] for k in second}, second)

@@ -48,6 +48,13 @@ STAGING_BYTES: int = _CORE["staging_bytes"]
 """Bytes of committed shards a capture to object storage (``out_dir="s3://..."``) keeps staged awaiting upload
 before it blocks; the shard being written comes on top (docs/STORAGE.md)."""
 
+# Shared prefixes stored once (docs/FORMAT.md 4.7): a capture's samples that begin with the same system prompt.
+DEDUP_PREFIXES: bool = True
+"""Whether a capture that can (the Hugging Face backend into a local directory) stores a system prompt shared by
+several samples once, as a prefix record each later sample references (``eagle-io generate --dedup-prefixes``)."""
+PREFIX_BLOCK_TOKENS: int = 64
+"""A shared prefix is a multiple of this many tokens, and at least this many (shorter ones are stored whole)."""
+
 # The client of a running SGLang server (eagle_io.capture(url), eagle-io generate --server): client-side only.
 SERVER_CONCURRENCY: int = 32
 """Sample requests in flight at once per server (speculators' data generation runs 32; SpecForge's 64)."""

@@ -12,4 +12,4 @@ mod writer;
 pub use manifest::{seal as seal_manifest, Manifest, MANIFEST_FORMAT, UNSEALED_CHECKSUM};
 pub use options::{ReadOptions, WriterOptions};
 pub use reader::{BadRecord, Dataset, Entry};
-pub use writer::{DatasetWriter, SampleRef, StatsHandle, WriterStats};
+pub use writer::{DatasetWriter, SampleRef, StatsHandle, WriterStats, PREFIX_IDS_PER_RANK};

@@ -22,6 +22,9 @@ pub struct WriterOptions {
     pub queue_depth: usize,
     /// Shard file names are `shards/{prefix}{seq:06}.eio` (e.g. prefix `r00003-` for rank 3).
     pub shard_prefix: String,
+    /// The writer's rank among the writers of one root: the prefix records it numbers itself take
+    /// ids from `rank * PREFIX_IDS_PER_RANK` on (`writer.rs`), apart from every other rank's.
+    pub rank: u64,
     /// Manifest file name in the root (one per writer when several share a root).
     pub manifest_name: String,
     /// Continue an existing dataset instead of refusing to touch it.
@@ -40,6 +43,7 @@ impl Default for WriterOptions {
             codec: CodecOptions::default(),
             queue_depth: 64,
             shard_prefix: layout::shard_prefix(0),
+            rank: 0,
             manifest_name: layout::MANIFEST_NAME.into(),
             resume: false,
             uploaded_to: None,

@@ -216,6 +216,19 @@ impl Dataset {
         &self.manifest
     }
 
+    /// Every prefix record (docs/FORMAT.md 4.7), in manifest order: `(prefix id, tokens, key
+    /// "sha256:<hex>", its prefix shard's file as the manifest lists it)`.
+    pub fn prefix_records(&self) -> Vec<(u64, u64, String, String)> {
+        let files = self.manifest.prefixes.iter().map(|s| &s.file);
+        let mut out = Vec::new();
+        for (shard, file) in self.prefixes.shards().iter().zip(files) {
+            for (r, e) in shard.entries.iter().enumerate() {
+                out.push((e.sample_id, e.n_tokens, shard.key(r).to_owned(), file.clone()));
+            }
+        }
+        out
+    }
+
     pub fn manifest_path(&self) -> &Path {
         &self.manifest_path
     }

@@ -185,6 +185,13 @@ impl DatasetWriter {
                 "queue_depth, chunk_bytes and shard_bytes must be positive".into(),
             ));
         }
+        if opts.rank >= u64::MAX / PREFIX_IDS_PER_RANK {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} is too large (ranks are below {})",
+                opts.rank,
+                u64::MAX / PREFIX_IDS_PER_RANK
+            )));
+        }
         let levels = zstd::compression_level_range();
         if !levels.contains(&opts.codec.zstd_level) {
             // zstd clamps an out-of-range level without a word: 99 would silently be 22.
@@ -316,6 +323,70 @@ impl DatasetWriter {
         self.send(records)
     }
 
+    /// `write_batch` of samples given whole, whose first `shared[i]` tokens (0: none) are a prefix
+    /// other samples share (a system prompt): the first sample with those token ids stores them
+    /// as a prefix record, numbered by the writer (`PREFIX_IDS_PER_RANK`), and every such sample
+    /// stores its rows after them with a reference to it (docs/FORMAT.md 4.7); it reads back
+    /// whole. A shared prefix leaves at least one token of its sample. Nothing is written when a
+    /// sample is invalid (a prefix record already written for a sample before it stays, unreferenced
+    /// when that sample is refused later by its encode).
+    pub fn write_batch_sharing(&mut self, samples: &[SampleRef<'_>], shared: &[u64]) -> Result<()> {
+        if shared.len() != samples.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} shared prefix counts given for {} samples",
+                shared.len(),
+                samples.len()
+            )));
+        }
+        if shared.iter().all(|&p| p == 0) {
+            return self.write_batch(samples);
+        }
+        self.check_ids(samples)?;
+        for (s, &p) in samples.iter().zip(shared) {
+            self.check_sample(s)?;
+            if p > 0 && (s.prefix.is_some() || p >= s.n_tokens) {
+                return Err(Error::Schema {
+                    sample_id: s.sample_id,
+                    message: format!(
+                        "a shared prefix of {p} tokens in a sample of {}: it must leave at least one token, in a \
+                         sample given whole",
+                        s.n_tokens
+                    ),
+                });
+            }
+        }
+        let mut split = Vec::with_capacity(samples.len());
+        for (s, &p) in samples.iter().zip(shared) {
+            if p == 0 {
+                split.push(split_rows(&self.schema, s, 0).1);
+                continue;
+            }
+            let (mut head, mut tail) = split_rows(&self.schema, s, p);
+            let t = token_ids_tensor(&self.schema).ok_or_else(|| Error::Schema {
+                sample_id: s.sample_id,
+                message: "a shared prefix needs an int64 input_ids tensor of shape [L]".into(),
+            })?;
+            let id = match self.prefix_ids.get(&token_digest(head.tensors[t])) {
+                Some(&id) => id,
+                None => {
+                    head.sample_id = self.next_prefix_id();
+                    self.write_prefix(&head)?.id
+                }
+            };
+            tail.prefix = Some(id);
+            split.push(tail);
+        }
+        self.write_batch(&split)
+    }
+
+    /// The first free prefix id of this writer's range: `rank * PREFIX_IDS_PER_RANK` on.
+    fn next_prefix_id(&self) -> u64 {
+        let first = self.opts.rank * PREFIX_IDS_PER_RANK + self.prefixes.len() as u64;
+        (first..)
+            .find(|id| !self.prefixes.contains_key(id))
+            .expect("fewer than 2**40 prefixes")
+    }
+
     /// Stores the prefix `prefix` (its `sample_id` is the prefix record's id, unique among the
     /// dataset's prefixes; `key` is ignored: the record's key is `sha256:` and the digest of its
     /// `input_ids`, which the schema must hold as int64 `[L]`) once, in a prefix shard of its own,
@@ -342,9 +413,9 @@ impl DatasetWriter {
         }
         let t = token_ids_tensor(&self.schema)
             .ok_or_else(|| err("a prefix record needs an int64 input_ids tensor of shape [L]".into()))?;
-        if prefix.prefix.is_some() || prefix.prequantised.is_some() || prefix.n_tokens == 0 {
+        if prefix.prefix.is_some() || prefix.n_tokens == 0 {
             return Err(err(
-                "a prefix record holds at least one token, given unquantised, and references no prefix".into(),
+                "a prefix record holds at least one token and references no prefix".into()
             ));
         }
         if self.prefixes.contains_key(&prefix.sample_id) {
@@ -403,6 +474,20 @@ impl DatasetWriter {
 
     fn validate(&self, samples: &[SampleRef<'_>]) -> Result<()> {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let batch = Self::new_ids(&seen, samples)?;
+        for s in samples {
+            self.check_sample(s)?;
+        }
+        seen.extend(batch);
+        Ok(())
+    }
+
+    /// Refuses a sample id already in the dataset or given twice (nothing is recorded).
+    fn check_ids(&self, samples: &[SampleRef<'_>]) -> Result<()> {
+        Self::new_ids(&self.seen.lock().unwrap_or_else(|p| p.into_inner()), samples).map(drop)
+    }
+
+    fn new_ids(seen: &HashSet<u64>, samples: &[SampleRef<'_>]) -> Result<HashSet<u64>> {
         let mut batch = HashSet::with_capacity(samples.len());
         for s in samples {
             if seen.contains(&s.sample_id) || !batch.insert(s.sample_id) {
@@ -411,10 +496,8 @@ impl DatasetWriter {
                     message: "this sample id is already in the dataset (ids must be unique)".into(),
                 });
             }
-            self.check_sample(s)?;
         }
-        seen.extend(batch);
-        Ok(())
+        Ok(batch)
     }
 
     /// Checks a sample's key, tensors and prefix reference against the schema and the prefixes.
@@ -609,6 +692,38 @@ impl DatasetWriter {
         }
         self.join_io()
     }
+}
+
+/// Prefix ids a writer numbers itself (`DatasetWriter::write_batch_sharing`) are `rank *
+/// PREFIX_IDS_PER_RANK + n`, as live captures number sample ids: the ranks of one root never
+/// number a prefix alike, so `eagle-io merge` carries every rank's prefix records.
+pub const PREFIX_IDS_PER_RANK: u64 = 1 << 40;
+
+/// `s` cut at token `at`: its first `at` rows (a prefix, same id) and the rows after them.
+fn split_rows<'a>(schema: &Schema, s: &SampleRef<'a>, at: u64) -> (SampleRef<'a>, SampleRef<'a>) {
+    let cut = |first: bool| SampleRef {
+        sample_id: s.sample_id,
+        key: s.key,
+        n_tokens: if first { at } else { s.n_tokens - at },
+        tensors: schema
+            .tensors
+            .iter()
+            .zip(&s.tensors)
+            .map(|(spec, data)| {
+                let (head, tail) =
+                    data.split_at((at * SampleRef::given_row_bytes(spec, s.prequantised.is_some())) as usize);
+                if first {
+                    head
+                } else {
+                    tail
+                }
+            })
+            .collect(),
+        // The clamps counted for the sample go with its own record (its prefix record counts none).
+        prequantised: s.prequantised.map(|c| if first { 0 } else { c }),
+        prefix: s.prefix,
+    };
+    (cut(true), cut(false))
 }
 
 /// Quantises `rows` rows (starting at row `first` of the sample) to FP8 and entropy-codes them

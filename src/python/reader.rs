@@ -159,6 +159,12 @@ impl Reader {
         schema_tuples(self.inner.schema())
     }
 
+    /// The prefix records (docs/FORMAT.md 4.7), in manifest order: `[(prefix_id, n_tokens,
+    /// "sha256:<hex>", prefix shard file)]`.
+    fn prefix_records(&self) -> Vec<(u64, u64, String, String)> {
+        self.inner.prefix_records()
+    }
+
     #[getter]
     fn manifest_path(&self) -> String {
         self.inner.manifest_path().to_string_lossy().into_owned()

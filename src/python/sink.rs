@@ -59,12 +59,15 @@ impl CaptureSink {
     /// slot's FP8 tensors hold quantised rows (scales then e4m3fn bytes per token, as
     /// `eagle_io.store.fp8.quantize_rows` makes them on the source device) whose quantiser
     /// saturated that many values; the writer checks and stores them without quantising again.
-    #[pyo3(signature = (slot, sample_id, key, n_tokens, cancelled = false, fp8_clamped = None))]
+    /// `shared_prefix` (tokens): the sample's first tokens that other samples share, stored once as a
+    /// prefix record (docs/FORMAT.md 4.7), the sample as its rows after them and a reference.
+    #[pyo3(signature = (slot, sample_id, key, n_tokens, cancelled = false, fp8_clamped = None, shared_prefix = None))]
     ///
     /// Raises `InvalidArgumentError` for a slot another sink reserved or a negative or too
     /// large `sample_id`, `n_tokens` or `fp8_clamped` (each in `[0, 2**64)`), and `SchemaError` when
     /// `n_tokens` rows of the schema do not fill the slot exactly (all before anything is
     /// handed over: the slot stays reserved, and the sink keeps running).
+    #[allow(clippy::too_many_arguments)]
     fn commit(
         slf: &Bound<'_, Self>,
         slot: &RingSlot,
@@ -73,10 +76,12 @@ impl CaptureSink {
         n_tokens: &Bound<'_, PyAny>,
         cancelled: bool,
         fp8_clamped: Option<&Bound<'_, PyAny>>,
+        shared_prefix: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let sample_id: u64 = unsigned(sample_id, "sample_id")?;
         let n_tokens: u64 = unsigned(n_tokens, "n_tokens")?;
         let fp8_clamped: Option<u64> = unsigned_opt(fp8_clamped, "fp8_clamped")?;
+        let shared_prefix: u64 = unsigned_opt(shared_prefix, "shared_prefix")?.unwrap_or(0);
         if !slot.reserved_by(slf.as_any()) {
             let e = Error::InvalidArgument(format!("ring slot {} was reserved by another capture sink", slot.id()));
             return Err(PyErr::from(e));
@@ -84,9 +89,17 @@ impl CaptureSink {
         let me = slf.borrow();
         let (id, len) = (slot.id(), slot.len());
         me.inner
-            .commit(id, len, sample_id, key, n_tokens, cancelled, fp8_clamped, || {
-                slot.hand_over()
-            })
+            .commit(
+                id,
+                len,
+                sample_id,
+                key,
+                n_tokens,
+                cancelled,
+                fp8_clamped,
+                shared_prefix,
+                || slot.hand_over(),
+            )
             .map_err(PyErr::from)
     }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::args::unsigned;
+use super::args::{unsigned, unsigned_opt};
 use super::blocking::blocking;
 use super::buffers::Borrowed;
 use super::manifest::manifest_to_py;
@@ -81,7 +81,7 @@ fn borrow_sample(schema: &Schema, (sample_id, _, tensors): &PySample<'_>) -> Res
 #[pymethods]
 impl Writer {
     #[new]
-    #[pyo3(signature = (root, schema, metadata, *, shard_bytes, chunk_bytes, threads, zstd_level, queue_depth, shard_prefix, manifest_name, resume, uploaded_to=None))]
+    #[pyo3(signature = (root, schema, metadata, *, shard_bytes, chunk_bytes, threads, zstd_level, queue_depth, shard_prefix, manifest_name, resume, uploaded_to=None, rank=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -97,7 +97,9 @@ impl Writer {
         manifest_name: String,
         resume: bool,
         uploaded_to: Option<PathBuf>,
+        rank: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Writer> {
+        let rank: u64 = unsigned_opt(rank, "rank")?.unwrap_or(0);
         let shard_bytes: u64 = unsigned(shard_bytes, "shard_bytes")?;
         let chunk_bytes: u64 = unsigned(chunk_bytes, "chunk_bytes")?;
         let threads: usize = unsigned(threads, "threads")?;
@@ -112,6 +114,7 @@ impl Writer {
             codec: CodecOptions { zstd_level },
             queue_depth,
             shard_prefix,
+            rank,
             manifest_name,
             resume,
             uploaded_to,
@@ -123,16 +126,20 @@ impl Writer {
     /// Validates, encodes and queues samples `[(sample_id, key, [(dtype, shape, buffer)])]`
     /// with the GIL released. Nothing is written when any sample is invalid. `prefixes`, one per
     /// sample when given: the id of a prefix record (`write_prefix`) whose tokens precede the
-    /// sample's given rows, or None.
-    #[pyo3(signature = (samples, prefixes = None))]
+    /// sample's given rows, or None. `shared`, one per sample when given: how many of the whole
+    /// sample's first tokens are a prefix other samples share, stored once (0: none; the writer
+    /// numbers its prefix records, `DatasetWriter::write_batch_sharing`).
+    #[pyo3(signature = (samples, prefixes = None, shared = None))]
     fn write_batch(
         &mut self,
         py: Python<'_>,
         samples: Vec<PySample<'_>>,
         prefixes: Option<Vec<Option<u64>>>,
+        shared: Option<Vec<u64>>,
     ) -> PyResult<()> {
         let inner = self.get()?;
         let schema = inner.schema().clone();
+        let shared = shared.unwrap_or_else(|| vec![0; samples.len()]);
         let prefixes = prefixes.unwrap_or_else(|| vec![None; samples.len()]);
         if prefixes.len() != samples.len() {
             return Err(Error::InvalidArgument(format!(
@@ -159,7 +166,7 @@ impl Writer {
                 prefix,
             })
             .collect();
-        blocking(py, |_| inner.write_batch(&refs))
+        blocking(py, |_| inner.write_batch_sharing(&refs, &shared))
     }
 
     /// Stores the prefix record `(prefix_id, _, [(dtype, shape, buffer)])` once (docs/FORMAT.md

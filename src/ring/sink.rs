@@ -63,12 +63,10 @@ fn pump(ring: &Ring, mut writer: DatasetWriter, batch: usize) -> Result<Manifest
         if taken.is_empty() {
             return writer.close();
         }
-        let refs: Vec<_> = taken
-            .iter()
-            .filter(|c| !c.cancelled)
-            .map(|c| sample_ref(ring, &writer, c))
-            .collect();
-        if let Err(e) = writer.write_batch(&refs) {
+        let kept: Vec<_> = taken.iter().filter(|c| !c.cancelled).collect();
+        let refs: Vec<_> = kept.iter().map(|c| sample_ref(ring, &writer, c)).collect();
+        let shared: Vec<u64> = kept.iter().map(|c| c.shared_prefix).collect();
+        if let Err(e) = writer.write_batch_sharing(&refs, &shared) {
             ring.fail(&e);
             return Err(e);
         }
@@ -112,7 +110,8 @@ impl CaptureSink {
 
     /// Commits reserved slot `id` of `len` bytes holding `n_tokens` rows of the schema (or, with
     /// `cancelled`, abandons it); with `prequantised`, its FP8 tensors hold quantised rows
-    /// (`SampleRef::prequantised`). `hand_over` runs once the rows are known to fill the slot exactly
+    /// (`SampleRef::prequantised`); its first `shared_prefix` tokens are a prefix other samples
+    /// share, stored once (`DatasetWriter::write_batch_sharing`; 0: none). `hand_over` runs once the rows are known to fill the slot exactly
     /// and before the sink thread can see it: the producer's last chance to stop writing the slot.
     ///
     /// Errors: `Schema` when `n_tokens` rows do not fill the slot exactly (nothing is handed over:
@@ -128,6 +127,7 @@ impl CaptureSink {
         n_tokens: u64,
         cancelled: bool,
         prequantised: Option<u64>,
+        shared_prefix: u64,
         hand_over: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         if prequantised.is_some() && self.stored_token_bytes == self.token_bytes {
@@ -146,7 +146,14 @@ impl CaptureSink {
             return Err(Error::Schema { sample_id, message });
         }
         hand_over()?;
-        self.ring.commit(id, sample_id, key, n_tokens, cancelled, prequantised)
+        if !cancelled && shared_prefix >= n_tokens.max(1) {
+            let message = format!(
+                "a shared prefix of {shared_prefix} tokens in a sample of {n_tokens}: it must leave at least one token"
+            );
+            return Err(Error::Schema { sample_id, message });
+        }
+        self.ring
+            .commit(id, sample_id, key, n_tokens, cancelled, prequantised, shared_prefix)
     }
 
     /// The ring: producers `reserve` slots on it (and `commit` them through the sink).

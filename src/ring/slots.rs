@@ -23,6 +23,8 @@ pub struct Committed {
     pub cancelled: bool,
     /// `Some(clamped)`: its FP8 tensors hold quantised rows (`SampleRef::prequantised`).
     pub prequantised: Option<u64>,
+    /// Its first tokens that other samples share, stored once (`DatasetWriter::write_batch_sharing`; 0: none).
+    pub shared_prefix: u64,
 }
 
 #[derive(Debug)]
@@ -199,7 +201,8 @@ impl Ring {
     }
 
     /// Commits (or, with `cancelled`, abandons) reserved slot `id` once its bytes are written;
-    /// `prequantised` as `SampleRef::prequantised`.
+    /// `prequantised` as `SampleRef::prequantised`, `shared_prefix` as `Committed::shared_prefix`.
+    #[allow(clippy::too_many_arguments)]
     pub fn commit(
         &self,
         id: u64,
@@ -208,6 +211,7 @@ impl Ring {
         n_tokens: u64,
         cancelled: bool,
         prequantised: Option<u64>,
+        shared_prefix: u64,
     ) -> Result<()> {
         let mut st = self.lock();
         let slot = st
@@ -223,6 +227,7 @@ impl Ring {
             n_tokens,
             cancelled,
             prequantised,
+            shared_prefix,
         });
         if !cancelled {
             st.stats.committed_bytes += slot.len as u64;
@@ -248,6 +253,7 @@ impl Ring {
                         n_tokens: 0,
                         cancelled: true,
                         prequantised: None,
+                        shared_prefix: 0,
                     });
                     abandoned += 1;
                 }
@@ -305,7 +311,7 @@ mod tests {
     const NEVER: &Interrupt<'static> = &Interrupt::NEVER;
 
     fn commit(r: &Ring, s: Reserved, id: u64) {
-        r.commit(s.id, id, String::new(), 1, false, None).unwrap();
+        r.commit(s.id, id, String::new(), 1, false, None, 0).unwrap();
     }
 
     #[test]

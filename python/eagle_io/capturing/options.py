@@ -49,6 +49,10 @@ class CaptureOptions:
             (:class:`~eagle_io.capturing.ring.RingSink`); ``quantize_on_device`` where FP8 states are quantised.
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``resume``,
             ``rank``, ``world_size``...), and ``staging`` / ``staging_bytes`` for an object-storage ``out_dir``.
+        dedup_prefixes: store a system prompt several samples share once (:mod:`eagle_io.capturing.prefixes`,
+            docs/FORMAT.md 4.7): True refuses a capture that cannot (an object-storage ``out_dir``, an SGLang
+            backend), False stores every sample whole, None (default) does it where the capture can
+            (:data:`eagle_io.defaults.DEDUP_PREFIXES`) and stores samples whole elsewhere.
 
     Raises:
         InvalidArgumentError: a value policy other than ``raise``/``skip``, a ring option the core cannot take, an
@@ -70,6 +74,7 @@ class CaptureOptions:
     drop_when_full: bool = defaults.DROP_WHEN_FULL
     quantize_on_device: bool | None = None
     writer_options: Mapping[str, Any] = field(default_factory=dict)
+    dedup_prefixes: bool | None = None
 
     def __post_init__(self) -> None:
         name = str(self.state_dtype).removeprefix("torch.")
@@ -88,6 +93,8 @@ class CaptureOptions:
             quantize_on_device=self.quantize_on_device,
         )
         precision_name(self.precision)
+        if self.dedup_prefixes is not None and type(self.dedup_prefixes) is not bool:
+            raise InvalidArgumentError(f"dedup_prefixes must be None, True or False, not {self.dedup_prefixes!r}")
         m = self.max_length
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise InvalidArgumentError(f"max_length must be an integer >= 1 (or None: no limit), not {m!r}")

@@ -136,22 +136,27 @@ class RingSink:
         """Commits GPU-copied slots once their copy has finished (waits off the forward thread)."""
         assert self._done is not None
         while (item := self._done.get()) is not None:
-            event, slot, sample_id, key, n, clamped = item
+            event, slot, sample_id, key, n, clamped, shared = item
             try:
                 event.synchronize()
                 clamped = None if clamped is None else int(clamped)  # copied with the slot
-                self._sink.commit(slot, sample_id, key, n, fp8_clamped=clamped)
+                self._sink.commit(slot, sample_id, key, n, fp8_clamped=clamped, shared_prefix=shared)
             except BaseException as e:  # surfaced by the next put() or close()
                 self._error = e
 
-    def put(self, sample_id: int, tensors: Mapping[str, torch.Tensor], key: str = "") -> bool:
+    def put(
+        self, sample_id: int, tensors: Mapping[str, torch.Tensor], key: str = "", *, shared_prefix: int = 0
+    ) -> bool:
         """Copies one sample (CPU or CUDA tensors named by the schema, each ``[L]`` / ``[L, width]``,
         contiguous) into the ring and commits it. Returns False when the ring was full and the sink
         drops (counted; a sample larger than the whole ring too, which no wait would make room for), True otherwise.
+        ``shared_prefix``: the sample's first tokens that other samples share, stored once
+        (:meth:`eagle_io.ShardWriter.write`'s ``shared_prefix``; 0: none).
 
         Raises:
             SchemaError: an id outside ``[0, 2**64)`` or already put (or in the resumed dataset), a missing tensor,
-                or one of the wrong type, dtype or shape. Nothing of the sample is put, and the ring goes on.
+                or one of the wrong type, dtype or shape, or a ``shared_prefix`` that is not in ``[0, L)``. Nothing of
+                the sample is put, and the ring goes on.
             ArgumentTypeError: a ``key`` that is not a string.
             RingTimeoutError: the ring stayed full for ``timeout_s``.
             InvalidArgumentError: a sample larger than the whole ring, unless the sink drops.
@@ -172,6 +177,10 @@ class RingSink:
                     sample_id,
                     f"tensor {spec.name!r} is {t.dtype} {tuple(t.shape)}; the schema needs {spec.dtype} {want}",
                 )
+        if type(shared_prefix) is not int or not 0 <= shared_prefix < max(n, 1):
+            raise SchemaError.for_sample(
+                sample_id, f"shared_prefix {shared_prefix!r}: a shared prefix is an int in [0, {n}) (its L tokens)"
+            )
         quantize = self._quantize_on_device is True or (
             self._quantize_on_device is None and all(t.is_cuda for t, q in zip(ts, self._fp8, strict=True) if q)
         )
@@ -192,9 +201,10 @@ class RingSink:
             self._sink.commit(slot, sample_id, key, n, cancelled=True)
             raise
         if event is None:
-            self._sink.commit(slot, sample_id, key, n, fp8_clamped=None if clamped is None else int(clamped))
+            clamped = None if clamped is None else int(clamped)
+            self._sink.commit(slot, sample_id, key, n, fp8_clamped=clamped, shared_prefix=shared_prefix)
         else:
-            self._done.put((event, slot, sample_id, key, n, clamped))
+            self._done.put((event, slot, sample_id, key, n, clamped, shared_prefix))
         self._ids.add(sample_id)
         self.quantized_before_copy += quantize
         return True

@@ -15,8 +15,10 @@ import torch
 
 from .. import defaults
 from ..errors import ArgumentTypeError, InternalError, InvalidArgumentError, SchemaError, check_keywords
+from ..store import layout
 from .hf import HFCapture
 from .options import WRITER_OPTIONS, CaptureOptions
+from .prefixes import SharedPrefixes
 from .store import ForwardSample, SampleStore
 
 
@@ -78,6 +80,8 @@ class CaptureSession:
     Attributes:
         counts: ``submitted`` plus the capture core's counters (:data:`eagle_io.capturing.store.COUNTS`).
         forward_seconds / store_seconds: time in the target's forward vs. copying into the ring.
+        prefixes: the shared prefixes seen (:class:`~eagle_io.capturing.prefixes.SharedPrefixes`), or None when every
+            sample is stored whole (``dedup_prefixes`` off, or an object-storage ``out_dir``).
     """
 
     merge_warnings: list[str] | None = None  # one writer: nothing to merge
@@ -88,9 +92,18 @@ class CaptureSession:
                 f"cannot capture from a {type(target).__name__}: expected a Hugging Face model (torch.nn.Module)"
             )
         state_dtype = getattr(torch, options.state_dtype)
+        remote = layout.is_url(out_dir)
+        if options.dedup_prefixes and remote:
+            raise InvalidArgumentError(
+                f"dedup_prefixes=True with out_dir {out_dir}: prefix records are not uploaded to object storage yet; "
+                "capture to a local directory, or store the samples whole (dedup_prefixes=False)"
+            )
+        dedup = defaults.DEDUP_PREFIXES if options.dedup_prefixes is None else options.dedup_prefixes
         self._hooks = HFCapture(target, options.aux_layer_ids, state_dtype=state_dtype)
         self.aux_layer_ids = list(self._hooks.aux_layer_ids)
         self._store = SampleStore.create(out_dir, options, aux_layer_ids=self.aux_layer_ids)
+        # Whether system prompts shared by several samples are stored once (a remote out_dir stores samples whole).
+        self.prefixes = SharedPrefixes(self._store.known_prefixes) if dedup and not remote else None
         self.manifest_path = self._store.manifest_path
         self.done = self._store.done
         self._device = next(target.parameters()).device
@@ -112,7 +125,9 @@ class CaptureSession:
         """Runs one batched forward over ``samples`` and stores each sample's states unpadded.
 
         Each sample has ``index`` (int, the sample id), ``id`` (str or None, stored as the key),
-        ``input_ids [L]`` int64 and ``loss_mask [L]`` (0/1), e.g. :class:`eagle_io.data.TokenizedSample`.
+        ``input_ids [L]`` int64 and ``loss_mask [L]`` (0/1), e.g. :class:`eagle_io.data.TokenizedSample`, and may have
+        ``system_tokens`` (int: its first tokens that are its system prompt): where the session stores shared
+        prefixes once (:attr:`prefixes`), at most that many of them are (:mod:`eagle_io.capturing.prefixes`).
         Samples already in the dataset are skipped and counted (``already_done``).
 
         Raises:
@@ -157,12 +172,19 @@ class CaptureSession:
             if out.lengths[b] != len(s.input_ids):
                 raise InternalError(f"sample {s.index}: captured {out.lengths[b]} tokens for {len(s.input_ids)} inputs")
         t = out.aux_hidden_states.shape[1]
-        rows = [ForwardSample(s.index, s.input_ids, s.loss_mask, b * t + out.starts[b], out.lengths[b], s.id or "")
-                for b, s in enumerate(todo)]  # fmt: skip
+        shared = [self._shared(s) for s in todo]
+        rows = [ForwardSample(s.index, s.input_ids, s.loss_mask, b * t + out.starts[b], out.lengths[b], s.id or "",
+                              shared[b]) for b, s in enumerate(todo)]  # fmt: skip
         aux, hidden = out.aux_hidden_states.flatten(0, 1), out.hidden_states.flatten(0, 1)
         # the value checks: one host sync per forward; the hooks cast to state_dtype, the forward ran in the model's
         self._store.put_forward(aux, hidden, rows, forward_dtype=self._dtype)
         self.store_seconds += time.perf_counter() - t1
+
+    def _shared(self, sample: Any) -> int:
+        """The tokens of ``sample`` stored once as a shared prefix (0: none, or no dedup)."""
+        if self.prefixes is None:
+            return 0
+        return self.prefixes.shared(sample.input_ids, int(getattr(sample, "system_tokens", 0)))
 
     def stats(self) -> dict[str, Any]:
         """Counts, forward/store seconds and the writer's and ring's counters."""
@@ -208,6 +230,7 @@ def capture(
     progress: bool = False,
     api_key: str | None = None,
     admin_api_key: str | None = None,
+    dedup_prefixes: bool | None = None,
     **writer_options: Any,
 ) -> Capture:
     """Starts capturing EAGLE-3 training data from ``target`` into ``out_dir``: a directory, or an object-storage
@@ -252,6 +275,9 @@ def capture(
             after each prompt; refused for the other targets.
         api_key, admin_api_key: a server capture's SGLang keys (``--api-key`` on every request, ``--admin-api-key``
             on the control route; default ``EAGLE_IO_API_KEY`` / ``EAGLE_IO_ADMIN_API_KEY``).
+        dedup_prefixes: store a system prompt several samples share once (docs/FORMAT.md 4.7,
+            :class:`~eagle_io.capturing.options.CaptureOptions`): None (default) where the capture can (a model into a
+            local directory), True refuses a capture that cannot, False stores samples whole.
         writer_options: :class:`eagle_io.ShardWriter` options (``shard_bytes``, ``threads``, ``rank``,
             ``world_size``, ``resume``, ...), and ``staging`` / ``staging_bytes`` for an object-storage ``out_dir``.
             A server capture sets ``rank`` / ``world_size`` from the servers' data-parallel layout and refuses them.
@@ -303,6 +329,7 @@ def capture(
         timeout_s=timeout_s,
         drop_when_full=drop_when_full,
         writer_options=writer_options,
+        dedup_prefixes=dedup_prefixes,
     )
     if urls is not None:
         from .sglang.client import ServerCapture

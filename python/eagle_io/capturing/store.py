@@ -79,7 +79,9 @@ def _same_target_as_recorded(
 
 class ForwardSample(NamedTuple):
     """One sample of a forward for :meth:`SampleStore.put_forward`: its rows are ``[start, start + length)`` of the
-    forward's ``[N, ...]`` states; ``input_ids [L]`` and ``loss_mask [L]`` as for :meth:`SampleStore.put`."""
+    forward's ``[N, ...]`` states; ``input_ids [L]`` and ``loss_mask [L]`` as for :meth:`SampleStore.put`;
+    ``shared_prefix``: its first tokens that other samples share, stored once (:mod:`eagle_io.capturing.prefixes`;
+    0: none)."""
 
     sample_id: int
     input_ids: Sequence[int] | torch.Tensor
@@ -87,6 +89,7 @@ class ForwardSample(NamedTuple):
     start: int
     length: int
     key: str = ""
+    shared_prefix: int = 0
 
 
 def _check_policy(name: str, policy: str) -> None:
@@ -155,6 +158,8 @@ class SampleStore:
         done: ids already in the dataset or put since.
         absmax: max |x| per aux layer then of the final state (``k + 1`` floats) over the samples written, or None
             before the first.
+        known_prefixes: the ``"sha256:<hex>"`` keys of the shared-prefix records the dataset held when
+            :meth:`create` opened it (a resumed capture's), where its backend looks for earlier prefixes.
 
     Raises:
         InvalidArgumentError: an unknown policy.
@@ -191,6 +196,7 @@ class SampleStore:
         self._close_error: Exception | None = None
         self._stats_written = False
         self.upload: StagedUpload | None = None  # set by create() for an object-storage out_dir
+        self.known_prefixes: list[str] = []  # set by create(): the prefix records of the dataset resumed
         self.upload_report: dict[str, Any] | None = None
         self._lock = threading.Lock()
         if state_dtype == torch.float16:
@@ -269,7 +275,7 @@ class SampleStore:
         sink = None
         try:
             upload = None if url is None else StagedUpload(writer.manifest_path, url, staging_bytes=staging_bytes)
-            done = writer.sample_ids()
+            done, known = writer.sample_ids(), list(writer.prefixes())
             sink = RingSink(
                 writer,
                 ring_bytes=options.ring_bytes,
@@ -293,7 +299,7 @@ class SampleStore:
             (sink or writer).close(complete=False)
             writer.take_back()
             raise
-        store.upload = upload
+        store.upload, store.known_prefixes = upload, known
         return store
 
     def check(self, sample_id: Any, input_ids: Any, loss_mask: Any) -> None:
@@ -452,7 +458,7 @@ class SampleStore:
             if s.sample_id in self.done:
                 self.counts["already_done"] += 1
                 return False
-            if not self._sink.put(s.sample_id, tensors, key=s.key):
+            if not self._sink.put(s.sample_id, tensors, key=s.key, shared_prefix=s.shared_prefix):
                 self.counts["dropped"] += 1
                 return False
             self.done.add(s.sample_id)

@@ -117,6 +117,14 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     )
     rg.add_argument("--max-new-tokens", type=int, default=512, help="--regenerate: tokens per regenerated turn at most")
     rg.add_argument("--temperature", type=float, default=0.0, help="--regenerate: 0 = greedy, else sampled (seeded)")
+    p.add_argument(
+        "--dedup-prefixes",
+        choices=["on", "off"],
+        help="store a system prompt that several conversations share once, as a prefix record later samples "
+        "reference (docs/FORMAT.md 4.7; every reader returns whole samples): on by default with the HF backend into "
+        "a local --out; not yet with --server / --backend sglang or an s3:// --out (their samples are stored whole, "
+        "and 'on' is refused there)",
+    )
     p.add_argument("--no-disk-check", action="store_true", help="skip the free-disk check")
     p.add_argument("--summary-json", help="also write the final summary here")
     sv = p.add_argument_group("--server (capture through running SGLang servers, over HTTP)")
@@ -271,6 +279,7 @@ def _capture_options(args, dataset: str, layer_ids, info, tokenizer, **extra: An
         nonfinite=args.nonfinite,
         implausible=args.implausible,
         metadata={"source_dataset": os.path.basename(dataset), **metadata},
+        dedup_prefixes=None if args.dedup_prefixes is None else args.dedup_prefixes == "on",
         ring_bytes=args.ring_bytes,
         drop_when_full=args.drop_when_full,
         writer_options={
@@ -496,6 +505,12 @@ def run(args: argparse.Namespace) -> int:
     remote = args.remote = args.out if layout.is_url(args.out) else None
     if remote is not None and remote.rstrip("/").endswith(".json"):
         raise InvalidArgumentError(f"--out {remote}: name the dataset's prefix (s3://bucket/run), not a manifest")
+    if args.dedup_prefixes == "on" and (args.backend != "hf" or args.server or remote is not None):
+        this = f"--out {remote}" if remote is not None else "--server" if args.server else "--backend sglang"
+        raise InvalidArgumentError(
+            f"--dedup-prefixes on: shared prefixes are stored once by the HF backend into a local --out only, for now "
+            f"(this run: {this}); leave it out or pass off"
+        )
     if args.server:
         from ..capturing.sglang.client import preflight, writer_world
 
@@ -673,6 +688,8 @@ def _capture(args, session, tokenizer, info, records, stats, t_start: float) -> 
                 ratio = EXPECTED_RATIO[precision_name(args.precision)]
                 print(_disk_check(args.out, n, mean, token_bytes, how, args.max_length, ratio))
             print(f"resume    {len(session.done):,} samples already committed" if session.done else "fresh run")
+            if getattr(session, "prefixes", None) is not None:
+                print("prefixes  a system prompt several samples share is stored once (--dedup-prefixes off: whole)")
             log = CaptureLog(
                 log_path(args.out, args.rank, args.world_size),
                 rank=args.rank,

@@ -61,6 +61,8 @@ class TokenizedSample:
         input_ids: ``torch.LongTensor`` of shape ``[L]`` (int64), ``1 <= L <= max_length``.
         loss_mask: ``torch.LongTensor`` of shape ``[L]`` (int64, values 0/1), at least one 1.
         truncated: ``True`` if the sample was cut to ``max_length`` tokens.
+        system_tokens: how many of its first tokens are its system turn as the template renders it (0 without a
+            system message): what a capture may store once when other samples share it (docs/FORMAT.md 4.7).
     """
 
     index: int
@@ -68,6 +70,7 @@ class TokenizedSample:
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
     truncated: bool = False
+    system_tokens: int = 0
 
 
 def _chat_template(tokenizer: Any) -> str:
@@ -213,6 +216,21 @@ def _tokenize_spans(
     return ids, mask, False
 
 
+def _system_tokens(tokenizer: Any, messages: Sequence[dict[str, str]], text: str, ids: list[int], kw: dict) -> int:
+    """The first tokens of ``ids`` (the render ``text`` of ``messages``, tokenized) that the system turn renders to on
+    its own: 0 without a leading system message, or when the template renders it otherwise alone (or refuses to)."""
+    if not messages or messages[0]["role"] != "system":
+        return 0
+    try:
+        head = _render(tokenizer, messages[:1], False, kw)
+    except SampleRejected:
+        return 0
+    if not head or not text.startswith(head):
+        return 0
+    alone = _encode(tokenizer, head, None)
+    return next((i for i, (a, b) in enumerate(zip(alone, ids, strict=False)) if a != b), min(len(alone), len(ids)))
+
+
 def tokenize_conversation(
     conversation: Conversation,
     tokenizer: Any,
@@ -252,6 +270,7 @@ def tokenize_conversation(
             raise SampleRejected("no_assistant_turn", "no assistant turn after a user turn")
         text, spans = render_with_spans(tokenizer, messages, template_kwargs)
         ids, mask, truncated = _tokenize_spans(tokenizer, text, spans, max_length)
+        system_tokens = _system_tokens(tokenizer, messages, text, ids, dict(template_kwargs or {}))
         if not any(mask):
             why = "all assistant turns empty"
             if truncated:
@@ -273,6 +292,7 @@ def tokenize_conversation(
         input_ids=torch.tensor(ids, dtype=torch.int64),
         loss_mask=torch.tensor(mask, dtype=torch.int64),
         truncated=truncated,
+        system_tokens=system_tokens,
     )
 
 

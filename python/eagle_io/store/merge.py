@@ -5,7 +5,8 @@ source dataset) missing and unexpected ids.
 Ranks write ``manifest.r{rank:05}.json`` and ``shards/r{rank:05}-*.eio`` into one root
 (docs/FORMAT.md, section 1). :func:`merge_ranks` opens every rank manifest (each shard it lists is
 validated as by :class:`eagle_io.Dataset`), refuses ranks whose schema or metadata disagree (naming
-the key), and writes a manifest listing every rank's shards, in rank order, atomically (temporary
+the key), and writes a manifest listing every rank's shards and shared-prefix shards (docs/FORMAT.md 4.7), in rank
+order, atomically (temporary
 name, fsync, rename, directory fsync), after checking that it opens. It never writes a manifest
 that holds a sample id twice: a reader would refuse it.
 """
@@ -38,6 +39,7 @@ class MergeReport:
         written: whether ``manifest`` was (re)written by this merge.
         ranks: the rank manifests merged, in rank order.
         shards, samples, tokens: totals over all ranks.
+        prefix_records: the shared-prefix records carried (docs/FORMAT.md 4.7), of every rank.
         complete: every rank's writer closed (its manifest says ``complete``).
         incomplete_ranks: rank manifests whose writer did not close (crashed or still running).
         duplicates: sample id -> every ``"shard file (rank manifest)"`` holding it (two or more).
@@ -59,6 +61,7 @@ class MergeReport:
     shards: int = 0
     samples: int = 0
     tokens: int = 0
+    prefix_records: int = 0
     complete: bool = True
     incomplete_ranks: list[str] = field(default_factory=list)
     duplicates: dict[int, list[str]] = field(default_factory=dict)
@@ -210,7 +213,8 @@ def merge_ranks(
         A :class:`MergeReport`. No manifest is written when a sample id is held twice.
 
     Raises:
-        IncompatibleDatasetError: ranks disagree on the schema or metadata (naming the key), or
+        IncompatibleDatasetError: ranks disagree on the schema or metadata (naming the key), two ranks hold a
+            prefix record of the same id (naming both files; ids the writers number themselves never collide), or
             ``manifest.json`` lists shards no rank lists (a single-writer dataset shares the root).
         InvalidArgumentError: no manifest in ``root``, or a writer still holds one of them.
         ObjectStorageError: a request for a remote ``root`` failed (names the URL and the HTTP status);
@@ -255,6 +259,8 @@ def _merge(where, ranks, names, expected_ids, skipped, write, report: MergeRepor
     first: dict | None = None
     holders: dict[int, list[str]] = {}
     shards: list[dict] = []
+    prefixes: list[dict] = []  # every rank's prefix shards (docs/FORMAT.md 4.7)
+    prefix_ids: dict[int, tuple[str, str]] = {}  # prefix id -> (its key, "file (rank manifest)")
     listed_by: dict[str, str] = {}
     version = 1
     for name in names:
@@ -276,15 +282,26 @@ def _merge(where, ranks, names, expected_ids, skipped, write, report: MergeRepor
                 )
             if m["codec"] != first["codec"]:
                 report.warnings.append(f"{name} was written with codec {m['codec']}, {names[0]} with {first['codec']}")
-        if ranks and m.get("prefixes"):
-            # A sample of a rank references that rank's prefix records by id; the ranks number theirs apart,
-            # so one merged list could resolve a reference to another rank's prefix: refused, not guessed.
-            raise IncompatibleDatasetError(
-                f"{root}: cannot merge {name}: it stores {len(m['prefixes'])} shared prefix record(s) "
-                f"({m['prefixes'][0]['file']}, ...) that its samples reference, and a merged manifest could "
-                "resolve them to another rank's prefixes; write the ranks without prefix records, or read each rank's "
-                "manifest on its own"
-            )
+        for pid, _, key, file in ds.prefix_records():
+            held = f"{file} ({name})"
+            if pid in prefix_ids:
+                other_key, other = prefix_ids[pid]
+                same = (
+                    "the same token ids, stored apart (their states may differ)"
+                    if key == other_key
+                    else (f"different token ids ({other_key} vs {key})")
+                )
+                raise IncompatibleDatasetError(
+                    f"{root}: cannot merge {name}: prefix record {pid} is held by both {other} and {held}, with "
+                    f"{same}; a merged manifest would resolve one rank's references to the other's prefix (prefix "
+                    "records the writers number themselves never collide: rank * 2**40 on)"
+                )
+            prefix_ids[pid] = (key, held)
+        for s in m.get("prefixes", []):
+            if s["file"] in listed_by:
+                report.warnings.append(f"{s['file']} is listed by both {listed_by[s['file']]} and {name}")
+            listed_by[s["file"]] = name
+            prefixes.append(s)
         version = max(version, m["format_version"])
         if not m["complete"]:
             report.complete = False
@@ -315,6 +332,7 @@ def _merge(where, ranks, names, expected_ids, skipped, write, report: MergeRepor
     report.shards = len(shards)
     report.samples = sum(len(v) for v in holders.values())
     report.tokens = sum(s["tokens"] for s in shards)
+    report.prefix_records = len(prefix_ids)
     report.duplicates = {sid: h for sid, h in sorted(holders.items()) if len(h) > 1}
     if ranks:
         _audit_rank_numbers(ranks, first["metadata"], report)
@@ -345,6 +363,7 @@ def _merge(where, ranks, names, expected_ids, skipped, write, report: MergeRepor
             "metadata": first["metadata"],
             "codec": first["codec"],
             "shards": shards,
+            **({"prefixes": prefixes} if prefixes else {}),
             "complete": report.complete,
         }
         where.write(manifest_bytes(merged))

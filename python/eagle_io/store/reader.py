@@ -273,6 +273,12 @@ class Dataset:
             buffers.append(writable_bytes(t))
         return buffers
 
+    def prefix_records(self) -> list[tuple[int, int, str, str]]:
+        """The dataset's shared-prefix records (docs/FORMAT.md 4.7), in manifest order: ``(prefix_id, n_tokens,
+        "sha256:<hex>" of their token ids, their prefix shard's file as the manifest lists it)``; empty before
+        format version 3. They are no samples: no position, not counted by ``len``."""
+        return self._native.prefix_records()
+
     def __getitem__(self, pos: int) -> dict[str, Any]:
         if not -len(self) <= pos < len(self):
             raise SampleNotFoundError(f"position {pos} out of range for a dataset of {len(self)} samples")

@@ -109,6 +109,7 @@ class ShardWriter:
                 manifest_name=manifest_name,
                 resume=resume,
                 uploaded_to=uploaded_to,
+                rank=rank,
             )
         except BaseException:
             footprint.take_back([manifest_name, layout.lock_name(manifest_name), layout.SHARD_DIR])
@@ -129,25 +130,42 @@ class ShardWriter:
         except (ValueError, TypeError) as e:
             raise SchemaError.for_sample(sample_id, str(e)) from e
 
-    def write(self, sample_id: int, tensors: Mapping[str, Any], key: str = "", prefix: int | None = None) -> None:
+    def write(
+        self,
+        sample_id: int,
+        tensors: Mapping[str, Any],
+        key: str = "",
+        prefix: int | None = None,
+        *,
+        shared_prefix: int = 0,
+    ) -> None:
         """Writes one sample. ``sample_id`` is the caller's unique id (e.g. the source record
         number), ``key`` an optional string id (e.g. ShareGPT's ``id``). With ``prefix`` (an id
         ``write_prefix`` returned), the sample's first tokens are that prefix record's and
         ``tensors`` hold only the rows after it (``[L - prefix_tokens, ...]``); readers return the
-        whole sample. Blocks while the queue is full.
+        whole sample. With ``shared_prefix=P`` (``tensors`` whole), the sample's first ``P`` tokens
+        are a prefix other samples share (a system prompt): the first sample with those token ids
+        stores them as a prefix record (docs/FORMAT.md 4.7), numbered by the writer from
+        ``rank * 2**40`` on (apart from every other rank's, so ``eagle-io merge`` carries them), and
+        each such sample stores its rows after them with a reference. Blocks while the queue is full.
 
         Raises:
-            SchemaError: a tensor's dtype, shape or contiguity does not match, the id is taken, or
-                ``prefix`` names no prefix record of this dataset.
+            SchemaError: a tensor's dtype, shape or contiguity does not match, the id is taken,
+                ``prefix`` names no prefix record of this dataset, or ``shared_prefix`` leaves no token
+                of the sample (or comes with ``prefix``).
         """
-        self._native.write_batch([self._convert(sample_id, tensors, key)], [prefix])
+        self._native.write_batch([self._convert(sample_id, tensors, key)], [prefix], [shared_prefix])
 
     def write_batch(
-        self, samples: Sequence[tuple[int, Mapping[str, Any], str]], prefixes: Sequence[int | None] | None = None
+        self,
+        samples: Sequence[tuple[int, Mapping[str, Any], str]],
+        prefixes: Sequence[int | None] | None = None,
+        shared: Sequence[int] | None = None,
     ) -> None:
-        """Writes ``[(sample_id, tensors, key)]``, encoding all of them in parallel; ``prefixes``, one
-        per sample when given, as ``write``'s ``prefix``. Nothing is written when any sample is invalid."""
-        self._native.write_batch([self._convert(i, t, k) for i, t, k in samples], prefixes)
+        """Writes ``[(sample_id, tensors, key)]``, encoding all of them in parallel; ``prefixes`` and
+        ``shared``, one per sample when given, as ``write``'s ``prefix`` and ``shared_prefix``. Nothing
+        is written when any sample is invalid."""
+        self._native.write_batch([self._convert(i, t, k) for i, t, k in samples], prefixes, shared)
 
     def write_prefix(self, prefix_id: int, tensors: Mapping[str, Any]) -> tuple[int, int, str]:
         """Stores a shared prefix (e.g. a system prompt's tokens and states, every schema tensor

@@ -261,8 +261,8 @@ class ServerCapture:
 
     Raises:
         InvalidArgumentError: a preflight refusal (:func:`server_facts`), servers that disagree on the target,
-            ``sampling_params`` ``n`` other than 1, a start a server refused (its status' error, naming the URL and
-            rank).
+            ``options.dedup_prefixes`` True (samples are stored whole), ``sampling_params`` ``n`` other than 1, a
+            start a server refused (its status' error, naming the URL and rank).
         SGLangError: a server that does not answer.
     """
 
@@ -292,6 +292,11 @@ class ServerCapture:
                 f"concurrency {concurrency} (>= 1), retries {retries} (>= 0), backoff_s {backoff_s} (>= 0)"
             )
         options.refuse_writer_ranks()
+        if options.dedup_prefixes:
+            raise InvalidArgumentError(
+                "dedup_prefixes=True: a capture through SGLang servers stores every sample whole for now (shared "
+                "prefixes are stored once by the Hugging Face backend only); leave dedup_prefixes unset or False"
+            )
         self.servers = [
             f
             for u in urls
