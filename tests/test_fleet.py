@@ -228,7 +228,7 @@ def test_a_worker_added_to_the_gateway_joins_the_live_capture_and_an_offline_one
     served = _serve(gateway, 3, seed=11)
     url, proc = _worker(fleet.tmp, 2)
     fleet.workers[url] = proc
-    add_worker(gateway, url, CONTROL)
+    add_worker(gateway, url, CONTROL, api_key=KEY)
     states = {s["url"]: s["state"] for s in capture_status(gateway, **KEYS)}
     assert sorted(states.values()) == ["capturing", "capturing", "idle"] and states[next(iter(
         u for u in states if url in u))] == "idle", states  # fmt: skip
@@ -260,7 +260,7 @@ def test_a_worker_added_to_the_gateway_joins_the_live_capture_and_an_offline_one
     with eagle_io.capture(gateway, tmp_path / "off", concurrency=2, **KEYS) as cap:
         cap.submit(todo[:3])
         assert cap.writers == 2 and cap.joined == []
-        add_worker(gateway, url, CONTROL)
+        add_worker(gateway, url, CONTROL, api_key=KEY)
         cap.submit(todo[3:])
         assert len(cap.joined) == 1 and url in cap.joined[0].url and cap.writers == 3
     items = held_to_reference(tmp_path / "off", model)

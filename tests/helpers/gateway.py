@@ -91,10 +91,13 @@ def _control(gateway: str, method: str, path: str, control_key: str | None, body
     return json.loads(raw) if raw else {}
 
 
-def add_worker(gateway: str, worker_url: str, control_key: str | None, timeout_s: float = 120.0) -> str:
-    """Adds a running worker to the gateway as an operator does (SMG's ``POST /workers {"url"}``, answered
-    ``accepted`` and registered in the background); returns its id once the control plane lists it ready."""
-    wid = _control(gateway, "POST", "/workers", control_key, {"url": worker_url})["worker_id"]
+def add_worker(gateway: str, worker_url: str, control_key: str | None, api_key: str | None = None,
+               timeout_s: float = 180.0) -> str:  # fmt: skip
+    """Adds a running worker to the gateway as an operator does (SMG's ``POST /workers {"url", "api_key"}``: a worker
+    added at run time does not get the gateway's ``--api-key``, its own is given; answered ``accepted`` and
+    registered in the background); returns its id once the control plane lists it ready."""
+    body = {"url": worker_url, **({"api_key": api_key} if api_key else {})}
+    wid = _control(gateway, "POST", "/workers", control_key, body)["worker_id"]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         listed = _control(gateway, "GET", "/v1/rl/workers", control_key)["workers"]
