@@ -1,6 +1,6 @@
 """Train the reference EAGLE-3 draft on shards (CPU) and export it for SGLang (safetensors + config.json), with its
 held-out offline accept length (speculation_profile.json) and the sample ids it trained on (training_samples.json).
-``--init-from DRAFT`` continues from a draft train-draft exported (:mod:`eagle_io.draft.init_from`)."""
+``--init-from DRAFT`` continues from a draft train-draft exported (:mod:`eagle_io.spec.init_from`)."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     vocab = head.config["vocab_size"]
     init_model = None
     if args.init_from:  # eval-draft's checks of a draft against a target and dataset, before anything is written
-        from ..draft.init_from import load_init_draft
+        from ..spec.init_from import load_init_draft
 
         init_model, mapping = load_init_draft(
             args.init_from,

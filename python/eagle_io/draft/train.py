@@ -576,7 +576,7 @@ def train_draft(
         mapping: :class:`eagle_io.interop.vocab.VocabMapping` whose ``target_vocab_size`` is the head's vocabulary.
         config: :class:`TrainConfig`.
         init: a draft to continue training from (trained in place; its weights are the step-0 weights, so
-            ``initial`` measures it) instead of a freshly initialised one: :func:`eagle_io.draft.init_from.
+            ``initial`` measures it) instead of a freshly initialised one: :func:`eagle_io.spec.init_from.
             load_init_draft` loads and checks an exported one. Its draft vocabulary must be ``mapping``'s.
         log: progress lines (None for silence).
 
@@ -608,7 +608,7 @@ def train_draft(
     elif init.config.draft_vocab_size != mapping.draft_vocab_size:
         raise IncompatibleDatasetError(
             f"the init draft's draft vocabulary has {init.config.draft_vocab_size} entries, the mapping "
-            f"{mapping.draft_vocab_size}: continue on the draft's own map (eagle_io.draft.init_from.load_init_draft)"
+            f"{mapping.draft_vocab_size}: continue on the draft's own map (eagle_io.spec.init_from.load_init_draft)"
         )
     else:
         model = init

@@ -4,7 +4,8 @@
   verification, KV caches on both sides; lossless (its tokens are the target's greedy decoding, :func:`greedy_decode`).
   ``as_algorithm="EAGLE"`` feeds the draft what SGLang feeds an EAGLE-3 draft launched with the wrong flag.
 * :func:`load_served_draft` (:mod:`.loading`): an SGLang-format draft loaded for a target the way SGLang loads it,
-  refused with ``check-serving``'s findings where SGLang would serve it wrong.
+  refused with ``check-serving``'s findings where SGLang would serve it wrong; :func:`.init_from.load_init_draft`
+  reuses those checks for ``train-draft --init-from``.
 * Counts: :class:`eagle_io.draft.acceptance.AcceptHistogram` (SGLang's convention: bonus token counted, pooled);
   the offline accept length from stored shards is :func:`eagle_io.draft.acceptance.offline_accept`.
 """

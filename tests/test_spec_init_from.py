@@ -1,4 +1,4 @@
-"""``train-draft --init-from DRAFT`` (eagle_io.draft.init_from): training continues from the exported draft's weights
+"""``train-draft --init-from DRAFT`` (eagle_io.spec.init_from): training continues from the exported draft's weights
 on its own vocabulary map, and a draft that does not fit the target, the dataset or the options is refused, each
 difference named, before anything is written."""
 

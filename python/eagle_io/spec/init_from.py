@@ -18,9 +18,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..draft.model import Eagle3Draft
+from ..draft.train import TargetHead
 from ..errors import DraftMismatchError, InvalidArgumentError
-from .model import Eagle3Draft
-from .train import TargetHead
+from ..interop.vocab import draft_vocab_mapping
+from .loading import check_dataset_fits, load_served_draft
 
 __all__ = ["load_init_draft"]
 
@@ -53,9 +55,6 @@ def load_init_draft(
         InvalidArgumentError: a head without a target identity or config (a head built in memory).
         CheckpointError: an unreadable draft directory, or weights holding NaN/Inf.
     """
-    from ..interop.vocab import draft_vocab_mapping
-    from ..spec.loading import check_dataset_fits, load_served_draft
-
     if head.identity is None or head.target_config is None:
         raise InvalidArgumentError(
             "--init-from needs the target's identity and config.json to check the draft against "
