@@ -58,7 +58,7 @@ def test_chunked_prefill_decode_and_retraction_assemble_one_sample_in_order(tmp_
     sink = _SlowSink(0)
     sink.tensors = {}
 
-    def put(sid, tensors, key="", shared_prefix=0):
+    def put(sid, tensors, key="", shared_prefix=0, stored_prefix=None):
         sink.put_ids.append(sid)
         sink.tensors[sid] = tensors
         return True
@@ -120,7 +120,7 @@ class _SlowSink:
     def __init__(self, delay: float) -> None:
         self.delay, self.put_ids, self.closed = delay, [], 0
 
-    def put(self, sample_id, tensors, key="", shared_prefix=0):
+    def put(self, sample_id, tensors, key="", shared_prefix=0, stored_prefix=None):
         self.put_ids.append(sample_id)
         return True
 

@@ -27,7 +27,7 @@ class _Sink:
         self.put_ids: list[int] = []
         self.tensors: dict[int, dict] = {}
 
-    def put(self, sample_id, tensors, key="", shared_prefix=0):
+    def put(self, sample_id, tensors, key="", shared_prefix=0, stored_prefix=None):
         self.put_ids.append(sample_id)
         self.tensors[sample_id] = tensors
         return True

@@ -268,3 +268,30 @@ def test_the_capture_ring_carries_the_shared_prefix_count(tmp_path):
     ds = eagle_io.Dataset(tmp_path)
     same({k: ds[0][k] for k in first}, first)
     same({k: ds[1][k] for k in second}, second)
+
+
+def test_a_sample_put_after_its_stored_prefix_reads_back_whole_and_an_unknown_digest_stops_the_capture(tmp_path):
+    from eagle_io.capturing.prefixes import token_digest
+    from eagle_io.capturing.ring import RingSink
+
+    first = make_sample(1, 6, hidden=H)
+    second = {k: torch.cat([v[:4], make_sample(2, 3, hidden=H)[k]]) for k, v in first.items()}
+    sink = RingSink(eagle_io.ShardWriter(tmp_path, eagle_io.eagle3_schema(H), META, threads=1), ring_bytes=1 << 20)
+    digest = token_digest(first["input_ids"][:4])
+    with pytest.raises(eagle_io.SchemaError, match="a stored_prefix is given with no shared_prefix"):
+        sink.put(2, {k: v[4:] for k, v in second.items()}, shared_prefix=1, stored_prefix=digest)
+    assert sink.put(1, first, shared_prefix=4)
+    assert sink.put(2, {k: v[4:] for k, v in second.items()}, stored_prefix=digest)  # its 3 tokens after the prefix
+    m = sink.close()
+    assert [p["tokens"] for p in m["prefixes"]] == [4] and [s["samples"] for s in m["shards"]] == [2]
+    ds = eagle_io.Dataset(tmp_path)
+    same({k: ds[1][k] for k in second}, second)
+    assert eagle_io.Dataset.verify(tmp_path) == []
+
+    other = tmp_path / "other"
+    sink = RingSink(eagle_io.ShardWriter(other, eagle_io.eagle3_schema(H), META, threads=1), ring_bytes=1 << 20)
+    assert sink.put(3, first)
+    assert sink.put(2, {k: v[4:] for k, v in second.items()}, stored_prefix=digest)
+    with pytest.raises(eagle_io.SchemaError, match=r"sample 2: .*references the prefix record sha256:[0-9a-f]{64}, "
+                                                   "which the writer does not hold"):  # fmt: skip
+        sink.close()

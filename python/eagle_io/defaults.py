@@ -50,10 +50,14 @@ before it blocks; the shard being written comes on top (docs/STORAGE.md)."""
 
 # Shared prefixes stored once (docs/FORMAT.md 4.7): a capture's samples that begin with the same system prompt.
 DEDUP_PREFIXES: bool = True
-"""Whether a capture that can (the Hugging Face backend into a local directory) stores a system prompt shared by
-several samples once, as a prefix record each later sample references (``eagle-io generate --dedup-prefixes``)."""
+"""Whether a capture that can (into a local directory: the Hugging Face backend, and a live capture on SGLang)
+stores a prefix shared by several samples once, as a prefix record each later sample references (``eagle-io
+generate --dedup-prefixes``, ``eagle-io live start --dedup-prefixes``)."""
 PREFIX_BLOCK_TOKENS: int = 64
 """A shared prefix is a multiple of this many tokens, and at least this many (shorter ones are stored whole)."""
+PREFIX_DIGESTS_KEPT: int = 1 << 16
+"""Block digests of earlier samples a capture remembers to find shared prefixes (about 100 bytes each; least
+recently seen forgotten first): bounds a live capture's memory over served traffic."""
 
 # The client of a running SGLang server (eagle_io.capture(url), eagle-io generate --server): client-side only.
 SERVER_CONCURRENCY: int = 32

@@ -444,6 +444,12 @@ impl DatasetWriter {
         Ok(p)
     }
 
+    /// The id of the prefix record whose token ids have SHA-256 `digest` (written by this writer or
+    /// in the dataset it resumed), if any.
+    pub fn prefix_id(&self, digest: &[u8; 32]) -> Option<u64> {
+        self.prefix_ids.get(digest).copied()
+    }
+
     /// The prefix records written or found on resume, by id.
     pub fn prefixes(&self) -> &HashMap<u64, PrefixRef> {
         &self.prefixes

@@ -11,7 +11,7 @@ use super::manifest::manifest_to_py;
 use super::slot::RingSlot;
 use super::writer::{stats_dict, Writer};
 use crate::error::Error;
-use crate::ring::CaptureSink as CoreSink;
+use crate::ring::{CaptureSink as CoreSink, SharedPrefix};
 
 #[pyclass(module = "eagle_io._native")]
 pub struct CaptureSink {
@@ -61,10 +61,13 @@ impl CaptureSink {
     /// saturated that many values; the writer checks and stores them without quantising again.
     /// `shared_prefix` (tokens): the sample's first tokens that other samples share, stored once as a
     /// prefix record (docs/FORMAT.md 4.7), the sample as its rows after them and a reference.
-    #[pyo3(signature = (slot, sample_id, key, n_tokens, cancelled = false, fp8_clamped = None, shared_prefix = None))]
+    /// `stored_prefix` (32 bytes): the SHA-256 digest of a prefix record's token ids, written
+    /// before this slot is committed; the slot holds only the `n_tokens` rows after that prefix.
+    #[pyo3(signature = (slot, sample_id, key, n_tokens, cancelled = false, fp8_clamped = None, shared_prefix = None, stored_prefix = None))]
     ///
     /// Raises `InvalidArgumentError` for a slot another sink reserved or a negative or too
-    /// large `sample_id`, `n_tokens` or `fp8_clamped` (each in `[0, 2**64)`), and `SchemaError` when
+    /// large `sample_id`, `n_tokens` or `fp8_clamped` (each in `[0, 2**64)`), both `shared_prefix`
+    /// and `stored_prefix`, or a `stored_prefix` of other than 32 bytes, and `SchemaError` when
     /// `n_tokens` rows of the schema do not fill the slot exactly (all before anything is
     /// handed over: the slot stays reserved, and the sink keeps running).
     #[allow(clippy::too_many_arguments)]
@@ -77,11 +80,23 @@ impl CaptureSink {
         cancelled: bool,
         fp8_clamped: Option<&Bound<'_, PyAny>>,
         shared_prefix: Option<&Bound<'_, PyAny>>,
+        stored_prefix: Option<&[u8]>,
     ) -> PyResult<()> {
         let sample_id: u64 = unsigned(sample_id, "sample_id")?;
         let n_tokens: u64 = unsigned(n_tokens, "n_tokens")?;
         let fp8_clamped: Option<u64> = unsigned_opt(fp8_clamped, "fp8_clamped")?;
         let shared_prefix: u64 = unsigned_opt(shared_prefix, "shared_prefix")?.unwrap_or(0);
+        let prefix = match (shared_prefix, stored_prefix) {
+            (0, None) => SharedPrefix::None,
+            (n, None) => SharedPrefix::First(n),
+            (0, Some(d)) => SharedPrefix::Stored(d.try_into().map_err(|_| {
+                Error::InvalidArgument(format!("stored_prefix is a 32-byte SHA-256 digest, not {} bytes", d.len()))
+            })?),
+            (_, Some(_)) => {
+                let e = "a sample gives either its shared_prefix or a stored_prefix, not both";
+                return Err(PyErr::from(Error::InvalidArgument(e.into())));
+            }
+        };
         if !slot.reserved_by(slf.as_any()) {
             let e = Error::InvalidArgument(format!("ring slot {} was reserved by another capture sink", slot.id()));
             return Err(PyErr::from(e));
@@ -97,7 +112,7 @@ impl CaptureSink {
                 n_tokens,
                 cancelled,
                 fp8_clamped,
-                shared_prefix,
+                prefix,
                 || slot.hand_over(),
             )
             .map_err(PyErr::from)

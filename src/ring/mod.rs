@@ -10,7 +10,7 @@ mod slots;
 
 pub use arena::Arena;
 pub use sink::{CaptureSink, SinkStats};
-pub use slots::{Reserved, Ring, RingStats};
+pub use slots::{Reserved, Ring, RingStats, SharedPrefix};
 
 /// Default arena size: room for many prefill batches of a 7B-70B target's states, small enough to pin
 /// on every DP rank of a node.

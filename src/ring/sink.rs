@@ -5,9 +5,10 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use super::slots::{Committed, Ring, RingStats};
+use super::slots::{Committed, Ring, RingStats, SharedPrefix};
 use crate::dataset::{DatasetWriter, Manifest, SampleRef, StatsHandle, WriterStats};
 use crate::error::{catch_panic, Error, Result};
+use crate::format::record::prefix_key;
 use crate::interrupt::Interrupt;
 
 /// Ring and writer counters together.
@@ -64,14 +65,46 @@ fn pump(ring: &Ring, mut writer: DatasetWriter, batch: usize) -> Result<Manifest
             return writer.close();
         }
         let kept: Vec<_> = taken.iter().filter(|c| !c.cancelled).collect();
-        let refs: Vec<_> = kept.iter().map(|c| sample_ref(ring, &writer, c)).collect();
-        let shared: Vec<u64> = kept.iter().map(|c| c.shared_prefix).collect();
-        if let Err(e) = writer.write_batch_sharing(&refs, &shared) {
+        let written = kept
+            .iter()
+            .map(|c| {
+                let mut r = sample_ref(ring, &writer, c);
+                if let SharedPrefix::Stored(digest) = c.prefix {
+                    r.prefix = Some(stored_prefix(&writer, c.sample_id, &digest)?);
+                }
+                Ok(r)
+            })
+            .collect::<Result<Vec<_>>>()
+            .and_then(|refs| {
+                let shared: Vec<u64> = kept
+                    .iter()
+                    .map(|c| match c.prefix {
+                        SharedPrefix::First(n) => n,
+                        _ => 0,
+                    })
+                    .collect();
+                writer.write_batch_sharing(&refs, &shared)
+            });
+        if let Err(e) = written {
             ring.fail(&e);
             return Err(e);
         }
         ring.release(taken.len());
     }
+}
+
+/// The id of the prefix record a `SharedPrefix::Stored` sample references. Its producer commits
+/// it only after the sample that stores the record (ring order is write order), so a digest the
+/// writer does not hold is a producer's error, which stops the capture.
+fn stored_prefix(writer: &DatasetWriter, sample_id: u64, digest: &[u8; 32]) -> Result<u64> {
+    writer.prefix_id(digest).ok_or_else(|| Error::Schema {
+        sample_id,
+        message: format!(
+            "it references the prefix record {}, which the writer does not hold (a reference must be committed \
+             after the sample that stores its prefix)",
+            prefix_key(digest)
+        ),
+    })
 }
 
 impl CaptureSink {
@@ -110,8 +143,8 @@ impl CaptureSink {
 
     /// Commits reserved slot `id` of `len` bytes holding `n_tokens` rows of the schema (or, with
     /// `cancelled`, abandons it); with `prequantised`, its FP8 tensors hold quantised rows
-    /// (`SampleRef::prequantised`); its first `shared_prefix` tokens are a prefix other samples
-    /// share, stored once (`DatasetWriter::write_batch_sharing`; 0: none). `hand_over` runs once the rows are known to fill the slot exactly
+    /// (`SampleRef::prequantised`); `prefix` says what it shares with other samples
+    /// (`SharedPrefix`: with `Stored`, its `n_tokens` rows are those after the prefix). `hand_over` runs once the rows are known to fill the slot exactly
     /// and before the sink thread can see it: the producer's last chance to stop writing the slot.
     ///
     /// Errors: `Schema` when `n_tokens` rows do not fill the slot exactly (nothing is handed over:
@@ -127,7 +160,7 @@ impl CaptureSink {
         n_tokens: u64,
         cancelled: bool,
         prequantised: Option<u64>,
-        shared_prefix: u64,
+        prefix: SharedPrefix,
         hand_over: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
         if prequantised.is_some() && self.stored_token_bytes == self.token_bytes {
@@ -146,14 +179,17 @@ impl CaptureSink {
             return Err(Error::Schema { sample_id, message });
         }
         hand_over()?;
-        if !cancelled && shared_prefix >= n_tokens.max(1) {
-            let message = format!(
-                "a shared prefix of {shared_prefix} tokens in a sample of {n_tokens}: it must leave at least one token"
-            );
+        let refused = match prefix {
+            SharedPrefix::First(n) if n >= n_tokens.max(1) => Some(format!("a shared prefix of {n} tokens")),
+            SharedPrefix::Stored(_) if n_tokens == 0 => Some("a stored prefix".to_string()),
+            _ => None,
+        };
+        if let (false, Some(what)) = (cancelled, refused) {
+            let message = format!("{what} in a sample of {n_tokens} tokens: it must leave at least one token");
             return Err(Error::Schema { sample_id, message });
         }
         self.ring
-            .commit(id, sample_id, key, n_tokens, cancelled, prequantised, shared_prefix)
+            .commit(id, sample_id, key, n_tokens, cancelled, prequantised, prefix)
     }
 
     /// The ring: producers `reserve` slots on it (and `commit` them through the sink).

@@ -23,8 +23,23 @@ pub struct Committed {
     pub cancelled: bool,
     /// `Some(clamped)`: its FP8 tensors hold quantised rows (`SampleRef::prequantised`).
     pub prequantised: Option<u64>,
-    /// Its first tokens that other samples share, stored once (`DatasetWriter::write_batch_sharing`; 0: none).
-    pub shared_prefix: u64,
+    /// What it shares with other samples: nothing, its first tokens, or a prefix stored already.
+    pub prefix: SharedPrefix,
+}
+
+/// What a committed sample shares with other samples (docs/FORMAT.md 4.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SharedPrefix {
+    /// Nothing: the slot holds the whole sample, stored whole.
+    #[default]
+    None,
+    /// The slot holds the whole sample; its first `n` tokens (at least one token left after
+    /// them) are stored once (`DatasetWriter::write_batch_sharing`).
+    First(u64),
+    /// The slot holds only the sample's rows after a prefix stored already: the prefix record
+    /// whose token ids (int64 little-endian) have this SHA-256 digest, written before this slot
+    /// was committed (by a `First` slot committed earlier, or in the dataset resumed).
+    Stored([u8; 32]),
 }
 
 #[derive(Debug)]
@@ -201,7 +216,7 @@ impl Ring {
     }
 
     /// Commits (or, with `cancelled`, abandons) reserved slot `id` once its bytes are written;
-    /// `prequantised` as `SampleRef::prequantised`, `shared_prefix` as `Committed::shared_prefix`.
+    /// `prequantised` as `SampleRef::prequantised`, `prefix` as `Committed::prefix`.
     #[allow(clippy::too_many_arguments)]
     pub fn commit(
         &self,
@@ -211,7 +226,7 @@ impl Ring {
         n_tokens: u64,
         cancelled: bool,
         prequantised: Option<u64>,
-        shared_prefix: u64,
+        prefix: SharedPrefix,
     ) -> Result<()> {
         let mut st = self.lock();
         let slot = st
@@ -227,7 +242,7 @@ impl Ring {
             n_tokens,
             cancelled,
             prequantised,
-            shared_prefix,
+            prefix,
         });
         if !cancelled {
             st.stats.committed_bytes += slot.len as u64;
@@ -253,7 +268,7 @@ impl Ring {
                         n_tokens: 0,
                         cancelled: true,
                         prequantised: None,
-                        shared_prefix: 0,
+                        prefix: SharedPrefix::None,
                     });
                     abandoned += 1;
                 }
@@ -311,7 +326,7 @@ mod tests {
     const NEVER: &Interrupt<'static> = &Interrupt::NEVER;
 
     fn commit(r: &Ring, s: Reserved, id: u64) {
-        r.commit(s.id, id, String::new(), 1, false, None, 0).unwrap();
+        r.commit(s.id, id, String::new(), 1, false, None, SharedPrefix::None).unwrap();
     }
 
     #[test]

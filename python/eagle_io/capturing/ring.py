@@ -136,22 +136,32 @@ class RingSink:
         """Commits GPU-copied slots once their copy has finished (waits off the forward thread)."""
         assert self._done is not None
         while (item := self._done.get()) is not None:
-            event, slot, sample_id, key, n, clamped, shared = item
+            event, slot, sample_id, key, n, clamped, prefix = item
             try:
                 event.synchronize()
                 clamped = None if clamped is None else int(clamped)  # copied with the slot
-                self._sink.commit(slot, sample_id, key, n, fp8_clamped=clamped, shared_prefix=shared)
+                self._sink.commit(slot, sample_id, key, n, fp8_clamped=clamped, **prefix)
             except BaseException as e:  # surfaced by the next put() or close()
                 self._error = e
 
     def put(
-        self, sample_id: int, tensors: Mapping[str, torch.Tensor], key: str = "", *, shared_prefix: int = 0
+        self,
+        sample_id: int,
+        tensors: Mapping[str, torch.Tensor],
+        key: str = "",
+        *,
+        shared_prefix: int = 0,
+        stored_prefix: bytes | None = None,
     ) -> bool:
         """Copies one sample (CPU or CUDA tensors named by the schema, each ``[L]`` / ``[L, width]``,
         contiguous) into the ring and commits it. Returns False when the ring was full and the sink
         drops (counted; a sample larger than the whole ring too, which no wait would make room for), True otherwise.
         ``shared_prefix``: the sample's first tokens that other samples share, stored once
-        (:meth:`eagle_io.ShardWriter.write`'s ``shared_prefix``; 0: none).
+        (:meth:`eagle_io.ShardWriter.write`'s ``shared_prefix``; 0: none). ``stored_prefix``: the SHA-256 digest
+        (32 bytes) of the token ids of a prefix record put before (by a sample's ``shared_prefix``, or in the
+        dataset resumed): ``tensors`` then hold only the sample's ``L`` tokens after that prefix, and it reads back
+        whole (docs/FORMAT.md 4.7). A digest the writer does not hold when it reaches the sample stops the
+        capture (a producer's error: the ring writes in commit order).
 
         Raises:
             SchemaError: an id outside ``[0, 2**64)`` or already put (or in the resumed dataset), a missing tensor,
@@ -181,6 +191,11 @@ class RingSink:
             raise SchemaError.for_sample(
                 sample_id, f"shared_prefix {shared_prefix!r}: a shared prefix is an int in [0, {n}) (its L tokens)"
             )
+        if stored_prefix is not None and (shared_prefix or n == 0):
+            raise SchemaError.for_sample(
+                sample_id, "a stored_prefix is given with no shared_prefix and 1 token or more"
+            )
+        prefix = {"shared_prefix": shared_prefix} if stored_prefix is None else {"stored_prefix": bytes(stored_prefix)}
         quantize = self._quantize_on_device is True or (
             self._quantize_on_device is None and all(t.is_cuda for t, q in zip(ts, self._fp8, strict=True) if q)
         )
@@ -202,9 +217,9 @@ class RingSink:
             raise
         if event is None:
             clamped = None if clamped is None else int(clamped)
-            self._sink.commit(slot, sample_id, key, n, fp8_clamped=clamped, shared_prefix=shared_prefix)
+            self._sink.commit(slot, sample_id, key, n, fp8_clamped=clamped, **prefix)
         else:
-            self._done.put((event, slot, sample_id, key, n, clamped, shared_prefix))
+            self._done.put((event, slot, sample_id, key, n, clamped, prefix))
         self._ids.add(sample_id)
         self.quantized_before_copy += quantize
         return True

@@ -81,7 +81,9 @@ class ForwardSample(NamedTuple):
     """One sample of a forward for :meth:`SampleStore.put_forward`: its rows are ``[start, start + length)`` of the
     forward's ``[N, ...]`` states; ``input_ids [L]`` and ``loss_mask [L]`` as for :meth:`SampleStore.put`;
     ``shared_prefix``: its first tokens that other samples share, stored once (:mod:`eagle_io.capturing.prefixes`;
-    0: none)."""
+    0: none). ``stored_prefix``: the SHA-256 digest of a prefix record's token ids put before; ``input_ids``,
+    ``loss_mask`` and the rows are then the sample's tokens after that prefix only
+    (:meth:`eagle_io.capturing.ring.RingSink.put`)."""
 
     sample_id: int
     input_ids: Sequence[int] | torch.Tensor
@@ -90,6 +92,7 @@ class ForwardSample(NamedTuple):
     length: int
     key: str = ""
     shared_prefix: int = 0
+    stored_prefix: bytes | None = None
 
 
 def _check_policy(name: str, policy: str) -> None:
@@ -458,7 +461,10 @@ class SampleStore:
             if s.sample_id in self.done:
                 self.counts["already_done"] += 1
                 return False
-            if not self._sink.put(s.sample_id, tensors, key=s.key, shared_prefix=s.shared_prefix):
+            put = self._sink.put(
+                s.sample_id, tensors, key=s.key, shared_prefix=s.shared_prefix, stored_prefix=s.stored_prefix
+            )
+            if not put:
                 self.counts["dropped"] += 1
                 return False
             self.done.add(s.sample_id)
