@@ -147,7 +147,8 @@ def _writing_capture(out: Path, sink: _SlowSink):
     cap.token, cap.url = SECRET, out
     cap.request_counts = dict.fromkeys(cc.REQUEST_COUNTS, 0)
     cap.live, cap.admission, cap.admitted, cap.ready, cap.error = None, cc.Admission(None, 4), {}, None, None
-    cap.handoff = cc.Handoff(cap.store, slots=4, drop_when_full=False, stored=cap.admission.stored, fail=cap.fail)
+    cap.prefixes, cap.prefix_counts = None, dict.fromkeys(cc.PREFIX_COUNTS, 0)
+    cap.handoff = cc.Handoff(cap.store, slots=4, drop_when_full=False, stored=cap._stored, fail=cap.fail)
     sc._ACTIVE = cap
     return cap
 

@@ -184,7 +184,8 @@ def _scheduler_capture(store):
         "secret",
     )
     cap.live, cap.admission, cap.admitted, cap.ready, cap.error = None, cc.Admission(None, 8), {}, None, None
-    cap.handoff = cc.Handoff(store, slots=4, drop_when_full=False, stored=cap.admission.stored, fail=cap.fail)
+    cap.prefixes, cap.prefix_counts = None, dict.fromkeys(cc.PREFIX_COUNTS, 0)
+    cap.handoff = cc.Handoff(store, slots=4, drop_when_full=False, stored=cap._stored, fail=cap.fail)
     return cap
 
 

@@ -27,6 +27,7 @@ from test_sglang_spec import launch_spec_server
 
 import eagle_io
 from eagle_io.capturing.options import CaptureOptions
+from eagle_io.capturing.prefixes import token_digest
 from eagle_io.capturing.sglang.client import ServerCapture, capture_status
 from eagle_io.capturing.sglang.live import LivePolicy
 from eagle_io.errors import StorageError
@@ -155,6 +156,53 @@ def test_a_sampled_request_stores_its_prompt_and_answer_as_served(topk, trained,
     finally:
         if proc is not None:
             stop_server(proc)
+
+
+def test_a_shared_system_prompt_is_computed_and_stored_once_and_reads_back_whole(trained, chain, hf, tmp_path):
+    """Rate 1, shared prefixes stored once (the default): 8 prompts, each a 128-token system prompt, 5 common tokens
+    and a question of its own, sent one at a time. The first two are computed whole (the second shares the system
+    prompt with the first: its first 128 tokens become a prefix record); the third, admitted after that record, is
+    no longer isolated, but SGLang's cache holds nothing of it yet; each later one is served by SGLang from its cache
+    for exactly the 128 tokens of the record (SGLang's own ``cached_tokens``: the cap, although it holds 133) and
+    stores only the rows it computed. Every sample reads back whole: prompt plus answer as served, held to the HF
+    forward; the dataset holds one prefix record and verifies."""
+    url, _ = chain
+    g = torch.Generator().manual_seed(44)
+    system = torch.randint(10, 1000, (128,), generator=g).tolist()
+    common = torch.randint(10, 1000, (5,), generator=g).tolist()
+    prompts = [system + common + torch.randint(10, 1000, (20,), generator=g).tolist() for _ in range(8)]
+
+    def records() -> int:
+        return (capture_status(url)[0]["prefixes"] or {}).get("records", 0)
+
+    served, cached = {}, []
+    with ServerCapture(url, tmp_path / "dd", CaptureOptions(), live=LivePolicy(sample_rate=1.0)) as cap:
+        for i, p in enumerate(prompts):
+            rid = f"t-{uuid.uuid4().hex[:12]}"
+            body = {"input_ids": p, "rid": rid, "sampling_params": {"max_new_tokens": ANSWER, "temperature": 0.0}}
+            out = http_json(f"{url}/generate", body, timeout_s=300)
+            served[rid] = (p, out["output_ids"])
+            cached.append(out["meta_info"]["cached_tokens"])
+            deadline = time.monotonic() + 60  # the hand-off puts a sample (and notes its record) after the answer
+            while i == 1 and records() < 1 and time.monotonic() < deadline:
+                time.sleep(0.2)
+        assert records() == 1
+    st = cap.stats()
+    assert cached == [0, 0, 0] + [128] * 5, cached
+    assert (st["scheduler_written"], st["scheduler_incomplete"], st["scheduler_after_stored_prefix"]) == (8, 0, 6)
+    assert st["scheduler_prefix_tokens_from_cache"] == 6 * 128
+    root = tmp_path / "dd"
+    assert eagle_io.Dataset.verify(root) == []
+    ds = eagle_io.Dataset(root)
+    (record,) = ds.prefix_records()
+    assert record[1] == 128 and record[2] == "sha256:" + token_digest(system).hex()
+    stored = _stored(root)
+    assert sorted(stored) == sorted(served)
+    for rid, (prompt, output) in served.items():
+        item = stored[rid]
+        assert item["input_ids"].tolist() == prompt + output[:-1]
+        assert item["loss_mask"].tolist() == [0] * len(prompt) + [1] * (len(output) - 1)
+        _held_to_hf(item, hf)
 
 
 def test_only_sampled_requests_leave_a_trace_and_no_rate_changes_what_is_served(trained, chain, tmp_path):

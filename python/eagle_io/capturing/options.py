@@ -8,12 +8,14 @@ What a backend cannot honour is refused there (:meth:`CaptureOptions.refuse`), n
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import defaults
 from ..errors import InvalidArgumentError, check_keywords
+from ..store import layout
 from ..store.schema import STATE_DTYPES, precision_name
 from .ring import check_ring_options
 
@@ -130,6 +132,22 @@ class CaptureOptions:
     def replace(self, **changes: Any) -> CaptureOptions:
         """A copy with ``changes`` (checked again)."""
         return dataclasses.replace(self, **changes)
+
+    def stores_prefixes_once(self, out_dir: str | os.PathLike[str]) -> bool:
+        """Whether a capture into ``out_dir`` stores prefixes several samples share once (docs/FORMAT.md 4.7):
+        ``dedup_prefixes``, default :data:`eagle_io.defaults.DEDUP_PREFIXES`, and never into object storage
+        (an ``s3://`` ``out_dir``: prefix records are not uploaded yet, so its samples are stored whole).
+
+        Raises:
+            InvalidArgumentError: ``dedup_prefixes=True`` with an object-storage ``out_dir``.
+        """
+        remote = layout.is_url(out_dir)
+        if self.dedup_prefixes and remote:
+            raise InvalidArgumentError(
+                f"dedup_prefixes=True with out_dir {out_dir}: prefix records are not uploaded to object storage yet; "
+                "capture to a local directory, or store the samples whole (dedup_prefixes=False)"
+            )
+        return not remote and (defaults.DEDUP_PREFIXES if self.dedup_prefixes is None else self.dedup_prefixes)
 
     def refuse(self, backend: str, **unsupported: str) -> None:
         """Refuses the options ``backend`` cannot honour: each keyword names a writer option and why.

@@ -15,7 +15,6 @@ import torch
 
 from .. import defaults
 from ..errors import ArgumentTypeError, InternalError, InvalidArgumentError, SchemaError, check_keywords
-from ..store import layout
 from .hf import HFCapture
 from .options import WRITER_OPTIONS, CaptureOptions
 from .prefixes import SharedPrefixes
@@ -92,18 +91,12 @@ class CaptureSession:
                 f"cannot capture from a {type(target).__name__}: expected a Hugging Face model (torch.nn.Module)"
             )
         state_dtype = getattr(torch, options.state_dtype)
-        remote = layout.is_url(out_dir)
-        if options.dedup_prefixes and remote:
-            raise InvalidArgumentError(
-                f"dedup_prefixes=True with out_dir {out_dir}: prefix records are not uploaded to object storage yet; "
-                "capture to a local directory, or store the samples whole (dedup_prefixes=False)"
-            )
-        dedup = defaults.DEDUP_PREFIXES if options.dedup_prefixes is None else options.dedup_prefixes
+        dedup = options.stores_prefixes_once(out_dir)
         self._hooks = HFCapture(target, options.aux_layer_ids, state_dtype=state_dtype)
         self.aux_layer_ids = list(self._hooks.aux_layer_ids)
         self._store = SampleStore.create(out_dir, options, aux_layer_ids=self.aux_layer_ids)
         # Whether system prompts shared by several samples are stored once (a remote out_dir stores samples whole).
-        self.prefixes = SharedPrefixes(self._store.known_prefixes) if dedup and not remote else None
+        self.prefixes = SharedPrefixes(self._store.known_prefixes) if dedup else None
         self.manifest_path = self._store.manifest_path
         self.done = self._store.done
         self._device = next(target.parameters()).device

@@ -121,8 +121,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
         "--dedup-prefixes",
         choices=["on", "off"],
         help="store a system prompt that several conversations share once, as a prefix record later samples "
-        "reference (docs/FORMAT.md 4.7; every reader returns whole samples): on by default with the HF backend into "
-        "a local --out; not yet with --server / --backend sglang or an s3:// --out (their samples are stored whole, "
+        "reference (docs/FORMAT.md 4.7; every reader returns whole samples): on by default into a local --out (the "
+        "HF backend up to the end of the system prompt; through SGLang up to the first supervised token, later "
+        "samples served from the radix cache up to it); not yet into an s3:// --out (its samples are stored whole, "
         "and 'on' is refused there)",
     )
     p.add_argument("--no-disk-check", action="store_true", help="skip the free-disk check")
@@ -505,11 +506,10 @@ def run(args: argparse.Namespace) -> int:
     remote = args.remote = args.out if layout.is_url(args.out) else None
     if remote is not None and remote.rstrip("/").endswith(".json"):
         raise InvalidArgumentError(f"--out {remote}: name the dataset's prefix (s3://bucket/run), not a manifest")
-    if args.dedup_prefixes == "on" and (args.backend != "hf" or args.server or remote is not None):
-        this = f"--out {remote}" if remote is not None else "--server" if args.server else "--backend sglang"
+    if args.dedup_prefixes == "on" and remote is not None:
         raise InvalidArgumentError(
-            f"--dedup-prefixes on: shared prefixes are stored once by the HF backend into a local --out only, for now "
-            f"(this run: {this}); leave it out or pass off"
+            f"--dedup-prefixes on: shared prefixes are stored once into a local --out only, for now (this run: --out "
+            f"{remote}); leave it out or pass off"
         )
     if args.server:
         from ..capturing.sglang.client import preflight, writer_world

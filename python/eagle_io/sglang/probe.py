@@ -402,6 +402,44 @@ def isolate_from_radix_cache(req: Any) -> None:
     req.extra_key = f"{getattr(req, 'extra_key', None) or ''}|eagle-io:{req.rid}"
 
 
+def prompt_prefix_shareable(req: Any) -> bool:
+    """Whether the states of ``req``'s first prompt tokens depend on its token ids alone, so a prefix record of the
+    same token ids holds them: no radix-cache namespace of its own (``Req.extra_key``, which a LoRA adapter's id is
+    appended to, and ``cache_salt``), no multimodal input, no input embeddings overriding positions."""
+    return not (
+        getattr(req, "extra_key", None)
+        or getattr(req, "cache_salt", None)
+        or getattr(req, "lora_id", None) is not None
+        or getattr(req, "multimodal_inputs", None) is not None
+        or getattr(req, "positional_embed_overrides", None) is not None
+    )
+
+
+def can_cap_prefix_match() -> bool:
+    """Whether this SGLang bounds a request's radix-cache match by ``Req._compute_max_prefix_len`` (the bound
+    ``Req.init_next_round_input`` hands ``match_kv_cache``), which :func:`cap_prefix_match` lowers."""
+    from sglang.srt.managers.schedule_batch import Req
+
+    return callable(getattr(Req, "_compute_max_prefix_len", None))
+
+
+def bigram_prefix_cache(scheduler: Any) -> bool:
+    """Whether the scheduler's radix cache keys prompts by token bigrams, so that a match bounded to ``n`` raw tokens
+    serves ``n - 1``: its cache is built with ``is_eagle=spec_algorithm.is_eagle()`` (``kv_cache_builder``; EAGLE,
+    EAGLE3), and keys by bigram then (``RadixKey.maybe_to_bigram_view``)."""
+    algo = getattr(scheduler, "spec_algorithm", None)
+    return bool(algo is not None and algo.is_eagle())
+
+
+def cap_prefix_match(req: Any, tokens: int, *, bigram: bool) -> None:
+    """SGLang serves at most ``req``'s first ``tokens`` tokens from its radix cache (fewer when it holds fewer):
+    ``Req._compute_max_prefix_len``, the bound SGLang itself lowers to ``logprob_start_len``, capped for this
+    request only, at ``tokens + 1`` raw tokens on a ``bigram`` cache (:func:`bigram_prefix_cache`). The request is
+    otherwise served as any other (its answer is unchanged)."""
+    own, cap = req._compute_max_prefix_len, tokens + int(bigram)
+    req._compute_max_prefix_len = lambda input_len: min(own(input_len), cap)
+
+
 def strip_hidden_states(req: Any) -> bool:
     """Turns off a new request's ``return_hidden_states`` (``Req.return_hidden_states`` and its
     ``return_hidden_states_mode``, which ``ScheduleBatch`` reads when it batches the request and the batch result

@@ -18,8 +18,10 @@ committed length says how many of them are real (:meth:`RequestStates.commit`: p
 last, whose state no forward computed yet), oldest proposal first (an overlap scheduler runs the next forward
 before processing this one's result). An extend that starts past what is held (a prefix
 served from the radix cache that this capture never saw) makes the request incomplete: it is never stored, and
-counted. Rows are device tensors cloned right behind the forward (no host sync); they are joined when the request
-finishes (:meth:`RequestStates.take`).
+counted. A request admitted after a **stored prefix** (``Held.start`` tokens whose states a prefix record of the
+dataset holds: SGLang serves them from its radix cache, :mod:`.capture`) is held from that position on; rows an
+extend recomputes before it (the cache held less of the prefix) are dropped. Rows are device tensors cloned right
+behind the forward (no host sync); they are joined when the request finishes (:meth:`RequestStates.take`).
 
 Device memory held: ``rows * (k + 1) * H * itemsize`` per unfinished sampled request.
 """
@@ -38,20 +40,27 @@ __all__ = ["Held", "RequestStates"]
 @dataclass
 class Held:
     """The rows held for one request: ``parts`` are ``(position, aux [n, k*H], final [n, H])`` in position order,
-    contiguous from 0; ``pending`` the proposals of forwards whose results are not processed yet, oldest first
-    (``(aux [m, k*H], final [m, H])``: m candidate rows from the next position on); ``broken`` says why the request
-    can no longer be stored (None: it can)."""
+    contiguous from ``start``; ``pending`` the proposals of forwards whose results are not processed yet, oldest
+    first (``(aux [m, k*H], final [m, H])``: m candidate rows from the next position on); ``broken`` says why the
+    request can no longer be stored (None: it can).
+
+    ``start``: its first tokens whose states the prefix record of digest ``stored_prefix`` holds (0 and None: none);
+    ``shared_prefix``: its first tokens to store once as a new prefix record (``ForwardSample.shared_prefix``)."""
 
     sample_id: int
     params: dict[str, Any]
+    start: int = 0
+    stored_prefix: bytes | None = None
+    shared_prefix: int = 0
     parts: list[tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     pending: deque[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=deque)
     broken: str | None = None
 
     @property
     def rows(self) -> int:
+        """The position after the last row held (``start`` when none is)."""
         if not self.parts:
-            return 0
+            return self.start
         pos, aux, _ = self.parts[-1]
         return pos + int(aux.shape[0])
 
@@ -76,19 +85,28 @@ class RequestStates:
     def __len__(self) -> int:
         return len(self.held)
 
-    def extend(self, rid: str, sample_id: int, params: dict[str, Any], prefix_len: int, aux: torch.Tensor,
-               final: torch.Tensor) -> None:  # fmt: skip
-        """An extend forward of request ``rid`` over positions ``[prefix_len, prefix_len + len(aux))``."""
+    def extend(
+        self, rid: str, prefix_len: int, aux: torch.Tensor, final: torch.Tensor, new: Held | None = None
+    ) -> None:
+        """An extend forward of request ``rid`` over positions ``[prefix_len, prefix_len + len(aux))``; ``new``:
+        what to hold for a request not held yet (its first forward)."""
         h = self.held.get(rid)
-        if h is None or prefix_len == 0:
-            h = self.held[rid] = Held(sample_id, params)
+        if h is None:
+            if new is None:
+                return
+            h = self.held[rid] = new
+        if prefix_len < h.start:  # recomputed rows of the stored prefix: its record holds them
+            skip = min(h.start - prefix_len, int(aux.shape[0]))
+            aux, final, prefix_len = aux[skip:], final[skip:], prefix_len + skip
+            if not int(aux.shape[0]):
+                return
         if prefix_len > h.rows:
             h.broken = h.broken or (
                 f"its forward starts at token {prefix_len} but only {h.rows} were captured before (a prefix served "
                 "from the radix cache, or a capture started while the request ran)"
             )
             return
-        h.cut(prefix_len)
+        h.cut(prefix_len)  # from 0: a retracted request's re-prefill with nothing cached
         h.pending.clear()  # a re-prefill (retraction) recomputes what earlier forwards proposed
         h.parts.append((prefix_len, aux, final))
 
@@ -114,8 +132,8 @@ class RequestStates:
             h.parts.append((h.rows, aux[:n], final[:n]))
 
     def take(self, rid: str, rows: int) -> tuple[Held, torch.Tensor | None, torch.Tensor | None]:
-        """Forgets ``rid`` and returns what was held with its first ``rows`` rows joined (``[rows, k*H]``,
-        ``[rows, H]``), or None for both when they cannot be: broken, or fewer rows held (``held.broken`` then
+        """Forgets ``rid`` and returns what was held with its rows ``[held.start, rows)`` joined (``[n, k*H]``,
+        ``[n, H]``), or None for both when they cannot be: broken, or fewer rows held (``held.broken`` then
         says why). Rows past ``rows`` (a forward the overlap scheduler ran after the request finished) are left
         out."""
         h = self.held.pop(rid)

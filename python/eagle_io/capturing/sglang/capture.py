@@ -12,19 +12,20 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from ... import defaults
 from ...errors import CaptureRefusedError, IncompatibleDatasetError, InvalidArgumentError, SchemaError
 from ...sglang import compat, hooks, probe
 from ..options import CaptureOptions
+from ..prefixes import SharedPrefixes
 from ..store import ForwardSample, SampleStore, check_sample
-from .assembly import RequestStates
+from .assembly import Held, RequestStates
 from .handoff import Finished, Handoff
 from .live import LIVE_ID_BASE, Admission, LivePolicy
 from .protocol import KEY_PARAM, MASK_PARAM, PROOF_PARAM, SAMPLE_PARAM, capture_id, sample_proof
 
-__all__ = ["REQUEST_COUNTS", "SchedulerCapture"]
+__all__ = ["PREFIX_COUNTS", "REQUEST_COUNTS", "SchedulerCapture"]
 
 logger = logging.getLogger("eagle_io.serving")
 
@@ -48,8 +49,31 @@ request passes no hook of the capture's); carrying eagle-io's sample parameters 
 (:func:`.protocol.sample_proof`: another client's, served and never stored)."""
 
 
+PREFIX_COUNTS = ("after_stored_prefix", "prefix_tokens_from_cache")
+"""A capture's shared-prefix counters (in its ``counts``; its status' ``prefixes`` holds ``records``, the prefix
+records it may reference, None when its samples are stored whole): sampled requests admitted after a prefix record it
+stored (served from SGLang's radix cache up to it, their rows stored after it), and the prompt tokens that spared
+recomputing (at most: SGLang may hold fewer of them in its cache, and then recomputes the rest)."""
+
+
+class _Admitted(NamedTuple):
+    """A sampled request before its first forward: what will be held for it, since when, and the ``Req``."""
+
+    held: Held
+    since: float
+    req: Any
+
+
 class SchedulerCapture:
-    """One capture in one scheduler process."""
+    """One capture in one scheduler process.
+
+    Shared prefixes (``dedup_prefixes``, default :data:`eagle_io.defaults.DEDUP_PREFIXES`; local ``out_dir``): a
+    sampled request whose prompt begins with a prefix record this capture stored is not isolated from the radix
+    cache: SGLang serves it up to that prefix (:func:`eagle_io.sglang.probe.cap_prefix_match`) and its sample holds
+    the rows after it with a reference (:mod:`eagle_io.capturing.prefixes`). Any other sampled request is computed
+    whole, as without, and the longest prefix it shares with an earlier sampled prompt (whole blocks, before its
+    first supervised token) is stored once, as a record for the requests after it.
+    """
 
     def __init__(
         self,
@@ -108,13 +132,15 @@ class SchedulerCapture:
         self.outcome: dict[str, Any] | None = None
         self.requests = RequestStates()
         self.admission = Admission(self.live, self.max_length)
-        # no forward yet: rid -> (id, params, since, the Req)
-        self.admitted: dict[str, tuple[int, dict[str, Any], float, Any]] = {}
+        self.admitted: dict[str, _Admitted] = {}  # no forward yet
         self.request_counts = dict.fromkeys(REQUEST_COUNTS, 0)
         self.refusal: str | None = None
         self.answer_lock = threading.Lock()
         self.handoff: Handoff | None = None
         self.ready: Any = None  # the CUDA event after the latest clone (None on a CPU)
+        self.prefixes: SharedPrefixes | None = None
+        self.prefix_counts = dict.fromkeys(PREFIX_COUNTS, 0)
+        self.bigram_cache = probe.bigram_prefix_cache(scheduler)
         if not self.writes:
             return
         info = {
@@ -148,7 +174,31 @@ class SchedulerCapture:
         base = LIVE_ID_BASE + self.writer_rank * 2**40
         self.next_live_id = max([i + 1 for i in self.store.done if base <= i < base + 2**40] or [base])
         self.handoff = Handoff(self.store, slots=defaults.HANDOFF_SLOTS, drop_when_full=self.live is not None,
-                               stored=self.admission.stored, fail=self.fail)  # fmt: skip
+                               stored=self._stored, fail=self.fail)  # fmt: skip
+        self.prefixes = self._shared_prefixes(opts)
+
+    def _shared_prefixes(self, opts: CaptureOptions) -> SharedPrefixes | None:
+        """The shared prefixes of this capture, or None when its samples are stored whole
+        (:meth:`CaptureOptions.stores_prefixes_once`), as they are, unless asked for (then refused), on an SGLang
+        whose radix-cache match this capture cannot bound."""
+        assert self.store is not None
+        if not opts.stores_prefixes_once(self.url):
+            return None
+        if not probe.can_cap_prefix_match():
+            if opts.dedup_prefixes:
+                raise InvalidArgumentError(
+                    "dedup_prefixes=True: this SGLang's Req has no _compute_max_prefix_len to bound a request's "
+                    "radix-cache match; store the samples whole (dedup_prefixes=False)"
+                )
+            return None
+        return SharedPrefixes(self.store.known_prefixes)
+
+    def _stored(self, sample: ForwardSample, nbytes: int) -> None:
+        """The hand-off put ``sample`` (``nbytes`` of states) into the ring (on the hand-off thread): counted for
+        ``max_bytes_per_hour``; its shared prefix, if any, is a prefix record the requests after it may start from."""
+        self.admission.stored(nbytes)
+        if sample.shared_prefix and self.prefixes is not None:
+            self.prefixes.note_stored(sample.input_ids[: sample.shared_prefix])
 
     def _refuse(self, sid: Any, why: str) -> None:
         """Counts a sampled request this capture cannot store (serving goes on: a forward never fails for it)."""
@@ -165,10 +215,10 @@ class SchedulerCapture:
         # Admitted requests that will never reach a forward give their place under the in-flight cap back: one
         # SGLang refused right after creating it (an abort answered at once, never queued), and one aborted while
         # queued (no hook sees that) once it has waited LIVE_ADMIT_TTL_S.
-        for gone, (*_, since, q) in list(self.admitted.items()):
-            if probe.is_aborted(q):
+        for gone, a in list(self.admitted.items()):
+            if probe.is_aborted(a.req):
                 self.request_counts["aborted"] += 1
-            elif now - since >= defaults.LIVE_ADMIT_TTL_S:
+            elif now - a.since >= defaults.LIVE_ADMIT_TTL_S:
                 self.request_counts["never_started"] += 1
             else:
                 continue
@@ -187,14 +237,37 @@ class SchedulerCapture:
                 return
         inflight = len(self.admitted) + len(self.requests)
         if given and (self.live is None or self.admission.admit(r["prompt_len"], inflight) is None):
-            self.admitted[rid] = (params[SAMPLE_PARAM], params, now, req)
+            held = Held(params[SAMPLE_PARAM], params)
         elif not given and self.admission.admit(r["prompt_len"], inflight) is None:
             sid, self.next_live_id = self.next_live_id, self.next_live_id + 1
             # a served user's own eagle-io parameters (a loss mask over their prompt...) are never the sample's
-            self.admitted[rid] = (sid, {KEY_PARAM: rid}, now, req)
+            held = Held(sid, {KEY_PARAM: rid})
         else:
             return
-        probe.isolate_from_radix_cache(req)
+        self.admitted[rid] = _Admitted(held, now, req)
+        if not self._after_stored_prefix(req, held):
+            probe.isolate_from_radix_cache(req)
+
+    def _after_stored_prefix(self, req: Any, held: Held) -> bool:
+        """Shared prefixes (class docstring): True when ``req``'s prompt begins with a prefix record this capture
+        stored (``held`` then starts after it, and SGLang serves it from the radix cache up to there); otherwise sets
+        the prefix ``held`` shares with an earlier sampled prompt, to store once, and returns False."""
+        if self.prefixes is None or not probe.prompt_prefix_shareable(req):
+            return False
+        ids = req.origin_input_ids
+        limit = len(ids) - 1  # SGLang computes a prompt's last token at least; a prefix stops before supervision
+        mask = held.params.get(MASK_PARAM)
+        if isinstance(mask, list):
+            limit = next((i for i, m in enumerate(mask) if m != 0 and i < limit), limit)
+        start, digest = self.prefixes.stored_prefix(ids, limit)
+        if not start:
+            held.shared_prefix = self.prefixes.shared(ids, limit)
+            return False
+        held.start, held.stored_prefix = start, digest
+        probe.cap_prefix_match(req, start, bigram=self.bigram_cache)
+        self.prefix_counts["after_stored_prefix"] += 1
+        self.prefix_counts["prefix_tokens_from_cache"] += start
+        return True
 
     def _proven(self, params: Mapping[str, Any]) -> bool:
         """Whether a request's sample parameters carry this capture's proof (:func:`.protocol.sample_proof`)."""
@@ -236,13 +309,12 @@ class SchedulerCapture:
                 a, f = a.clone(), f.clone()
             if decode:
                 self.requests.propose(rid, a, f)
-            elif rid in self.requests.held or r["prefix_len"] == 0:
-                sid, params, *_ = self.admitted.pop(rid, None) or (None, None)
-                self.requests.extend(rid, sid, params, r["prefix_len"], a, f)
-            else:  # a request this capture never saw the start of (its prefix from the radix cache)
-                self.admitted.pop(rid, None)
-                self.request_counts["incomplete"] += 1
                 continue
+            new = self.admitted.pop(rid, None)
+            if rid in self.requests.held or (new is not None and r["prefix_len"] <= new.held.start):
+                self.requests.extend(rid, r["prefix_len"], a, f, None if new is None else new.held)
+            else:  # a request this capture never saw the start of (its prefix from the radix cache)
+                self.request_counts["incomplete"] += 1
 
     def on_verify(self, batch: Any, result: Any) -> None:
         """After an EAGLE verify forward: proposes each sampled request's accepted-path rows
@@ -322,10 +394,12 @@ class SchedulerCapture:
             except SchemaError as e:
                 self._refuse(sid, str(e).removeprefix(f"sample {sid}: ").removesuffix("; nothing of it was written"))
                 continue
-            todo.append(ForwardSample(sid, tokens, mask, start, len(tokens), str(params.get(KEY_PARAM, ""))))
+            k = held.start  # tokens of its stored prefix: its record holds them
+            todo.append(ForwardSample(sid, tokens[k:], mask[k:], start, len(tokens) - k, str(params.get(KEY_PARAM, "")),
+                                      held.shared_prefix, held.stored_prefix))  # fmt: skip
             auxes.append(aux)
             finals.append(fin)
-            start += len(tokens)
+            start += len(tokens) - k
         if todo and self.handoff is not None and not self.handoff.put(Finished(todo, auxes, finals, self.ready)):
             self.request_counts["queue_full"] += len(todo)
 
@@ -339,8 +413,10 @@ class SchedulerCapture:
             threading.Thread(target=self.stop, args=(self.token, False), daemon=True).start()
 
     def counts(self) -> dict[str, int]:
-        """Every counter: the store's, the scheduler's and, for a live capture, the admission's."""
-        return {**(dict(self.store.counts) if self.store else {}), **self.request_counts, **self.admission.counts}
+        """Every counter: the store's, the scheduler's, the shared prefixes' and, for a live capture, the
+        admission's."""
+        store = dict(self.store.counts) if self.store else {}
+        return {**store, **self.request_counts, **self.prefix_counts, **self.admission.counts}
 
     def status(self) -> dict[str, Any]:
         """This capture's entry in ``/server_info``'s ``internal_states`` (:data:`.protocol.STATUS_KEY`)."""
@@ -358,6 +434,7 @@ class SchedulerCapture:
             "refusal": self.refusal,
             "counts": self.counts(),
             "live": self.live.to_dict() if self.live is not None else None,
+            "prefixes": None if self.prefixes is None else {"records": len(self.prefixes.stored)},
         }
         # the ring is read only when no stop holds it (never waiting: this runs on the scheduler's thread)
         if self.store is not None and not self.stopping and self.answer_lock.acquire(blocking=False):

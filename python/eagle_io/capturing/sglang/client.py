@@ -10,8 +10,10 @@ with eagle-io installed in its environment (the plugin, :mod:`eagle_io.serving.p
 Nothing is shared between client and server but HTTP (:mod:`.protocol`): the preflight reads ``GET /server_info``
 (the resolved launch settings, and each DP rank's eagle-io status with the target's facts) and ``GET /model_info``;
 start and stop go through ``POST /set_internal_state``, which SGLang fans out to every DP rank; samples are
-``POST /generate`` requests carrying eagle-io's ``custom_params``, each with a unique ``extra_key`` (SGLang's radix
-cache then never serves a sample's prompt from another request's cache: every prompt state is computed), with
+``POST /generate`` requests carrying eagle-io's ``custom_params`` (each scheduler computes a sample's whole prompt,
+or, storing shared prefixes once, serves it from its radix cache up to a prefix record it stored:
+:class:`~eagle_io.capturing.sglang.capture.SchedulerCapture`; with ``dedup_prefixes=False`` each request carries a
+unique ``extra_key``, a radix-cache namespace of its own), with
 ``routed_dp_rank`` fixed by the sample id (a resumed capture sends each sample to the rank that holds its
 manifest). Several servers are several groups of shard writers, numbered one after the other, writing into the one
 ``out_dir`` (a path each server can write, or an ``s3://`` prefix); ``close`` merges their manifests where the client
@@ -261,7 +263,7 @@ class ServerCapture:
 
     Raises:
         InvalidArgumentError: a preflight refusal (:func:`server_facts`), servers that disagree on the target,
-            ``options.dedup_prefixes`` True (samples are stored whole), ``sampling_params`` ``n`` other than 1, a
+            ``options.dedup_prefixes`` True into object storage, ``sampling_params`` ``n`` other than 1, a
             start a server refused (its status' error, naming the URL and rank).
         SGLangError: a server that does not answer.
     """
@@ -292,11 +294,9 @@ class ServerCapture:
                 f"concurrency {concurrency} (>= 1), retries {retries} (>= 0), backoff_s {backoff_s} (>= 0)"
             )
         options.refuse_writer_ranks()
-        if options.dedup_prefixes:
-            raise InvalidArgumentError(
-                "dedup_prefixes=True: a capture through SGLang servers stores every sample whole for now (shared "
-                "prefixes are stored once by the Hugging Face backend only); leave dedup_prefixes unset or False"
-            )
+        # Shared prefixes stored once: the schedulers decide per request (eagle_io.capturing.sglang.capture), so a
+        # sample request carries no radix-cache namespace of its own; else each attempt gets a fresh one.
+        self._own_namespace = not options.stores_prefixes_once(os.fspath(out_dir))
         self.servers = [
             f
             for u in urls
@@ -458,7 +458,8 @@ class ServerCapture:
         retryable = _RETRYABLE_VIA_GATEWAY if server.route.via_gateway else _RETRYABLE
         wait = self.backoff_s
         for attempt in range(self.retries + 1):
-            body["extra_key"] = f"eagle-io-{uuid.uuid4().hex}"  # a fresh radix-cache namespace per attempt
+            if self._own_namespace:
+                body["extra_key"] = f"eagle-io-{uuid.uuid4().hex}"  # a fresh radix-cache namespace per attempt
             try:
                 out = http_json(server.route.generate_url, body, timeout_s=self.request_timeout_s, keys=self.keys)
                 break
@@ -651,9 +652,11 @@ def capture_status(url: str, *, api_key: str | None = None, admin_api_key: str |
     """The eagle-io capture status of every writing DP rank of the server at ``url`` (``GET /server_info``'s
     ``internal_states[i]["eagle_io_capture"]``): ``state``, ``out_dir``, ``writer_rank``, ``live`` (the policy, None for
     a client-driven capture), ``counts`` (the store's :data:`~eagle_io.capturing.store.COUNTS`, the scheduler's
-    :data:`~eagle_io.capturing.sglang.capture.REQUEST_COUNTS`, a live capture's
-    :data:`~eagle_io.capturing.sglang.live.LIVE_COUNTS`), ``ring`` (capacity, high-water mark, bytes in use and
-    committed), ``error``.
+    :data:`~eagle_io.capturing.sglang.capture.REQUEST_COUNTS` and
+    :data:`~eagle_io.capturing.sglang.capture.PREFIX_COUNTS`, a live capture's
+    :data:`~eagle_io.capturing.sglang.live.LIVE_COUNTS`), ``prefixes`` (``{"records": n}``: the prefix records
+    its samples may start after; None when they are stored whole), ``ring`` (capacity, high-water mark, bytes in use
+    and committed), ``error``.
 
     Raises:
         SGLangError: the server does not answer, or refuses the key.

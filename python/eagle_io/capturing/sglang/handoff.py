@@ -42,12 +42,12 @@ class Finished:
 
 
 class Handoff:
-    """One thread putting finished samples into ``store``; ``stored(nbytes)`` is called after each put sample,
+    """One thread putting finished samples into ``store``; ``stored(sample, nbytes)`` is called after each put sample,
     ``fail(error)`` on the first error (a value policy's ``raise``, a writer error: the capture stops, the thread
     drops what comes after)."""
 
-    def __init__(self, store: SampleStore, *, slots: int, drop_when_full: bool, stored: Callable[[int], None],
-                 fail: Callable[[str], None]) -> None:  # fmt: skip
+    def __init__(self, store: SampleStore, *, slots: int, drop_when_full: bool,
+                 stored: Callable[[ForwardSample, int], None], fail: Callable[[str], None]) -> None:  # fmt: skip
         self.store, self.drop_when_full = store, drop_when_full
         self._stored, self._fail = stored, fail
         self._queue: queue.Queue[Finished | None] = queue.Queue(maxsize=slots)
@@ -125,4 +125,4 @@ class Handoff:
         per_row = (a.shape[1] + f.shape[1]) * self.store.state_dtype.itemsize
         for s, ok in zip(samples, put, strict=True):
             if ok:
-                self._stored(s.length * per_row)
+                self._stored(s, s.length * per_row)

@@ -39,9 +39,11 @@ What a sample holds (:mod:`.assembly`): the request's prompt states from its pre
 ``max_new_tokens`` is above 1, the states of the answer the server generates, from the decode forwards: the sample's
 tokens are the prompt plus the generated tokens but the last, whose state no forward computed (the state before it,
 which predicts it, is stored); its loss mask is the client's over the prompt then 1 over the generated tokens. A
-request whose prompt was partly served from the radix cache would miss states: the client gives each sample request
-a unique ``extra_key``, so SGLang's radix cache never matches it, and the scheduler refuses
-(counts ``incomplete``) any that still arrives with a prefix it did not see.
+request whose prompt was partly served from the radix cache would miss states: the scheduler gives each sampled
+request a radix-cache namespace of its own, unless its prompt begins with a prefix record the capture stored (it is
+then served from the cache up to that prefix, and stores the rows after it:
+:class:`~eagle_io.capturing.sglang.capture.SchedulerCapture`), and refuses (counts ``incomplete``) any that still
+arrives with a prefix it did not see.
 """
 
 from __future__ import annotations
