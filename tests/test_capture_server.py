@@ -295,7 +295,8 @@ def test_requests_are_retried_with_backoff_and_a_failure_names_the_sample_and_ur
 
     url, st = fake
     st["fail"] = [503, 429]
-    cap = ServerCapture(url, str(tmp_path / "o"), CaptureOptions(), retries=2, backoff_s=0.01, concurrency=2)
+    opts = CaptureOptions(dedup_prefixes=False)  # every sample whole: each request in a namespace of its own
+    cap = ServerCapture(url, str(tmp_path / "o"), opts, retries=2, backoff_s=0.01, concurrency=2)
     cap.submit(samples([4, 6], first=3))
     assert cap.counts["retried"] == 2 and cap.counts["sent"] == 2 and len(st["sent"]) == 4
     keys = [b["extra_key"] for b in st["sent"]]

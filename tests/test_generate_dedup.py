@@ -12,7 +12,8 @@ from helpers.tiny_model import build_tiny_model_dir
 
 import eagle_io
 from conftest import make_sample, same
-from eagle_io.capturing.prefixes import SharedPrefixes
+from eagle_io.capturing.options import CaptureOptions
+from eagle_io.capturing.prefixes import SharedPrefixes, token_digest
 from eagle_io.cli import main
 from eagle_io.feed import Loader, PackingCollator, PaddingCollator, ShardDataset
 from eagle_io.interop.specforge import export_specforge
@@ -111,14 +112,25 @@ def test_a_resumed_run_references_the_prefix_records_it_finds(runs, tmp_path):
 
 
 def test_dedup_on_is_refused_where_samples_are_stored_whole(tmp_path, capsys):
-    for where, named in (
-        (["--server", "http://127.0.0.1:9"], "--server"),
-        (["--out", "s3://b/run"], "--out s3://b/run"),
-    ):
-        assert main(["generate", "--out", str(tmp_path / "x"), *where, "--dedup-prefixes", "on"]) != 0
-        err = capsys.readouterr().err
-        assert "--dedup-prefixes on: shared prefixes are stored once by the HF backend" in err and named in err, err
-    assert not (tmp_path / "x").exists()
+    assert main(["generate", "--out", "s3://b/run", "--dedup-prefixes", "on"]) != 0
+    err = capsys.readouterr().err
+    assert "--dedup-prefixes on: shared prefixes are stored once into a local --out only" in err, err
+    assert "--out s3://b/run" in err
+    with pytest.raises(eagle_io.InvalidArgumentError, match="prefix records are not uploaded to object storage yet"):
+        CaptureOptions(dedup_prefixes=True).stores_prefixes_once("s3://b/run")
+    assert CaptureOptions().stores_prefixes_once(tmp_path) and not CaptureOptions().stores_prefixes_once("s3://b/r")
+    assert not CaptureOptions(dedup_prefixes=False).stores_prefixes_once(tmp_path)
+
+
+def test_a_live_capture_remembers_a_bounded_number_of_prefixes_and_finds_the_longest_stored(tmp_path):
+    p = SharedPrefixes(block=4, remember=3)
+    ids = list(range(20))
+    p.note_stored(ids[:8])
+    assert p.stored_prefix(ids, 19) == (8, token_digest(ids[:8]))
+    assert p.stored_prefix(ids, 7) == (0, None)  # the limit (its first supervised token) comes before the record
+    assert p.stored_prefix(ids[:8], 20) == (0, None)  # a prefix leaves a token of the sample
+    p.shared(ids, 19)  # 4 block digests seen: the oldest is forgotten
+    assert p.shared(ids[:5], 19) == 0 and p.shared(ids, 19) == 16
 
 
 def test_shared_prefixes_are_whole_blocks_within_the_system_prompt_leaving_a_token(tmp_path):

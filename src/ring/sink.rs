@@ -65,46 +65,57 @@ fn pump(ring: &Ring, mut writer: DatasetWriter, batch: usize) -> Result<Manifest
             return writer.close();
         }
         let kept: Vec<_> = taken.iter().filter(|c| !c.cancelled).collect();
-        let written = kept
-            .iter()
-            .map(|c| {
-                let mut r = sample_ref(ring, &writer, c);
-                if let SharedPrefix::Stored(digest) = c.prefix {
-                    r.prefix = Some(stored_prefix(&writer, c.sample_id, &digest)?);
+        let mut start = 0;
+        while start < kept.len() {
+            let written = write_run(ring, &mut writer, &kept[start..]);
+            match written {
+                Ok(n) => start += n,
+                Err(e) => {
+                    ring.fail(&e);
+                    return Err(e);
                 }
-                Ok(r)
-            })
-            .collect::<Result<Vec<_>>>()
-            .and_then(|refs| {
-                let shared: Vec<u64> = kept
-                    .iter()
-                    .map(|c| match c.prefix {
-                        SharedPrefix::First(n) => n,
-                        _ => 0,
-                    })
-                    .collect();
-                writer.write_batch_sharing(&refs, &shared)
-            });
-        if let Err(e) = written {
-            ring.fail(&e);
-            return Err(e);
+            }
         }
         ring.release(taken.len());
     }
 }
 
-/// The id of the prefix record a `SharedPrefix::Stored` sample references. Its producer commits
-/// it only after the sample that stores the record (ring order is write order), so a digest the
-/// writer does not hold is a producer's error, which stops the capture.
-fn stored_prefix(writer: &DatasetWriter, sample_id: u64, digest: &[u8; 32]) -> Result<u64> {
-    writer.prefix_id(digest).ok_or_else(|| Error::Schema {
+/// Writes the longest run of `kept`'s first samples whose stored prefixes the writer holds before
+/// the run is written (a sample referencing a prefix record that an earlier sample of the same
+/// batch stores starts the next run); returns how many it wrote (at least one).
+fn write_run(ring: &Ring, writer: &mut DatasetWriter, kept: &[&Committed]) -> Result<usize> {
+    let (mut refs, mut shared) = (Vec::new(), Vec::new());
+    for c in kept {
+        let mut r = sample_ref(ring, writer, c);
+        if let SharedPrefix::Stored(digest) = c.prefix {
+            match writer.prefix_id(&digest) {
+                Some(id) => r.prefix = Some(id),
+                None if !refs.is_empty() => break,
+                None => return Err(missing_prefix(c.sample_id, &digest)),
+            }
+        }
+        refs.push(r);
+        shared.push(match c.prefix {
+            SharedPrefix::First(n) => n,
+            _ => 0,
+        });
+    }
+    writer.write_batch_sharing(&refs, &shared)?;
+    Ok(refs.len())
+}
+
+/// A `SharedPrefix::Stored` sample whose prefix record the writer does not hold once every sample
+/// committed before it is written: its producer commits it only after the sample that stores the
+/// record (ring order is write order), so this is a producer's error, which stops the capture.
+fn missing_prefix(sample_id: u64, digest: &[u8; 32]) -> Error {
+    Error::Schema {
         sample_id,
         message: format!(
             "it references the prefix record {}, which the writer does not hold (a reference must be committed \
              after the sample that stores its prefix)",
             prefix_key(digest)
         ),
-    })
+    }
 }
 
 impl CaptureSink {
