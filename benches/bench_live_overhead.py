@@ -182,6 +182,17 @@ def fixture(a: argparse.Namespace, work: Path) -> tuple[str, str, list[list[int]
     return str(target), str(draft), prompts, STEPS
 
 
+def add_server_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments :func:`fixture` and :func:`server_env_args` read."""
+    ap.add_argument("--fixture", help='JSON {"target", "draft", "prompts"} of a built spec fixture')
+    ap.add_argument("--target", help="a target HF directory (with --draft; prompts tokenized by its tokenizer)")
+    ap.add_argument("--draft", help="an EAGLE-3 draft directory SGLang serves for --target")
+    ap.add_argument("--prompts-file", help="one prompt per line (with --target); default: 8 built-in prompts")
+    ap.add_argument("--steps", type=int, default=3, help="speculative steps (with --target)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dtype", default="bfloat16", help="the engine's dtype on cuda (the CPU engine: float32)")
+
+
 def server_env_args(a: argparse.Namespace, target: str, draft: str, steps: int) -> tuple[dict, dict]:
     """The launch arguments and environment: SGLang's CPU engine (tests/helpers/sglang_cpu.py) or a CUDA device."""
     if a.device == "cpu":
@@ -246,13 +257,7 @@ def table(summary: dict, rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fixture", help='JSON {"target", "draft", "prompts"} of a built spec fixture')
-    ap.add_argument("--target", help="a target HF directory (with --draft; prompts tokenized by its tokenizer)")
-    ap.add_argument("--draft", help="an EAGLE-3 draft directory SGLang serves for --target")
-    ap.add_argument("--prompts-file", help="one prompt per line (with --target); default: 8 built-in prompts")
-    ap.add_argument("--steps", type=int, default=3, help="speculative steps (with --target)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--dtype", default="bfloat16", help="the engine's dtype on cuda (the CPU engine: float32)")
+    add_server_args(ap)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=16, help="requests per setting and round")
