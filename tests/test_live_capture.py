@@ -160,12 +160,12 @@ def test_a_sampled_request_stores_its_prompt_and_answer_as_served(topk, trained,
 
 def test_a_shared_system_prompt_is_computed_and_stored_once_and_reads_back_whole(trained, chain, hf, tmp_path):
     """Rate 1, shared prefixes stored once (the default): 8 prompts, each a 128-token system prompt, 5 common tokens
-    and a question of its own, sent one at a time. The first two are computed whole (the second shares the system
-    prompt with the first: its first 128 tokens become a prefix record); the third, admitted after that record, is
-    no longer isolated, but SGLang's cache holds nothing of it yet; each later one is served by SGLang from its cache
-    for exactly the 128 tokens of the record (SGLang's own ``cached_tokens``: the cap, although it holds 133) and
-    stores only the rows it computed. Every sample reads back whole: prompt plus answer as served, held to the HF
-    forward; the dataset holds one prefix record and verifies."""
+    and a question of its own, sent one at a time. The first two are computed whole, their radix-cache match bounded
+    to nothing (the second shares the system prompt with the first: its first 128 tokens become a prefix record);
+    each later one is served by SGLang from its cache for exactly the 128 tokens of the record (SGLang's own
+    ``cached_tokens``: the cap, although its cache holds 133 of them from the first two) and stores only the rows it
+    computed. Every sample reads back whole: prompt plus answer as served, held to the HF forward; the dataset holds
+    one prefix record and verifies."""
     url, _ = chain
     g = torch.Generator().manual_seed(44)
     system = torch.randint(10, 1000, (128,), generator=g).tolist()
@@ -188,7 +188,7 @@ def test_a_shared_system_prompt_is_computed_and_stored_once_and_reads_back_whole
                 time.sleep(0.2)
         assert records() == 1
     st = cap.stats()
-    assert cached == [0, 0, 0] + [128] * 5, cached
+    assert cached == [0, 0] + [128] * 6, cached
     assert (st["scheduler_written"], st["scheduler_incomplete"], st["scheduler_after_stored_prefix"]) == (8, 0, 6)
     assert st["scheduler_prefix_tokens_from_cache"] == 6 * 128
     root = tmp_path / "dd"

@@ -90,7 +90,10 @@ impl CaptureSink {
             (0, None) => SharedPrefix::None,
             (n, None) => SharedPrefix::First(n),
             (0, Some(d)) => SharedPrefix::Stored(d.try_into().map_err(|_| {
-                Error::InvalidArgument(format!("stored_prefix is a 32-byte SHA-256 digest, not {} bytes", d.len()))
+                Error::InvalidArgument(format!(
+                    "stored_prefix is a 32-byte SHA-256 digest, not {} bytes",
+                    d.len()
+                ))
             })?),
             (_, Some(_)) => {
                 let e = "a sample gives either its shared_prefix or a stored_prefix, not both";

@@ -326,7 +326,8 @@ mod tests {
     const NEVER: &Interrupt<'static> = &Interrupt::NEVER;
 
     fn commit(r: &Ring, s: Reserved, id: u64) {
-        r.commit(s.id, id, String::new(), 1, false, None, SharedPrefix::None).unwrap();
+        r.commit(s.id, id, String::new(), 1, false, None, SharedPrefix::None)
+            .unwrap();
     }
 
     #[test]

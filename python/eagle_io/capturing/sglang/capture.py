@@ -68,11 +68,13 @@ class SchedulerCapture:
     """One capture in one scheduler process.
 
     Shared prefixes (``dedup_prefixes``, default :data:`eagle_io.defaults.DEDUP_PREFIXES`; local ``out_dir``): a
-    sampled request whose prompt begins with a prefix record this capture stored is not isolated from the radix
-    cache: SGLang serves it up to that prefix (:func:`eagle_io.sglang.probe.cap_prefix_match`) and its sample holds
-    the rows after it with a reference (:mod:`eagle_io.capturing.prefixes`). Any other sampled request is computed
-    whole, as without, and the longest prefix it shares with an earlier sampled prompt (whole blocks, before its
-    first supervised token) is stored once, as a record for the requests after it.
+    sampled request stays in its radix-cache namespace, its match bounded (:func:`eagle_io.sglang.probe.
+    cap_prefix_match`): when its prompt begins with a prefix record this capture stored, SGLang may serve it up to
+    that prefix and its sample holds the rows after it with a reference (:mod:`eagle_io.capturing.prefixes`);
+    otherwise its match is bounded to nothing, so its whole prompt is computed, and the longest prefix it shares with
+    an earlier sampled prompt (whole blocks, before its first supervised token) is stored once, as a record for the
+    requests after it. Either way its KV entries serve the requests after it, as any request's. Without shared
+    prefixes a sampled request gets a namespace of its own (:func:`eagle_io.sglang.probe.isolate_from_radix_cache`).
     """
 
     def __init__(
@@ -245,15 +247,18 @@ class SchedulerCapture:
         else:
             return
         self.admitted[rid] = _Admitted(held, now, req)
-        if not self._after_stored_prefix(req, held):
+        if self.prefixes is None:
             probe.isolate_from_radix_cache(req)
+        else:  # its whole prompt computed (or after a stored prefix), its KV left to serve the requests after it
+            probe.cap_prefix_match(req, self._after_stored_prefix(req, held), bigram=self.bigram_cache)
 
-    def _after_stored_prefix(self, req: Any, held: Held) -> bool:
-        """Shared prefixes (class docstring): True when ``req``'s prompt begins with a prefix record this capture
-        stored (``held`` then starts after it, and SGLang serves it from the radix cache up to there); otherwise sets
-        the prefix ``held`` shares with an earlier sampled prompt, to store once, and returns False."""
-        if self.prefixes is None or not probe.prompt_prefix_shareable(req):
-            return False
+    def _after_stored_prefix(self, req: Any, held: Held) -> int:
+        """Shared prefixes (class docstring): the tokens of the prefix record this capture stored that ``req``'s
+        prompt begins with (``held`` then starts after them; SGLang may serve them from its radix cache); 0 when none,
+        after setting the prefix ``held`` shares with an earlier sampled prompt, to store once."""
+        assert self.prefixes is not None
+        if not probe.prompt_prefix_shareable(req):
+            return 0
         ids = req.origin_input_ids
         limit = len(ids) - 1  # SGLang computes a prompt's last token at least; a prefix stops before supervision
         mask = held.params.get(MASK_PARAM)
@@ -262,12 +267,11 @@ class SchedulerCapture:
         start, digest = self.prefixes.stored_prefix(ids, limit)
         if not start:
             held.shared_prefix = self.prefixes.shared(ids, limit)
-            return False
+            return 0
         held.start, held.stored_prefix = start, digest
-        probe.cap_prefix_match(req, start, bigram=self.bigram_cache)
         self.prefix_counts["after_stored_prefix"] += 1
         self.prefix_counts["prefix_tokens_from_cache"] += start
-        return True
+        return start
 
     def _proven(self, params: Mapping[str, Any]) -> bool:
         """Whether a request's sample parameters carry this capture's proof (:func:`.protocol.sample_proof`)."""
