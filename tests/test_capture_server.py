@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import ClassVar
@@ -137,6 +138,40 @@ def test_prompts_are_captured_whole_with_chunked_prefill_and_the_radix_cache_on(
     assert meta["aux_layer_ids"] == [2, 4, 5] and meta["capture_backend"].startswith("sglang ")
     assert (meta["hidden_size"], meta["num_layers"], meta["dtype"]) == (64, 8, "bfloat16")
     assert cap.aux_layer_ids == [2, 4, 5]
+
+
+@needs_sglang
+@pytest.mark.slow
+def test_a_system_prompt_the_samples_share_is_stored_once_and_served_from_the_cache(server, tmp_path):
+    """Client-driven, shared prefixes stored once (the default): 6 samples, each a 128-token system prompt (loss mask
+    0) and a 20-token turn of its own (mask 1), sent one at a time. The first two are computed whole (the second
+    shares the system prompt with the first: its 128 tokens become a prefix record); SGLang serves each later one
+    from its cache for exactly those 128 tokens (its own ``cached_tokens``), and it stores the rest. The dataset
+    holds one prefix record, and every sample reads back whole, held to the HF forward."""
+    from eagle_io.capturing.prefixes import token_digest
+    from eagle_io.capturing.sglang.client import capture_status
+
+    url, _, model = server
+    g = torch.Generator().manual_seed(7)
+    system = torch.randint(10, 40000, (128,), generator=g)
+    mask = torch.cat([torch.zeros(128, dtype=torch.long), torch.ones(20, dtype=torch.long)])
+    todo = [SimpleNamespace(index=i, id=f"s{i}", input_ids=torch.cat([system, torch.randint(10, 40000, (20,),
+            generator=g)]), loss_mask=mask) for i in range(6)]  # fmt: skip
+    with eagle_io.capture(url, tmp_path / "dd", concurrency=1) as cap:
+        cap.submit(todo[:2])
+        deadline = time.monotonic() + 60  # the hand-off notes the record once the second sample is in the ring
+        while not (capture_status(url)[0]["prefixes"] or {}).get("records") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        cap.submit(todo[2:])
+    st = cap.stats()
+    assert st["prefix_tokens_reused"] == 4 * 128 and st["scheduler_after_stored_prefix"] == 4, st
+    assert st["scheduler_written"] == 6 and st["scheduler_incomplete"] == 0
+    (record,) = eagle_io.Dataset(tmp_path / "dd").prefix_records()
+    assert record[1] == 128 and record[2] == "sha256:" + token_digest(system).hex()
+    items = held_to_reference(tmp_path / "dd", model)
+    for s in todo:
+        assert torch.equal(items[s.index]["input_ids"], s.input_ids)
+        assert torch.equal(items[s.index]["loss_mask"], s.loss_mask.to(torch.uint8))
 
 
 @needs_sglang
