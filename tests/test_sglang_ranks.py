@@ -150,6 +150,7 @@ def test_an_attention_dp_capture_merges_to_each_sample_once(tmp_path, monkeypatc
             rid=str(sid), prefix_len=0, extend_len=n, origin_input_ids=list(range(n)),
             sampling_params=SimpleNamespace(custom_params=params), finished=lambda: True, output_ids=[7],
             output_ids_through_stop=[7], finished_reason=None,
+            _compute_max_prefix_len=lambda input_len: input_len - 1,  # the radix-match bound a Req has
         )  # fmt: skip
         batch = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: True), reqs=[req], extend_lens=[n])
         out = SimpleNamespace(hidden_states=torch.randn(n, 3 * H, generator=g), last_hidden_states=torch.randn(n, H))
