@@ -126,9 +126,9 @@ def test_a_live_capture_remembers_a_bounded_number_of_prefixes_and_finds_the_lon
     p = SharedPrefixes(block=4, remember=3)
     ids = list(range(20))
     p.note_stored(ids[:8])
-    assert p.stored_prefix(ids, 19) == (8, token_digest(ids[:8]))
-    assert p.stored_prefix(ids, 7) == (0, None)  # the limit (its first supervised token) comes before the record
-    assert p.stored_prefix(ids[:8], 20) == (0, None)  # a prefix leaves a token of the sample
+    assert p.match(ids, 19) == (8, token_digest(ids[:8]), 0)
+    assert p.match(ids, 7) == (0, None, 0)  # the limit (its first supervised token) comes before the record
+    assert p.match(ids[:8], 20) == (0, None, 4)  # a prefix leaves a token of the sample (block 4 seen above)
     p.shared(ids, 19)  # 4 block digests seen: the oldest is forgotten
     assert p.shared(ids[:5], 19) == 0 and p.shared(ids, 19) == 16
 

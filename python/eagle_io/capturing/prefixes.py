@@ -6,7 +6,7 @@
   many tokens. The count travels with the sample to the writer, which stores those tokens' rows once, as a prefix
   record (the first time their token ids are seen, from that sample's own forward), and every sample's rows after
   them with a reference.
-* **Reusing a stored one** (:meth:`SharedPrefixes.stored_prefix`, a live capture on SGLang): the longest prefix
+* **Reusing a stored one** (:meth:`SharedPrefixes.match`, a capture on SGLang): the longest prefix
   record put already that a new request's prompt begins with. The request is then served from SGLang's radix cache
   up to that prefix and stores only the rows after it (:mod:`eagle_io.capturing.sglang.capture`).
 
@@ -73,8 +73,11 @@ class SharedPrefixes:
         """Tokens of this sample to store once: the longest multiple of ``block`` tokens, at most ``limit`` and
         fewer than the sample's, whose token ids an earlier sample (or a known prefix record) began with; 0 when
         none. Records this sample's own such prefixes for the samples after it."""
+        return self._remember(self._blocks(input_ids, limit))
+
+    def _remember(self, blocks: list[tuple[int, bytes]]) -> int:
         found = 0
-        for end, digest in self._blocks(input_ids, limit):
+        for end, digest in blocks:
             if digest in self._seen:
                 found = end
                 self._seen.move_to_end(digest)
@@ -84,14 +87,15 @@ class SharedPrefixes:
             self._seen.popitem(last=False)
         return found
 
-    def stored_prefix(self, input_ids: Sequence[int] | torch.Tensor, limit: int) -> tuple[int, bytes | None]:
-        """``(tokens, digest)`` of the longest prefix record put (:meth:`note_stored`) or known that this sample
-        begins with, at most ``limit`` tokens and fewer than the sample's; ``(0, None)`` when none."""
-        best: tuple[int, bytes | None] = (0, None)
-        for end, digest in self._blocks(input_ids, limit):
+    def match(self, input_ids: Sequence[int] | torch.Tensor, limit: int) -> tuple[int, bytes | None, int]:
+        """``(tokens, digest, 0)`` of the longest prefix record put (:meth:`note_stored`) or known that this sample
+        begins with, at most ``limit`` tokens and fewer than the sample's; else ``(0, None, shared)``, ``shared`` as
+        :meth:`shared` gives it (and records). The prompt is hashed once."""
+        blocks = self._blocks(input_ids, limit)
+        for end, digest in reversed(blocks):
             if digest in self.stored:
-                best = (end, digest)
-        return best
+                return end, digest, 0
+        return 0, None, self._remember(blocks)
 
     def note_stored(self, input_ids: Sequence[int] | torch.Tensor) -> None:
         """A sample whose first ``len(input_ids)`` tokens are these was put with them as its shared prefix: the

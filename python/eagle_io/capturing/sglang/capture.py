@@ -264,9 +264,8 @@ class SchedulerCapture:
         mask = held.params.get(MASK_PARAM)
         if isinstance(mask, list):
             limit = next((i for i, m in enumerate(mask) if m != 0 and i < limit), limit)
-        start, digest = self.prefixes.stored_prefix(ids, limit)
+        start, digest, held.shared_prefix = self.prefixes.match(ids, limit)
         if not start:
-            held.shared_prefix = self.prefixes.shared(ids, limit)
             return 0
         held.start, held.stored_prefix = start, digest
         self.prefix_counts["after_stored_prefix"] += 1
